@@ -1,0 +1,1 @@
+"""Policy and tokenizer loading: the built-in tiny model (with its cached warm start) or any HF model."""

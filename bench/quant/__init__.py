@@ -1,0 +1,1 @@
+"""Quantizers (format x granularity), quantized linear modules and UAQ invariant scaling."""

@@ -1,0 +1,1 @@
+"""Rollout engines: the embedded torch engine (default) and an optional vLLM engine."""

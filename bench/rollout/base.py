@@ -1,0 +1,70 @@
+"""The rollout engine contract shared by every engine (embedded torch, vLLM).
+
+A rollout engine holds its own copy of the policy in the rollout precision. The trainer pushes its weights
+with `load_weights` at every sync (quantized engines re-quantize with fresh scales there) and asks for
+samples with `generate`. `logp_mu` must be the log-prob of each sampled token under the distribution the
+token was actually drawn from (temperature applied), because every correction in bench/methods divides by it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """How to sample. `greedy=True` takes the argmax (evaluation); log-probs are then those of T=1."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    greedy: bool = False
+
+
+@dataclass
+class Rollout:
+    """A batch of sampled responses, rows grouped by prompt: [p0]*n, [p1]*n, ...
+
+    prompt_ids    [B, P] long, left-padded with the pad id
+    prompt_mask   [B, P] bool, True on real prompt tokens
+    response_ids  [B, T] long, right-padded with the pad id after EOS
+    response_mask [B, T] bool, True on generated tokens, EOS included
+    logp_mu       [B, T] float32, log mu(sampled token); 0.0 where response_mask is False
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    logp_mu: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.response_ids.shape[0]
+
+    def select(self, idx: torch.Tensor | slice) -> "Rollout":
+        return Rollout(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+
+    def num_tokens(self) -> int:
+        return int(self.response_mask.sum())
+
+
+class RolloutEngine(Protocol):
+    """What the trainer needs from a rollout engine."""
+
+    precision: str
+
+    def load_weights(self, model: torch.nn.Module) -> None:
+        """Copy the trainer's current weights in; quantized engines recompute every scale here."""
+
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        n: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        """Sample `n` responses for every prompt row (rows repeated in place, group-contiguous)."""

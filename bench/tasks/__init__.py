@@ -1,0 +1,1 @@
+"""Tasks with verifiable rewards: synthetic (arithmetic, countdown) and datasets-backed (JSONL)."""
