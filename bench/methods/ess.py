@@ -1,0 +1,103 @@
+"""M3 P3O "Trust the Batch": ESS-adaptive score-function objective, as implemented in FeynRL algs/P3O/p3o.py
+(methods.md M3.1).
+
+x      = where(m, LR(ltheta - lmu), 0);   w = exp(x)              no recompute: lmu plays the role of old
+ESS    = (sum_m w)^2 / (sum_m w^2 + 1e-8) / N                     fp64, per loss call (= per minibatch), Python float
+rho    = sg( clamp(w, 0, ESS) )                                   every weight <= ESS <= 1
+KLb_t  = (ltheta - lmu) + exp(clamp(lmu - ltheta, -10, 10)) - 1   k3-type estimate of KL(pi_theta || mu)
+L      = agg( -rho * ltheta * A + (1 - ESS) * KLb ) [+ beta * agg(k3_ref)]
+
+A REINFORCE loss (ltheta times a detached weight), not a ratio objective: clip_eps_low/high only feed the
+monitoring clipfrac (w outside [1 - eps_low, 1 + eps_high]). Fresh data (w ~ 1) gives ESS ~ 1, plain REINFORCE and
+no KL pull; concentrated ratios shrink ESS, capping every weight and pulling pi_theta back towards mu.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from bench.grpo import agg_loss, compute_dtype, masked_mean, safe_log_ratio
+from bench.methods.base import Batch, Method, register
+from bench.methods.naive import add_kl_ref
+
+
+@torch.no_grad()
+def p3o_ess(w: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> float:
+    """(sum w)^2 / (sum w^2 + eps) / N over valid tokens, in fp64, as a Python float (hence gradient-free).
+
+    1.0 when N == 0 or a sum is non-finite (FeynRL calculate_ess).
+    """
+    m = mask.bool()
+    n = int(m.sum())
+    if n == 0:
+        return 1.0
+    wv = w.detach()[m].to(torch.float64)
+    s1, s2 = float(wv.sum()), float((wv * wv).sum())
+    if not (math.isfinite(s1) and math.isfinite(s2)):
+        return 1.0
+    return s1 * s1 / (s2 + eps) / n
+
+
+def p3o_weights(
+    logp: torch.Tensor, logp_mu: torch.Tensor, mask: torch.Tensor, log_ratio_clamp: float = 20.0, eps: float = 1e-8
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(w, rho_P3O, ESS): the detached ratio pi_theta/mu, its one-sided cap at ESS, and ESS itself."""
+    with torch.no_grad():
+        w = torch.exp(safe_log_ratio(logp.detach(), logp_mu.detach(), mask.bool(), log_ratio_clamp))
+        ess = p3o_ess(w, mask, eps)
+        rho = w.clamp(0.0, ess) * mask
+    return w, rho, ess
+
+
+@register("ess")
+class ESS(Method):
+    """P3O with ESS recomputed at every loss call from the current minibatch (FeynRL scope)."""
+
+    needs_recompute = False
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        if cfg.p3o_ent_beta != 0.0:
+            # the loss only sees log-probs of sampled tokens; an entropy bonus needs the full distribution
+            raise ValueError(f"method {cfg.name!r}: p3o_ent_beta={cfg.p3o_ent_beta} is not supported (must be 0)")
+
+    def loss(self, logp: torch.Tensor, batch: Batch, stats: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.cfg
+        dt = compute_dtype(logp)
+        lt = logp.to(dt)
+        mask = batch.mask.bool()
+        lmu = batch.logp_mu.detach().to(dt)
+        adv = batch.adv.detach().to(dt)[:, None].expand_as(lt)
+        zero = torch.zeros((), dtype=dt, device=lt.device)
+
+        w, rho, ess = p3o_weights(lt, lmu, mask, cfg.log_ratio_clamp, cfg.p3o_ess_eps)
+        lt0 = torch.where(mask, lt, zero)
+        pg = -rho * lt0 * adv
+        d = safe_log_ratio(lt, lmu, mask, float("inf"))  # ltheta - lmu, unclamped (the exp below is clamped)
+        klb = d + torch.exp((-d).clamp(-cfg.p3o_kl_exp_clamp, cfg.p3o_kl_exp_clamp)) - 1.0
+
+        pi_loss = agg_loss(pg, mask, cfg.loss_agg, batch.n_tokens)
+        loss = pi_loss + (1.0 - ess) * agg_loss(klb, mask, cfg.loss_agg, batch.n_tokens)
+        loss, kl_ref = add_kl_ref(self, loss, lt, batch)
+
+        with torch.no_grad():
+            log_w = torch.log(w)
+            outside = ((w < 1.0 - cfg.clip_eps_low) | (w > 1.0 + cfg.clip_eps_high)) & mask
+            metrics = {
+                "ess_factor": ess,
+                "kl_behavioral": float(masked_mean(klb.detach(), mask)),
+                "approx_kl": float(masked_mean(w - 1.0 - log_w, mask)),
+                "clipfrac": float(masked_mean(outside.to(dt), mask)),
+                "ppo_kl": float(masked_mean(lmu - lt.detach(), mask)),
+                "pi_loss": float(pi_loss.detach()),
+                "loss_total": float(loss.detach()),
+                "ent_mc": float(masked_mean(-lt.detach(), mask)),
+                "kl_ref": kl_ref,
+            }
+        return loss, metrics
+
+
+__all__ = ["ESS", "p3o_ess", "p3o_weights"]

@@ -1,0 +1,26 @@
+"""B1(b) naive FP8 rollout, PPO-IS / bypass form (methods.md B1(b); QuRL Eq. 3; verl bypass_mode ppo_clip).
+
+L = agg( psi(u, A) ),   u = exp(LR(ltheta - lmu)):  no recompute pass, the rollout engine's log mu plays the role
+of log pi_old. At theta = theta_old the ratio is already pi_old/mu != 1, so tokens are clipped before any update
+and, for A < 0, the unclipped gradient -u*A has no upper bound; this arm exists to show that failure mode.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bench.methods.base import Batch, register
+from bench.methods.naive import PPOClipMethod
+
+
+@register("fp8_ppo_is")
+class PPOIS(PPOClipMethod):
+    """PPO clip with the behaviour policy mu as the proximal policy; ppo_kl is mean_m(lmu - ltheta)."""
+
+    needs_recompute = False
+
+    def prox_logp(self, batch: Batch) -> torch.Tensor:
+        return batch.logp_mu
+
+
+__all__ = ["PPOIS"]

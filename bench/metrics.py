@@ -1,0 +1,145 @@
+"""Rollout/trainer mismatch metrics (methods.md section 11), shared by every method and logged every step.
+
+One function, `mismatch_metrics(logp_old, logp_mu, mask)`, so that "kl_k3" or "is_ess" means the same number
+for every arm. For bypass arms (fp8_ppo_is, ess) the trainer passes log pi_theta in place of log pi_old
+(methods.md 11). Everything is computed in fp64 under no_grad and returned as Python floats.
+
+Empty-mask conventions (no valid token / sequence): KLs, chi2, log-prob gaps, log-PPL differences, fractions and
+max_prob_diff are 0 (no mismatch observed); ratio mean/max/min are 1 and ratio_std 0 (the on-policy ratio);
+ppl_train, ppl_rollout and ppl_ratio are 1 (exp of an empty mean of log-probs, taken as 0); is_ess is 1 (the
+P3O convention for an all-masked batch, methods.md M3.3). Per-sequence perplexities saturate at e^LOG_PPL_CAP.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bench.grpo import safe_log_ratio
+
+#: per-sequence log-perplexity is capped here before exp, so ppl_* stay finite (e^50 ~ 5e21) for any log-probs
+LOG_PPL_CAP = 50.0
+
+MISMATCH_KEYS = (
+    "mismatch/kl_k1",
+    "mismatch/kl_k3",
+    "mismatch/kl_k2",
+    "mismatch/ppl_train",
+    "mismatch/ppl_rollout",
+    "mismatch/log_ppl_diff",
+    "mismatch/log_ppl_abs_diff",
+    "mismatch/log_ppl_diff_max",
+    "mismatch/log_ppl_diff_min",
+    "mismatch/ppl_ratio",
+    "mismatch/chi2_token",
+    "mismatch/chi2_seq",
+    "mismatch/is_ess",
+    "mismatch/ratio_mean",
+    "mismatch/ratio_max",
+    "mismatch/ratio_min",
+    "mismatch/ratio_std",
+    "mismatch/ratio_frac_high",
+    "mismatch/ratio_frac_low",
+    "mismatch/logp_diff_mean",
+    "mismatch/logp_diff_max",
+    "mismatch/max_prob_diff",
+)
+
+
+def sanitize(
+    logp: torch.Tensor | None, logp_mu: torch.Tensor, mask: torch.Tensor, *others: torch.Tensor | None
+) -> tuple[torch.Tensor, float]:
+    """Drop tokens whose log-probs are non-finite from the mask (methods.md section 0; FeynRL sanitize_logprobs).
+
+    Returns (clean bool mask, fraction of the originally valid tokens removed), the latter logged by the trainer
+    as mismatch/frac_nonfinite_logprob. `logp` (log pi_theta or log pi_old) may be None (bypass arms before the
+    trainer forward); extra tensors (e.g. log pi_ref) are checked too.
+    """
+    mask = mask.bool()
+    clean = mask & torch.isfinite(logp_mu)
+    for t in (logp, *others):
+        if t is not None:
+            clean = clean & torch.isfinite(t.detach())
+    n_valid = int(mask.sum())
+    frac = float((mask & ~clean).sum()) / n_valid if n_valid else 0.0
+    return clean, frac
+
+
+def _seq_means(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-sequence masked means of x [B, T] (0 for empty rows)."""
+    return torch.where(mask, x, torch.zeros_like(x)).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+@torch.no_grad()
+def mismatch_metrics(
+    logp_old: torch.Tensor, logp_mu: torch.Tensor, mask: torch.Tensor, cap_C: float = 2.0  # noqa: N803
+) -> dict[str, float]:
+    """The methods.md section 11 table for delta = lold - lmu on valid tokens, rho = exp(LR(delta)).
+
+    k1/k2/log-prob gaps and the chi2_seq sequence sum use the raw delta; rho, k3 and chi2_token use the
+    +-20-clamped delta (k3 with the clamped delta in both terms stays >= 0). IS-ESS uses w = clamp(rho, 1/C, C)
+    (verl rollout_is_eff_sample_size). ratio_std is the population std (verl). frac_high: rho > C; frac_low:
+    rho < 1/C. Sequence-level quantities average over sequences with at least one valid token. Non-finite
+    log-probs are masked out first (sanitize).
+    """
+    lold = logp_old.detach().to(torch.float64)
+    lmu = logp_mu.detach().to(torch.float64)
+    m, _ = sanitize(lold, lmu, mask)
+    n = int(m.sum())
+    seq = m.sum(-1) > 0
+    n_seq = int(seq.sum())
+
+    zero = torch.zeros((), dtype=torch.float64, device=lold.device)
+    delta = safe_log_ratio(lold, lmu, m, clamp=float("inf"))  # raw delta, 0 off-mask
+    delta_c = delta.clamp(-20.0, 20.0)
+    rho = torch.exp(delta_c)
+
+    def mean_m(x: torch.Tensor) -> float:
+        return float(torch.where(m, x, zero).sum() / max(n, 1))
+
+    def max_m(x: torch.Tensor, empty: float) -> float:
+        return float(torch.where(m, x, torch.full_like(x, -torch.inf)).max()) if n else empty
+
+    def min_m(x: torch.Tensor, empty: float) -> float:
+        return float(torch.where(m, x, torch.full_like(x, torch.inf)).min()) if n else empty
+
+    def mean_seq(x: torch.Tensor, empty: float) -> float:
+        return float(torch.where(seq, x, zero).sum() / n_seq) if n_seq else empty
+
+    mean_lold = _seq_means(lold, m)
+    mean_lmu = _seq_means(lmu, m)
+    lpd = mean_lmu - mean_lold  # per-sequence log-PPL difference log PPL_train - log PPL_rollout
+    seq_log_rho = delta.sum(-1).clamp(-20.0, 20.0)  # LR of the raw sequence sum (verl chi2_seq)
+
+    w = rho.clamp(1.0 / cap_C, cap_C)
+    sw = float(torch.where(m, w, zero).sum())
+    sw2 = float(torch.where(m, w * w, zero).sum())
+    ratio_mean = mean_m(rho) if n else 1.0
+    ratio_var = mean_m((rho - ratio_mean) ** 2)
+
+    return {
+        "mismatch/kl_k1": mean_m(-delta),
+        "mismatch/kl_k3": mean_m(rho - delta_c - 1.0),
+        "mismatch/kl_k2": mean_m(0.5 * delta * delta),
+        "mismatch/ppl_train": mean_seq(torch.exp((-mean_lold).clamp(max=LOG_PPL_CAP)), 1.0),
+        "mismatch/ppl_rollout": mean_seq(torch.exp((-mean_lmu).clamp(max=LOG_PPL_CAP)), 1.0),
+        "mismatch/log_ppl_diff": mean_seq(lpd, 0.0),
+        "mismatch/log_ppl_abs_diff": mean_seq(lpd.abs(), 0.0),
+        "mismatch/log_ppl_diff_max": float(torch.where(seq, lpd, -torch.inf).max()) if n_seq else 0.0,
+        "mismatch/log_ppl_diff_min": float(torch.where(seq, lpd, torch.inf).min()) if n_seq else 0.0,
+        "mismatch/ppl_ratio": mean_seq(torch.exp(lpd.clamp(-20.0, 20.0)), 1.0),
+        "mismatch/chi2_token": mean_m(rho * rho) - 1.0 if n else 0.0,
+        "mismatch/chi2_seq": mean_seq(torch.exp(2.0 * seq_log_rho), 1.0) - 1.0,
+        "mismatch/is_ess": sw * sw / (n * sw2) if n and sw2 > 0 else 1.0,
+        "mismatch/ratio_mean": ratio_mean,
+        "mismatch/ratio_max": max_m(rho, 1.0),
+        "mismatch/ratio_min": min_m(rho, 1.0),
+        "mismatch/ratio_std": ratio_var**0.5,
+        "mismatch/ratio_frac_high": mean_m((rho > cap_C).to(torch.float64)),
+        "mismatch/ratio_frac_low": mean_m((rho < 1.0 / cap_C).to(torch.float64)),
+        "mismatch/logp_diff_mean": mean_m(delta.abs()),
+        "mismatch/logp_diff_max": max_m(delta.abs(), 0.0),
+        "mismatch/max_prob_diff": max_m((torch.exp(lold) - torch.exp(lmu)).abs(), 0.0),
+    }
+
+
+__all__ = ["MISMATCH_KEYS", "mismatch_metrics", "sanitize"]

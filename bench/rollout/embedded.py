@@ -1,0 +1,411 @@
+"""The embedded rollout engine: a batched sampler in eager PyTorch holding its own low-precision policy copy.
+
+Two decoders read the same Hugging Face weights:
+* `FastDecoder`, a hand-written decoder for the Llama / Qwen2 / Qwen3 family (fused QKV and gate/up, a KV cache
+  allocated once per `generate`, SDPA with GQA, RoPE from the HF config, Qwen3 q/k norms, Qwen2 qkv bias, tied
+  or untied lm_head). perf-notes 2 and 7: up to 2x faster than driving HF at small batch and tiny size.
+* `HFDecoder`, the generic fallback for any other causal LM: a copy of the HF model whose nn.Linear layers are
+  swapped for the engine's precision, driven through its own forward with a KV cache.
+Both take positions = cumsum(prompt_mask) - 1 (so left padding does not shift them), the convention of
+bench.models.logprobs, and at fp32 reproduce its teacher-forced log-probs.
+
+Precision (weights / GEMM / everything else; the lm_head and embeddings stay unquantized unless asked):
+  fp32      fp32 / fp32 / fp32
+  bf16      bf16 / bf16 operands, fp32 accumulate / bf16 (log-softmax in fp32)
+  fp8_e4m3  e4m3 W8A8 fake quant / fp32 GEMM on the quantized values / bf16. FP8 rollouts on a GPU (vLLM)
+            run FP8 GEMMs inside an otherwise-bf16 engine; perf-notes 4 measures the benchmark's FP8 format this
+            way (`fp8_fake_w8a8_bf16`). `act_dtype="fp32"` gives the FP8 GEMM error alone.
+  int8      int8 W8A8, exact int32-accumulating GEMM (torch._int_mm where fast) / fp32, the fastest int8 layout
+            on CPU (perf-notes 3a: bf16 around it is slower and adds mismatch).
+Weights are re-quantized with fresh scales at every `load_weights` (the engine's copy is rebuilt from the
+trainer's fp32 master weights): keeping old scales for new weights is the bug methods.md 2.3 warns about.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bench.config import PRECISIONS
+from bench.quant.linear import INT8_KERNELS, make_linear, native_bf16_matmul, swap_linears
+from bench.quant.quantizers import Quantizer, check_choice
+from bench.rollout.base import Rollout, SamplingParams
+
+FAST_FAMILIES = ("llama", "qwen2", "qwen3")
+BACKENDS = ("auto", "fast", "hf")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+#: Activation (residual stream, attention, KV cache) dtype of each precision; see the module docstring.
+DEFAULT_ACT_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp8_e4m3": "bf16", "int8": "fp32"}
+
+
+def fast_path_problem(model: nn.Module) -> str | None:
+    """Why `FastDecoder` cannot serve this model, or None if it can."""
+    cfg = getattr(model, "config", None)
+    kind = getattr(cfg, "model_type", None)
+    if kind not in FAST_FAMILIES:
+        return f"model_type {kind!r} is not one of {', '.join(FAST_FAMILIES)}"
+    if getattr(cfg, "hidden_act", None) != "silu":
+        return f"hidden_act {cfg.hidden_act!r} is not silu"
+    if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (getattr(cfg, "layer_types", None) or ()):
+        return "sliding-window attention"
+    if getattr(cfg, "partial_rotary_factor", 1.0) != 1.0:
+        return "partial rotary embeddings"
+    inner = getattr(model, "model", None)
+    rotary = getattr(inner, "rotary_emb", None)
+    if rotary is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
+        return "unexpected module layout (model.model.layers / rotary_emb, model.lm_head)"
+    if getattr(rotary, "rope_type", "default") in ("dynamic", "longrope"):
+        return f"rope_type {rotary.rope_type!r} changes with sequence length"
+    return None
+
+
+def rope_inv_freq(model: nn.Module) -> tuple[torch.Tensor, float]:
+    """(inv_freq, attention_scaling) from the HF init function of the config's rope type.
+
+    Recomputed from the config (rope_theta, llama3/yarn/linear scaling, head_dim) in fp32 rather than read
+    from the rotary buffer, which a `.to(bfloat16)` of the model would have rounded.
+    """
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rotary = model.model.rotary_emb
+    if rotary.rope_type == "default":
+        inv_freq, scaling = rotary.compute_default_rope_parameters(model.config)
+    else:
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rotary.rope_type](model.config)
+    return inv_freq.float(), float(scaling)
+
+
+def rope_tables(
+    inv_freq: torch.Tensor, scaling: float, length: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [length, head_dim] as the HF rotary embedding computes them: fp32, scaled, then cast."""
+    freqs = torch.arange(length, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF Llama/Qwen RMSNorm: normalize in fp32, cast back, scale in the input dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _bias(linear: nn.Linear) -> torch.Tensor | None:
+    return None if linear.bias is None else linear.bias.detach()
+
+
+class _Layer(nn.Module):
+    def __init__(self, hf_layer: nn.Module, build, act: torch.dtype):
+        super().__init__()
+        at, mlp = hf_layer.self_attn, hf_layer.mlp
+        qkv = [at.q_proj, at.k_proj, at.v_proj]
+        qkv_bias = None if at.q_proj.bias is None else torch.cat([_bias(p) for p in qkv])
+        self.qkv = build(torch.cat([p.weight.detach() for p in qkv]), qkv_bias)
+        self.o = build(at.o_proj.weight.detach(), _bias(at.o_proj))
+        gu_bias = None if mlp.gate_proj.bias is None else torch.cat([_bias(mlp.gate_proj), _bias(mlp.up_proj)])
+        self.gate_up = build(torch.cat([mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()]), gu_bias)
+        self.down = build(mlp.down_proj.weight.detach(), _bias(mlp.down_proj))
+        self.register_buffer("ln1", hf_layer.input_layernorm.weight.detach().to(act).clone())
+        self.register_buffer("ln2", hf_layer.post_attention_layernorm.weight.detach().to(act).clone())
+        has_qk_norm = hasattr(at, "q_norm")  # Qwen3
+        self.register_buffer("q_norm", at.q_norm.weight.detach().to(act).clone() if has_qk_norm else None)
+        self.register_buffer("k_norm", at.k_norm.weight.detach().to(act).clone() if has_qk_norm else None)
+
+
+class FastDecoder(nn.Module):
+    """Llama / Qwen2 / Qwen3 decoder over a KV cache allocated once per generation.
+
+    `start` allocates the cache and runs the prompt; `step` feeds one token per row. Pad query rows of the
+    prompt may attend to themselves, so no softmax row is empty (an all-masked row gives NaN in SDPA, which the
+    cache would then carry into real rows).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        quantizer: Quantizer,
+        act_dtype: torch.dtype,
+        quantize_lm_head: bool = False,
+        quantize_embeddings: bool = False,
+        int8_kernel: str = "auto",
+    ):
+        super().__init__()
+        cfg = model.config
+        self.act = act_dtype
+        # bf16 attention on a CPU without bf16 hardware is ~6x slower than fp32: run it in fp32 on the bf16
+        # values (the cache then holds bf16-exact numbers in fp32 storage).
+        self.attn = act_dtype if (act_dtype != torch.bfloat16 or native_bf16_matmul()) else torch.float32
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.eps = cfg.rms_norm_eps
+        inv_freq, self.rope_scaling = rope_inv_freq(model)
+        if 2 * inv_freq.numel() != self.head_dim:
+            raise ValueError("partial rotary embeddings are not supported by FastDecoder (use backend='hf')")
+        self.register_buffer("inv_freq", inv_freq)
+        plain = Quantizer("bf16" if act_dtype == torch.bfloat16 else "fp32")
+
+        def build(w: torch.Tensor, b: torch.Tensor | None, q: Quantizer = quantizer) -> nn.Module:
+            return make_linear(w, b, q, act_dtype, int8_kernel)
+
+        inner = model.model
+        self.layers = nn.ModuleList(_Layer(layer, build, act_dtype) for layer in inner.layers)
+        embed = inner.embed_tokens.weight.detach().float()
+        if quantize_embeddings:
+            embed = quantizer.fake_quant_weight(embed)
+        self.register_buffer("embed", embed.to(act_dtype))
+        self.register_buffer("norm", inner.norm.weight.detach().to(act_dtype).clone())
+        lm_head = model.lm_head
+        self.lm_head = build(lm_head.weight.detach(), _bias(lm_head), quantizer if quantize_lm_head else plain)
+        self._state: dict = {}
+
+    def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        B, P = ids.shape
+        total = P + max_new_tokens
+        cos, sin = rope_tables(self.inv_freq, self.rope_scaling, total, self.act)
+        valid = torch.cat([mask, mask.new_ones(B, max_new_tokens)], dim=1)
+        shape = (len(self.layers), B, self.n_kv, total, self.head_dim)
+        self._state = dict(
+            k=torch.zeros(shape, dtype=self.attn),
+            v=torch.zeros(shape, dtype=self.attn),
+            cos=cos,
+            sin=sin,
+            valid=valid[:, None, None, :],
+            next_pos=mask.sum(1, keepdim=True),
+            length=P,
+        )
+        pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        causal = torch.ones(P, P, dtype=torch.bool).tril()
+        attn_mask = (causal & mask[:, None, None, :]) | torch.eye(P, dtype=torch.bool)
+        return self._forward(ids, pos, 0, attn_mask)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        st = self._state
+        start = st["length"]
+        st["length"] = start + 1
+        pos = st["next_pos"]
+        st["next_pos"] = pos + 1
+        return self._forward(tokens[:, None], pos, start, st["valid"][..., : start + 1])
+
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, start: int, attn_mask: torch.Tensor) -> torch.Tensor:
+        """Logits [B, V] (fp32) of the last position; writes K/V of positions start..start+S-1 to the cache."""
+        st = self._state
+        B, S = ids.shape
+        H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
+        end = start + S
+        cos, sin = st["cos"][pos].unsqueeze(1), st["sin"][pos].unsqueeze(1)  # [B, 1, S, D]
+        x = F.embedding(ids, self.embed)
+        for i, layer in enumerate(self.layers):
+            h = _rms_norm(x, layer.ln1, self.eps)
+            q, k, v = layer.qkv(h).split([H * D, Hkv * D, Hkv * D], dim=-1)
+            q, k, v = q.view(B, S, H, D), k.view(B, S, Hkv, D), v.view(B, S, Hkv, D)
+            if layer.q_norm is not None:
+                q, k = _rms_norm(q, layer.q_norm, self.eps), _rms_norm(k, layer.k_norm, self.eps)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            st["k"][i, :, :, start:end] = k
+            st["v"][i, :, :, start:end] = v
+            a = F.scaled_dot_product_attention(
+                q.to(self.attn),
+                st["k"][i, :, :, :end],
+                st["v"][i, :, :, :end],
+                attn_mask=attn_mask,
+                scale=D**-0.5,
+                enable_gqa=True,
+            )
+            x = x + layer.o(a.to(self.act).transpose(1, 2).reshape(B, S, H * D))
+            g, u = layer.gate_up(_rms_norm(x, layer.ln2, self.eps)).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(g) * u)
+        return self.lm_head(_rms_norm(x[:, -1], self.norm, self.eps)).float()
+
+
+class HFDecoder:
+    """Any HF causal LM, driven through its own forward with a KV cache, linears swapped to the precision.
+
+    The copy's linears are built from the trainer's fp32 weights; the remaining parameters (norms,
+    embeddings) are cast to the activation dtype, as in an HF model loaded in that dtype.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        quantizer: Quantizer,
+        act_dtype: torch.dtype,
+        quantize_lm_head: bool = False,
+        quantize_embeddings: bool = False,
+        int8_kernel: str = "auto",
+    ):
+        m = copy.deepcopy(model).eval()
+        inp, out = m.get_input_embeddings(), m.get_output_embeddings()
+        plain = Quantizer("bf16" if act_dtype == torch.bfloat16 else "fp32")
+        overrides = {} if out is None else {out: quantizer if quantize_lm_head else plain}
+        n = swap_linears(m, quantizer, act_dtype, overrides, int8_kernel)  # unties a tied lm_head
+        if quantizer.is_scaled and n == 0:
+            raise ValueError(f"{type(model).__name__} has no nn.Linear layers to quantize to {quantizer.format}")
+        if quantize_embeddings:
+            inp.weight.data = quantizer.fake_quant_weight(inp.weight.detach().float())
+        for p in m.parameters():
+            p.grad = None
+            p.requires_grad_(False)
+            p.data = p.data.to(act_dtype)
+        self.model = m
+        self._keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(m.forward).parameters else {}
+        self._state: dict = {}
+
+    def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        B, P = ids.shape
+        attn = torch.cat([mask.long(), torch.ones(B, max_new_tokens, dtype=torch.long)], dim=1)
+        pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=attn[:, :P], position_ids=pos, use_cache=True, **self._keep)
+        self._state = dict(attn=attn, length=P, next_pos=mask.sum(1, keepdim=True), cache=out.past_key_values)
+        return out.logits[:, -1].float()
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        st = self._state
+        st["length"] += 1
+        out = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=st["attn"][:, : st["length"]],
+            position_ids=st["next_pos"],
+            past_key_values=st["cache"],
+            use_cache=True,
+        )
+        st["next_pos"] = st["next_pos"] + 1
+        st["cache"] = out.past_key_values
+        return out.logits[:, -1].float()
+
+
+class EmbeddedEngine:
+    """The default rollout engine (bench.rollout.base.RolloutEngine): own policy copy, batched sampler.
+
+    precision           fp32 | bf16 | fp8_e4m3 | int8 (module docstring: what each means here)
+    weight_granularity  per_channel | per_tensor       (8-bit formats; fused QKV / gate-up share a
+                                                        per-tensor scale, as in vLLM's fused layers)
+    act_granularity     per_token | per_tensor | none  (none = weight-only)
+    quantize_lm_head, quantize_embeddings              off by default (vLLM keeps both in bf16)
+    eos_id, pad_id      a row stops after emitting eos_id (None: never); pad_id fills after it
+    max_len             optional cap on prompt + new tokens (ValueError beyond)
+    backend             auto (fast decoder when the family allows, else HF) | fast | hf
+    act_dtype           fp32 | bf16: override the activation dtype of the precision (DEFAULT_ACT_DTYPE)
+    int8_kernel         auto | int_mm | emulated (bench.quant.linear.int8_matmul; identical results)
+    """
+
+    def __init__(
+        self,
+        precision: str = "fp32",
+        weight_granularity: str = "per_channel",
+        act_granularity: str = "per_token",
+        quantize_lm_head: bool = False,
+        quantize_embeddings: bool = False,
+        eos_id: int | None = None,
+        pad_id: int = 0,
+        max_len: int | None = None,
+        backend: str = "auto",
+        act_dtype: str | None = None,
+        int8_kernel: str = "auto",
+    ):
+        check_choice("precision", precision, PRECISIONS)
+        check_choice("backend", backend, BACKENDS)
+        check_choice("int8 kernel", int8_kernel, INT8_KERNELS)
+        act_dtype = act_dtype or DEFAULT_ACT_DTYPE[precision]
+        check_choice("act_dtype", act_dtype, tuple(DTYPES))
+        self.precision = precision
+        self.quantizer = Quantizer(precision, weight_granularity, act_granularity)
+        self.act_dtype = DTYPES[act_dtype]
+        self.quantize_lm_head = quantize_lm_head
+        self.quantize_embeddings = quantize_embeddings
+        self.eos_id = eos_id
+        self.pad_id = pad_id
+        self.max_len = max_len
+        self.backend = backend
+        self.int8_kernel = int8_kernel
+        self.decoder: FastDecoder | HFDecoder | None = None
+
+    @property
+    def active_backend(self) -> str | None:
+        """"fast" or "hf" once weights are loaded."""
+        if self.decoder is None:
+            return None
+        return "fast" if isinstance(self.decoder, FastDecoder) else "hf"
+
+    @torch.no_grad()
+    def load_weights(self, model: nn.Module) -> None:
+        """Rebuild the engine's copy from the trainer's weights: fresh quantization scales every call."""
+        problem = fast_path_problem(model)
+        if self.backend == "fast" and problem:
+            raise ValueError(f"backend='fast' cannot serve {type(model).__name__}: {problem}")
+        use_fast = self.backend == "fast" or (self.backend == "auto" and problem is None)
+        build = FastDecoder if use_fast else HFDecoder
+        self.decoder = None  # free the old copy before building the new one
+        self.decoder = build(
+            model, self.quantizer, self.act_dtype, self.quantize_lm_head, self.quantize_embeddings, self.int8_kernel
+        )
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        n: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        if self.decoder is None:
+            raise RuntimeError("EmbeddedEngine.generate called before load_weights")
+        if not sampling.greedy and not sampling.temperature > 0:
+            raise ValueError(f"temperature={sampling.temperature} must be positive (or use greedy=True)")
+        T = sampling.max_new_tokens
+        if T < 1:
+            raise ValueError(f"max_new_tokens={T} must be at least 1")
+        if not prompt_mask[:, -1].all():
+            raise ValueError("prompts must be left-padded: prompt_mask[:, -1] has a padding position")
+        ids = prompt_ids.long().repeat_interleave(n, dim=0)
+        mask = prompt_mask.bool().repeat_interleave(n, dim=0)
+        if self.max_len is not None and ids.shape[1] + T > self.max_len:
+            raise ValueError(f"prompt length {ids.shape[1]} + max_new_tokens {T} exceeds max_len={self.max_len}")
+        B = ids.shape[0]
+        tokens = torch.full((B, T), self.pad_id, dtype=torch.long)
+        logp = torch.zeros(B, T, dtype=torch.float32)
+        resp_mask = torch.zeros(B, T, dtype=torch.bool)
+        done = torch.zeros(B, dtype=torch.bool)
+        logits = self.decoder.start(ids, mask, T)
+        for t in range(T):
+            tok, lp = _sample(logits, sampling, generator)
+            tokens[:, t] = tok.masked_fill(done, self.pad_id)
+            logp[:, t] = lp.masked_fill(done, 0.0)
+            resp_mask[:, t] = ~done
+            if self.eos_id is not None:
+                done |= tok == self.eos_id
+                if bool(done.all()):
+                    break
+            if t + 1 < T:
+                logits = self.decoder.step(tokens[:, t])
+        steps = t + 1
+        return Rollout(ids, mask, tokens[:, :steps], resp_mask[:, :steps], logp[:, :steps])
+
+
+def _sample(
+    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token and its log-prob under the distribution it was drawn from: softmax(logits / T), fp32.
+
+    Greedy takes the argmax and reports the T=1 log-prob (SamplingParams).
+    """
+    if sampling.greedy:
+        logp_all = torch.log_softmax(logits.float(), dim=-1)
+        tok = logp_all.argmax(-1)
+    else:
+        logp_all = torch.log_softmax(logits.float() / sampling.temperature, dim=-1)
+        tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
+    return tok, logp_all.gather(-1, tok[:, None]).squeeze(-1)

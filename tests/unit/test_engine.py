@@ -1,0 +1,255 @@
+"""The embedded rollout engine against the trainer's teacher-forced log-probs (bench.models.logprobs).
+
+Tiny random models built from configs (vocab 128, hidden 64, 2 layers, init std 0.02): at that scale a
+missing padding mask already moves log-probs by ~0.1, so the 1e-4 agreement below is a real check.
+"""
+
+import pytest
+import torch
+import transformers as tr
+
+from bench.config import RolloutConfig
+from bench.quant import linear
+from bench.rollout import embedded
+from bench.models.logprobs import token_logprobs
+from bench.rollout import EmbeddedEngine, SamplingParams, build_engine
+from bench.rollout.embedded import fast_path_problem
+
+SMALL = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=128, initializer_range=0.02, max_position_embeddings=128)
+
+
+def _build(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "qwen2":  # qkv bias, tied embeddings
+        model = tr.Qwen2ForCausalLM(tr.Qwen2Config(**SMALL, tie_word_embeddings=True))
+    elif kind == "llama":  # untied, non-default rope_theta
+        rope = {"rope_type": "default", "rope_theta": 5e5}
+        model = tr.LlamaForCausalLM(tr.LlamaConfig(**SMALL, rope_parameters=rope))
+    elif kind == "qwen3":  # q_norm / k_norm, explicit head_dim
+        model = tr.Qwen3ForCausalLM(tr.Qwen3Config(**SMALL, head_dim=16))
+    elif kind == "gpt_neox":  # outside the family: parallel residual, partial rotary, LayerNorm
+        model = tr.GPTNeoXForCausalLM(tr.GPTNeoXConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2,
+                                                       num_attention_heads=4, intermediate_size=128))
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, torch.nn.Module]:
+    return {k: _build(k) for k in ("qwen2", "llama", "qwen3", "gpt_neox")}
+
+
+def _prompts():
+    """3 prompts, left-padded to 7 with pad id 0: lengths 7, 4, 2."""
+    g = torch.Generator().manual_seed(123)
+    ids = torch.randint(1, 128, (3, 7), generator=g)
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[1, :3] = False
+    mask[2, :5] = False
+    return ids.masked_fill(~mask, 0), mask
+
+
+def _rollout(engine, model, temperature=1.0, n=2, new=10, seed=0, greedy=False):
+    engine.load_weights(model)
+    ids, mask = _prompts()
+    sampling = SamplingParams(max_new_tokens=new, temperature=temperature, greedy=greedy)
+    return engine.generate(ids, mask, n, sampling, torch.Generator().manual_seed(seed))
+
+
+def _gap(model, rollout, temperature=1.0) -> torch.Tensor:
+    """|log pi_fp32 - log mu| on the response tokens."""
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, rollout, temperature, dtype="fp32")
+    return (logp - rollout.logp_mu)[rollout.response_mask].abs()
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama", "qwen3"])
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_fp32_fast_path_matches_teacher_forced(models, kind, temperature):
+    engine = EmbeddedEngine("fp32")
+    r = _rollout(engine, models[kind], temperature)
+    assert engine.active_backend == "fast"
+    assert r.response_ids.shape == (6, 10) and r.response_mask.all()  # no EOS: full length
+    assert torch.equal(r.prompt_ids[0], r.prompt_ids[1]) and torch.equal(r.prompt_mask[4], r.prompt_mask[5])
+    assert _gap(models[kind], r, temperature).max() < 1e-4
+
+
+@pytest.mark.parametrize("backend, kind", [("auto", "gpt_neox"), ("hf", "qwen2"), ("hf", "qwen3")])
+def test_fp32_hf_fallback_matches_teacher_forced(models, backend, kind):
+    engine = EmbeddedEngine("fp32", backend=backend)
+    r = _rollout(engine, models[kind], 0.7)
+    assert engine.active_backend == "hf"
+    assert _gap(models[kind], r, 0.7).max() < 1e-4
+
+
+def test_fast_backend_refuses_other_families(models):
+    assert "gpt_neox" in fast_path_problem(models["gpt_neox"])
+    with pytest.raises(ValueError, match="gpt_neox"):
+        EmbeddedEngine("fp32", backend="fast").load_weights(models["gpt_neox"])
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama", "qwen3"])
+def test_low_precision_mismatch_is_small_nonzero_and_ordered(models, kind):
+    gaps = {}
+    for precision in ("bf16", "fp8_e4m3", "int8"):
+        gap = _gap(models[kind], _rollout(EmbeddedEngine(precision), models[kind]))
+        assert torch.isfinite(gap).all()
+        assert gap.max() > 1e-5, precision  # the engine really runs in that precision
+        assert gap.max() < 0.2 and gap.mean() < 0.03, precision
+        gaps[precision] = gap.mean()
+    assert gaps["fp8_e4m3"] > gaps["bf16"]  # 3 mantissa bits against 8
+
+
+def test_quantized_hf_fallback(models):
+    for precision in ("bf16", "fp8_e4m3", "int8"):
+        engine = EmbeddedEngine(precision)
+        gap = _gap(models["gpt_neox"], _rollout(engine, models["gpt_neox"]))
+        assert engine.active_backend == "hf"
+        assert torch.isfinite(gap).all() and 1e-5 < gap.max() < 0.2
+
+
+def test_native_bf16_branch(models, monkeypatch):
+    """On CPUs with bf16 hardware the engine runs torch's bf16 GEMM and attention instead of the fp32
+    emulation; forced here, the result is a bf16 rollout too (small, nonzero gap; not the same numbers)."""
+    emulated = _rollout(EmbeddedEngine("bf16"), models["qwen2"])
+    monkeypatch.setattr(linear, "native_bf16_matmul", lambda: True)
+    monkeypatch.setattr(embedded, "native_bf16_matmul", lambda: True)
+    engine = EmbeddedEngine("bf16")
+    native = _rollout(engine, models["qwen2"])
+    assert engine.decoder.attn == torch.bfloat16 and engine.decoder.layers[0].qkv.weight.dtype == torch.bfloat16
+    gap = _gap(models["qwen2"], native)
+    assert torch.isfinite(gap).all() and 1e-5 < gap.max() < 0.05
+    assert not torch.equal(native.logp_mu, emulated.logp_mu)
+
+
+def test_int8_kernels_give_identical_rollouts(models):
+    """Real torch._int_mm and its exact emulation: the same int32 GEMMs, so the same samples and log mu."""
+    a = _rollout(EmbeddedEngine("int8", int8_kernel="int_mm"), models["qwen3"])
+    b = _rollout(EmbeddedEngine("int8", int8_kernel="emulated"), models["qwen3"])
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logp_mu, b.logp_mu)
+
+
+@pytest.mark.parametrize("precision", ["fp8_e4m3", "int8"])
+def test_load_weights_requantizes_with_fresh_scales(models, precision):
+    model = _build("llama")
+    engine = EmbeddedEngine(precision)
+    before = _rollout(engine, model)
+    qkv = engine.decoder.layers[0].qkv
+    scale_before = qkv.weight_scale.clone()
+    n_q = model.config.num_attention_heads * 16  # rows of q_proj inside the fused qkv
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.weight.mul_(2.0)
+    # the engine holds its own copy: nothing changes until the next sync
+    same = engine.generate(*_prompts(), 2, SamplingParams(max_new_tokens=10), torch.Generator().manual_seed(0))
+    assert torch.equal(same.logp_mu, before.logp_mu)
+    after = _rollout(engine, model)
+    new_scale = engine.decoder.layers[0].qkv.weight_scale
+    assert torch.equal(new_scale[:n_q], 2 * scale_before[:n_q])  # doubling is exact in fp32
+    assert torch.equal(new_scale[n_q:], scale_before[n_q:])
+    assert not torch.equal(after.logp_mu, before.logp_mu)
+
+
+def test_per_tensor_weights_share_one_scale_over_fused_qkv(models):
+    engine = EmbeddedEngine("fp8_e4m3", weight_granularity="per_tensor", act_granularity="per_tensor")
+    gap = _gap(models["qwen2"], _rollout(engine, models["qwen2"]))
+    assert engine.decoder.layers[0].qkv.weight_scale.numel() == 1
+    assert torch.isfinite(gap).all() and gap.max() > 1e-5
+
+
+def test_same_seed_same_rollout_other_seed_other_rollout(models):
+    engine = EmbeddedEngine("fp8_e4m3")
+    a, b = _rollout(engine, models["qwen2"], seed=7), _rollout(engine, models["qwen2"], seed=7)
+    c = _rollout(engine, models["qwen2"], seed=8)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logp_mu, b.logp_mu)
+    assert not torch.equal(a.response_ids, c.response_ids)
+
+
+def test_greedy_takes_the_argmax_and_reports_t1_logprobs(models):
+    model = models["qwen3"]
+    r = _rollout(EmbeddedEngine("fp32"), model, temperature=0.5, greedy=True)
+    with torch.no_grad():
+        ids = torch.cat([r.prompt_ids, r.response_ids], 1)[:, :-1]
+        attn = torch.cat([r.prompt_mask, r.response_mask], 1)[:, :-1].long()
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, r.prompt_ids.shape[1] - 1 :]
+    assert torch.equal(r.response_ids, logits.argmax(-1))
+    assert _gap(model, r, temperature=1.0).max() < 1e-4
+    assert torch.equal(r.response_ids[0], r.response_ids[1])  # no randomness within a group
+
+
+def test_eos_ends_the_response_mask(models):
+    model = models["qwen2"]
+    free = _rollout(EmbeddedEngine("fp32"), model, n=4, new=12)
+    eos = int(free.response_ids[0, 2])  # a token that occurs: rerun with it as EOS, same seed
+    r = _rollout(EmbeddedEngine("fp32", eos_id=eos, pad_id=99), model, n=4, new=12)
+    B, T = r.response_ids.shape
+    hit_any = False
+    for i in range(B):
+        hits = (free.response_ids[i] == eos).nonzero()
+        stop = int(hits[0]) + 1 if len(hits) else T  # generated length, EOS included
+        hit_any |= bool(len(hits))
+        assert r.response_mask[i, :stop].all() and not r.response_mask[i, stop:].any()
+        assert torch.equal(r.response_ids[i, :stop], free.response_ids[i, :stop])  # same draws up to EOS
+        assert (r.response_ids[i, stop:] == 99).all() and (r.logp_mu[i, stop:] == 0).all()
+    assert hit_any
+    assert _gap(model, r).max() < 1e-4
+
+
+def test_generation_stops_when_every_row_has_ended(models):
+    first = _rollout(EmbeddedEngine("fp32"), models["llama"], greedy=True).response_ids[0, 0]
+    ids, mask = _prompts()
+    engine = EmbeddedEngine("fp32", eos_id=int(first))
+    engine.load_weights(models["llama"])
+    r = engine.generate(ids[:1], mask[:1], 3, SamplingParams(max_new_tokens=10, greedy=True))
+    assert r.response_ids.shape == (3, 1) and r.response_mask.all()
+
+
+def test_lm_head_and_embedding_quantization_are_switches(models):
+    base = _gap(models["llama"], _rollout(EmbeddedEngine("int8"), models["llama"]))
+    for flag in ("quantize_lm_head", "quantize_embeddings"):
+        gap = _gap(models["llama"], _rollout(EmbeddedEngine("int8", **{flag: True}), models["llama"]))
+        assert torch.isfinite(gap).all() and not torch.equal(gap, base), flag
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="'fp16'.*valid choices: bf16, fp32, fp8_e4m3, int8"):
+        EmbeddedEngine("fp16")
+    with pytest.raises(ValueError, match="'vllm'"):
+        EmbeddedEngine("fp32", backend="vllm")
+    with pytest.raises(ValueError, match="'per_row'"):
+        EmbeddedEngine("int8", weight_granularity="per_row")
+    with pytest.raises(RuntimeError, match="load_weights"):
+        EmbeddedEngine("fp32").generate(*_prompts(), 1, SamplingParams(max_new_tokens=2))
+
+
+def test_max_len_is_enforced(models):
+    engine = EmbeddedEngine("fp32", max_len=12)
+    engine.load_weights(models["qwen2"])
+    with pytest.raises(ValueError, match="max_len=12"):
+        engine.generate(*_prompts(), 1, SamplingParams(max_new_tokens=6))
+
+
+def test_build_engine_from_config():
+    cfg = RolloutConfig(precision="fp8_e4m3", weight_granularity="per_tensor", quantize_lm_head=True)
+    tok = type("Tok", (), {"eos_token_id": 5, "pad_token_id": None})()
+    engine = build_engine(cfg, tok)
+    assert isinstance(engine, EmbeddedEngine) and engine.precision == "fp8_e4m3"
+    assert engine.quantizer.weight_granularity == "per_tensor" and engine.quantize_lm_head
+    assert (engine.eos_id, engine.pad_id) == (5, 5)
+    assert build_engine(RolloutConfig(precision="int8"), eos_id=3, pad_id=0).pad_id == 0
+    with_model = build_engine(RolloutConfig(precision="bf16"), tok, _build("qwen2"))
+    assert with_model.max_len == SMALL["max_position_embeddings"]
+    with pytest.raises(ValueError, match="'tpu'.*embedded, vllm"):
+        build_engine(RolloutConfig(engine="tpu", precision="bf16"))
+    with pytest.raises(ValueError, match="'int4'.*bf16, fp32, fp8_e4m3, int8"):
+        build_engine(RolloutConfig(precision="int4"))
+
+
+def test_vllm_engine_explains_how_to_install():
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match=r"pip install qrl-bench\[vllm\]"):
+            build_engine(RolloutConfig(engine="vllm", precision="bf16"))
+    else:
+        pytest.skip("vllm is installed here; the missing-package message cannot be shown")
