@@ -64,10 +64,13 @@ class ModelConfig:
     num_kv_heads: int = 2
     intermediate_size: int = 512
     max_position_embeddings: int = 128
-    warmstart_steps: int = 300
-    warmstart_lr: float = 3e-3
-    warmstart_batch: int = 64
-    cache_dir: str = "${oc.env:QRL_BENCH_CACHE,~/.cache/qrl-bench}"
+    vocab_size: int = 128  # built-in only: embedding rows (>= the 100-token character tokenizer)
+    warmstart_seed: int = 0  # built-in only: init + SFT data order of the warm start
+    warmstart_steps: int = 2000  # built-in only: SFT step budget (stops earlier at warmstart_target_acc)
+    warmstart_lr: float = 2e-3
+    warmstart_batch: int = 16  # small batches: at this size progress is per update, not per example
+    warmstart_target_acc: Optional[float] = 0.3  # stop SFT once greedy accuracy on train examples reaches it
+    cache_dir: str = "${oc.env:QRL_BENCH_CACHE,'~/.cache/qrl-bench'}"
 
 
 @dataclass
@@ -108,6 +111,7 @@ class JsonlTaskConfig(TaskConfig):
     test_file: str = MISSING
     question_field: str = "question"
     answer_field: str = "answer"
+    prompt_template: str = "{question}="  # str.format with the question; the completion is the bare number
 
 
 @dataclass
@@ -134,7 +138,8 @@ class TrainConfig:
     dtype: str = "bf16"  # trainer compute: bf16 (fp32 master weights + bf16 autocast) | fp32
     eval_every: int = 10
     checkpoint_every: int = 10
-    threads: int = 0  # torch threads; 0 = leave torch's default
+    threads: int = 0  # torch threads; 0 = leave torch's default (sweeps set 1 per job)
+    keep_checkpoint: bool = False  # keep ckpt/last.pt after completion (it is always kept while resumable)
 
 
 @dataclass
@@ -156,7 +161,6 @@ class Config:
     seed: int = 0
     sweep: str = "default"
     out_root: str = "results"
-    dry_run: bool = False
 
 
 def register_configs() -> None:

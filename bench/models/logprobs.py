@@ -7,8 +7,6 @@ that log pi and log mu are log-probs of the same family of distributions (method
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 
 from bench.rollout.base import Rollout
@@ -28,11 +26,27 @@ def sequence_inputs(rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor, torch
     return ids, attn.long(), pos
 
 
-def autocast_for(dtype: str):
-    """bf16 = mixed precision (fp32 master weights, bf16 matmuls); fp32 = plain."""
+def bf16_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The fp32 master parameters rounded to bf16, with a straight-through gradient to the masters.
+
+    On a CPU, bf16 GEMMs are 8-13x slower than fp32 unless it has AVX512-BF16/AMX (measured here: Zen3,
+    AVX2 only), so the "BF16 trainer" on CPU uses bf16 *weights* with fp32 arithmetic; on CUDA it is
+    autocast (bf16 weights and activations). Either way the optimizer updates fp32 master weights.
+    """
+    return {n: p + (p.detach().to(torch.bfloat16).float() - p.detach()) for n, p in model.named_parameters()}
+
+
+def forward(model: torch.nn.Module, dtype: str, **inputs: torch.Tensor):
+    """The trainer's forward at its precision: fp32, or bf16 weights over fp32 master weights."""
     if dtype not in TRAINER_DTYPES:
         raise ValueError(f"unknown trainer dtype {dtype!r}; valid: {', '.join(TRAINER_DTYPES)}")
-    return torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bf16" else nullcontext()
+    if dtype == "fp32":
+        return model(**inputs)
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return model(**inputs)
+    return torch.func.functional_call(model, bf16_weights(model), args=(), kwargs=inputs)
 
 
 def token_logprobs(
@@ -49,8 +63,7 @@ def token_logprobs(
     """
     ids, attn, pos = sequence_inputs(rollout)
     P = rollout.prompt_ids.shape[1]
-    with autocast_for(dtype):
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
+    logits = forward(model, dtype, input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
     logits = logits[:, P - 1 :].float() / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)

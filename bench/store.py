@@ -1,0 +1,192 @@
+"""The run directory: the source of truth of a run (W&B only mirrors it).
+
+    <out_root>/<sweep>/<method>/<task>/<model>/seed<k>/
+        config.yaml    resolved config            run.json     status, reason, versions, host, git sha, wandb id
+        metrics.jsonl  one line per training step eval.jsonl   one line per evaluation
+        ckpt/last.pt   model + optimizer + RNG + step (for resume)
+        .lock          held while a process owns the run (two processes never write one run dir)
+
+Every write is append-only or atomic (write to a temp file, then rename), so a crash never loses metrics
+already written and never leaves a half-written checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from filelock import FileLock, Timeout
+
+STATUSES = ("running", "completed", "failed", "diverged", "preempted")
+TRACKED_PACKAGES = ("torch", "transformers", "datasets", "hydra-core", "omegaconf", "submitit", "wandb", "qrl-bench")
+
+
+class RunLocked(RuntimeError):
+    """Another process owns this run directory."""
+
+
+def run_path(out_root: str | Path, sweep: str, method: str, task: str, model: str, seed: int) -> Path:
+    """The run directory is a pure function of the sweep axes, so a relaunch finds its earlier runs."""
+    return Path(out_root) / sweep / method / task / model / f"seed{seed}"
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def git_info(cwd: Path | None = None) -> tuple[str | None, bool | None]:
+    """(sha, dirty) of the code checkout, or (None, None) outside git."""
+    cwd = cwd or Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        if sha.returncode:
+            return None, None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, timeout=10)
+        return sha.stdout.strip(), bool(dirty.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in TRACKED_PACKAGES:
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL file; a torn last line (crash mid-write) is ignored."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
+class RunDir:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.metrics_file = self.path / "metrics.jsonl"
+        self.eval_file = self.path / "eval.jsonl"
+        self.info_file = self.path / "run.json"
+        self.ckpt_file = self.path / "ckpt" / "last.pt"
+
+    # ---------------------------------------------------------------- ownership
+    @contextmanager
+    def lock(self) -> Iterator["RunDir"]:
+        """Exclusive ownership for the lifetime of a process's work on this run (OS lock: freed on crash)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(self.path / ".lock"))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            raise RunLocked(f"run directory {self.path} is in use by another process") from None
+        try:
+            yield self
+        finally:
+            lock.release()
+
+    # ---------------------------------------------------------------- run.json
+    def info(self) -> dict[str, Any]:
+        if not self.info_file.exists():
+            return {}
+        try:
+            return json.loads(self.info_file.read_text())
+        except json.JSONDecodeError:
+            return {}
+
+    @property
+    def status(self) -> str | None:
+        return self.info().get("status")
+
+    def update_info(self, **fields: Any) -> dict[str, Any]:
+        info = self.info()
+        info.update(fields, updated_at=now())
+        _atomic_write(self.info_file, (json.dumps(info, indent=2, default=str) + "\n").encode())
+        return info
+
+    def start(self, config_yaml: str, run_name: str, overrides: list[str] | None = None) -> dict[str, Any]:
+        """Record config and provenance; keeps fields of an earlier attempt (wandb id, start time)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.path / "config.yaml", config_yaml.encode())
+        sha, dirty = git_info()
+        prev = self.info()
+        attempts = int(prev.get("attempts", 0)) + 1
+        return self.update_info(
+            status="running", reason=None, run_name=run_name, git_sha=sha, git_dirty=dirty,
+            versions=versions(), host=socket.gethostname(), argv=sys.argv, overrides=overrides or [],
+            slurm_job_id=os.environ.get("SLURM_JOB_ID"), attempts=attempts,
+            started_at=prev.get("started_at", now()), finished_at=None,
+        )
+
+    def finish(self, status: str, reason: str | None = None, **fields: Any) -> None:
+        if status not in STATUSES:
+            raise ValueError(f"unknown run status {status!r}; valid: {', '.join(STATUSES)}")
+        self.update_info(status=status, reason=reason, finished_at=now(), **fields)
+
+    # ---------------------------------------------------------------- metrics
+    def append(self, file: Path, row: dict[str, Any]) -> None:
+        with open(file, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def append_metrics(self, row: dict[str, Any]) -> None:
+        self.append(self.metrics_file, row)
+
+    def append_eval(self, row: dict[str, Any]) -> None:
+        self.append(self.eval_file, row)
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.metrics_file)
+
+    def evals(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.eval_file)
+
+    def truncate_to(self, step: int) -> None:
+        """Drop rows at or after `step` (written after the checkpoint we resume from; they are redone)."""
+        for file in (self.metrics_file, self.eval_file):
+            rows = [r for r in read_jsonl(file) if r["step"] < step]
+            _atomic_write(file, "".join(json.dumps(r) + "\n" for r in rows).encode())
+
+    # ---------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, state: dict[str, Any]) -> None:
+        self.ckpt_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.ckpt_file.with_name(f"last.pt.tmp{os.getpid()}")
+        torch.save(state, tmp)
+        os.replace(tmp, self.ckpt_file)
+
+    def load_checkpoint(self) -> dict[str, Any] | None:
+        if not self.ckpt_file.exists():
+            return None
+        return torch.load(self.ckpt_file, weights_only=False)
+
+    def drop_checkpoint(self) -> None:
+        self.ckpt_file.unlink(missing_ok=True)

@@ -1,0 +1,244 @@
+"""One GRPO run with a low-precision rollout engine: the training loop.
+
+    engine.load_weights(policy)   sync: the rollout copy is re-quantized with fresh scales
+    rollout = engine.generate()   tokens, response mask, log mu of every sampled token
+    rewards -> advantages         GRPO group-normalized (bench/grpo.py)
+    lold = policy.logprobs()      recompute pass, only for methods that need pi_old
+    stats = method.prepare()      per-batch constants (IS weights, alpha, ...), detached
+    for minibatch: loss = method.loss(policy.logprobs(mb)); step
+    metrics -> run dir (+ W&B mirror); every k steps: eval, checkpoint
+
+Everything that differs between arms is behind `Method` (bench/methods) and the engine's precision
+(config data); this file never branches on the method.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from bench import diagnostics
+from bench.grpo import group_advantages
+from bench.methods.base import Batch, Method, build_method, select_stats
+from bench.metrics import mismatch_metrics, sanitize
+from bench.models.load import load_policy
+from bench.models.logprobs import token_logprobs
+from bench.models.tokenizer import decode_responses, encode_prompts
+from bench.preempt import PreemptionGuard
+from bench.rollout import build_engine
+from bench.rollout.base import Rollout, RolloutEngine, SamplingParams
+from bench.store import RunDir
+from bench.tasks.base import Task, build_task
+from bench.tracking import start_tracking
+
+QUANTIZED = ("fp8_e4m3", "int8")
+
+
+class Diverged(RuntimeError):
+    """A non-finite loss or gradient: the run stops, keeps its metrics, and is marked diverged."""
+
+
+@dataclass
+class Parts:
+    cfg: DictConfig
+    task: Task
+    policy: torch.nn.Module
+    tokenizer: Any
+    method: Method
+    engine: RolloutEngine
+    eval_engine: RolloutEngine
+    optimizer: torch.optim.Optimizer
+    generator: torch.Generator
+    ref_policy: torch.nn.Module | None = None
+
+
+def build(cfg: DictConfig) -> Parts:
+    """Everything a run needs; raises a clear error on bad input before any training."""
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    task = build_task(cfg.task)
+    policy, tokenizer = load_policy(cfg.model, task)
+    method = build_method(cfg.method)
+    eval_cfg = copy.deepcopy(cfg.rollout)
+    eval_cfg.precision = "fp32"  # evaluate the trainer's policy itself, not its quantized copy
+    return Parts(
+        cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, method=method,
+        engine=build_engine(cfg.rollout, tokenizer, policy),
+        eval_engine=build_engine(eval_cfg, tokenizer, policy),
+        optimizer=torch.optim.AdamW(policy.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay),
+        generator=torch.Generator().manual_seed(cfg.seed),
+    )
+
+
+class Timer(dict):
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        yield
+        self[name] = self.get(name, 0.0) + time.perf_counter() - t0
+
+
+def score(p: Parts, examples: list[dict], rollout: Rollout, n: int) -> torch.Tensor:
+    completions = decode_responses(p.tokenizer, rollout.response_ids, rollout.response_mask)
+    return torch.tensor([p.task.reward(ex, c) for ex, c in zip((e for e in examples for _ in range(n)), completions)])
+
+
+def train_step(p: Parts, step: int) -> dict[str, float]:
+    cfg, t = p.cfg, Timer()
+    G, T = cfg.train.group_size, cfg.rollout.temperature
+    with t("sync"):
+        p.engine.load_weights(p.policy)
+    examples = p.task.sample(step, cfg.train.batch_size // G, cfg.seed)
+    prompt_ids, prompt_mask = encode_prompts(p.tokenizer, [p.task.prompt(e) for e in examples])
+    with t("rollout"):
+        rollout = p.engine.generate(prompt_ids, prompt_mask, G, SamplingParams(cfg.task.max_new_tokens, T), p.generator)
+    rewards = score(p, examples, rollout, G)
+    adv = group_advantages(rewards, G, eps=cfg.method.adv_eps, norm_by_std=cfg.method.norm_adv_by_std)
+
+    with t("train"), t("recompute"), torch.no_grad():
+        logp_old = token_logprobs(p.policy, rollout, T, cfg.train.dtype)[0] if p.method.needs_recompute else None
+        logp_ref = token_logprobs(p.ref_policy, rollout, T, cfg.train.dtype)[0] if p.ref_policy else None
+    mask, frac_nonfinite = sanitize(logp_old if logp_old is not None else rollout.logp_mu, rollout.logp_mu, rollout.response_mask)
+    batch = Batch(logp_old, rollout.logp_mu, adv, mask, max(1.0, float(mask.sum())), logp_ref)
+    before = diagnostics.snapshot(p.policy)
+    with t("train"):
+        stats = p.method.prepare(batch)
+        logs, logp_theta0 = update(p, rollout, batch, stats, step)
+
+    row: dict[str, float] = {"step": step}
+    row |= {"reward/mean": rewards.mean().item(), "reward/std": rewards.std().item(),
+            "reward/accuracy": (rewards >= 1.0).float().mean().item(),
+            "reward/response_length": rollout.response_mask.sum(1).float().mean().item()}
+    row |= {f"train/{k}": v for k, v in logs.items() if k in ("loss", "grad_norm", "entropy", "clipfrac", "ppo_kl")}
+    row["train/lr"] = p.optimizer.param_groups[0]["lr"]
+    # bypass arms have no pi_old: their mismatch uses log pi_theta at theta_old (methods.md section 11)
+    row |= mismatch_metrics(logp_old if logp_old is not None else logp_theta0, rollout.logp_mu, mask, cfg.method.is_cap_C)
+    row["mismatch/frac_nonfinite_logprob"] = frac_nonfinite
+    row |= {f"method/{p.method.name}/{k}": v for k, v in stats.items() if isinstance(v, (int, float))}
+    row |= {f"method/{p.method.name}/{k}": v for k, v in logs.items() if k not in ("loss", "grad_norm", "entropy")}
+    row |= diagnostics.weight_update(before, p.policy)
+    if cfg.rollout.precision in QUANTIZED:
+        row |= diagnostics.quant_error(p.policy, cfg.rollout.precision, cfg.rollout.weight_granularity)
+    n_tok = rollout.response_mask.sum().item()
+    row |= {"time/rollout_s": t["rollout"], "time/sync_s": t["sync"], "time/recompute_s": t["recompute"],
+            "time/train_s": t["train"], "time/step_s": sum(t[k] for k in ("sync", "rollout", "train")),
+            "time/rollout_tokens_per_s": n_tok / max(t["rollout"], 1e-9)}
+    return row
+
+
+def update(p: Parts, rollout: Rollout, batch: Batch, stats: dict, step: int) -> tuple[dict[str, float], torch.Tensor]:
+    """The optimizer steps on one rollout batch; returns mean metrics and epoch-0 log pi_theta (detached)."""
+    cfg = p.cfg.train
+    B, logs = batch.size, defaultdict(list)
+    logp_theta0 = torch.zeros_like(batch.logp_mu)
+    for epoch in range(cfg.epochs):
+        for idx in torch.arange(B).chunk(cfg.minibatches):
+            mb = batch.select(idx)
+            logp, entropy = token_logprobs(p.policy, rollout.select(idx), p.cfg.rollout.temperature, cfg.dtype, with_entropy=True)
+            loss, metrics = p.method.loss(logp, mb, select_stats(stats, idx, B))
+            if not torch.isfinite(loss):
+                raise Diverged(f"step {step}: non-finite loss ({loss.item()})")
+            p.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(p.policy.parameters(), cfg.grad_clip)
+            if not torch.isfinite(grad_norm):
+                raise Diverged(f"step {step}: non-finite gradient norm ({grad_norm.item()})")
+            p.optimizer.step()
+            if epoch == 0:
+                logp_theta0[idx] = logp.detach()
+            logs["loss"].append(loss.item())
+            logs["grad_norm"].append(grad_norm.item())
+            logs["entropy"].append((entropy * mb.mask).sum().item() / mb.n_tokens)
+            for k, v in metrics.items():
+                logs[k].append(float(v))
+    return {k: sum(v) / len(v) for k, v in logs.items()}, logp_theta0
+
+
+@torch.no_grad()
+def evaluate(p: Parts, step: int) -> dict[str, float]:
+    """Greedy accuracy of the trainer's policy on the test split."""
+    examples = p.task.examples("test")
+    p.eval_engine.load_weights(p.policy)
+    prompt_ids, prompt_mask = encode_prompts(p.tokenizer, [p.task.prompt(e) for e in examples])
+    rollout = p.eval_engine.generate(prompt_ids, prompt_mask, 1, SamplingParams(p.cfg.task.max_new_tokens, greedy=True))
+    rewards = score(p, examples, rollout, 1)
+    return {"step": step, "eval/accuracy": (rewards >= 1.0).float().mean().item(),
+            "eval/reward_mean": rewards.mean().item(),
+            "eval/response_length": rollout.response_mask.sum(1).float().mean().item()}
+
+
+def checkpoint(p: Parts, next_step: int) -> dict[str, Any]:
+    return {"step": next_step, "policy": p.policy.state_dict(), "optimizer": p.optimizer.state_dict(),
+            "generator": p.generator.get_state(), "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+            "ref_policy": p.ref_policy.state_dict() if p.ref_policy else None}
+
+
+def restore(p: Parts, ckpt: dict[str, Any]) -> int:
+    p.policy.load_state_dict(ckpt["policy"])
+    p.optimizer.load_state_dict(ckpt["optimizer"])
+    p.generator.set_state(ckpt["generator"])
+    torch.set_rng_state(ckpt["torch_rng"])
+    random.setstate(ckpt["python_rng"])
+    if p.ref_policy is not None and ckpt["ref_policy"] is not None:
+        p.ref_policy.load_state_dict(ckpt["ref_policy"])
+    return int(ckpt["step"])
+
+
+def train(p: Parts, run: RunDir, config_yaml: str, run_name: str) -> str:
+    """Run (or resume) training in `run`; returns the final status. The caller holds the run's lock."""
+    cfg = p.cfg
+    ckpt = run.load_checkpoint()
+    if ckpt is None:
+        setup = p.method.setup_model(p.policy)  # e.g. UAQ: once, before training, never again on resume
+        if cfg.method.kl_ref_beta > 0:
+            p.ref_policy = copy.deepcopy(p.policy).requires_grad_(False)
+        start = 0
+    else:
+        if cfg.method.kl_ref_beta > 0:
+            p.ref_policy = copy.deepcopy(p.policy).requires_grad_(False)
+        setup, start = {}, restore(p, ckpt)
+    run.truncate_to(start)  # rows written after the checkpoint are recomputed identically
+    info = run.start(config_yaml, run_name)
+    tracker = start_tracking(cfg, run.path, run_name, resume_id=info.get("wandb_id"))
+    run.update_info(wandb_id=tracker.run_id, setup=setup)
+    t0, every = time.perf_counter(), cfg.train
+    bar = tqdm(range(start, every.steps), initial=start, total=every.steps, desc=run_name, mininterval=1.0, dynamic_ncols=True)
+    with PreemptionGuard() as guard:
+        try:
+            for step in bar:
+                if step % every.eval_every == 0:
+                    run.append_eval(ev := evaluate(p, step))
+                    tracker.log(ev, step)
+                row = train_step(p, step)
+                run.append_metrics(row)
+                tracker.log(row, step)
+                bar.set_postfix(reward=f"{row['reward/mean']:.3f}", kl=f"{row['mismatch/kl_k3']:.1e}", refresh=False)
+                if (step + 1) % every.checkpoint_every == 0 or guard.requested:
+                    run.save_checkpoint(checkpoint(p, step + 1))
+                if guard.requested and step + 1 < every.steps:
+                    run.finish("preempted", reason=f"signal {guard.signal_name} after step {step}")
+                    tracker.finish(exit_code=1)
+                    guard.exit_after_checkpoint()
+        except Diverged as e:
+            run.finish("diverged", reason=str(e), wall_s=time.perf_counter() - t0)
+            tracker.finish(exit_code=1)
+            return "diverged"
+    run.append_eval(ev := evaluate(p, every.steps))
+    tracker.log(ev, every.steps)
+    final = {"final/eval_accuracy": ev["eval/accuracy"], "final/wall_s": time.perf_counter() - t0}
+    run.finish("completed", **final)
+    tracker.finish(exit_code=0)
+    if not cfg.train.keep_checkpoint:
+        run.drop_checkpoint()
+    bar.close()
+    return "completed"
+

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create ./.venv and install qrl-bench into it (editable, with test extras). Idempotent: a second call
+# does nothing unless pyproject.toml changed. torch is installed first with an exact version so that pip
+# takes the CPU wheel (a loose spec on a fresh machine pulls a multi-GB CUDA build); override with
+# TORCH_SPEC='torch==X' (e.g. a CUDA build on a GPU cluster).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+stamp=.venv/.qrl-bench-installed
+want="$(sha256sum pyproject.toml | cut -c1-16) $TORCH_SPEC"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "[install] installing $TORCH_SPEC and qrl-bench[dev] into .venv (first time: ~2 min)" >&2
+  .venv/bin/python -m pip install -q --disable-pip-version-check "$TORCH_SPEC" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  .venv/bin/python -c "import torch, transformers, hydra, submitit, wandb, bench, analysis" \
+    || { echo "[install] FAILED: the venv does not import qrl-bench's dependencies" >&2; exit 1; }
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# THE main command: installs what it needs, runs the short smoke sweep (six arms x two tasks x 2 seeds,
+# tiny model, CPU, W&B offline, local launcher, jobs in parallel) and writes the analysis report.
+# Finished runs are skipped on a second call, interrupted ones resumed. Extra arguments go to qrl-bench.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export WANDB_MODE=${WANDB_MODE:-offline} WANDB_SILENT=true
+SECONDS=0
+.venv/bin/qrl-bench -m +sweep=smoke_short "$@"
+echo "[quickstart] sweep finished in ${SECONDS}s" >&2
+.venv/bin/qrl-analyze results/smoke_short --out results/smoke_short/report

@@ -1,0 +1,116 @@
+"""End-to-end runs of the real trainer on the built-in tiny model (a few steps each)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from bench.cli import EXIT, execute, run_dir_of
+from bench.methods.base import REGISTRY, Method
+from tests.helpers import cli, make_cfg, strip_times
+
+pytestmark = pytest.mark.slow
+
+STEP_KEYS = [
+    "step", "reward/mean", "reward/std", "reward/accuracy", "reward/response_length",
+    "train/loss", "train/grad_norm", "train/clipfrac", "train/entropy", "train/ppo_kl", "train/lr",
+    "mismatch/kl_k1", "mismatch/kl_k3", "mismatch/ratio_max", "mismatch/ratio_min", "mismatch/logp_diff_mean",
+    "mismatch/is_ess", "mismatch/frac_nonfinite_logprob",
+    "time/rollout_s", "time/sync_s", "time/train_s", "time/rollout_tokens_per_s",
+]
+
+
+def test_run_writes_a_complete_run_directory(tmp_path):
+    cfg = make_cfg(tmp_path, "method=fp8")
+    assert execute(cfg) == "completed"
+    run = run_dir_of(cfg)
+    assert run.path == tmp_path / "default" / "fp8" / "arithmetic" / "tiny" / "seed0"
+    info = run.info()
+    assert info["status"] == "completed" and info["reason"] is None
+    assert info["host"] and info["versions"]["torch"] == torch.__version__ and "git_sha" in info
+    assert "rollout:" in (run.path / "config.yaml").read_text() and "fp8_e4m3" in (run.path / "config.yaml").read_text()
+    rows = run.metrics()
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for r in rows:
+        assert set(STEP_KEYS) <= set(r), set(STEP_KEYS) - set(r)
+        assert all(math.isfinite(v) for v in r.values()), r
+        assert r["mismatch/kl_k3"] > 0  # fp8 rollout differs from the bf16 trainer
+        assert any(k.startswith("quant/quant_error/") for k in r)
+    assert [e["step"] for e in run.evals()] == [0, 2, 3]
+    assert not run.ckpt_file.exists()  # dropped after completion (train.keep_checkpoint=false)
+
+
+def test_same_config_and_seed_give_identical_metrics(tmp_path):
+    a, b = make_cfg(tmp_path / "a", "method=tis"), make_cfg(tmp_path / "b", "method=tis")
+    assert execute(a) == execute(b) == "completed"
+    ra, rb = run_dir_of(a), run_dir_of(b)
+    assert strip_times(ra.metrics()) == strip_times(rb.metrics())
+    assert ra.evals() == rb.evals()
+    c = make_cfg(tmp_path / "c", "method=tis", "seed=1")
+    assert execute(c) == "completed"
+    assert strip_times(run_dir_of(c).metrics()) != strip_times(ra.metrics())
+
+
+def test_completed_run_is_skipped_and_locked_run_is_not_touched(tmp_path):
+    cfg = make_cfg(tmp_path)
+    run = run_dir_of(cfg)
+    with run.lock():
+        assert execute(cfg) == "locked"
+    assert not run.metrics_file.exists()
+    assert execute(cfg) == "completed"
+    before = run.metrics_file.read_text()
+    assert execute(cfg) == "skipped"
+    assert run.metrics_file.read_text() == before
+
+
+class _NaNAfterFirstStep(Method):
+    """Test instrument: a real method whose loss turns NaN at the second optimizer step."""
+
+    calls = 0
+
+    def loss(self, logp, batch, stats):
+        type(self).calls += 1
+        scale = float("nan") if type(self).calls > 1 else 1.0
+        return (logp * batch.mask).sum() / batch.n_tokens * scale, {"clipfrac": 0.0, "ppo_kl": 0.0}
+
+
+def test_nan_loss_marks_run_diverged_and_keeps_metrics(tmp_path, monkeypatch):
+    monkeypatch.setitem(REGISTRY, "nan_test", _NaNAfterFirstStep)
+    cfg = make_cfg(tmp_path, "method=bf16")
+    cfg.method.name = "nan_test"
+    outcome = execute(cfg)
+    assert outcome == "diverged" and EXIT[outcome] != 0
+    run = run_dir_of(cfg)
+    info = run.info()
+    assert info["status"] == "diverged" and "step 1" in info["reason"] and "non-finite loss" in info["reason"]
+    assert [r["step"] for r in run.metrics()] == [0]  # step 0's metrics survive
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("train.group_size=1", "train.group_size=1"),
+        ("train.lr=0", "train.lr=0"),
+        ("train.lr=-0.1", "train.lr=-0.1"),
+        ("train.batch_size=10", "train.batch_size=10"),
+        ("rollout.precision=fp4", "rollout.precision='fp4'"),
+        ("model.path=/nonexistent/model", "/nonexistent/model"),
+    ],
+)
+def test_bad_input_fails_before_any_work(tmp_path, override, needle):
+    proc = cli(f"out_root={tmp_path}", "tracking=disabled", override, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert needle in proc.stderr, proc.stderr[-2000:]
+    assert not any(tmp_path.rglob("metrics.jsonl"))
+
+
+def test_unknown_key_and_choice_are_named(tmp_path):
+    proc = cli(f"out_root={tmp_path}", "train.bogus_key=1", timeout=120)
+    assert proc.returncode != 0 and "bogus_key" in proc.stderr
+    proc = cli(f"out_root={tmp_path}", "method=nope", timeout=120)
+    assert proc.returncode != 0 and "method/nope" in proc.stderr and "tis" in proc.stderr and "ais" in proc.stderr
+    proc = cli(f"out_root={tmp_path}", "train.steps=abc", timeout=120)
+    assert proc.returncode != 0 and "abc" in proc.stderr and "steps" in proc.stderr
