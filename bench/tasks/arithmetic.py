@@ -1,0 +1,72 @@
+"""Multi-digit integer arithmetic: "37+5=" -> "42".
+
+The simplest task with a verifiable reward that a ~1M-parameter model can partly learn in seconds, which is
+what a CPU benchmark of RL algorithms needs: rewards that are neither all 0 nor all 1 at step 0.
+
+Operands: the number of digits is drawn uniformly from [min_digits, max_digits], then the value uniformly
+among numbers with exactly that many digits (so short operands are not drowned out by long ones).
+Subtraction puts the larger operand first: answers are never negative, so the answer format is just digits.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from bench.tasks.base import Example, Task, stable_seed, unique_examples
+
+OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+# Canonical integers only: no sign on zero, no leading zeros, no "+" sign, no spaces inside.
+_INT = re.compile(r"(?:0|-?[1-9][0-9]*)")
+
+
+def parse_int(text: str) -> int | None:
+    """The integer written in `text` (surrounding whitespace allowed), or None if it is anything else."""
+    s = text.strip()
+    return int(s) if _INT.fullmatch(s) else None
+
+
+class ArithmeticTask(Task):
+    name = "arithmetic"
+
+    def __init__(self, cfg: Any):
+        super().__init__(cfg)
+        # Plain copies of what every draw reads: attribute access on an OmegaConf node is ~100x slower.
+        self.ops = list(cfg.ops)
+        if not self.ops or any(op not in OPS for op in self.ops):
+            raise ValueError(f"task.ops={self.ops!r}: valid ops are {', '.join(OPS)}")
+        self.digits = (int(cfg.min_digits), int(cfg.max_digits))
+        if not 1 <= self.digits[0] <= self.digits[1]:
+            raise ValueError(f"task digits: need 1 <= min_digits <= max_digits, got {self.digits}")
+
+    def _operand(self, rng: random.Random) -> int:
+        d = rng.randint(*self.digits)
+        lo = 0 if d == 1 else 10 ** (d - 1)
+        return rng.randint(lo, 10**d - 1)
+
+    def _make(self, rng: random.Random) -> Example:
+        op = rng.choice(self.ops)
+        a, b = self._operand(rng), self._operand(rng)
+        if op == "-" and a < b:
+            a, b = b, a
+        return {"a": a, "b": b, "op": op, "answer": OPS[op](a, b)}
+
+    def _build_splits(self) -> dict[str, list[Example]]:
+        rng = random.Random(stable_seed(self.name, self.cfg.data_seed))
+        seen: set = set()
+        key = self.prompt
+        test = unique_examples(self._make, key, self.cfg.n_test, rng, seen)  # test first: stable under n_train
+        train = unique_examples(self._make, key, self.cfg.n_train, rng, seen)
+        return {"train": train, "test": test}
+
+    def prompt(self, ex: Example) -> str:
+        return f"{ex['a']}{ex['op']}{ex['b']}="
+
+    def target(self, ex: Example) -> str:
+        return str(ex["answer"])
+
+    def reward(self, ex: Example, completion: str) -> float:
+        value = parse_int(completion)
+        return float(value is not None and value == ex["answer"])

@@ -1,0 +1,112 @@
+"""A datasets-backed task: question/answer JSONL files with a numeric exact-match reward.
+
+This is how users bring their own data (e.g. a GSM8K export) without network access: the files are read
+through `datasets.load_dataset("json", ...)`, the same loader a hub data set would use, so caching and
+formats behave as users expect. Answers must be numbers; a GSM8K-style "reasoning #### 42" answer keeps
+the part after the last "####". The completion must be just a number (surrounding whitespace allowed)
+equal to the answer as an exact rational ("42", "42.0" and "42.00" are all the same number).
+The prompt is `task.prompt_template` with the question filled in (default "{question}=", the format of the
+synthetic tasks, so a JSONL of "37+5" questions behaves like the arithmetic task).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import re
+from fractions import Fraction
+from typing import Any
+
+from bench.tasks.base import Example, Task, stable_seed
+
+_NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
+
+
+def parse_number(text: str) -> Fraction | None:
+    """The decimal number written in `text` (whitespace around allowed), or None if it is anything else."""
+    s = text.strip()
+    return Fraction(s) if _NUMBER.fullmatch(s) else None
+
+
+def canonical_answer(raw: Any) -> str:
+    """The answer as the text a correct completion would contain: GSM8K '#### ' suffix, no thousands commas."""
+    s = str(raw)
+    if "####" in s:
+        s = s.rsplit("####", 1)[1]
+    return s.strip().replace(",", "")
+
+
+def _resolve(path: str, key: str) -> str:
+    if path is None or str(path) in ("", "???"):
+        raise ValueError(f"task.{key} is not set: pass a JSONL file, e.g. task.{key}=data/train.jsonl")
+    full = os.path.abspath(os.path.expanduser(str(path)))
+    if not os.path.isfile(full):
+        raise FileNotFoundError(f"task.{key}: JSONL file '{path}' not found (resolved to {full})")
+    return full
+
+
+def _file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class JsonlTask(Task):
+    name = "jsonl"
+
+    def __init__(self, cfg: Any):
+        super().__init__(cfg)
+        # Resolve (and check) both paths now: a typo should fail at start-up, not at the first eval.
+        self.files = {"train": _resolve(cfg.train_file, "train_file"), "test": _resolve(cfg.test_file, "test_file")}
+
+    def _load(self, split: str) -> list[Example]:
+        import datasets
+
+        path = self.files[split]
+        ds = datasets.load_dataset("json", data_files={split: path}, split=split)
+        qf, af = self.cfg.question_field, self.cfg.answer_field
+        missing = [f for f in (qf, af) if f not in ds.column_names]
+        if missing:
+            raise KeyError(f"{path}: field(s) {missing} not found; columns are {ds.column_names} "
+                           f"(set task.question_field / task.answer_field)")
+        rows = []
+        for i, row in enumerate(ds):
+            answer = canonical_answer(row[af])
+            value = parse_number(answer)
+            if value is None:
+                raise ValueError(f"{path} row {i}: answer {row[af]!r} is not a number (the jsonl task is numeric)")
+            rows.append({"question": str(row[qf]), "answer": answer, "value": value})
+        return rows
+
+    def _build_splits(self) -> dict[str, list[Example]]:
+        test = self._load("test")
+        test_questions = {ex["question"] for ex in test}
+        train = [ex for ex in self._load("train") if ex["question"] not in test_questions]  # keep them disjoint
+        rng = random.Random(stable_seed(self.name, self.cfg.data_seed))
+        return {"train": _subset(train, self.cfg.n_train, rng), "test": _subset(test, self.cfg.n_test, rng)}
+
+    def fingerprint(self) -> dict[str, Any]:
+        fp = super().fingerprint()
+        fp["files_sha256"] = {split: _file_sha256(path) for split, path in self.files.items()}
+        return fp
+
+    def prompt(self, ex: Example) -> str:
+        return self.cfg.prompt_template.format(question=ex["question"])
+
+    def target(self, ex: Example) -> str:
+        return ex["answer"]
+
+    def reward(self, ex: Example, completion: str) -> float:
+        value = parse_number(completion)
+        return float(value is not None and value == ex["value"])
+
+
+def _subset(rows: list[Example], n: int, rng: random.Random) -> list[Example]:
+    """At most n rows, a deterministic subset in file order (n_train/n_test cap large files)."""
+    if n >= len(rows):
+        return rows
+    keep = sorted(rng.sample(range(len(rows)), n))
+    return [rows[i] for i in keep]

@@ -1,0 +1,139 @@
+"""Warm start of the built-in model: the accuracy window RL needs, and the on-disk cache behaviour."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+import bench.models.warmstart as ws
+from bench.config import ArithmeticTaskConfig, CountdownTaskConfig, ModelConfig
+from bench.models.load import load_policy
+from bench.models.warmstart import INFO_FILE, greedy_accuracy, warm_start_dir
+from bench.tasks.base import build_task
+
+
+def quick_cfg(tmp_path, **kw) -> ModelConfig:
+    """A warm start that takes about a second: the cache tests need a build, not a good model."""
+    return ModelConfig(cache_dir=str(tmp_path), num_layers=1, warmstart_steps=5, warmstart_target_acc=None, **kw)
+
+
+@pytest.fixture(scope="module")
+def small_task():
+    return build_task(ArithmeticTaskConfig(n_train=200, n_test=20))
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def same_weights(a, b) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task_cfg", [ArithmeticTaskConfig(), CountdownTaskConfig()], ids=["arithmetic", "countdown"])
+def test_default_warm_start_is_in_the_rl_window(tmp_path, task_cfg):
+    """Defaults give 10-60 % greedy test accuracy: RL groups then have both successes and failures."""
+    task = build_task(task_cfg)
+    t0 = time.perf_counter()
+    model, tok = load_policy(ModelConfig(cache_dir=str(tmp_path)), task)
+    built_s = time.perf_counter() - t0
+    acc = greedy_accuracy(model, tok, task)
+    info = json.loads((warm_start_dir(ModelConfig(cache_dir=str(tmp_path)), task) / INFO_FILE).read_text())
+    print(f"\n{task.name}: test greedy accuracy {acc:.3f}, {info['steps_run']} SFT steps, "
+          f"SFT {info['sft_seconds']} s, build+load {built_s:.1f} s")
+    assert 0.10 <= acc <= 0.60
+    assert info["test_greedy_accuracy"] == acc  # the reloaded model is the one that was measured
+
+
+def test_second_call_hits_the_cache_with_identical_weights(tmp_path, small_task, monkeypatch):
+    cfg = quick_cfg(tmp_path)
+    first, tok = load_policy(cfg, small_task)
+    assert not first.training and first.dtype == torch.float32
+    [built] = [p for p in (tmp_path / "warmstart").iterdir() if p.is_dir()]  # no temporary dir left over
+    assert (built / INFO_FILE).is_file() and (built / "model.safetensors").is_file()
+
+    def no_training(*a, **k):
+        raise AssertionError("cache miss: the warm start was trained again")
+
+    monkeypatch.setattr(ws, "train_warm_start", no_training)
+    t0 = time.perf_counter()
+    second, _ = load_policy(cfg, small_task)
+    assert time.perf_counter() - t0 < 5.0
+    assert same_weights(weights(first), weights(second))
+    # labels and locations are not part of the key; hyper-parameters are
+    assert warm_start_dir(dataclasses.replace(cfg, name="renamed"), small_task) == built
+    with pytest.raises(AssertionError, match="cache miss"):
+        warm_start_dir(dataclasses.replace(cfg, warmstart_lr=cfg.warmstart_lr * 2), small_task)
+    with pytest.raises(AssertionError, match="cache miss"):
+        warm_start_dir(cfg, build_task(ArithmeticTaskConfig(n_train=200, n_test=20, data_seed=7)))
+
+
+def test_warm_start_is_deterministic_across_cache_dirs(tmp_path, small_task):
+    a, _ = load_policy(quick_cfg(tmp_path / "a"), small_task)
+    b, _ = load_policy(quick_cfg(tmp_path / "b"), small_task)
+    c, _ = load_policy(quick_cfg(tmp_path / "c", warmstart_seed=1), small_task)
+    assert same_weights(weights(a), weights(b))
+    assert not same_weights(weights(a), weights(c))
+
+
+def test_concurrent_builders_train_once(tmp_path, small_task, monkeypatch):
+    """Sweep jobs starting together: one builds under the lock, the others wait and reuse it."""
+    calls = []
+    real = ws.train_warm_start
+
+    def slow_train(*a, **k):
+        calls.append(1)
+        time.sleep(0.5)  # make the builds overlap
+        return real(*a, **k)
+
+    monkeypatch.setattr(ws, "train_warm_start", slow_train)
+    cfg = quick_cfg(tmp_path)
+    results, errors = [], []
+
+    def job():
+        try:
+            results.append(warm_start_dir(cfg, small_task))
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=job) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(calls) == 1 and len(set(results)) == 1
+
+
+def test_failed_build_leaves_nothing_behind(tmp_path, small_task, monkeypatch):
+    def crash(*a, **k):
+        raise RuntimeError("killed mid-build")
+
+    monkeypatch.setattr(ws, "train_warm_start", crash)
+    with pytest.raises(RuntimeError, match="mid-build"):
+        warm_start_dir(quick_cfg(tmp_path), small_task)
+    assert [p for p in (tmp_path / "warmstart").iterdir() if p.is_dir()] == []
+
+
+def test_cache_dir_interpolation_and_user_expand(monkeypatch, tmp_path):
+    monkeypatch.setenv("QRL_BENCH_CACHE", str(tmp_path))
+    assert ws.resolve_cache_dir(ModelConfig().cache_dir) == tmp_path
+    monkeypatch.delenv("QRL_BENCH_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert ws.resolve_cache_dir(ModelConfig().cache_dir) == tmp_path / ".cache" / "qrl-bench"
+
+
+def test_stopping_rule_stops_at_the_target(small_task):
+    """A target of 0 is met at the first check: SFT runs exactly EVAL_EVERY steps."""
+    from bench.models.tiny import build_tiny_model
+    from bench.models.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(ModelConfig(num_layers=1), tok)
+    run = ws.sft(model, tok, small_task, steps=10 * ws.EVAL_EVERY, lr=1e-3, batch_size=4, seed=0, target_acc=0.0)
+    assert run["steps_run"] == ws.EVAL_EVERY and len(run["train_checks"]) == 1
