@@ -45,7 +45,15 @@ def now() -> str:
 
 
 def git_info(cwd: Path | None = None) -> tuple[str | None, bool | None]:
-    """(sha, dirty) of the code checkout, or (None, None) outside git."""
+    """(sha, dirty) of the code checkout, or (None, None) outside git.
+
+    A code snapshot made at sweep submission (bench/launchers.py) is no git checkout; it carries the sha
+    and dirty flag of the checkout it was copied from in SNAPSHOT.json.
+    """
+    snap = Path(__file__).resolve().parents[1] / "SNAPSHOT.json"
+    if cwd is None and snap.exists():
+        d = json.loads(snap.read_text())
+        return d.get("git_sha"), d.get("git_dirty")
     cwd = cwd or Path(__file__).resolve().parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
@@ -143,6 +151,7 @@ class RunDir:
             status="running", reason=None, run_name=run_name, git_sha=sha, git_dirty=dirty,
             versions=versions(), host=socket.gethostname(), argv=sys.argv, overrides=overrides or [],
             slurm_job_id=os.environ.get("SLURM_JOB_ID"), attempts=attempts,
+            code_dir=str(Path(__file__).resolve().parents[1]),
             started_at=prev.get("started_at", now()), finished_at=None,
         )
 

@@ -226,6 +226,7 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str) -> str:
                     run.save_checkpoint(checkpoint(p, step + 1))
                 if guard.requested and step + 1 < every.steps:
                     run.finish("preempted", reason=f"signal {guard.signal_name} after step {step}")
+                    tracker.mark_preempting()
                     tracker.finish(exit_code=1)
                     guard.exit_after_checkpoint()
         except Diverged as e:

@@ -1,0 +1,108 @@
+"""Preemption: turn SIGUSR1 / SIGTERM into "finish this step, checkpoint, exit so the job is requeued".
+
+A signal can arrive in the middle of an optimizer step; checkpointing from inside the handler would save
+a half-updated model. So the handler only records the request, and the training loop polls
+`guard.requested` at a step boundary, writes its checkpoint, marks the run "preempted" and calls
+`guard.exit_after_checkpoint()`.
+
+Who requeues the job:
+- under submitit (SLURM), submitit installed its own handler for its preemption signal (SUBMITIT_PREEMPT_SIGNAL,
+  USR1 for our SLURM launcher): it calls `scontrol requeue` on the job and exits. We chain to that handler
+  once our checkpoint is safe, so the requeued job resumes from it.
+- for SIGTERM submitit only logs ("bypass"): SLURM itself requeues a job it preempts (PreemptMode=REQUEUE)
+  and a `scancel` must not be undone, so we just exit.
+- outside submitit there is nobody to chain to: we exit with 128 + signal number (the shell's convention for
+  "killed by that signal"), so a caller sees a non-zero status and relaunching the same command resumes.
+
+    with PreemptionGuard() as guard:
+        for step in ...:
+            train_step(...)
+            if guard.requested:
+                save_checkpoint(...); mark_preempted(...)
+                guard.exit_after_checkpoint()
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any, Callable, NoReturn, Union
+
+Handler = Union[Callable[[int, Union[FrameType, None]], Any], int, None]
+
+DEFAULT_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+
+def submitit_preempt_signal() -> signal.Signals | None:
+    """The signal submitit uses for preemption/timeout in this process, or None outside a submitit job.
+
+    Mirrors submitit's JobEnvironment._usr_sig (env SUBMITIT_PREEMPT_SIGNAL, default USR2) without importing
+    submitit or relying on its private API.
+    """
+    if not os.environ.get("SUBMITIT_EXECUTOR"):
+        return None
+    sig = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
+    return signal.Signals(sig) if sig is not None else None
+
+
+class PreemptionGuard:
+    """Records SIGUSR1/SIGTERM (and submitit's preemption signal) while active; see the module docstring.
+
+    A context manager: entering installs the handlers (remembering the previous ones, e.g. submitit's),
+    leaving restores them. Only usable from the main thread (a Python rule for signal handlers); elsewhere
+    it installs nothing and `requested` stays False.
+    """
+
+    def __init__(self, signals: tuple[int, ...] = DEFAULT_SIGNALS) -> None:
+        extra = submitit_preempt_signal()
+        sigs = [signal.Signals(s) for s in signals]
+        if extra is not None and extra not in sigs:
+            sigs.append(extra)
+        self.signals: tuple[signal.Signals, ...] = tuple(sigs)
+        self.requested = False
+        self.signal_name: str | None = None
+        self._signum: int | None = None
+        self._previous: dict[signal.Signals, Handler] = {}
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # keep the first signal: it decides who requeues (a later SIGTERM must not hide submitit's USR1)
+        if not self.requested:
+            self.requested = True
+            self._signum = signum
+            self.signal_name = signal.Signals(signum).name
+            print(f"qrl-bench: caught {self.signal_name}: checkpointing after the current step, then exiting",
+                  file=sys.stderr, flush=True)
+
+    def __enter__(self) -> "PreemptionGuard":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    def exit_after_checkpoint(self) -> NoReturn:
+        """Call once the checkpoint is written: hand over to the previous handler (submitit's requeue), else exit.
+
+        submitit's requeue handler ends in sys.exit(-1) after `scontrol requeue` (or raises its
+        UncompletedJobError when it refuses to requeue, which submitit reports as the job's result);
+        either way it propagates from here. Handlers that return (submitit's SIGTERM "bypass") fall
+        through to our own exit.
+        """
+        signum = self._signum if self._signum is not None else signal.SIGTERM
+        previous = self._previous.get(signal.Signals(signum))
+        self._restore()
+        if callable(previous):
+            previous(signum, None)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.exit(128 + signum)

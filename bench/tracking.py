@@ -1,0 +1,138 @@
+"""W&B as a mirror of the run directory.
+
+The run directory (metrics.jsonl, eval.jsonl, run.json) is the source of truth; W&B is a convenience view.
+Hence two rules:
+- Nothing here may stop or lose a run: if W&B cannot start (no network, no API key, bad settings) or a
+  later call fails, we warn once and become a no-op. The caller writes its local rows before mirroring them.
+- Every row is logged exactly as written to metrics.jsonl (same keys, same step), so a W&B chart and the
+  analysis of the run directory show the same numbers under the same names.
+
+Mode: cfg.tracking.mode (offline | online | disabled), overridden by the WANDB_MODE environment variable
+(the usual W&B switch, e.g. WANDB_MODE=disabled in a quick test). Offline runs are written under
+<run_dir>/wandb/ and can be uploaded later with `wandb sync <run_dir>/wandb/offline-run-*`.
+The W&B run id is stored by the caller in run.json and passed back as `resume_id` on restart, so a
+preempted-and-resumed run stays one W&B run.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+MODES = ("offline", "online", "disabled")
+_MODE_ALIASES = {"dryrun": "offline", "run": "online"}  # older spellings W&B still accepts in WANDB_MODE
+
+
+def tracking_mode(cfg: DictConfig) -> str:
+    """WANDB_MODE wins over cfg.tracking.mode, so a user can switch W&B off without editing configs."""
+    mode = os.environ.get("WANDB_MODE") or str(cfg.tracking.mode)
+    mode = _MODE_ALIASES.get(mode, mode)
+    if mode not in MODES:
+        raise ValueError(f"tracking mode {mode!r} (cfg.tracking.mode or WANDB_MODE) is not one of {', '.join(MODES)}")
+    return mode
+
+
+class Tracker:
+    """No-op tracker: used when tracking is disabled and as the fallback when W&B fails."""
+
+    def __init__(self, run_id: str | None = None) -> None:
+        # on a W&B failure during a resume we keep the stored id, so run.json does not forget it
+        self.run_id = run_id
+
+    @property
+    def active(self) -> bool:
+        return False
+
+    def log(self, row: dict[str, Any], step: int) -> None:
+        pass
+
+    def mark_preempting(self) -> None:
+        pass
+
+    def finish(self, exit_code: int = 0) -> None:
+        pass
+
+
+class WandbTracker(Tracker):
+    """Mirrors rows to a live wandb Run; any exception turns it into the no-op Tracker with a warning."""
+
+    def __init__(self, run: Any) -> None:
+        super().__init__(run.id)
+        self._run = run
+
+    @property
+    def active(self) -> bool:
+        return self._run is not None
+
+    def _fail(self, what: str, err: Exception) -> None:
+        warnings.warn(f"W&B {what} failed ({type(err).__name__}: {err}); continuing without W&B, "
+                      "the run directory still has every metric", RuntimeWarning, stacklevel=3)
+        run, self._run = self._run, None
+        try:
+            run.finish(exit_code=1)
+        except Exception:  # noqa: BLE001 -- already degraded; nothing more to do
+            pass
+
+    def log(self, row: dict[str, Any], step: int) -> None:
+        if self._run is None:
+            return
+        try:
+            self._run.log(dict(row), step=step)
+        except Exception as err:  # noqa: BLE001 -- W&B must never stop a run
+            self._fail("log", err)
+
+    def mark_preempting(self) -> None:
+        """Tell W&B the process is about to exit for a requeue (shown as 'preempted', not 'crashed')."""
+        if self._run is None:
+            return
+        try:
+            self._run.mark_preempting()
+        except Exception as err:  # noqa: BLE001
+            self._fail("mark_preempting", err)
+
+    def finish(self, exit_code: int = 0) -> None:
+        if self._run is None:
+            return
+        run, self._run = self._run, None
+        try:
+            run.finish(exit_code=exit_code)
+        except Exception as err:  # noqa: BLE001
+            warnings.warn(f"W&B finish failed ({type(err).__name__}: {err}); the run directory is complete",
+                          RuntimeWarning, stacklevel=2)
+
+
+def start_tracking(cfg: DictConfig, run_dir: Path, run_name: str, resume_id: str | None = None) -> Tracker:
+    """Start (or resume, with the id stored in run.json) the W&B mirror of one run.
+
+    project/entity/tags from cfg.tracking; group = the sweep, job_type = the method, so W&B's grouping
+    matches results/<sweep>/<method>/...; the resolved config is attached; files go to <run_dir>/wandb.
+    """
+    mode = tracking_mode(cfg)
+    if mode == "disabled":
+        return Tracker(resume_id)  # write nothing, not even import wandb
+    try:
+        import wandb
+
+        run = wandb.init(
+            project=cfg.tracking.project,
+            entity=cfg.tracking.entity,
+            group=str(cfg.sweep),
+            job_type=str(cfg.method.name),
+            name=run_name,
+            tags=[str(t) for t in cfg.tracking.tags] or None,
+            config=OmegaConf.to_container(cfg, resolve=True),
+            dir=str(run_dir),
+            mode=mode,
+            id=resume_id,
+            resume="allow" if resume_id else None,
+            reinit="create_new",  # several runs in one process (tests, in-process launchers) stay separate
+        )
+    except Exception as err:  # noqa: BLE001 -- any W&B failure (UsageError, CommError, ...) degrades
+        warnings.warn(f"W&B init failed ({type(err).__name__}: {err}); run continues without W&B "
+                      f"(mode={mode}); every metric is still in {run_dir}", RuntimeWarning, stacklevel=2)
+        return Tracker(resume_id)
+    return WandbTracker(run)

@@ -1,0 +1,51 @@
+"""The default local launcher (hydra/launcher=local): parallel worker processes, code and config frozen at start.
+
+Runs the probe app of launch_probe.py on a copy of the project: 3 jobs on 2 workers, the first two held
+until the test has edited code and config, so the third job is still queued when the edits land.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.launch_probe import edit_after_submission, make_probe, probes, snapshot_of
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_local_sweep_runs_in_parallel_with_the_code_and_config_of_submission(tmp_path):
+    go = tmp_path / "go"
+    paths = make_probe(tmp_path, "local", {"n_jobs": 2}, wait_for=str(go))
+    env = {**os.environ, "PYTHONPATH": str(paths["code"])}
+    proc = subprocess.Popen([sys.executable, str(paths["app"]), "-m", "n=0,1,2"], cwd=paths["workdir"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (paths["sweep"] / ".code").is_dir():
+            assert proc.poll() is None, proc.stdout.read()[-4000:]
+            assert time.monotonic() < deadline, "the sweep never started"
+            time.sleep(0.1)
+        time.sleep(1.0)  # let the workers pick up jobs 0 and 1 (job 2 waits for a free worker)
+        edit_after_submission(paths)
+        go.touch()
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+
+    snapshot = snapshot_of(paths)
+    recs = probes(paths)
+    assert len(recs) == 3, out[-4000:]
+    for rec in recs:
+        assert Path(rec["bench_file"]) == snapshot / "bench" / "__init__.py", rec
+        assert rec["probe"] is None and rec["value"] == "original", rec
+        assert rec["cwd"] == str(paths["workdir"]), rec
+    workers = {rec["pid"] for rec in recs}
+    assert len(workers) == 2 and proc.pid not in workers  # two worker processes, not the launcher itself

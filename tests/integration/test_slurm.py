@@ -1,0 +1,226 @@
+"""Through the real single-node SLURM cluster (scripts/slurm_up.sh): submitit, accounting, our launcher.
+
+These tests skip only outside CI (env CI unset), printing why; in CI a cluster that is down is a failure.
+Everything that waits on SLURM has a deadline, so a stuck scheduler fails the test instead of hanging CI.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.store import RunDir
+from tests.helpers import FAST, REPO, strip_times
+from tests.integration.launch_probe import edit_after_submission, make_probe, probes, snapshot_of
+from tests.integration.wandb_readback import offline_runs
+
+QUICK = [a for a in FAST if not a.startswith("tracking=")] + ["tracking=offline"]
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
+
+
+def cluster_problem() -> str | None:
+    """Why the cluster cannot take jobs, or None when it can."""
+    if shutil.which("sbatch") is None:
+        return "sbatch not found (SLURM not installed)"
+    try:
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=20)
+        if "UP" not in ping.stdout:
+            first = (ping.stdout + ping.stderr).strip().splitlines()[:1]
+            return f"slurmctld not answering (scontrol ping: {first[0] if first else ping.returncode})"
+        nodes = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=20).stdout.split()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"SLURM commands failed: {e}"
+    if not any(state.rstrip("*") in ("idle", "mix", "alloc") for state in nodes):
+        return f"no usable node (states: {nodes})"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm() -> None:
+    problem = cluster_problem()
+    if problem is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"SLURM cluster is not usable in CI: {problem}")
+    pytest.skip(f"no SLURM cluster ({problem}); bring one up with `bash scripts/slurm_up.sh` "
+                "(these tests skip only when CI is unset)")
+
+
+def wait_until(what: str, cond, timeout: float, every: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def cancel_jobs_under(folder: Path, grace: float = 15) -> None:
+    """Leave nothing on the cluster: jobs submitted from `folder` (submitit's *_submitted.pkl names start with
+    the job id) still queued `grace` seconds after the test are cancelled. The grace lets a job that has
+    written its result finish exiting (the launcher returns as soon as the results exist)."""
+    ids = sorted({p.name.split("_")[0] for p in folder.rglob("*_submitted.pkl")})
+    if not ids:
+        return
+
+    def queued() -> str:
+        return subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(ids)], capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+
+    deadline = time.monotonic() + grace
+    while queued() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if queued():
+        subprocess.run(["scancel", *ids], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def cleanup(tmp_path):
+    yield
+    cancel_jobs_under(tmp_path)
+
+
+def job_env() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "WANDB_MODE": "offline", "WANDB_SILENT": "true", "HYDRA_FULL_ERROR": "1"}
+
+
+# ---------------------------------------------------------------- the cluster itself
+
+
+def test_submitit_roundtrip(slurm, cleanup, tmp_path):
+    import submitit
+
+    ex = submitit.AutoExecutor(folder=tmp_path / "%j")
+    assert ex.cluster == "slurm"
+    ex.update_parameters(timeout_min=2, cpus_per_task=1)
+    job = ex.submit(os.getenv, "SLURM_JOB_ID")  # a function: pickled by name, runs in the job
+    assert wait_until("the job to finish", job.done, 120)
+    assert job.result() == job.job_id  # ran inside SLURM, as that job
+    # accounting (slurmdbd) knows the job; sacct lags the end by a second or two
+    assert wait_until("sacct to report COMPLETED", lambda: job.state == "COMPLETED", 30)
+
+
+def test_cancelled_job_is_detected_not_waited_on_forever(slurm, cleanup, tmp_path):
+    """Without slurmdbd accounting, submitit waits forever for a job killed before writing its result."""
+    import submitit
+    from submitit.core.utils import UncompletedJobError
+
+    ex = submitit.AutoExecutor(folder=tmp_path / "%j")
+    ex.update_parameters(timeout_min=5, cpus_per_task=1)
+    job = ex.submit(time.sleep, 600)
+    wait_until("the job to start", lambda: job.state == "RUNNING", 60)
+    subprocess.run(["scancel", job.job_id], check=True, timeout=30)
+    assert wait_until("submitit to see the cancellation", job.done, 90)
+    with pytest.raises(UncompletedJobError, match="CANCELLED"):
+        job.result()
+
+
+# ---------------------------------------------------------------- code + config snapshot at submission
+
+def test_queued_jobs_keep_the_code_and_config_of_submission(slurm, cleanup, tmp_path):
+    """Submit (held in the queue), then edit the code and the config; the jobs must not see the edits.
+
+    Works on a copy of the project (tests/integration/launch_probe.py): the repository is never touched.
+    """
+    paths = make_probe(tmp_path, "slurm", {"timeout_min": 5, "additional_parameters": {"hold": True}})
+    env = job_env() | {"PYTHONPATH": str(paths["code"])}  # the submitting process imports bench from the copy
+    proc = subprocess.Popen([sys.executable, str(paths["app"]), "-m", "n=0,1"], cwd=paths["workdir"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        pkls = wait_until("the jobs to be submitted",
+                          lambda: sorted(paths["sweep"].glob(".submitit/*/*/*_submitted.pkl")) if proc.poll() is None
+                          else pytest.fail(f"launcher exited early:\n{proc.stdout.read()}"), 120)
+        edit_after_submission(paths)
+        subprocess.run(["scontrol", "release", pkls[0].name.split("_")[0]], check=True, timeout=30)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+
+    snapshot = snapshot_of(paths)
+    recs = probes(paths)
+    assert len(recs) == 2, out[-4000:]
+    for rec in recs:
+        assert Path(rec["bench_file"]) == snapshot / "bench" / "__init__.py", rec  # imported from the snapshot
+        assert rec["probe"] is None and rec["value"] == "original", rec              # not the edited code/config
+        assert rec["cwd"] == str(paths["workdir"]), rec                              # relative paths as submitted
+        assert rec["pythonpath"].split(":")[0] == str(snapshot)                      # subprocesses too
+        assert rec["preempt_signal"] == "USR1" and rec["job"]
+    assert (snapshot / "conf" / "hydra" / "launcher" / "slurm.yaml").is_file()
+    sbatch = next(paths["sweep"].glob(".submitit/*/*/*_submission.sh")).read_text()
+    assert "#SBATCH --signal=USR1@120" in sbatch and f"cd {snapshot}" in sbatch
+
+
+# ---------------------------------------------------------------- the benchmark itself through SLURM
+
+
+def test_small_sweep_through_slurm_completes_every_run(slurm, cleanup, tmp_path):
+    """2 arms x 1 task x 1 seed, a few steps each, via `qrl-bench -m hydra/launcher=slurm`."""
+    cmd = [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", "method=bf16,tis", *QUICK,
+           f"out_root={tmp_path}", "hydra.launcher.timeout_min=10"]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=600)
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = sorted(p.parent for p in tmp_path.glob("default/*/arithmetic/tiny/seed0/run.json"))
+    assert [r.parts[-4] for r in runs] == ["bf16", "tis"], list(tmp_path.rglob("run.json"))
+    steps = int(next(a for a in FAST if a.startswith("train.steps=")).split("=")[1])
+    job_ids = set()
+    for path in runs:
+        run = RunDir(path)
+        info = run.info()
+        assert info["status"] == "completed", info
+        assert info["slurm_job_id"], info  # really ran as a SLURM job
+        job_ids.add(info["slurm_job_id"])
+        assert [r["step"] for r in run.metrics()] == list(range(steps))
+        assert run.evals() and (path / "config.yaml").is_file()
+        assert info["wandb_id"] and list((path / "wandb").glob(f"offline-run-*-{info['wandb_id']}"))
+    assert len(job_ids) == 2
+    [snapshot] = list((tmp_path / "default" / ".code").iterdir())
+    assert (snapshot / "bench" / "train.py").is_file()
+    print(f"sweep of 2 runs through SLURM: {wall:.1f} s")
+
+
+def test_preempted_slurm_job_is_requeued_and_resumes(slurm, cleanup, tmp_path):
+    """SIGUSR1 to a running SLURM job: it checkpoints, submitit requeues it, it resumes and completes with
+    the metrics of an uninterrupted run."""
+    steps = 12
+    args = [a for a in QUICK if not a.startswith(("train.steps=", "train.checkpoint_every="))]
+    args += [f"train.steps={steps}", "train.checkpoint_every=100"]
+    ref = subprocess.run([sys.executable, "-m", "bench", *args, f"out_root={tmp_path / 'ref'}"], cwd=REPO,
+                         env=job_env(), capture_output=True, text=True, timeout=600)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+
+    # timeout_min=30: submitit calls a signal in the last 20% (or 10 min) of the limit a timeout, not a preemption
+    cmd = [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", *args, f"out_root={tmp_path / 'slurm'}",
+           "hydra.launcher.timeout_min=30"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = RunDir(tmp_path / "slurm" / "default" / "bf16" / "arithmetic" / "tiny" / "seed0")
+    try:
+        wait_until("a few steps", lambda: len(run.metrics()) >= 3 or proc.poll() is not None, 300)
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        job_id = run.info()["slurm_job_id"]
+        subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=30)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    info = run.info()
+    assert info["status"] == "completed" and info["attempts"] == 2, info
+    assert info["slurm_job_id"] == job_id  # the same job, requeued by submitit (not a new submission)
+    assert strip_times(run.metrics()) == strip_times(RunDir(next((tmp_path / "ref").rglob("run.json")).parent).metrics())
+    logs = "".join(p.read_text() for p in (tmp_path / "slurm" / "default" / ".submitit").rglob("*_log.err"))
+    assert "caught SIGUSR1" in logs and "this job is preempted" in logs and "DUE TO JOB REQUEUE" in logs, logs[-3000:]
+    attempts = offline_runs(run.path)  # one W&B run id across the requeue
+    assert len(attempts) == 2 and all(info["wandb_id"] in a.name for a in attempts)

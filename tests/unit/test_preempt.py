@@ -1,0 +1,78 @@
+"""PreemptionGuard with real signals sent to this process (no mocks of the signal machinery)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from bench.preempt import PreemptionGuard, submitit_preempt_signal
+
+
+def test_signal_is_recorded_not_acted_on_and_handlers_are_restored():
+    before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
+    with PreemptionGuard() as guard:
+        assert not guard.requested and guard.signal_name is None
+        os.kill(os.getpid(), signal.SIGTERM)  # would kill the test process without the guard
+        assert guard.requested and guard.signal_name == "SIGTERM"
+        os.kill(os.getpid(), signal.SIGUSR1)  # a second signal does not change who asked first
+        assert guard.signal_name == "SIGTERM"
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_exit_without_a_previous_handler_is_nonzero():
+    with PreemptionGuard() as guard:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        with pytest.raises(SystemExit) as exc:
+            guard.exit_after_checkpoint()
+    assert exc.value.code == 128 + signal.SIGUSR1
+
+
+def test_exit_chains_to_the_previously_installed_handler():
+    """Like submitit's requeue handler: called with the signal once the checkpoint is written."""
+    calls = []
+
+    class Requeued(Exception):
+        pass
+
+    def submitit_like(signum, frame):
+        calls.append(signum)
+        raise Requeued  # submitit ends with sys.exit(-1) after `scontrol requeue`
+
+    old = signal.signal(signal.SIGUSR1, submitit_like)
+    try:
+        with PreemptionGuard() as guard:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            assert calls == []  # nothing happens before the checkpoint
+            with pytest.raises(Requeued):
+                guard.exit_after_checkpoint()
+        assert calls == [signal.SIGUSR1]
+        assert signal.getsignal(signal.SIGUSR1) is submitit_like
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
+def test_a_handler_that_returns_still_ends_in_exit():
+    """submitit only logs SIGTERM ("bypass"); the run must still stop after its checkpoint."""
+    seen = []
+    old = signal.signal(signal.SIGTERM, lambda s, f: seen.append(s))
+    try:
+        with PreemptionGuard() as guard:
+            os.kill(os.getpid(), signal.SIGTERM)
+            with pytest.raises(SystemExit) as exc:
+                guard.exit_after_checkpoint()
+        assert seen == [signal.SIGTERM] and exc.value.code == 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def test_submitit_preemption_signal_is_also_caught(monkeypatch):
+    monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
+    assert submitit_preempt_signal() is None
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    monkeypatch.delenv("SUBMITIT_PREEMPT_SIGNAL", raising=False)
+    assert submitit_preempt_signal() == signal.SIGUSR2  # submitit's default
+    assert signal.SIGUSR2 in PreemptionGuard().signals
+    monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")  # what our SLURM launcher sets
+    assert PreemptionGuard().signals == (signal.SIGUSR1, signal.SIGTERM)
