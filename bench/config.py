@@ -66,7 +66,7 @@ class ModelConfig:
     max_position_embeddings: int = 128
     vocab_size: int = 128  # built-in only: embedding rows (>= the 100-token character tokenizer)
     warmstart_seed: int = 0  # built-in only: init + SFT data order of the warm start
-    warmstart_steps: int = 2000  # built-in only: SFT step budget (stops earlier at warmstart_target_acc)
+    warmstart_steps: int = 4000  # built-in only: SFT step budget of the cosine schedule (stops at warmstart_target_acc)
     warmstart_lr: float = 1e-3
     warmstart_batch: int = 16  # small batches: at this size progress is per update, not per example
     warmstart_target_acc: Optional[float] = 0.45  # stop SFT once greedy accuracy on train examples reaches it

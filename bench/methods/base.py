@@ -9,6 +9,7 @@ the method: everything method-specific lives behind this interface (methods.md, 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
@@ -56,7 +57,7 @@ def select_stats(stats: dict[str, Any], idx: torch.Tensor | slice, batch_size: i
     }
 
 
-class Method:
+class Method(ABC):
     """Base class: a treatment. Subclasses set `needs_recompute` and implement `loss` (and `prepare`)."""
 
     needs_recompute: ClassVar[bool] = True
@@ -73,8 +74,9 @@ class Method:
         """Per-rollout-batch constants (detached). Default: none."""
         return {}
 
+    @abstractmethod
     def loss(self, logp: torch.Tensor, batch: Batch, stats: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
-        raise NotImplementedError
+        """The scalar loss on one minibatch (differentiable in `logp`) and float metrics."""
 
 
 REGISTRY: dict[str, type[Method]] = {}

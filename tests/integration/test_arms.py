@@ -1,0 +1,52 @@
+"""Every arm runs end to end on the embedded default (a few steps) with complete, finite metrics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.cli import execute, run_dir_of
+from bench.metrics import MISMATCH_KEYS
+from tests.helpers import make_cfg
+
+pytestmark = pytest.mark.slow
+
+OWN_KEYS = {
+    "bf16": ["clipfrac", "ppo_kl"],
+    "fp8": ["clipfrac", "ppo_kl"],
+    "fp8_ppo_is": ["clipfrac", "ppo_kl"],
+    "tis": ["is_mean", "is_max", "is_frac_high", "is_ess", "clipfrac"],
+    "acr": ["frac_acr_active", "acr_upper_mean", "clipfrac_pos", "clipfrac_neg", "rho_max"],
+    "acr_uaq": ["frac_acr_active", "acr_upper_mean", "clipfrac_pos", "clipfrac_neg", "rho_max"],
+    "ess": ["ess_factor", "kl_behavioral", "approx_kl", "pi_loss", "clipfrac"],
+    "ais": ["alpha", "R", "B", "V", "c_mean", "c_var", "n"],
+}
+
+
+@pytest.mark.parametrize("arm", list(OWN_KEYS))
+def test_arm_runs_with_complete_finite_metrics(tmp_path, arm):
+    cfg = make_cfg(tmp_path, f"method={arm}")
+    assert execute(cfg) == "completed"
+    run = run_dir_of(cfg)
+    rows = run.metrics()
+    assert len(rows) == 3
+    for row in rows:
+        assert all(math.isfinite(v) for v in row.values()), row
+        assert set(MISMATCH_KEYS) <= set(row)  # shared mismatch metrics: the same names for every arm
+        own = {k.split("/", 2)[2] for k in row if k.startswith(f"method/{arm}/")}
+        assert set(OWN_KEYS[arm]) <= own, set(OWN_KEYS[arm]) - own
+        assert not any(k.startswith("method/") and not k.startswith(f"method/{arm}/") for k in row)
+    if arm == "acr_uaq":
+        assert run.info()["setup"]["uaq_scale"] == 1.5  # invariant scaling applied once, before training
+    if arm == "ais":
+        assert all(0.0 <= r["method/ais/alpha"] <= 1.0 for r in rows)
+    if arm != "bf16":
+        assert "fp8_e4m3" in (run.path / "config.yaml").read_text()
+
+
+def test_precision_of_an_arm_is_overridable(tmp_path):
+    cfg = make_cfg(tmp_path, "method=tis", "rollout.precision=int8")
+    assert cfg.method.precision == "fp8_e4m3" and cfg.rollout.precision == "int8"
+    assert execute(cfg) == "completed"
+    assert "precision: int8" in (run_dir_of(cfg).path / "config.yaml").read_text()
