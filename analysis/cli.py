@@ -1,0 +1,108 @@
+"""`qrl-analyze SWEEP_DIR... [--wandb ENTITY/PROJECT --group G] [--out DIR]` — a sweep to a report.
+
+Progress goes to stderr; stdout carries only the path of report.md, so a script can do
+`report=$(qrl-analyze results/smoke)`. Exit status: 0 with a report, 1 when no run was usable (the report
+listing what was found is still written), 2 for a usage error (missing directory, W&B unreachable with no
+cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from .load import Sweep, load_sweeps, log, merge
+from .wandb_source import WandbUnavailable, default_cache, load_wandb
+
+FIGURE_FORMATS = {"png", "pdf", "svg", "eps"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="qrl-analyze",
+        description="Turn qrl-bench run directories (and/or a W&B group) into figures, tables and report.md.",
+    )
+    p.add_argument("sweep_dirs", nargs="*", type=Path, metavar="SWEEP_DIR",
+                   help="sweep directories (results/<sweep>/); every run directory below is found")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output directory (default: <first SWEEP_DIR>/report/, or ./report-<project>-<group>/)")
+    p.add_argument("--wandb", metavar="ENTITY/PROJECT", default=None, help="also load runs from this W&B project")
+    p.add_argument("--group", default=None, help="W&B run group to load (default: all runs of the project)")
+    p.add_argument("--cache", type=Path, default=None,
+                   help=f"W&B cache directory (default: {default_cache()})")
+    p.add_argument("--offline", action="store_true", help="read the W&B cache only; never contact the API")
+    p.add_argument("--baseline", default="bf16", help="method the gaps and speed-ups are relative to (default: bf16)")
+    p.add_argument("--smooth", type=int, default=1,
+                   help="centred moving-average window (steps) for per-step curves; 1 = raw (default)")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="steps excluded from throughput averages as warm-up (default: 1)")
+    p.add_argument("--formats", default="png,pdf", help="figure formats, comma-separated (default: png,pdf)")
+    return p
+
+
+def _default_out(args: argparse.Namespace) -> Path:
+    if args.sweep_dirs:
+        return args.sweep_dirs[0] / "report"
+    project = args.wandb.replace("/", "-")
+    return Path(f"report-{project}" + (f"-{args.group}" if args.group else ""))
+
+
+def load_sources(args: argparse.Namespace, out: Path) -> Sweep:
+    sweeps = []
+    if args.sweep_dirs:
+        sweeps.append(load_sweeps(args.sweep_dirs, exclude=[out]))
+    if args.wandb:
+        sweeps.append(load_wandb(args.wandb, args.group, args.cache or default_cache(), offline=args.offline, log=log))
+    return merge(sweeps)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.sweep_dirs and not args.wandb:
+        parser.error("give at least one SWEEP_DIR or --wandb ENTITY/PROJECT")
+    if (args.group or args.offline) and not args.wandb:
+        parser.error("--group/--offline need --wandb ENTITY/PROJECT")
+    if args.smooth < 1 or args.warmup < 0:
+        parser.error("--smooth must be >= 1 and --warmup >= 0")
+    formats = [f.strip().lower() for f in args.formats.split(",") if f.strip()]
+    if not set(formats) <= FIGURE_FORMATS:
+        parser.error(f"--formats {args.formats!r}: choose from {', '.join(sorted(FIGURE_FORMATS))}")
+    if "png" not in formats:
+        formats.insert(0, "png")  # the report embeds PNGs
+    out = args.out or _default_out(args)
+    command = "qrl-analyze " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+
+    try:
+        sweep = load_sources(args, out)
+    except (FileNotFoundError, WandbUnavailable, ValueError) as e:
+        print(f"qrl-analyze: error: {e}", file=sys.stderr)
+        return 2
+
+    log(f"{len(sweep.runs)} run(s) used, {len(sweep.skipped)} left out")
+    for s in sweep.skipped:
+        log(f"  left out {s.path}: {s.reason}")
+    for r in sweep.runs:
+        for w in r.warnings:
+            log(f"  warning {r.run_id}: {w}")
+
+    # Imported here: matplotlib is the slow import, and `--help` or a usage error should not pay for it.
+    from .plots import make_figures
+    from .report import write_report
+    from .tables import build_tables, write_table
+
+    tables = [(t, write_table(t, out / "tables")) for t in build_tables(sweep, args.baseline, args.warmup)]
+    sweep.index.to_csv(out / "tables" / "runs.csv", index=False)
+    figures = make_figures(sweep, out / "figures", smooth=args.smooth, baseline=args.baseline,
+                           warmup=args.warmup, formats=formats, log=log) if sweep.runs else []
+    settings = {"baseline": args.baseline, "smooth": args.smooth, "warmup": args.warmup}
+    report = write_report(sweep, out, tables, figures, command, baseline=args.baseline, settings=settings)
+    log(f"report: {report}")
+    print(report)
+    return 0 if sweep.runs else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

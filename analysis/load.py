@@ -1,0 +1,464 @@
+"""Run discovery, validation and the DataFrames every other module reads.
+
+The run directory is the source of truth (DESIGN.md): `<sweep>/<method>/<task>/<model>/seed<k>/` with
+`config.yaml`, `run.json`, `metrics.jsonl`, `eval.jsonl`. A sweep on disk is always partly broken: jobs
+still running, jobs that failed, a metrics file cut mid-line by preemption, a config written by an older
+trainer. Analysis must never die on one bad directory, and must never silently mix a half-finished run
+into a mean. So every directory becomes either a `Run` (used) or a `Skipped` (listed in the report with
+its reason), and soft problems that do not invalidate a run become `Run.warnings`.
+
+Identity comes from the resolved config (method.name, rollout.precision, task.name, model.name, seed),
+with the path as a fallback, so the method is named exactly as the run named itself everywhere downstream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+import yaml
+
+ID_COLUMNS = ["run_id", "method", "precision", "task", "model", "seed"]
+# Statuses whose results are final. A diverged run is a result (an arm that collapses is a finding), so it
+# is kept and flagged; running/failed/preempted runs have no final result and are left out.
+FINISHED_STATUSES = ("completed", "diverged")
+KNOWN_STATUSES = ("running", "completed", "failed", "diverged", "preempted")
+RUN_FILES = ("run.json", "metrics.jsonl")
+SEED_DIR = re.compile(r"seed\d+")
+# Sub-directories of a sweep that never hold runs; pruned so discovery does not walk checkpoints.
+PRUNED_DIRS = {"ckpt", "wandb", "__pycache__"}
+
+
+class RunError(Exception):
+    """A problem that makes a run directory unusable; its message is the reason shown in the report."""
+
+
+@dataclass
+class Run:
+    """One usable run: identity, provenance, and its per-step and per-eval tables."""
+
+    run_id: str
+    path: Path
+    method: str
+    precision: str
+    task: str
+    model: str
+    seed: int
+    status: str
+    reason: str | None
+    config: dict[str, Any]
+    info: dict[str, Any]
+    metrics: pd.DataFrame  # one row per step: "step" + numeric metric columns
+    evals: pd.DataFrame  # one row per evaluation: "step" + "eval/..." columns
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def identity(self) -> tuple[str, str, str, str, int]:
+        return (self.method, self.precision, self.task, self.model, self.seed)
+
+    @property
+    def arm(self) -> tuple[str, str]:
+        """An arm is a method at a rollout precision; the same method at two precisions is two arms."""
+        return (self.method, self.precision)
+
+
+@dataclass
+class Skipped:
+    """A directory that was found but left out, with the reason a reader needs to fix or ignore it."""
+
+    path: Path
+    reason: str
+    status: str | None = None
+    name: str = ""  # <sweep>/<method>/<task>/<model>/seed<k>: readable, and free of machine-local prefixes
+
+    def __post_init__(self) -> None:
+        self.name = self.name or str(self.path)
+
+
+@dataclass
+class Sweep:
+    """Everything loaded from one or more sweep directories (and/or a W&B cache)."""
+
+    runs: list[Run]
+    skipped: list[Skipped]
+    sources: list[str] = field(default_factory=list)
+
+    @cached_property
+    def metrics(self) -> pd.DataFrame:
+        """Long format: run_id, method, precision, task, model, seed, step, metric, value (finite values only)."""
+        frames = []
+        for r in self.runs:
+            if r.metrics.empty:
+                continue
+            long = r.metrics.melt(id_vars="step", var_name="metric", value_name="value")
+            long = long[pd.notna(long["value"])].assign(**_identity_columns(r))
+            frames.append(long)
+        cols = ID_COLUMNS + ["step", "metric", "value"]
+        if not frames:
+            return pd.DataFrame(columns=cols)
+        return pd.concat(frames, ignore_index=True)[cols]
+
+    @cached_property
+    def evals(self) -> pd.DataFrame:
+        """One row per (run, eval step): identity columns, step, and the eval/* metrics."""
+        frames = []
+        for r in self.runs:
+            if r.evals.empty:
+                continue
+            frames.append(r.evals.assign(**_identity_columns(r)))
+        if not frames:
+            return pd.DataFrame(columns=ID_COLUMNS + ["step"])
+        out = pd.concat(frames, ignore_index=True)
+        rest = [c for c in out.columns if c not in ID_COLUMNS]
+        return out[ID_COLUMNS + rest]
+
+    @cached_property
+    def index(self) -> pd.DataFrame:
+        """One row per used run: identity, status, length and provenance (the runs.csv of the report)."""
+        rows = []
+        for r in self.runs:
+            last_eval = r.evals.sort_values("step").iloc[-1] if not r.evals.empty else None
+            rows.append(
+                {
+                    "run_id": r.run_id,
+                    "method": r.method,
+                    "precision": r.precision,
+                    "task": r.task,
+                    "model": r.model,
+                    "seed": r.seed,
+                    "status": r.status,
+                    "reason": r.reason,
+                    "steps": int(r.metrics["step"].max()) + 1 if not r.metrics.empty else 0,
+                    "final_eval_step": None if last_eval is None else int(last_eval["step"]),
+                    "final_eval_accuracy": None if last_eval is None else last_eval.get("eval/accuracy"),
+                    "git_sha": r.info.get("git_sha"),
+                    "git_dirty": r.info.get("git_dirty"),
+                    "host": r.info.get("host"),
+                    "started_at": r.info.get("started_at"),
+                    "finished_at": r.info.get("finished_at"),
+                    "wandb_id": r.info.get("wandb_id"),
+                    "path": str(r.path),
+                }
+            )
+        return pd.DataFrame(rows)
+
+    # Sorted axes of the sweep, used by plots, tables and the report alike so their orders agree.
+    @property
+    def tasks(self) -> list[str]:
+        return sorted({r.task for r in self.runs})
+
+    @property
+    def models(self) -> list[str]:
+        return sorted({r.model for r in self.runs})
+
+    @property
+    def seeds(self) -> list[int]:
+        return sorted({r.seed for r in self.runs})
+
+
+def _identity_columns(run: Run) -> dict[str, Any]:
+    return {c: getattr(run, c) for c in ID_COLUMNS}
+
+
+def get(config: dict[str, Any], dotted: str, default: Any = None) -> Any:
+    """config["a"]["b"] for "a.b", or `default` when any level is missing."""
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values (they are settings, not sub-trees)."""
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def discover(root: Path, exclude: Iterable[Path] = ()) -> list[Path]:
+    """Every run directory under `root` (root itself may be one).
+
+    A run directory holds run.json or metrics.jsonl, or is named seed<k> (a job that has not written
+    anything yet is still a run of the sweep, and is listed as not started rather than forgotten). The walk
+    does not descend into a run directory, hidden directories (.hydra, .submitit), checkpoints or `exclude`
+    (the report's own output directory).
+    """
+    excluded = {p.resolve() for p in exclude}
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if any(f in filenames for f in RUN_FILES) or SEED_DIR.fullmatch(here.name):
+            found.append(here)
+            dirnames[:] = []
+            continue
+        dirnames[:] = sorted(
+            d
+            for d in dirnames
+            if not d.startswith(".") and d not in PRUNED_DIRS and (here / d).resolve() not in excluded
+        )
+    return sorted(found)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        obj = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RunError(f"missing {path.name}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunError(f"{path.name}: invalid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise RunError(f"{path.name}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _read_config(run_dir: Path) -> dict[str, Any]:
+    """config.yaml (the trainer's resolved Hydra config) or config.json (the W&B cache writes that)."""
+    for name, parse in (("config.yaml", yaml.safe_load), ("config.json", json.loads)):
+        path = run_dir / name
+        if path.exists():
+            try:
+                cfg = parse(path.read_text())
+            except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise RunError(f"{name}: cannot parse ({str(e).splitlines()[0]})") from None
+            if not isinstance(cfg, dict):
+                raise RunError(f"{name}: expected a mapping")
+            return cfg
+    raise RunError("missing config.yaml")
+
+
+def read_jsonl(path: Path, required: bool = True) -> tuple[list[dict[str, Any]], list[str]]:
+    """Records of a JSONL file and warnings.
+
+    A bad *last* line is what a killed writer leaves behind (preemption mid-write): it is dropped with a
+    warning. A bad line anywhere else means the file is corrupt, and the run is rejected, because silently
+    dropping steps in the middle would shift every curve.
+    """
+    if not path.exists():
+        if required:
+            raise RunError(f"missing {path.name}")
+        return [], []
+    try:
+        lines = path.read_text().splitlines()
+    except UnicodeDecodeError as e:
+        raise RunError(f"{path.name}: not UTF-8 text ({e})") from None
+    numbered = [(i, ln) for i, ln in enumerate(lines, 1) if ln.strip()]
+    records: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    for k, (lineno, line) in enumerate(numbered):
+        try:
+            obj = json.loads(line)
+            if not isinstance(obj, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:
+            if k == len(numbered) - 1:
+                warnings.append(f"{path.name}: dropped unreadable last line {lineno} (truncated write?)")
+                continue
+            raise RunError(f"{path.name}: invalid JSON on line {lineno} ({e})") from None
+        records.append(obj)
+    return records, warnings
+
+
+def _frame(records: list[dict[str, Any]], name: str, warnings: list[str]) -> pd.DataFrame:
+    """Records -> one row per step with numeric columns only.
+
+    Repeated steps (a resumed run re-logs the steps after its last checkpoint) keep the last record,
+    which is the one the resumed run continued from.
+    """
+    if not records:
+        return pd.DataFrame(columns=["step"])
+    df = pd.DataFrame.from_records(records)
+    if "step" not in df:
+        warnings.append(f"{name}: no 'step' key; using line order as step")
+        df["step"] = range(len(df))
+    df["step"] = pd.to_numeric(df["step"], errors="coerce")
+    if df["step"].isna().any():
+        warnings.append(f"{name}: {int(df['step'].isna().sum())} record(s) without a numeric step dropped")
+        df = df[df["step"].notna()]
+    df["step"] = df["step"].astype(int)
+    n_dup = int(df["step"].duplicated(keep="last").sum())
+    if n_dup:
+        warnings.append(f"{name}: {n_dup} repeated step(s) (resume?); kept the last record of each")
+        df = df.drop_duplicates("step", keep="last")
+    numeric = {"step": df["step"]}
+    for col in df.columns:
+        if col == "step":
+            continue
+        values = pd.to_numeric(df[col], errors="coerce")
+        if values.notna().any():
+            numeric[col] = values.astype(float)
+    return pd.DataFrame(numeric).sort_values("step").reset_index(drop=True)
+
+
+def _identity_from_path(run_dir: Path) -> dict[str, Any]:
+    """<method>/<task>/<model>/seed<k> from the path, the fallback when the config lacks a key."""
+    parts = run_dir.parts
+    out: dict[str, Any] = {}
+    if len(parts) >= 4 and SEED_DIR.fullmatch(parts[-1]):
+        out = {"method": parts[-4], "task": parts[-3], "model": parts[-2], "seed": int(parts[-1][4:])}
+    return out
+
+
+def _precision(config: dict[str, Any]) -> str:
+    """The rollout precision; an unresolved interpolation (an older trainer) falls back to the method's."""
+    for key in ("rollout.precision", "method.precision"):
+        value = get(config, key)
+        if isinstance(value, str) and value and "${" not in value:
+            return value
+    return "unknown"
+
+
+def load_run(run_dir: Path, root: Path | None = None, run_id: str | None = None) -> Run:
+    """Read and validate one run directory; raises RunError with the reason it cannot be used."""
+    run_dir = Path(run_dir)
+    present = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
+    if not present & {"run.json", "metrics.jsonl", "config.yaml", "config.json"}:
+        raise RunError("empty run directory (job not started?)")
+    info = _read_json(run_dir / "run.json")
+    status = info.get("status")
+    if status not in KNOWN_STATUSES:
+        raise RunError(f"run.json: unknown status {status!r}")
+    if status not in FINISHED_STATUSES:
+        reason = info.get("reason")
+        raise RunError(f"status={status}" + (f" ({reason})" if reason else "") + f" at step {info.get('step')}")
+    config = _read_config(run_dir)
+    fallback = _identity_from_path(run_dir)
+    ident = {
+        "method": get(config, "method.name", fallback.get("method")),
+        "task": get(config, "task.name", fallback.get("task")),
+        "model": get(config, "model.name", fallback.get("model")),
+        "seed": get(config, "seed", fallback.get("seed")),
+    }
+    missing = [k for k, v in ident.items() if v is None]
+    if missing:
+        raise RunError(f"config lacks {', '.join(missing)} and the path does not encode them")
+    try:
+        seed = int(ident["seed"])
+    except (TypeError, ValueError):
+        raise RunError(f"config: seed={ident['seed']!r} is not an integer") from None
+
+    warnings: list[str] = []
+    records, w = read_jsonl(run_dir / "metrics.jsonl")
+    warnings += w
+    if not records:
+        raise RunError("metrics.jsonl is empty")
+    metrics = _frame(records, "metrics.jsonl", warnings)
+    if metrics.empty:
+        raise RunError("metrics.jsonl has no usable step")
+    eval_records, w = read_jsonl(run_dir / "eval.jsonl", required=False)
+    warnings += w
+    evals = _frame(eval_records, "eval.jsonl", warnings)
+    if evals.empty:
+        warnings.append("no eval.jsonl records: left out of the accuracy tables")
+
+    planned = get(config, "train.steps")
+    logged = int(metrics["step"].max()) + 1
+    if status == "completed" and isinstance(planned, int) and logged < planned:
+        raise RunError(f"incomplete: status=completed but only {logged} of {planned} steps in metrics.jsonl")
+    if status == "completed" and isinstance(info.get("step"), int) and info["step"] + 1 > logged:
+        raise RunError(f"incomplete: run.json says step {info['step']} but metrics.jsonl ends at step {logged - 1}")
+
+    return Run(
+        run_id=run_id or _default_run_id(run_dir, root),
+        path=run_dir,
+        method=str(ident["method"]),
+        precision=_precision(config),
+        task=str(ident["task"]),
+        model=str(ident["model"]),
+        seed=seed,
+        status=status,
+        reason=info.get("reason"),
+        config=config,
+        info=info,
+        metrics=metrics,
+        evals=evals,
+        warnings=warnings,
+    )
+
+
+def _default_run_id(run_dir: Path, root: Path | None) -> str:
+    """The path relative to its sweep directory, prefixed with the sweep's name: unique and readable."""
+    if root is not None:
+        try:
+            rel = run_dir.resolve().relative_to(root.resolve())
+            return str(Path(root.resolve().name) / rel) if str(rel) != "." else root.resolve().name
+        except ValueError:
+            pass
+    return str(run_dir)
+
+
+def log(msg: str) -> None:
+    """Progress goes to stderr; stdout carries only the report path (so scripts can capture it)."""
+    print(f"[qrl-analyze] {msg}", file=sys.stderr)
+
+
+def load_dirs(run_dirs: Iterable[tuple[Path, Path | None]], sources: list[str] | None = None) -> Sweep:
+    """Load (run_dir, sweep_root) pairs into a Sweep; duplicates of an identity keep the first found."""
+    runs: list[Run] = []
+    skipped: list[Skipped] = []
+    seen: dict[tuple, str] = {}
+    for run_dir, root in run_dirs:
+        name = _default_run_id(run_dir, root)
+        try:
+            run = load_run(run_dir, root, run_id=name)
+        except RunError as e:
+            status = None
+            try:
+                status = json.loads((run_dir / "run.json").read_text()).get("status")
+            except Exception:  # noqa: BLE001 - the status is decoration on an already-rejected run
+                pass
+            skipped.append(Skipped(run_dir, str(e), status if isinstance(status, str) else None, name))
+            continue
+        except Exception as e:  # noqa: BLE001 - one odd directory must not stop the analysis of the rest
+            skipped.append(Skipped(run_dir, f"unexpected error: {type(e).__name__}: {e}", None, name))
+            continue
+        if run.identity in seen:
+            skipped.append(Skipped(run_dir, f"duplicate of {seen[run.identity]}", run.status, name))
+            continue
+        seen[run.identity] = run.run_id
+        runs.append(run)
+    return Sweep(runs=runs, skipped=skipped, sources=list(sources or []))
+
+
+def load_sweeps(roots: Iterable[Path], exclude: Iterable[Path] = ()) -> Sweep:
+    """Discover and load every run under each sweep directory."""
+    pairs: list[tuple[Path, Path | None]] = []
+    sources = []
+    for root in roots:
+        root = Path(root)
+        if not root.is_dir():
+            raise FileNotFoundError(f"sweep directory {root} does not exist")
+        sources.append(str(root))
+        pairs += [(d, root) for d in discover(root, exclude)]
+    return load_dirs(pairs, sources)
+
+
+def merge(sweeps: Iterable[Sweep]) -> Sweep:
+    """Several sources into one Sweep; an identity found twice keeps its first occurrence."""
+    runs: list[Run] = []
+    skipped: list[Skipped] = []
+    sources: list[str] = []
+    seen: dict[tuple, str] = {}
+    for s in sweeps:
+        sources += s.sources
+        skipped += s.skipped
+        for r in s.runs:
+            if r.identity in seen:
+                skipped.append(Skipped(r.path, f"duplicate of {seen[r.identity]}", r.status, r.run_id))
+                continue
+            seen[r.identity] = r.run_id
+            runs.append(r)
+    return Sweep(runs=runs, skipped=skipped, sources=sources)

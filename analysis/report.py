@@ -1,0 +1,246 @@
+"""report.md: one self-contained page per sweep — results, figures, and enough provenance to trust them.
+
+A table without its config, seeds, code version and the list of runs that were left out cannot be checked
+(lm-eval-harness attaches config, git hash and versions to every result for this reason). The report
+states: where the runs came from, which commits and package versions produced them, the settings that are
+common to the sweep and those that vary, the seeds, every run used and every run left out with its reason.
+It embeds the figures (PNG, with a link to the PDF) and the Markdown tables (with links to CSV and LaTeX).
+
+The output is deterministic for a given set of runs (no generation timestamp), so a committed reference
+report only changes when the results do.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from .arms import arm_labels, sorted_arms
+from .load import Sweep, flatten, get
+from .plots import FigureFile
+from .tables import Table, accuracy_summary, render
+
+# Flattened config keys that identify a run rather than configure it (shown elsewhere in the report).
+IDENTITY_KEYS = {"seed", "method.name", "task.name", "model.name", "sweep"}
+# Keys whose value is a machine-local path or output location: noise in a comparison of settings.
+LOCAL_KEYS = ("out_root", "model.cache_dir", "hydra.")
+SECTIONS = [
+    ("curves", "Learning curves"),
+    ("mismatch", "Rollout–training mismatch"),
+    ("diagnostics", "Method diagnostics"),
+    ("throughput", "Throughput"),
+    ("quant", "Weight update vs quantization error (QuRL Eq. 13–14)"),
+]
+
+
+def _rel(path: Path, base: Path) -> str:
+    try:
+        return path.resolve().relative_to(base.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _fmt_value(v: Any) -> str:
+    s = json.dumps(v, default=str) if not isinstance(v, str) else v
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _md(df: pd.DataFrame) -> str:
+    return render(df.fillna("").astype(str), "md") if not df.empty else "_(none)_\n"
+
+
+def config_sections(sweep: Sweep) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(per-arm settings that differ between arms, other varying settings, settings common to all runs)."""
+    flat = {r.run_id: {k: v for k, v in flatten(r.config).items()
+                       if k not in IDENTITY_KEYS and not k.startswith(LOCAL_KEYS)} for r in sweep.runs}
+    keys = sorted({k for f in flat.values() for k in f})
+    varying, common = [], []
+    for k in keys:
+        values = {json.dumps(f.get(k), sort_keys=True, default=str) for f in flat.values()}
+        (varying if len(values) > 1 else common).append(k)
+    arm_keys = [k for k in varying if k.startswith(("method.", "rollout."))]
+    other_keys = [k for k in varying if k not in arm_keys]
+
+    arms = sorted_arms(r.arm for r in sweep.runs)
+    labels = arm_labels(arms)
+    arm_rows = []
+    for arm in arms:
+        row: dict[str, Any] = {"arm": labels[arm]}
+        runs = [r for r in sweep.runs if r.arm == arm]
+        for k in arm_keys:
+            vals = sorted({_fmt_value(flat[r.run_id].get(k)) for r in runs})
+            row[k] = " / ".join(vals)
+        arm_rows.append(row)
+    other_rows = []
+    for k in other_keys:
+        vals = Counter(_fmt_value(f.get(k)) for f in flat.values())
+        other_rows.append({"key": k, "values (runs)": ", ".join(f"{v} ({n})" for v, n in sorted(vals.items()))})
+    any_flat = next(iter(flat.values()), {})
+    common_rows = [{"key": k, "value": _fmt_value(any_flat.get(k))} for k in common]
+    return pd.DataFrame(arm_rows), pd.DataFrame(other_rows), pd.DataFrame(common_rows)
+
+
+def provenance(sweep: Sweep) -> dict[str, Any]:
+    """Commits, dirty flags, package versions and hosts of the runs used (as counts, so a mix stands out)."""
+    shas = Counter(str(r.info.get("git_sha")) for r in sweep.runs)
+    dirty = sum(bool(r.info.get("git_dirty")) for r in sweep.runs)
+    versions: dict[str, Counter] = {}
+    for r in sweep.runs:
+        for pkg, ver in (r.info.get("versions") or {}).items():
+            versions.setdefault(pkg, Counter())[str(ver)] += 1
+    hosts = Counter(str(r.info.get("host")) for r in sweep.runs)
+    started = sorted(str(r.info["started_at"]) for r in sweep.runs if r.info.get("started_at"))
+    finished = sorted(str(r.info["finished_at"]) for r in sweep.runs if r.info.get("finished_at"))
+    return {
+        "git_sha": dict(shas),
+        "git_dirty_runs": dirty,
+        "versions": {k: dict(v) for k, v in sorted(versions.items())},
+        "hosts": dict(hosts),
+        "started": (started[0], started[-1]) if started else None,
+        "finished": (finished[0], finished[-1]) if finished else None,
+        "sweep_names": sorted({str(r.config.get("sweep")) for r in sweep.runs if r.config.get("sweep") is not None}),
+    }
+
+
+def _counts(items: Iterable[Any]) -> str:
+    c = Counter(items)
+    return ", ".join(f"`{k}` ({n})" if n > 1 else f"`{k}`" for k, n in c.most_common())
+
+
+def write_report(
+    sweep: Sweep,
+    out_dir: Path,
+    tables: list[tuple[Table, dict[str, Path]]],
+    figures: list[FigureFile],
+    command: str,
+    baseline: str = "bf16",
+    settings: dict[str, Any] | None = None,
+) -> Path:
+    """Write out_dir/report.md (and results.json, the same facts for machines); returns the report path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prov = provenance(sweep)
+    arms = sorted_arms(r.arm for r in sweep.runs)
+    labels = arm_labels(arms)
+    name = ", ".join(prov["sweep_names"]) or ", ".join(Path(s).name for s in sweep.sources) or "sweep"
+    L: list[str] = [f"# qrl-bench report — {name}", ""]
+    L += [f"Generated by `{command}`.", ""]
+
+    # ------------------------------------------------------------------ summary
+    L += ["## Summary", ""]
+    L.append("- **Sources**: " + "; ".join(f"`{s}`" for s in sweep.sources))
+    L.append(f"- **Runs used**: {len(sweep.runs)} — left out: {len(sweep.skipped)}"
+             + (" (see [Runs left out](#runs-left-out))" if sweep.skipped else ""))
+    if sweep.runs:
+        L.append("- **Arms** (method → rollout precision): "
+                 + ", ".join(f"`{labels[a]}` → {a[1]}" for a in arms))
+        L.append(f"- **Tasks**: {', '.join(f'`{t}`' for t in sweep.tasks)}; **models**: {', '.join(f'`{m}`' for m in sweep.models)}")
+        L.append(f"- **Seeds**: {', '.join(str(s) for s in sweep.seeds)}")
+        steps = Counter(str(get(r.config, "train.steps", "?")) for r in sweep.runs)
+        L.append(f"- **Training steps** (train.steps): {_counts(steps)}")
+        statuses = Counter(r.status for r in sweep.runs)
+        L.append(f"- **Status of runs used**: {_counts(statuses.elements())}")
+        L.append(f"- **Git commit**: {_counts(Counter(prov['git_sha']).elements())}"
+                 + (f" — **{prov['git_dirty_runs']} run(s) from a dirty working tree**" if prov["git_dirty_runs"] else ""))
+        if len(prov["git_sha"]) > 1:
+            L.append("- **Warning**: the runs come from more than one commit; differences between arms may "
+                     "include code changes.")
+        diverged = [r for r in sweep.runs if r.status == "diverged"]
+        if diverged:
+            L.append("- **Diverged runs** (kept; their last eval counts as final): "
+                     + ", ".join(f"`{r.run_id}` ({r.reason or 'no reason given'})" for r in diverged))
+    if settings:
+        L.append("- **Analysis settings**: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    L.append("")
+    if not sweep.runs:
+        L += ["**No usable runs**: nothing to tabulate or plot. The runs found are listed below.", ""]
+
+    # ------------------------------------------------------------------ tables
+    table_titles = {
+        "results": "Results",
+        "accuracy": f"Final eval accuracy per arm and task (gap to {baseline})",
+        "throughput": "Throughput per arm and precision",
+    }
+    for table, paths in tables:
+        if table.display.empty:
+            continue
+        L += [f"## {table_titles.get(table.name, table.name)}", ""]
+        L += [render(table.display, "md", bold=table.bold)]
+        L += [f"*{table.caption}*", ""]
+        L += ["Files: " + " · ".join(f"[{fmt.upper()}]({_rel(p, out_dir)})" for fmt, p in paths.items()), ""]
+
+    # ------------------------------------------------------------------ figures
+    for section, title in SECTIONS:
+        figs = [f for f in figures if f.section == section]
+        if not figs:
+            continue
+        L += [f"## {title}", ""]
+        for f in figs:
+            png = f.paths.get("png")
+            if png is not None:
+                L += [f"![{f.title}]({_rel(png, out_dir)})", ""]
+            links = " · ".join(f"[{fmt.upper()}]({_rel(p, out_dir)})" for fmt, p in f.paths.items())
+            L += [f"*{f.caption}* ({links})", ""]
+    if sweep.runs and not any(f.section == "quant" for f in figures):
+        L += ["_No run logged quant/weight_update/* or quant/quant_error/*: no weight-update figure._", ""]
+
+    # ------------------------------------------------------------------ provenance & config
+    if sweep.runs:
+        L += ["## Provenance", ""]
+        rows = [{"what": "git sha", "value": ", ".join(f"{k} ({v})" for k, v in prov["git_sha"].items())},
+                {"what": "runs from a dirty tree", "value": str(prov["git_dirty_runs"])}]
+        rows += [{"what": pkg, "value": ", ".join(f"{v} ({n})" for v, n in vals.items())} for pkg, vals in prov["versions"].items()]
+        rows.append({"what": "hosts", "value": ", ".join(f"{k} ({v})" for k, v in prov["hosts"].items())})
+        if prov["started"]:
+            rows.append({"what": "started", "value": f"{prov['started'][0]} … {prov['started'][1]}"})
+        if prov["finished"]:
+            rows.append({"what": "finished", "value": f"{prov['finished'][0]} … {prov['finished'][1]}"})
+        L += [_md(pd.DataFrame(rows)), "(counts of runs in parentheses)", ""]
+
+        arm_cfg, other_cfg, common_cfg = config_sections(sweep)
+        L += ["## Configuration", ""]
+        L += ["Settings that differ between arms (method.* / rollout.*):", "", _md(arm_cfg)]
+        if not other_cfg.empty:
+            L += ["Other settings that vary across runs:", "", _md(other_cfg)]
+        L += ["<details><summary>Settings common to all runs used "
+              f"({len(common_cfg)} keys)</summary>", "", _md(common_cfg), "</details>", ""]
+
+        L += ["## Runs used", "", "<details><summary>" + f"{len(sweep.runs)} runs (runs.csv)</summary>", ""]
+        idx = sweep.index[["run_id", "status", "steps", "final_eval_step", "final_eval_accuracy", "git_sha"]].copy()
+        idx["git_sha"] = idx["git_sha"].astype(str).str[:10]
+        idx["final_eval_accuracy"] = idx["final_eval_accuracy"].map(lambda x: "" if pd.isna(x) else f"{100 * x:.1f}")
+        L += [_md(idx), "</details>", ""]
+        warned = [(r.run_id, w) for r in sweep.runs for w in r.warnings]
+        if warned:
+            L += ["Warnings on runs used:", ""]
+            L += [f"- `{rid}`: {w}" for rid, w in warned]
+            L.append("")
+
+    L += ["## Runs left out", ""]
+    if sweep.skipped:
+        sk = pd.DataFrame([{"run directory": s.name, "status": s.status or "", "reason": s.reason} for s in sweep.skipped])
+        L += [_md(sk)]
+    else:
+        L += ["None: every run directory found was complete and readable.", ""]
+
+    path = out_dir / "report.md"
+    path.write_text("\n".join(L).rstrip() + "\n")
+    _write_results_json(sweep, out_dir, prov, command, baseline)
+    return path
+
+
+def _write_results_json(sweep: Sweep, out_dir: Path, prov: dict[str, Any], command: str, baseline: str) -> None:
+    """The report's facts for machines (lm-eval's results JSON idea): provenance + per-cell accuracy."""
+    acc = accuracy_summary(sweep, baseline)
+    doc = {
+        "command": command,
+        "sources": sweep.sources,
+        "provenance": prov,
+        "n_runs": len(sweep.runs),
+        "skipped": [{"run": s.name, "status": s.status, "reason": s.reason} for s in sweep.skipped],
+        "accuracy": json.loads(acc.to_json(orient="records")),
+    }
+    (out_dir / "results.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")

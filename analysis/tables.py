@@ -1,0 +1,410 @@
+"""Tables: final accuracy per arm x task, throughput per arm and precision, and a paper-style results table.
+
+Every table is a `Table` with two faces built from the same numbers: `data` (tidy, numeric, full precision)
+goes to CSV for anyone who wants to recompute or re-plot, and `display` (formatted strings) goes through
+one function, `render`, to both Markdown and LaTeX, so the two can never disagree (lm-eval-harness's
+`make_table` pattern, without its pytablewriter dependency).
+
+Accuracies are shown in percent; "Δ vs bf16" is in percentage points, against the baseline arm on the same
+task and model.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .arms import arm_labels, bitwidth, sorted_arms
+from .load import Sweep, get
+from .stats import geometric_mean, summarize
+
+MISSING = "–"
+TIME_PARTS = ["rollout_s", "sync_s", "recompute_s", "train_s"]
+
+
+@dataclass
+class Table:
+    """A table's numbers (`data`, for CSV) and their formatted face (`display`, for Markdown and LaTeX)."""
+
+    name: str
+    data: pd.DataFrame
+    display: pd.DataFrame
+    caption: str
+    bold: pd.DataFrame | None = None  # same shape as display; True = emphasise (best of a column)
+
+
+# --------------------------------------------------------------------------------------------- rendering
+_LATEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "±": r"$\pm$",
+    "Δ": r"$\Delta$",
+    "–": "--",
+    "−": "$-$",
+    "×": r"$\times$",
+    "μ": r"$\mu$",
+    "π": r"$\pi$",
+    "†": r"$^\dagger$",
+}
+# A number, optionally "± std", a unit (×, %, s) and a parenthesised note ("3 (1 div.)"); "–" and "" count too.
+_NUMERIC = re.compile(r"^\s*(?:[+\-−]?\d+(?:\.\d+)?(?:\s*±\s*\d+(?:\.\d+)?)?\s*(?:×|%|s)?(?:\s*\(.*\))?|–|)\s*$")
+
+
+def latex_escape(text: str) -> str:
+    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text))
+
+
+def _alignment(df: pd.DataFrame) -> list[str]:
+    """Right-align columns whose every cell looks like a number (so digits line up), left-align the rest."""
+    return ["r" if all(_NUMERIC.match(str(v)) for v in df[c]) else "l" for c in df.columns]
+
+
+def render(
+    df: pd.DataFrame,
+    fmt: str,
+    caption: str = "",
+    label: str | None = None,
+    bold: pd.DataFrame | None = None,
+) -> str:
+    """Render a DataFrame of display strings as Markdown ("md") or LaTeX ("tex", booktabs).
+
+    The single entry point for both formats: cells, order and emphasis come from the same frame.
+    """
+    if fmt not in ("md", "tex"):
+        raise ValueError(f"fmt={fmt!r}: choose 'md' or 'tex'")
+    align = _alignment(df)
+    cells = [[str(v) for v in row] for row in df.itertuples(index=False)]
+    emph = bold.to_numpy(dtype=bool) if bold is not None else np.zeros((len(cells), len(df.columns)), dtype=bool)
+
+    if fmt == "md":
+        def cell(s: str, strong: bool) -> str:
+            s = s.replace("|", r"\|")
+            return f"**{s}**" if strong and s else s
+
+        lines = []
+        if caption:
+            lines += [f"*{caption}*", ""]
+        lines.append("| " + " | ".join(cell(str(c), False) for c in df.columns) + " |")
+        lines.append("|" + "|".join("---:" if a == "r" else ":---" for a in align) + "|")
+        for i, row in enumerate(cells):
+            lines.append("| " + " | ".join(cell(s, emph[i, j]) for j, s in enumerate(row)) + " |")
+        return "\n".join(lines) + "\n"
+
+    def tcell(s: str, strong: bool) -> str:
+        s = latex_escape(s)
+        return f"\\textbf{{{s}}}" if strong and s else s
+
+    lines = ["% requires \\usepackage{booktabs}", "\\begin{table}[t]", "\\centering"]
+    if caption:
+        lines.append(f"\\caption{{{latex_escape(caption)}}}")
+    if label:
+        lines.append(f"\\label{{{label}}}")
+    lines += [f"\\begin{{tabular}}{{{''.join(align)}}}", "\\toprule"]
+    lines.append(" & ".join(tcell(str(c), False) for c in df.columns) + r" \\")
+    lines.append("\\midrule")
+    for i, row in enumerate(cells):
+        lines.append(" & ".join(tcell(s, emph[i, j]) for j, s in enumerate(row)) + r" \\")
+    lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_table(table: Table, out_dir: Path) -> dict[str, Path]:
+    """<name>.csv (numbers), <name>.md and <name>.tex (the display face, same cells)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"csv": out_dir / f"{table.name}.csv", "md": out_dir / f"{table.name}.md", "tex": out_dir / f"{table.name}.tex"}
+    table.data.to_csv(paths["csv"], index=False)
+    paths["md"].write_text(render(table.display, "md", caption=table.caption, bold=table.bold))
+    paths["tex"].write_text(render(table.display, "tex", caption=table.caption, label=f"tab:{table.name}", bold=table.bold))
+    return paths
+
+
+# --------------------------------------------------------------------------------------------- formatting
+def fmt_num(x: float, digits: int = 1, signed: bool = False) -> str:
+    if x is None or not np.isfinite(x):
+        return MISSING
+    return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
+
+
+def fmt_pm(mean: float, std: float, digits: int = 1) -> str:
+    """'mean ± std'; just the mean when std is undefined (one seed), '–' when there is no value."""
+    if mean is None or not np.isfinite(mean):
+        return MISSING
+    if std is None or not np.isfinite(std):
+        return fmt_num(mean, digits)
+    return f"{fmt_num(mean, digits)} ± {fmt_num(std, digits)}"
+
+
+# --------------------------------------------------------------------------------------------- accuracy
+def final_accuracy(sweep: Sweep) -> pd.DataFrame:
+    """One row per run with an eval: identity, status, final_step and final eval accuracy (fraction).
+
+    "Final" is the last evaluation the run wrote (for a diverged run: the last one before it stopped).
+    """
+    rows = []
+    for r in sweep.runs:
+        if r.evals.empty or "eval/accuracy" not in r.evals:
+            continue
+        e = r.evals.dropna(subset=["eval/accuracy"]).sort_values("step")
+        if e.empty:
+            continue
+        rows.append(
+            {
+                "method": r.method, "precision": r.precision, "task": r.task, "model": r.model, "seed": r.seed,
+                "status": r.status, "final_step": int(e["step"].iloc[-1]), "accuracy": float(e["eval/accuracy"].iloc[-1]),
+                "initial_accuracy": float(e["eval/accuracy"].iloc[0]) if int(e["step"].iloc[0]) == 0 else np.nan,
+                "act_granularity": get(r.config, "rollout.act_granularity"),
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=["method", "precision", "task", "model", "seed", "status", "final_step", "accuracy", "initial_accuracy", "act_granularity"],
+    )
+
+
+def _baseline_arm(arms: list[tuple[str, str]], baseline: str) -> tuple[str, str] | None:
+    matches = [a for a in sorted_arms(arms) if a[0] == baseline]
+    return matches[0] if matches else None
+
+
+def accuracy_summary(sweep: Sweep, baseline: str = "bf16") -> pd.DataFrame:
+    """Tidy numbers: per (model, task, arm) mean/std over seeds (percent), n, diverged count, gap to baseline."""
+    fa = final_accuracy(sweep)
+    cols = ["model", "task", "method", "precision", "acc_mean", "acc_std", "n_seeds", "n_diverged", f"gap_to_{baseline}", "seeds"]
+    if fa.empty:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for (model, task), g in fa.groupby(["model", "task"], sort=True):
+        arms = list(zip(g["method"], g["precision"]))
+        base = _baseline_arm(arms, baseline)
+        base_mean = np.nan
+        if base is not None:
+            base_mean = summarize(100 * g[(g.method == base[0]) & (g.precision == base[1])]["accuracy"]).mean
+        for method, precision in sorted_arms(arms):
+            a = g[(g.method == method) & (g.precision == precision)]
+            s = summarize(100 * a["accuracy"])
+            rows.append(
+                {
+                    "model": model, "task": task, "method": method, "precision": precision,
+                    "acc_mean": s.mean, "acc_std": s.std, "n_seeds": s.n,
+                    "n_diverged": int((a["status"] == "diverged").sum()),
+                    f"gap_to_{baseline}": s.mean - base_mean,
+                    "seeds": " ".join(str(x) for x in sorted(a["seed"])),
+                }
+            )
+    return pd.DataFrame(rows, columns=cols)
+
+
+def accuracy_table(sweep: Sweep, baseline: str = "bf16") -> Table:
+    """Final eval accuracy per arm x task: mean ± std over seeds, number of seeds, gap to the baseline."""
+    data = accuracy_summary(sweep, baseline)
+    labels = arm_labels(zip(data["method"], data["precision"]))
+    multi_model = data["model"].nunique() > 1
+    rows = []
+    prev: tuple | None = None
+    for r in data.itertuples(index=False):
+        key = (r.model, r.task)
+        n = str(r.n_seeds) + (f" ({r.n_diverged} div.)" if r.n_diverged else "")
+        row = {
+            "Task": r.task if key != prev else "",
+            "Model": r.model if key != prev else "",
+            "Method": labels[(r.method, r.precision)],
+            "Rollout": r.precision,
+            "Accuracy (%)": fmt_pm(r.acc_mean, r.acc_std),
+            "Seeds": n,
+            f"Δ vs {baseline} (pp)": MISSING if r.method == baseline else fmt_num(getattr(r, f"gap_to_{baseline}"), signed=True),
+        }
+        if not multi_model:
+            row.pop("Model")
+        rows.append(row)
+        prev = key
+    display = pd.DataFrame(rows)
+    caption = (
+        f"Final eval accuracy (%), mean ± sample std over seeds; Δ = difference of means to {baseline} on the same "
+        "task and model, in percentage points; 'div.' = seeds that diverged (their last eval is used)."
+    )
+    return Table("accuracy", data, display, caption)
+
+
+def results_table(sweep: Sweep, baseline: str = "bf16") -> Table:
+    """Paper layout: one row per arm (method, bitwidth), one column per task, and their average.
+
+    The average is the mean over tasks of the per-task means, shown only for arms that ran every task (an
+    average over a different task set would not be comparable). The best mean of each column is bold. A
+    first row gives the baseline's accuracy before RL (eval at step 0), the reference the gains are read against.
+    """
+    fa = final_accuracy(sweep)
+    data = accuracy_summary(sweep, baseline)
+    tasks = sorted(data["task"].unique()) if not data.empty else []
+    models = sorted(data["model"].unique()) if not data.empty else []
+    multi_model = len(models) > 1
+    rows_num: list[dict[str, Any]] = []
+    rows_disp: list[dict[str, Any]] = []
+    bold_rows: list[dict[str, bool]] = []
+    for model in models:
+        dm = data[data.model == model]
+        fm = fa[fa.model == model]
+        arms = sorted_arms(zip(dm["method"], dm["precision"]))
+        labels = arm_labels(arms)
+        base = _baseline_arm(arms, baseline)
+        block_num: list[dict[str, Any]] = []
+        if base is not None:
+            init = fm[(fm.method == base[0]) & (fm.precision == base[1])]
+            num = {"model": model, "method": f"{baseline} @ step 0", "precision": base[1], "bitwidth": bitwidth(base[1])}
+            for t in tasks:
+                s = summarize(100 * init[init.task == t]["initial_accuracy"])
+                num[f"{t}_mean"], num[f"{t}_std"] = s.mean, s.std
+            block_num.append(num)
+        for arm in arms:
+            d = dm[(dm.method == arm[0]) & (dm.precision == arm[1])]
+            act = fm[(fm.method == arm[0]) & (fm.precision == arm[1])]["act_granularity"]
+            num = {
+                "model": model, "method": labels[arm], "precision": arm[1],
+                "bitwidth": bitwidth(arm[1], act.mode().iloc[0] if act.notna().any() else None),
+            }
+            for t in tasks:
+                cell = d[d.task == t]
+                num[f"{t}_mean"] = float(cell["acc_mean"].iloc[0]) if len(cell) else np.nan
+                num[f"{t}_std"] = float(cell["acc_std"].iloc[0]) if len(cell) else np.nan
+            block_num.append(num)
+        for num in block_num:
+            means = [num[f"{t}_mean"] for t in tasks]
+            num["avg"] = float(np.mean(means)) if tasks and all(np.isfinite(means)) else np.nan
+        # Bold the best arm per column (never the step-0 reference row).
+        arm_rows = [n for n in block_num if not n["method"].endswith("@ step 0")]
+        # Bold only marks a winner when there is a contest: at least two arms with a value in the column.
+        best = {c: np.nanmax([n[c] for n in arm_rows]) if sum(np.isfinite(n[c]) for n in arm_rows) > 1 else np.nan
+                for c in [f"{t}_mean" for t in tasks] + ["avg"]}
+        for num in block_num:
+            is_ref = num["method"].endswith("@ step 0")
+            disp = {"Model": model, "Method": num["method"], "Bitwidth": num["bitwidth"]}
+            flags = {"Model": False, "Method": False, "Bitwidth": False}
+            for t in tasks:
+                disp[t] = fmt_pm(num[f"{t}_mean"], num[f"{t}_std"])
+                flags[t] = bool(not is_ref and np.isfinite(num[f"{t}_mean"]) and num[f"{t}_mean"] == best[f"{t}_mean"])
+            if len(tasks) > 1:  # with one task the average would repeat its column
+                disp["Avg."] = fmt_num(num["avg"])
+                flags["Avg."] = bool(not is_ref and np.isfinite(num["avg"]) and num["avg"] == best["avg"])
+            if not multi_model:
+                disp.pop("Model")
+                flags.pop("Model")
+            rows_disp.append(disp)
+            bold_rows.append(flags)
+            rows_num.append(num)
+    data_out = pd.DataFrame(rows_num)
+    display = pd.DataFrame(rows_disp)
+    bold = pd.DataFrame(bold_rows, columns=display.columns) if rows_disp else None
+    caption = (
+        "Final eval accuracy (%) per task, mean ± std over seeds; Avg. = mean over tasks of the per-task means; "
+        f"best arm per column in bold; '{baseline} @ step 0' = accuracy before RL."
+    )
+    return Table("results", data_out, display, caption, bold)
+
+
+# --------------------------------------------------------------------------------------------- throughput
+def run_timings(sweep: Sweep, warmup: int = 1) -> pd.DataFrame:
+    """Per run: mean over steps >= `warmup` of rollout tokens/s and of each time/* part.
+
+    The first step(s) pay one-off costs (compilation, allocator warm-up, first weight quantization) that
+    say nothing about steady-state speed; a run shorter than the warm-up keeps all its steps.
+    """
+    rows = []
+    for r in sweep.runs:
+        m = r.metrics
+        steady = m[m["step"] >= warmup] if (m["step"] >= warmup).any() else m
+        row: dict[str, Any] = {"method": r.method, "precision": r.precision, "task": r.task, "model": r.model, "seed": r.seed}
+        for key in ["rollout_tokens_per_s", "step_s", *TIME_PARTS]:
+            col = f"time/{key}"
+            row[key] = float(steady[col].mean()) if col in steady and steady[col].notna().any() else np.nan
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["method", "precision", "task", "model", "seed", "rollout_tokens_per_s", "step_s", *TIME_PARTS])
+
+
+def throughput_summary(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) -> pd.DataFrame:
+    """Per (model, arm): tokens/s mean ± std over runs, mean seconds per step by part, speed-ups vs baseline.
+
+    A speed-up is computed per task (arm mean / baseline mean on that task and model) and then averaged
+    over tasks with a geometric mean: tasks differ in response length, so pooling runs across tasks would
+    weight the comparison by whichever tasks an arm happened to run.
+    """
+    t = run_timings(sweep, warmup)
+    cols = ["model", "method", "precision", "n_runs", "tokens_per_s_mean", "tokens_per_s_std", *TIME_PARTS, "other_s",
+            "step_s", "rollout_speedup", "step_speedup"]
+    if t.empty or t["rollout_tokens_per_s"].isna().all() and t["step_s"].isna().all():
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for model, g in t.groupby("model", sort=True):
+        arms = sorted_arms(zip(g["method"], g["precision"]))
+        base = _baseline_arm(arms, baseline)
+        per_task = g.groupby(["method", "precision", "task"])[["rollout_tokens_per_s", "step_s"]].mean()
+        for arm in arms:
+            a = g[(g.method == arm[0]) & (g.precision == arm[1])]
+            tps = summarize(a["rollout_tokens_per_s"])
+            parts = {p: float(a[p].mean()) for p in TIME_PARTS}
+            step_s = float(a["step_s"].mean())
+            known = np.nansum(list(parts.values()))
+            other = step_s - known if np.isfinite(step_s) and step_s - known > 1e-9 else 0.0
+            r_speed, s_speed = [], []
+            if base is not None:
+                for task in sorted(a["task"].unique()):
+                    if (base[0], base[1], task) in per_task.index:
+                        b = per_task.loc[(base[0], base[1], task)]
+                        x = per_task.loc[(arm[0], arm[1], task)]
+                        r_speed.append(x["rollout_tokens_per_s"] / b["rollout_tokens_per_s"])
+                        s_speed.append(b["step_s"] / x["step_s"])
+            rows.append(
+                {
+                    "model": model, "method": arm[0], "precision": arm[1], "n_runs": len(a),
+                    "tokens_per_s_mean": tps.mean, "tokens_per_s_std": tps.std, **parts, "other_s": other,
+                    "step_s": step_s, "rollout_speedup": geometric_mean(r_speed), "step_speedup": geometric_mean(s_speed),
+                }
+            )
+    return pd.DataFrame(rows, columns=cols)
+
+
+def throughput_table(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) -> Table:
+    """Rollout throughput and the time split of a training step, per arm and rollout precision."""
+    data = throughput_summary(sweep, baseline, warmup)
+    multi_model = data["model"].nunique() > 1
+    labels = arm_labels(zip(data["method"], data["precision"]))
+    rows = []
+    for r in data.itertuples(index=False):
+        row = {
+            "Model": r.model,
+            "Method": labels[(r.method, r.precision)],
+            "Rollout": r.precision,
+            "Rollout tok/s": fmt_pm(r.tokens_per_s_mean, r.tokens_per_s_std, 0),
+            "Rollout speed-up": MISSING if not np.isfinite(r.rollout_speedup) else f"{r.rollout_speedup:.2f}×",
+            "rollout s": fmt_num(r.rollout_s, 3),
+            "sync s": fmt_num(r.sync_s, 3),
+            "recompute s": fmt_num(r.recompute_s, 3),
+            "train s": fmt_num(r.train_s, 3),
+            "step s": fmt_num(r.step_s, 3),
+            "Step speed-up": MISSING if not np.isfinite(r.step_speedup) else f"{r.step_speedup:.2f}×",
+        }
+        if not multi_model:
+            row.pop("Model")
+        rows.append(row)
+    caption = (
+        f"Throughput per arm and rollout precision: rollout tokens/s (mean ± std over runs) and seconds per training "
+        f"step by part, averaged over steps >= {warmup} (warm-up excluded); speed-ups vs {baseline} are per-task "
+        "ratios of means, geometric-mean over tasks (step speed-up = ratio of step times)."
+    )
+    return Table("throughput", data, pd.DataFrame(rows), caption)
+
+
+def build_tables(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) -> list[Table]:
+    """All tables of the report, in the order the report shows them."""
+    return [results_table(sweep, baseline), accuracy_table(sweep, baseline), throughput_table(sweep, baseline, warmup)]

@@ -1,0 +1,237 @@
+"""Synthetic run directories with known values, in the trainer's run-directory format.
+
+The analysis tests need sweeps whose table cells can be computed by hand, so the final eval accuracies are
+literal numbers below (FINAL_ACC) and throughput is constant per precision after a slow warm-up step.
+Everything else (reward curves, mismatch metrics) is smooth, deterministic and plausible, so the figures
+can be looked at. `add_broken_runs` adds the directories a real sweep accumulates: bad JSON, missing
+metrics, running/failed/preempted jobs, an incomplete "completed" run, an empty seed directory.
+
+Run `python -m tests.analysis.synth OUT_DIR` to write a sweep to look at.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+STEPS = 12
+EVAL_STEPS = [0, 4, 8, 12]  # step 0 = before training, 12 = after the last step
+SEEDS = [0, 1, 2]
+TASKS = ["arithmetic", "countdown"]
+MODEL = "tiny"
+PRECISION = {"bf16": "bf16", "fp8": "fp8_e4m3", "tis": "fp8_e4m3", "acr_uaq": "int8", "ess": "fp8_e4m3", "ais": "fp8_e4m3"}
+METHODS = list(PRECISION)
+# Final eval accuracy per method, task, seed (fractions). Chosen so means/stds are easy by hand.
+FINAL_ACC: dict[str, dict[str, list[float]]] = {
+    "bf16": {"arithmetic": [0.60, 0.70, 0.80], "countdown": [0.30, 0.40, 0.50]},
+    "fp8": {"arithmetic": [0.20, 0.30, 0.40], "countdown": [0.10, 0.10, 0.10]},
+    "tis": {"arithmetic": [0.40, 0.50, 0.60], "countdown": [0.25, 0.30, 0.35]},
+    "acr_uaq": {"arithmetic": [0.55, 0.65, 0.75], "countdown": [0.28, 0.38, 0.48]},
+    "ess": {"arithmetic": [0.50, 0.60, 0.70], "countdown": [0.20, 0.30, 0.40]},
+    "ais": {"arithmetic": [0.45, 0.60, 0.75], "countdown": [0.22, 0.32, 0.42]},
+}
+INITIAL_ACC = {"arithmetic": 0.20, "countdown": 0.05}
+# Rollout tokens/s after the warm-up step; step 0 is always WARMUP_TPS (compilation, cache allocation).
+TOKENS_PER_S = {"bf16": 1000.0, "fp8_e4m3": 1600.0, "int8": 1800.0}
+WARMUP_TPS = 100.0
+TIME_SPLIT = {"sync_s": 0.1, "recompute_s": 0.2, "train_s": 0.5}
+TOKENS_PER_STEP = 2000.0
+DIVERGED = ("fp8", "arithmetic", 2, 8)  # method, task, seed, step at which it diverged
+LAYER_TYPES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+GIT_SHA = "0123456789abcdef0123456789abcdef01234567"
+VERSIONS = {"python": "3.11.9", "torch": "2.13.0", "transformers": "4.57.1"}
+
+
+def _config(method: str, task: str, seed: int, steps: int = STEPS) -> dict[str, Any]:
+    return {
+        "method": {"name": method, "precision": PRECISION.get(method, "fp8_e4m3"), "is_cap_C": 2.0},
+        "rollout": {"engine": "embedded", "precision": PRECISION.get(method, "fp8_e4m3"), "act_granularity": "per_token"},
+        "task": {"name": task, "max_new_tokens": 6},
+        "model": {"name": MODEL, "path": None, "hidden_size": 128},
+        "train": {"steps": steps, "batch_size": 64, "group_size": 8, "lr": 2e-4},
+        "tracking": {"mode": "offline", "project": "qrl-bench"},
+        "seed": seed,
+        "sweep": "synthetic",
+    }
+
+
+def _mismatch(method: str, precision: str, step: int, rng: np.random.Generator) -> dict[str, float]:
+    """Plausible mismatch: tiny for bf16, larger and growing for low precision, worst for naive fp8."""
+    base = 1e-5 if precision == "bf16" else (2e-3 if precision == "fp8_e4m3" else 1e-3)
+    growth = 1.0 + (0.25 * step if method == "fp8" else 0.05 * step)
+    kl = base * growth * (1 + 0.1 * rng.standard_normal())
+    spread = math.sqrt(2 * kl)
+    return {
+        "mismatch/kl_k1": kl * (1 + 0.3 * rng.standard_normal()),
+        "mismatch/kl_k3": abs(kl),
+        "mismatch/kl_k2": abs(kl),
+        "mismatch/ratio_max": math.exp(12 * spread) * (1 + 0.05 * rng.random()),
+        "mismatch/ratio_min": math.exp(-10 * spread),
+        "mismatch/ratio_mean": 1.0 + 0.1 * spread * rng.standard_normal(),
+        "mismatch/logp_diff_mean": 0.8 * spread,
+        "mismatch/logp_diff_max": 10 * spread,
+        "mismatch/is_ess": 1.0 / (1.0 + 4 * kl * 50),
+        "mismatch/max_prob_diff": min(1.0, 5 * spread),
+        "mismatch/frac_nonfinite_logprob": 0.0,
+    }
+
+
+def _method_keys(method: str, step: int, rng: np.random.Generator) -> dict[str, float]:
+    p = f"method/{method}/"
+    if method == "tis":
+        return {p + "is_frac_high": 0.002 + 0.0004 * step + 0.0002 * rng.random(), p + "is_mean": 0.99, p + "is_max": 2.0}
+    if method in ("acr", "acr_uaq"):
+        return {p + "frac_acr_active": 0.001 + 0.0002 * step + 0.0001 * rng.random()}
+    if method == "ess":
+        return {p + "ess_factor": 0.97 - 0.004 * step + 0.003 * rng.random(), p + "kl_behavioral": 0.002}
+    if method == "ais":
+        a = 0.8 - 0.03 * step + 0.02 * rng.random()
+        return {p + "alpha": a, p + "R": 0.9, p + "B": 0.1, p + "V": 0.05}
+    return {}
+
+
+def _quant_keys(method: str, step: int, rng: np.random.Generator) -> dict[str, float]:
+    """QuRL Eq. 13-14; UAQ (s=1.5 on q/k/v) scales the squared update up and the squared error down by s^2."""
+    out = {}
+    for i, lt in enumerate(LAYER_TYPES):
+        s2 = 1.5**2 if method == "acr_uaq" and lt in ("q_proj", "k_proj", "v_proj") else 1.0
+        out[f"quant/weight_update/{lt}"] = s2 * 1e-7 * (1 + i) * math.exp(-0.1 * step) * (1 + 0.1 * rng.random())
+        out[f"quant/quant_error/{lt}"] = 1e-4 * (1 + 0.2 * i) * (1 + 0.01 * rng.random()) / s2
+    return out
+
+
+def write_run(
+    root: Path,
+    method: str,
+    task: str,
+    seed: int,
+    *,
+    status: str = "completed",
+    reason: str | None = None,
+    steps_logged: int | None = None,
+    final_acc: float | None = None,
+    steps_planned: int = STEPS,
+) -> Path:
+    """Write one run directory; returns it. `steps_logged` < planned makes a short (diverged/incomplete) run."""
+    precision = PRECISION.get(method, "fp8_e4m3")
+    run_dir = root / method / task / MODEL / f"seed{seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng([METHODS.index(method) if method in METHODS else 99, TASKS.index(task), seed])
+    n = steps_planned if steps_logged is None else steps_logged
+    final = FINAL_ACC[method][task][seed] if final_acc is None else final_acc
+    init = INITIAL_ACC[task]
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(_config(method, task, seed, steps_planned), sort_keys=False))
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        for step in range(n):
+            frac = (step + 1) / steps_planned
+            acc_now = init + (final - init) * (1 - math.exp(-3 * frac)) / (1 - math.exp(-3))
+            tps = WARMUP_TPS if step == 0 else TOKENS_PER_S[precision]
+            rollout_s = TOKENS_PER_STEP / tps
+            rec: dict[str, Any] = {
+                "step": step,
+                "reward/mean": acc_now + 0.03 * rng.standard_normal(),
+                "reward/std": 0.3,
+                "reward/accuracy": acc_now,
+                "reward/response_length": 5.0,
+                "train/loss": 0.1 * rng.standard_normal(),
+                "train/grad_norm": 0.5,
+                "train/entropy": 1.0 - 0.02 * step,
+                "train/lr": 2e-4,
+                "time/rollout_s": rollout_s,
+                "time/sync_s": TIME_SPLIT["sync_s"],
+                "time/recompute_s": TIME_SPLIT["recompute_s"],
+                "time/train_s": TIME_SPLIT["train_s"],
+                "time/step_s": rollout_s + sum(TIME_SPLIT.values()),
+                "time/rollout_tokens_per_s": tps,
+            }
+            rec.update(_mismatch(method, precision, step, rng))
+            rec.update(_method_keys(method, step, rng))
+            if method in ("fp8", "acr_uaq"):
+                rec.update(_quant_keys(method, step, rng))
+            f.write(json.dumps(rec) + "\n")
+    with open(run_dir / "eval.jsonl", "w") as f:
+        for step in [s for s in EVAL_STEPS if s <= n]:
+            frac = step / steps_planned
+            acc = init + (final - init) * (1 - math.exp(-3 * frac)) / (1 - math.exp(-3))
+            if step == n:
+                acc = final
+            f.write(json.dumps({"step": step, "eval/accuracy": acc, "eval/reward_mean": acc, "eval/response_length": 5.0}) + "\n")
+    info = {
+        "status": status,
+        "reason": reason,
+        "step": n - 1,
+        "run_name": f"{method}-{task}-{MODEL}-s{seed}",
+        "git_sha": GIT_SHA,
+        "git_dirty": False,
+        "versions": VERSIONS,
+        "host": "synthetic-host",
+        "started_at": "2025-01-01T00:00:00",
+        "finished_at": "2025-01-01T00:10:00",
+        "wandb_id": None,
+        "timings": {"total_s": 600.0},
+    }
+    (run_dir / "run.json").write_text(json.dumps(info, indent=1))
+    return run_dir
+
+
+def make_sweep(root: Path) -> Path:
+    """The clean sweep: every method x task x seed, one diverged run, one truncated last metrics line."""
+    for method in METHODS:
+        for task in TASKS:
+            for seed in SEEDS:
+                if (method, task, seed) == DIVERGED[:3]:
+                    write_run(root, method, task, seed, status="diverged", reason="non-finite loss", steps_logged=DIVERGED[3])
+                else:
+                    write_run(root, method, task, seed)
+    # A preempted writer leaves half a line behind: the run is still good (the line must be dropped).
+    with open(root / "bf16" / "arithmetic" / MODEL / "seed2" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 12, "reward/me')
+    return root
+
+
+# (relative path, expected fragment of the skip reason)
+BROKEN = {
+    "tis/countdown/tiny/seed3": "run.json: invalid JSON",
+    "fp8/countdown/tiny/seed3": "missing metrics.jsonl",
+    "ess/arithmetic/tiny/seed3": "status=running",
+    "ais/arithmetic/tiny/seed3": "status=failed (CUDA out of memory)",
+    "ais/countdown/tiny/seed3": "status=preempted",
+    "bf16/countdown/tiny/seed3": "incomplete",
+    "acr_uaq/countdown/tiny/seed3": "empty run directory",
+    "tis/arithmetic/tiny/seed3": "metrics.jsonl: invalid JSON on line 2",
+    "ess/countdown/tiny/seed3": "missing config.yaml",
+}
+
+
+def add_broken_runs(root: Path) -> dict[str, str]:
+    """Add the broken directories of BROKEN to a sweep; they all use seed 3 so that, were any of them
+    wrongly loaded, it would change a known table cell."""
+    d = write_run(root, "tis", "countdown", 3, final_acc=0.99)
+    (d / "run.json").write_text('{"status": "compl')
+    d = write_run(root, "fp8", "countdown", 3, final_acc=0.99)
+    (d / "metrics.jsonl").unlink()
+    write_run(root, "ess", "arithmetic", 3, status="running", steps_logged=5, final_acc=0.99)
+    write_run(root, "ais", "arithmetic", 3, status="failed", reason="CUDA out of memory", steps_logged=3, final_acc=0.99)
+    write_run(root, "ais", "countdown", 3, status="preempted", steps_logged=7, final_acc=0.99)
+    write_run(root, "bf16", "countdown", 3, steps_logged=5, final_acc=0.99)  # says completed, is not
+    (root / "acr_uaq" / "countdown" / MODEL / "seed3").mkdir(parents=True)
+    d = write_run(root, "tis", "arithmetic", 3, final_acc=0.99)
+    lines = (d / "metrics.jsonl").read_text().splitlines()
+    lines[1] = lines[1][:20]  # corrupt a middle line
+    (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    d = write_run(root, "ess", "countdown", 3, final_acc=0.99)
+    (d / "config.yaml").unlink()
+    return dict(BROKEN)
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1])
+    make_sweep(out)
+    add_broken_runs(out)
+    print(out)

@@ -1,0 +1,120 @@
+"""The command end to end: figures, tables and a report that stands on its own; broken runs listed."""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+from analysis.cli import main
+from analysis.load import load_sweeps
+from analysis.plots import plot_diagnostics, plot_quant
+
+from .conftest import CliResult
+from .synth import BROKEN, GIT_SHA, TASKS, VERSIONS, add_broken_runs, write_run
+
+FIGURES = (
+    [f"{kind}_{task}_tiny" for kind in ("curves", "mismatch", "diagnostics", "quant") for task in TASKS]
+    + ["throughput_tiny"]
+)
+
+
+def test_cli_succeeds_and_prints_only_the_report_path(cli_run: CliResult):
+    assert cli_run.rc == 0, cli_run.stderr
+    assert cli_run.stdout == f"{cli_run.out / 'report.md'}\n"
+    assert "36 run(s) used, 9 left out" in cli_run.stderr
+
+
+def test_every_figure_exists_as_png_and_pdf(cli_run: CliResult):
+    fig_dir = cli_run.out / "figures"
+    assert sorted(p.name for p in fig_dir.iterdir()) == sorted(f"{n}.{ext}" for n in FIGURES for ext in ("png", "pdf"))
+    for name in FIGURES:
+        png, pdf = (fig_dir / f"{name}.png").read_bytes(), (fig_dir / f"{name}.pdf").read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) > 10_000, name
+        assert pdf.startswith(b"%PDF") and len(pdf) > 5_000, name
+
+
+def test_tables_are_written_in_three_formats(cli_run: CliResult):
+    for name in ("results", "accuracy", "throughput"):
+        for ext in ("csv", "md", "tex"):
+            assert (cli_run.out / "tables" / f"{name}.{ext}").stat().st_size > 0
+    assert len((cli_run.out / "tables" / "runs.csv").read_text().splitlines()) == 1 + 36
+
+
+def test_report_embeds_everything_and_states_provenance(cli_run: CliResult):
+    text = (cli_run.out / "report.md").read_text()
+    links = re.findall(r"\]\(([^)#]+)\)", text)
+    assert links, "no links in report"
+    for link in links:
+        assert (cli_run.out / link).is_file(), link
+    embedded = set(re.findall(r"!\[[^\]]*\]\(figures/([^)]+)\.png\)", text))
+    assert embedded == set(FIGURES)
+    assert GIT_SHA in text
+    for pkg, ver in VERSIONS.items():
+        assert f"| {pkg} | {ver} (36) |" in text
+    assert "**Seeds**: 0, 1, 2" in text
+    assert "**Training steps** (train.steps): `12` (36)" in text
+    assert "| bf16 | BF16 | **70.0 ± 10.0** | **40.0 ± 10.0** | **55.0** |" in text
+    assert "sweep/fp8/arithmetic/tiny/seed2` (non-finite loss)" in text  # diverged run named
+
+
+def test_report_lists_every_broken_run_with_its_reason(cli_run: CliResult):
+    text = (cli_run.out / "report.md").read_text()
+    left_out = text.split("## Runs left out", 1)[1]
+    for rel, fragment in BROKEN.items():
+        line = next((ln for ln in left_out.splitlines() if f"sweep/{rel} |" in ln), None)
+        assert line is not None, rel
+        assert fragment.replace("|", "\\|") in line, (rel, line)
+    assert "dropped unreadable last line" in text  # the warning on a run that was kept
+
+
+def test_sweep_with_no_usable_run_still_reports_and_exits_1(tmp_path: Path):
+    root = tmp_path / "sweep"
+    write_run(root, "tis", "arithmetic", 0, status="running", steps_logged=3, final_acc=0.5)
+    add_broken_runs(root)
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = main([str(root), "--out", str(tmp_path / "rep")])
+    assert rc == 1
+    report = (tmp_path / "rep" / "report.md").read_text()
+    assert "No usable runs" in report and "status=running" in report
+    assert out.getvalue().strip() == str(tmp_path / "rep" / "report.md")
+
+
+def test_missing_sweep_dir_is_a_usage_error(tmp_path: Path):
+    err = io.StringIO()
+    with redirect_stderr(err):
+        assert main([str(tmp_path / "missing")]) == 2
+    assert "does not exist" in err.getvalue()
+
+
+def test_python_dash_m_analysis_is_the_same_command():
+    cp = subprocess.run([sys.executable, "-m", "analysis", "--help"], capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0 and "qrl-analyze" in cp.stdout and "--wandb" in cp.stdout
+    cp = subprocess.run([sys.executable, "-m", "analysis"], capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 2 and "SWEEP_DIR" in cp.stderr
+
+
+def test_figures_without_data_are_skipped_not_drawn_empty(tmp_path: Path):
+    # bf16 logs no quant/* and no method/* diagnostics: those figures must not exist for it.
+    root = tmp_path / "sweep"
+    write_run(root, "bf16", "arithmetic", 0)
+    sweep = load_sweeps([root])
+    assert plot_quant(sweep, "arithmetic", "tiny", tmp_path / "f") is None
+    assert plot_diagnostics(sweep, "arithmetic", "tiny", tmp_path / "f") is None
+    assert not (tmp_path / "f").exists()
+
+
+def test_bad_options_are_usage_errors(tmp_path: Path):
+    for argv in (["--group", "g", str(tmp_path)], [str(tmp_path), "--formats", "png,xyz"], [str(tmp_path), "--smooth", "0"]):
+        err = io.StringIO()
+        with redirect_stderr(err):
+            try:
+                main(argv)
+            except SystemExit as e:
+                assert e.code == 2, argv
+            else:
+                raise AssertionError(f"{argv} accepted")

@@ -1,0 +1,104 @@
+"""load: discovery, validation (broken runs are listed, never fatal) and the DataFrames."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from analysis.load import discover, load_sweeps
+
+from .synth import BROKEN, METHODS, PRECISION, SEEDS, STEPS, TASKS
+
+
+def test_clean_sweep_loads_every_run_with_identity_from_config(clean_sweep: Path):
+    sweep = load_sweeps([clean_sweep])
+    assert sweep.skipped == []
+    assert len(sweep.runs) == len(METHODS) * len(TASKS) * len(SEEDS)
+    assert {(r.method, r.precision) for r in sweep.runs} == set(PRECISION.items())
+    assert sweep.tasks == TASKS and sweep.models == ["tiny"] and sweep.seeds == SEEDS
+    diverged = [r for r in sweep.runs if r.status == "diverged"]
+    assert [(r.method, r.task, r.seed) for r in diverged] == [("fp8", "arithmetic", 2)]
+
+
+def test_broken_runs_are_reported_with_their_reason_and_left_out(broken_sweep: Path):
+    sweep = load_sweeps([broken_sweep])
+    assert len(sweep.runs) == len(METHODS) * len(TASKS) * len(SEEDS)  # none of the seed-3 dirs got in
+    assert all(r.seed != 3 for r in sweep.runs)
+    reasons = {s.name.split("/", 1)[1]: s.reason for s in sweep.skipped}
+    assert set(reasons) == set(BROKEN)
+    for rel, fragment in BROKEN.items():
+        assert fragment in reasons[rel], (rel, reasons[rel])
+
+
+def test_truncated_last_line_is_dropped_with_a_warning(clean_sweep: Path):
+    sweep = load_sweeps([clean_sweep])
+    run = next(r for r in sweep.runs if (r.method, r.task, r.seed) == ("bf16", "arithmetic", 2))
+    assert list(run.metrics["step"]) == list(range(STEPS))
+    assert any("dropped unreadable last line" in w for w in run.warnings)
+
+
+def test_long_metrics_table_holds_the_logged_values(clean_sweep: Path):
+    sweep = load_sweeps([clean_sweep])
+    path = clean_sweep / "tis" / "countdown" / "tiny" / "seed1" / "metrics.jsonl"
+    logged = [json.loads(line) for line in path.read_text().splitlines()]
+    long = sweep.metrics
+    assert list(long.columns) == ["run_id", "method", "precision", "task", "model", "seed", "step", "metric", "value"]
+    sel = long[(long.method == "tis") & (long.task == "countdown") & (long.seed == 1) & (long.metric == "mismatch/kl_k3")]
+    assert sel.sort_values("step")["value"].tolist() == [rec["mismatch/kl_k3"] for rec in logged]
+    assert set(sel["precision"]) == {"fp8_e4m3"}
+    ev = sweep.evals
+    assert {"eval/accuracy", "step", "method", "seed"} <= set(ev.columns)
+
+
+def test_repeated_steps_keep_the_last_record(clean_sweep: Path):
+    path = clean_sweep / "ess" / "countdown" / "tiny" / "seed0" / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    resumed = json.loads(lines[5])
+    resumed["reward/mean"] = 123.0
+    path.write_text("\n".join(lines[:6] + [json.dumps(resumed)] + lines[6:]) + "\n")
+    run = next(r for r in load_sweeps([clean_sweep]).runs if (r.method, r.task, r.seed) == ("ess", "countdown", 0))
+    assert run.metrics.loc[run.metrics.step == 5, "reward/mean"].item() == 123.0
+    assert len(run.metrics) == STEPS
+    assert any("repeated step" in w for w in run.warnings)
+
+
+def test_identity_falls_back_to_the_path(clean_sweep: Path):
+    cfg_path = clean_sweep / "ais" / "countdown" / "tiny" / "seed1" / "config.yaml"
+    cfg = yaml.safe_load(cfg_path.read_text())
+    del cfg["method"]["name"]
+    del cfg["seed"]
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    run = next(r for r in load_sweeps([clean_sweep]).runs if r.path.parent.parent.parent.name == "ais"
+               and r.path.name == "seed1" and r.task == "countdown")
+    assert (run.method, run.seed) == ("ais", 1)
+
+
+def test_discovery_skips_hidden_checkpoint_and_output_dirs(clean_sweep: Path):
+    run_dir = clean_sweep / "tis" / "arithmetic" / "tiny" / "seed0"
+    (clean_sweep / ".hydra").mkdir()
+    (clean_sweep / ".hydra" / "metrics.jsonl").write_text("{}\n")
+    (run_dir / "ckpt").mkdir()
+    (run_dir / "ckpt" / "metrics.jsonl").write_text("{}\n")
+    report = clean_sweep / "report" / "x"
+    report.mkdir(parents=True)
+    (report / "run.json").write_text("{}")
+    found = discover(clean_sweep, exclude=[clean_sweep / "report"])
+    assert len(found) == len(METHODS) * len(TASKS) * len(SEEDS)
+    assert run_dir in found
+
+
+def test_same_run_in_two_sweep_dirs_is_a_listed_duplicate(clean_sweep: Path, tmp_path: Path):
+    other = tmp_path / "other"
+    shutil.copytree(clean_sweep / "tis" / "arithmetic" / "tiny" / "seed0", other / "tis" / "arithmetic" / "tiny" / "seed0")
+    sweep = load_sweeps([clean_sweep, other])
+    assert len(sweep.runs) == len(METHODS) * len(TASKS) * len(SEEDS)
+    assert [s.reason.startswith("duplicate of sweep/tis/arithmetic/tiny/seed0") for s in sweep.skipped] == [True]
+
+
+def test_missing_sweep_dir_is_an_error(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_sweeps([tmp_path / "nope"])

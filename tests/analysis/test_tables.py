@@ -1,0 +1,136 @@
+"""tables: cells equal hand-computed means/stds; Markdown and LaTeX come from the same frame."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.load import Run, Sweep, load_sweeps
+from analysis.tables import (
+    accuracy_table,
+    latex_escape,
+    render,
+    results_table,
+    throughput_table,
+    write_table,
+)
+
+
+@pytest.fixture
+def sweep(broken_sweep: Path) -> Sweep:
+    # Broken seed-3 runs are present on disk: any of them leaking into a cell would change it.
+    return load_sweeps([broken_sweep])
+
+
+def _cell(df: pd.DataFrame, **where) -> pd.Series:
+    sel = df
+    for k, v in where.items():
+        sel = sel[sel[k] == v]
+    assert len(sel) == 1, where
+    return sel.iloc[0]
+
+
+def test_accuracy_cells_are_hand_computed_means_and_stds(sweep: Sweep):
+    data = accuracy_table(sweep).data
+    tis = _cell(data, method="tis", task="arithmetic")  # 40, 50, 60 %
+    assert math.isclose(tis.acc_mean, 50.0)
+    assert math.isclose(tis.acc_std, 10.0)  # sqrt((10² + 0 + 10²) / 2)
+    assert tis.n_seeds == 3 and tis.seeds == "0 1 2"
+    assert math.isclose(tis.gap_to_bf16, 50.0 - 70.0)
+    ais = _cell(data, method="ais", task="arithmetic")  # 45, 60, 75 %
+    assert math.isclose(ais.acc_mean, 60.0) and math.isclose(ais.acc_std, 15.0)
+    tis_cd = _cell(data, method="tis", task="countdown")  # 25, 30, 35 %
+    assert math.isclose(tis_cd.acc_mean, 30.0) and math.isclose(tis_cd.acc_std, 5.0)
+    assert math.isclose(tis_cd.gap_to_bf16, 30.0 - 40.0)
+    fp8_cd = _cell(data, method="fp8", task="countdown")  # 10, 10, 10 %
+    assert math.isclose(fp8_cd.acc_mean, 10.0) and fp8_cd.acc_std == 0.0
+    # The diverged seed is kept (its last eval is its result) and counted.
+    fp8 = _cell(data, method="fp8", task="arithmetic")
+    assert (fp8.n_seeds, fp8.n_diverged) == (3, 1)
+    assert math.isclose(fp8.acc_mean, 30.0)
+    bf16 = _cell(data, method="bf16", task="countdown")
+    assert bf16.n_seeds == 3 and math.isclose(bf16.acc_mean, 40.0)  # the incomplete seed 3 (99 %) is out
+
+
+def test_accuracy_display_shows_mean_std_and_gap(sweep: Sweep):
+    disp = accuracy_table(sweep).display
+    row = disp[(disp.Method == "tis")].iloc[0]
+    assert row["Accuracy (%)"] == "50.0 ± 10.0"
+    assert row["Δ vs bf16 (pp)"] == "-20.0"
+    assert "1 div." in disp[disp.Method == "fp8"].iloc[0]["Seeds"]
+
+
+def test_results_table_is_laid_out_like_the_papers(sweep: Sweep):
+    t = results_table(sweep)
+    assert list(t.display.columns) == ["Method", "Bitwidth", "arithmetic", "countdown", "Avg."]
+    assert t.display["Method"].tolist() == ["bf16 @ step 0", "bf16", "fp8", "tis", "acr_uaq", "ess", "ais"]
+    tis = _cell(t.data, method="tis")
+    assert math.isclose(tis.avg, (50.0 + 30.0) / 2)
+    assert _cell(t.data, method="acr_uaq").bitwidth == "INT8 W8A8"
+    start = _cell(t.data, method="bf16 @ step 0")
+    assert math.isclose(start.arithmetic_mean, 20.0) and math.isclose(start.countdown_mean, 5.0)
+    # bf16 is best everywhere in the synthetic sweep: exactly its three numeric cells are bold.
+    bold_cells = [(t.display.iloc[i]["Method"], c) for i, c in zip(*np.nonzero(t.bold.to_numpy()))]
+    assert sorted(bold_cells) == [("bf16", 2), ("bf16", 3), ("bf16", 4)]
+
+
+def test_throughput_excludes_warmup_and_gives_speedup_vs_bf16(sweep: Sweep):
+    data = throughput_table(sweep).data
+    fp8 = _cell(data, method="fp8")
+    assert math.isclose(fp8.tokens_per_s_mean, 1600.0)  # step 0 (100 tok/s) is warm-up
+    assert math.isclose(fp8.rollout_speedup, 1.6)
+    assert math.isclose(_cell(data, method="acr_uaq").rollout_speedup, 1.8)
+    assert math.isclose(fp8.step_speedup, (2.0 + 0.8) / (1.25 + 0.8))
+    assert math.isclose(fp8.rollout_s + fp8.sync_s + fp8.recompute_s + fp8.train_s, fp8.step_s)
+    with_warmup = _cell(throughput_table(sweep, warmup=0).data, method="tis")
+    assert math.isclose(with_warmup.tokens_per_s_mean, (100.0 + 11 * 1600.0) / 12)
+
+
+def _run(method: str, precision: str, task: str, tps: float, step_s: float) -> Run:
+    metrics = pd.DataFrame({"step": [0, 1, 2], "time/rollout_tokens_per_s": [1.0, tps, tps], "time/step_s": [9.0, step_s, step_s]})
+    return Run(f"{method}-{task}", Path("."), method, precision, task, "m", 0, "completed", None, {}, {}, metrics,
+               pd.DataFrame(columns=["step"]))
+
+
+def test_speedup_is_a_geometric_mean_of_per_task_ratios():
+    # Task b's responses are longer (higher tok/s); pooling the runs would weight the ratio by task.
+    sweep = Sweep([_run("bf16", "bf16", "a", 1000, 2.0), _run("bf16", "bf16", "b", 2000, 4.0),
+                   _run("fp8", "fp8_e4m3", "a", 1500, 1.0), _run("fp8", "fp8_e4m3", "b", 4000, 1.0)], [])
+    fp8 = _cell(throughput_table(sweep).data, method="fp8")
+    assert math.isclose(fp8.rollout_speedup, math.sqrt(1.5 * 2.0))
+    assert math.isclose(fp8.step_speedup, math.sqrt(2.0 * 4.0))
+
+
+def test_markdown_and_latex_render_the_same_cells():
+    df = pd.DataFrame({"Method": ["acr_uaq", "tis"], "Acc (%)": ["65.0 ± 10.0", "50.0 ± 10.0"], "Δ": ["-5.0", "–"]})
+    bold = pd.DataFrame({"Method": [False, False], "Acc (%)": [True, False], "Δ": [False, False]})
+    md = render(df, "md", bold=bold).splitlines()
+    assert md[0] == "| Method | Acc (%) | Δ |"
+    assert md[1] == "|:---|---:|---:|"  # text left, numbers right
+    assert md[2] == "| acr_uaq | **65.0 ± 10.0** | -5.0 |"
+    tex = render(df, "tex", caption="A caption_with 50%", label="tab:x", bold=bold)
+    assert "\\begin{tabular}{lrr}" in tex and "\\toprule" in tex and "\\bottomrule" in tex
+    assert "acr\\_uaq & \\textbf{65.0 $\\pm$ 10.0} & -5.0 \\\\" in tex
+    assert "tis & 50.0 $\\pm$ 10.0 & -- \\\\" in tex
+    assert "\\caption{A caption\\_with 50\\%}" in tex and "\\label{tab:x}" in tex
+    assert tex.count("\\\\") == 1 + len(df)  # header + one line per row
+    with pytest.raises(ValueError):
+        render(df, "html")
+
+
+def test_latex_escape_special_characters():
+    assert latex_escape("a_b & 5% #1 {x} $") == "a\\_b \\& 5\\% \\#1 \\{x\\} \\$"
+
+
+def test_write_table_writes_csv_markdown_and_latex(sweep: Sweep, tmp_path: Path):
+    t = accuracy_table(sweep)
+    paths = write_table(t, tmp_path)
+    assert sorted(paths) == ["csv", "md", "tex"]
+    back = pd.read_csv(paths["csv"])
+    pd.testing.assert_frame_equal(back[["acc_mean", "acc_std"]], t.data[["acc_mean", "acc_std"]].astype(float))
+    assert paths["md"].read_text().count("\n| ") == 1 + len(t.display)  # header + one line per row
+    assert "\\begin{table}" in paths["tex"].read_text()
