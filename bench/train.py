@@ -197,15 +197,11 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str) -> str:
     """Run (or resume) training in `run`; returns the final status. The caller holds the run's lock."""
     cfg = p.cfg
     ckpt = run.load_checkpoint()
-    if ckpt is None:
-        setup = p.method.setup_model(p.policy)  # e.g. UAQ: once, before training, never again on resume
-        if cfg.method.kl_ref_beta > 0:
-            p.ref_policy = copy.deepcopy(p.policy).requires_grad_(False)
-        start = 0
-    else:
-        if cfg.method.kl_ref_beta > 0:
-            p.ref_policy = copy.deepcopy(p.policy).requires_grad_(False)
-        setup, start = {}, restore(p, ckpt)
+    # UAQ and the like: once, before training, never again on resume (the checkpoint holds the result)
+    setup = p.method.setup_model(p.policy) if ckpt is None else {}
+    if cfg.method.kl_ref_beta > 0:
+        p.ref_policy = copy.deepcopy(p.policy).requires_grad_(False)
+    start = restore(p, ckpt) if ckpt is not None else 0
     run.truncate_to(start)  # rows written after the checkpoint are recomputed identically
     info = run.start(config_yaml, run_name)
     tracker = start_tracking(cfg, run.path, run_name, resume_id=info.get("wandb_id"))
