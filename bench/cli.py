@@ -2,9 +2,9 @@
 
     qrl-bench                                  the embedded default: tiny model, CPU, W&B offline
     qrl-bench method=tis task=countdown        one run of another arm / task
-    qrl-bench -m +sweep=smoke                  a named sweep (sweeps/), local launcher in parallel
-    qrl-bench -m +sweep=smoke hydra/launcher=slurm     the same sweep on SLURM (submitit)
-    qrl-bench -m +sweep=smoke --dry-run        list the jobs (and which would be skipped as done)
+    qrl-bench -m +experiment=smoke                  a named sweep (sweeps/), local launcher in parallel
+    qrl-bench -m +experiment=smoke hydra/launcher=slurm     the same sweep on SLURM (submitit)
+    qrl-bench -m +experiment=smoke --dry-run        list the jobs (and which would be skipped as done)
 
 Exit codes of a single run: 0 completed, 2 bad configuration, 3 diverged, 1 failed (traceback printed).
 """

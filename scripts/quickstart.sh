@@ -8,6 +8,6 @@ bash scripts/install.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export WANDB_MODE=${WANDB_MODE:-offline} WANDB_SILENT=true
 SECONDS=0
-.venv/bin/qrl-bench -m +sweep=smoke_short "$@"
+.venv/bin/qrl-bench -m +experiment=smoke_short "$@"
 echo "[quickstart] sweep finished in ${SECONDS}s" >&2
 .venv/bin/qrl-analyze results/smoke_short --out results/smoke_short/report
