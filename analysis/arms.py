@@ -1,8 +1,12 @@
 """How arms are ordered, coloured and labelled, shared by figures and tables.
 
-One mapping for the whole package so that `tis` is the same blue in every figure and the same row position
-in every table, whatever subset of arms a sweep happens to contain. The method name is always the run's own
-`method.name`; the rollout precision is added to a label only when one method appears at two precisions.
+Nothing here lists the arms: each arm declares its colour, its table position and its diagnostics where it is
+defined (bench/methods/<arm>.py), the trainer records that in every run's run.json (`arm`), together with the
+rollout precision's label and bit widths (`precision`), and the loader hands each run's declaration to `learn`.
+So a new arm or precision appears in every figure and table without a change here; a run that declares
+nothing (an older run directory) gets a colour derived from its method's name and sorts after the known ones.
+The method name is always the run's own `method.name`; the rollout precision is added to a label only when
+one method appears at two precisions.
 """
 
 from __future__ import annotations
@@ -10,42 +14,63 @@ from __future__ import annotations
 import zlib
 from typing import Any, Iterable
 
-# Okabe-Ito palette (distinguishable under the common colour-vision deficiencies), black for the baseline.
-ARM_COLORS: dict[str, str] = {
-    "bf16": "#000000",
-    "fp8": "#D55E00",
-    "fp8_ppo_is": "#E69F00",
-    "tis": "#0072B2",
-    "acr": "#56B4E9",
-    "acr_uaq": "#009E73",
-    "ess": "#CC79A7",
-    "ais": "#8C510A",
-}
-ARM_ORDER: list[str] = list(ARM_COLORS)
-# For methods this package does not know yet: a colour chosen by a hash of the name, so it does not depend
-# on which other unknown methods are in the sweep.
+# Okabe-Ito-like palette for methods that declare no colour: chosen by a hash of the name, so it does not
+# depend on which other methods are in the sweep.
 FALLBACK_COLORS = ["#7F7F7F", "#9467BD", "#BCBD22", "#17BECF", "#8C564B", "#E377C2", "#1F77B4", "#2CA02C"]
 PRECISION_LINESTYLES = ["-", "--", ":", "-."]
+UNDECLARED_ORDER = 1000
 
-PRECISION_NAMES = {"bf16": "BF16", "fp32": "FP32", "fp8_e4m3": "FP8", "int8": "INT8"}
-PRECISION_BITS = {"bf16": 16, "fp32": 32, "fp8_e4m3": 8, "int8": 8}
+#: method -> {"color", "order", "diagnostics"}, precision -> {"label", "weight_bits", "act_bits", ...}
+_ARMS: dict[str, dict[str, Any]] = {}
+_PRECISIONS: dict[str, dict[str, Any]] = {}
+
+
+def learn(method: str, info: dict[str, Any]) -> None:
+    """Record what a run's run.json declares about its arm and its rollout precision."""
+    arm = info.get("arm")
+    if isinstance(arm, dict):
+        _ARMS[method] = arm
+    precision = info.get("precision")
+    if isinstance(precision, dict) and isinstance(precision.get("name"), str):
+        _PRECISIONS[precision["name"]] = precision
+
+
+def forget() -> None:
+    """Drop every declaration (tests; a fresh analysis in the same process)."""
+    _ARMS.clear()
+    _PRECISIONS.clear()
 
 
 def arm_color(method: str) -> str:
-    if method in ARM_COLORS:
-        return ARM_COLORS[method]
+    color = _ARMS.get(method, {}).get("color")
+    if isinstance(color, str):
+        return color
     return FALLBACK_COLORS[zlib.crc32(method.encode()) % len(FALLBACK_COLORS)]
 
 
+def arm_diagnostics(method: str) -> dict[str, str]:
+    """The `method/<arm>/<key>` metrics the arm asks to be plotted: key -> panel title."""
+    return dict(_ARMS.get(method, {}).get("diagnostics") or {})
+
+
+def precision_label(precision: str) -> str:
+    return str(_PRECISIONS.get(precision, {}).get("label") or precision)
+
+
+def precision_bits(precision: str) -> int:
+    bits = _PRECISIONS.get(precision, {}).get("weight_bits")
+    return int(bits) if isinstance(bits, int) else 0
+
+
 def method_sort_key(method: str) -> tuple[int, str]:
-    """Known arms in the canonical order (baseline first), unknown ones after, alphabetically."""
-    return (ARM_ORDER.index(method), "") if method in ARM_ORDER else (len(ARM_ORDER), method)
+    """Declared order (the baseline first), undeclared methods after, alphabetically."""
+    order = _ARMS.get(method, {}).get("order")
+    return (int(order) if isinstance(order, int) else UNDECLARED_ORDER, method)
 
 
 def arm_sort_key(arm: tuple[str, str]) -> tuple[int, str, int, str]:
     method, precision = arm
-    bits = PRECISION_BITS.get(precision, 0)
-    return (*method_sort_key(method), -bits, precision)
+    return (*method_sort_key(method), -precision_bits(precision), precision)
 
 
 def sorted_arms(arms: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -68,14 +93,17 @@ def arm_linestyle(arm: tuple[str, str], arms: Iterable[tuple[str, str]]) -> str:
 
 
 def bitwidth(precision: str, act_granularity: Any = None) -> str:
-    """The 'Bitwidth' cell of a paper-style table: BF16, or FP8/INT8 with W<bits>A<bits>.
+    """The 'Bitwidth' cell of a paper-style table: BF16, or FP8/INT8/... with W<bits>A<bits>.
 
-    Activations are quantized unless rollout.act_granularity is "none" (weight-only), in which case they
-    stay in 16 bits.
+    Activations count as quantized at the weights' width unless the run declared otherwise (`act_bits`) or
+    rollout.act_granularity is "none" (weight-only): then they stay in 16 bits.
     """
-    name = PRECISION_NAMES.get(precision, precision)
-    bits = PRECISION_BITS.get(precision)
-    if bits is None or bits >= 16:
+    declared = _PRECISIONS.get(precision, {})
+    name, bits = precision_label(precision), precision_bits(precision)
+    if not bits or bits >= 16:
         return name
-    abits = 16 if isinstance(act_granularity, str) and act_granularity.lower() == "none" else bits
+    weight_only = isinstance(act_granularity, str) and act_granularity.lower() == "none"
+    abits = declared.get("act_bits", bits) if declared else bits
+    if weight_only or abits is None:
+        abits = 16
     return f"{name} W{bits}A{abits}"

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -25,13 +24,14 @@ from typing import Any, Iterable
 import pandas as pd
 import yaml
 
+from bench import identity
+from bench.identity import FINISHED_STATUSES, SEED_DIR, STATUSES
+
+from . import arms
+
 ID_COLUMNS = ["run_id", "method", "precision", "task", "model", "seed"]
-# Statuses whose results are final. A diverged run is a result (an arm that collapses is a finding), so it
-# is kept and flagged; running/failed/preempted runs have no final result and are left out.
-FINISHED_STATUSES = ("completed", "diverged")
-KNOWN_STATUSES = ("running", "completed", "failed", "diverged", "preempted")
-RUN_FILES = ("run.json", "metrics.jsonl")
-SEED_DIR = re.compile(r"seed\d+")
+KNOWN_STATUSES = STATUSES
+RUN_FILES = (identity.INFO_FILE, identity.METRICS_FILE)
 # Sub-directories of a sweep that never hold runs; pruned so discovery does not walk checkpoints.
 PRUNED_DIRS = {"ckpt", "wandb", "__pycache__"}
 
@@ -241,7 +241,7 @@ def _read_config(run_dir: Path) -> dict[str, Any]:
 
 
 def read_jsonl(path: Path, required: bool = True) -> tuple[list[dict[str, Any]], list[str]]:
-    """Records of a JSONL file and warnings.
+    """Records of a JSONL file (bench.identity.read_jsonl) and warnings.
 
     A bad *last* line is what a killed writer leaves behind (preemption mid-write): it is dropped with a
     warning. A bad line anywhere else means the file is corrupt, and the run is rejected, because silently
@@ -251,25 +251,12 @@ def read_jsonl(path: Path, required: bool = True) -> tuple[list[dict[str, Any]],
         if required:
             raise RunError(f"missing {path.name}")
         return [], []
-    try:
-        lines = path.read_text().splitlines()
-    except UnicodeDecodeError as e:
-        raise RunError(f"{path.name}: not UTF-8 text ({e})") from None
-    numbered = [(i, ln) for i, ln in enumerate(lines, 1) if ln.strip()]
-    records: list[dict[str, Any]] = []
-    warnings: list[str] = []
-    for k, (lineno, line) in enumerate(numbered):
-        try:
-            obj = json.loads(line)
-            if not isinstance(obj, dict):
-                raise ValueError("not a JSON object")
-        except ValueError as e:
-            if k == len(numbered) - 1:
-                warnings.append(f"{path.name}: dropped unreadable last line {lineno} (truncated write?)")
-                continue
-            raise RunError(f"{path.name}: invalid JSON on line {lineno} ({e})") from None
-        records.append(obj)
-    return records, warnings
+    read = identity.read_jsonl(path)
+    if read.bad and not read.torn_tail_only:
+        lineno, text = read.bad[0]
+        raise RunError(f"{path.name}: invalid JSON on line {lineno} ({text[:60]!r})")
+    warnings = [f"{path.name}: dropped unreadable last line {read.bad[0][0]} (truncated write?)"] if read.bad else []
+    return read.rows, warnings
 
 
 def _frame(records: list[dict[str, Any]], name: str, warnings: list[str]) -> pd.DataFrame:
@@ -305,11 +292,7 @@ def _frame(records: list[dict[str, Any]], name: str, warnings: list[str]) -> pd.
 
 def _identity_from_path(run_dir: Path) -> dict[str, Any]:
     """<method>/<task>/<model>/seed<k> from the path, the fallback when the config lacks a key."""
-    parts = run_dir.parts
-    out: dict[str, Any] = {}
-    if len(parts) >= 4 and SEED_DIR.fullmatch(parts[-1]):
-        out = {"method": parts[-4], "task": parts[-3], "model": parts[-2], "seed": int(parts[-1][4:])}
-    return out
+    return identity.parse_run_path(run_dir)
 
 
 def _precision(config: dict[str, Any]) -> str:
@@ -368,9 +351,14 @@ def load_run(run_dir: Path, root: Path | None = None, run_id: str | None = None)
     logged = int(metrics["step"].max()) + 1
     if status == "completed" and isinstance(planned, int) and logged < planned:
         raise RunError(f"incomplete: status=completed but only {logged} of {planned} steps in metrics.jsonl")
+    missing_steps = sorted(set(range(logged)) - set(metrics["step"].tolist()))
+    if status == "completed" and missing_steps:
+        shown = ", ".join(map(str, missing_steps[:10])) + (", ..." if len(missing_steps) > 10 else "")
+        raise RunError(f"incomplete: metrics.jsonl lacks {len(missing_steps)} step(s): {shown}")
     if status == "completed" and isinstance(info.get("step"), int) and info["step"] + 1 > logged:
         raise RunError(f"incomplete: run.json says step {info['step']} but metrics.jsonl ends at step {logged - 1}")
 
+    arms.learn(str(ident["method"]), info)
     return Run(
         run_id=run_id or _default_run_id(run_dir, root),
         path=run_dir,

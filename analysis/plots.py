@@ -3,7 +3,7 @@
 One function per figure; each returns the files it wrote (PNG for the report, PDF for a paper) or nothing
 when the sweep has no data for it, so a sweep without quant metrics simply has no quant figure. Sizes and
 fonts are for a two-column paper's full text width (7 in), so a figure can go into a paper as it is.
-Colours come from `arms.ARM_COLORS`: an arm has one colour in every figure.
+Colours come from `arms.arm_color` (declared by each arm): an arm has one colour in every figure.
 
 Curves are the mean over seeds with a 95 % percentile-bootstrap band of that mean (stats.bootstrap_mean_ci,
 fixed RNG seed), optionally after a centred moving average over steps (`smooth`).
@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import matplotlib
 
@@ -25,7 +25,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from .arms import ARM_COLORS, PRECISION_NAMES, arm_color, arm_labels, arm_linestyle, sorted_arms  # noqa: E402,F401
+from .arms import arm_color, arm_diagnostics, arm_labels, arm_linestyle, method_sort_key, precision_label, sorted_arms  # noqa: E402
 from .load import Sweep  # noqa: E402
 from .stats import bootstrap_mean_ci, rolling_mean  # noqa: E402
 from .tables import TIME_PARTS, throughput_summary  # noqa: E402
@@ -278,19 +278,21 @@ def plot_mismatch(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: in
 
 
 # (methods the diagnostic belongs to, key under method/<name>/, panel title)
-DIAGNOSTICS: list[tuple[tuple[str, ...], str, str]] = [
-    (("tis",), "is_frac_high", "TIS truncated frac. (ρ>C)"),
-    (("acr", "acr_uaq"), "frac_acr_active", "ACR active frac. (ρ>C)"),
-    (("ess",), "ess_factor", "P3O ESS factor"),
-    (("ais",), "alpha", "AIS α"),
-]
+def diagnostics_of(methods: Iterable[str]) -> list[tuple[tuple[str, ...], str, str]]:
+    """(methods, key, title) per panel: the diagnostics each arm declares, methods sharing a panel when they
+    declare the same key and title (acr, acr_uaq)."""
+    panels: dict[tuple[str, str], list[str]] = {}
+    for m in sorted(set(methods), key=method_sort_key):
+        for key, title in arm_diagnostics(m).items():
+            panels.setdefault((key, title), []).append(m)
+    return [(tuple(ms), key, title) for (key, title), ms in panels.items()]
 
 
 def plot_diagnostics(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: int = 1, formats: Sequence[str] = FORMATS) -> FigureFile | None:
     """Each arm's own control signal, one panel per diagnostic, only the arms that log it."""
     long, arms = _subset(sweep, task, model)
     present = []
-    for methods, key, title in DIAGNOSTICS:
+    for methods, key, title in diagnostics_of(long["method"].unique()):
         sub = long[long["method"].isin(methods) & (long["metric"] == long["method"].map(lambda m: f"method/{m}/{key}"))]
         if not sub.empty:
             present.append((sub, title))
@@ -329,7 +331,7 @@ def plot_throughput(sweep: Sweep, model: str, out_dir: Path, baseline: str = "bf
     arms = sorted_arms(zip(data["method"], data["precision"]))
     data = data.set_index(["method", "precision"]).loc[arms[::-1]]  # top-to-bottom in canonical order
     # "method (PRECISION)" always: this figure is per arm *and* precision, so the precision is never redundant.
-    ylabels = [f"{a[0]} ({PRECISION_NAMES.get(a[1], a[1])})" for a in arms[::-1]]
+    ylabels = [f"{a[0]} ({precision_label(a[1])})" for a in arms[::-1]]
     y = np.arange(len(arms))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(FULL_WIDTH, 0.32 * len(arms) + 1.1), layout="constrained")
     tps = data["tokens_per_s_mean"].to_numpy()

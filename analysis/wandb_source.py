@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from bench.identity import STATUSES
+
 from .load import Sweep, load_sweeps
 
 # W&B run.state -> run.json status. "crashed" is W&B's word for a process that died without finishing.
@@ -37,7 +39,7 @@ STATE_TO_STATUS = {
     "preempted": "preempted",
 }
 FINAL_STATUSES = ("completed", "diverged", "failed")
-KNOWN_STATUSES = ("running", "completed", "failed", "diverged", "preempted")
+KNOWN_STATUSES = STATUSES
 
 
 class WandbUnavailable(RuntimeError):
@@ -138,7 +140,10 @@ def cache_run(run: Any, dest: Path) -> None:
         meta = dict(run.metadata or {})
     except Exception:  # noqa: BLE001 - metadata is optional provenance, fetched separately by the API
         meta = {}
+    config = unflatten(dict(run.config))
+    declared = config.pop("run_info", None) or {}  # the arm's and precision's declarations (bench.train)
     info = {
+        **{k: v for k, v in declared.items() if k in ("arm", "precision")},
         "status": status,
         "reason": reason,
         "step": max((m["step"] for m in metrics), default=-1),
@@ -158,7 +163,7 @@ def cache_run(run: Any, dest: Path) -> None:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    _write_json(tmp / "config.json", unflatten(dict(run.config)))
+    _write_json(tmp / "config.json", config)
     _write_json(tmp / "run.json", info)
     _write_jsonl(tmp / "metrics.jsonl", metrics)
     _write_jsonl(tmp / "eval.jsonl", evals)

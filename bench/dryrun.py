@@ -11,7 +11,10 @@ from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from bench.cli import CONF_DIR, run_dir_of, run_name
+from bench.config import CONF_DIR, register_configs
+from bench.store import RunDir
+
+register_configs()
 
 
 def expand(overrides: list[str]) -> list[list[str]]:
@@ -31,10 +34,10 @@ def dry_run(overrides: list[str]) -> int:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for job in jobs:
             cfg = compose("config", overrides=job)
-            run = run_dir_of(cfg)
+            run = RunDir.of(cfg)
             status = run.status or "new"
             action = "skip" if status == "completed" else ("resume" if run.ckpt_file.exists() else "run")
             todo += action != "skip"
-            print(f"{action:6s} {status:10s} {run_name(cfg):40s} {run.path}")
+            print(f"{action:6s} {status:10s} {RunDir.name_of(cfg):40s} {run.path}")
     print(f"{len(jobs)} jobs: {todo} to launch, {len(jobs) - todo} already completed", file=sys.stderr)
     return 0

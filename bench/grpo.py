@@ -9,10 +9,41 @@ so padding with -inf/garbage log-probs can produce neither inf/NaN values nor Na
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+@dataclass
+class AlgoConfig:
+    """`algo.*`: the policy-gradient knobs every arm shares (methods.md section 9.1). The arms' own knobs
+    live in their schemas (bench/methods/<arm>.py)."""
+
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2  # DAPO clip-higher: 0.28
+    dual_clip_c: Optional[float] = None  # verl: 3.0; off here, as in the QuRL/FlashRL equations
+    loss_agg: str = "token-mean"
+    adv_eps: float = 1e-6
+    norm_adv_by_std: bool = True  # False: Dr.GRPO
+    kl_ref_beta: float = 0.0  # KL(pi_theta || pi_ref) coefficient; 0 = no reference model
+    log_ratio_clamp: float = 20.0  # |log ratio| clamp before every exp (verl SAFETY_BOUND)
+
+    def check(self) -> None:
+        if self.loss_agg not in LOSS_AGGS:
+            raise ValueError(f"algo.loss_agg={self.loss_agg!r} is not valid; choose one of: {', '.join(LOSS_AGGS)}")
+        if not 0.0 <= self.clip_eps_low < 1.0:
+            raise ValueError(f"algo.clip_eps_low={self.clip_eps_low} must be in [0, 1) (the lower clip bound is 1 - eps)")
+        if not self.clip_eps_high >= 0.0:
+            raise ValueError(f"algo.clip_eps_high={self.clip_eps_high} must be >= 0")
+        if self.dual_clip_c is not None and not self.dual_clip_c > 1.0:
+            raise ValueError(f"algo.dual_clip_c={self.dual_clip_c} must be > 1 (or null for no dual clip)")
+        if not self.kl_ref_beta >= 0.0:
+            raise ValueError(f"algo.kl_ref_beta={self.kl_ref_beta} must be >= 0")
+        if not self.log_ratio_clamp > 0.0:
+            raise ValueError(f"algo.log_ratio_clamp={self.log_ratio_clamp} must be positive")
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:

@@ -4,7 +4,7 @@ Why: a sweep can sit in a queue for hours. With the stock Hydra launchers a queu
 from the working tree *when it starts* and re-composes its config from conf/ *when it starts*, so an edit
 made after submitting silently changes jobs submitted before it. Here, at submission (`launch`):
 
-1. code: the project files (bench/, hydra_plugins/, conf/, sweeps/, pyproject.toml; git-tracked plus
+1. code: the project files (bench/, hydra_plugins/, conf/ (with conf/experiment/), pyproject.toml; git-tracked plus
    untracked-not-ignored, as on disk) are copied to <sweep_dir>/.code/<timestamp>/ and jobs import from it.
    - SLURM: each job starts in that directory. `python -m submitit.core._submit` puts its working directory
      first on sys.path, ahead of the checkout and of an editable install, so `bench` and this launcher
@@ -47,7 +47,7 @@ from omegaconf import DictConfig
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SNAPSHOT_PATHS = ("bench", "hydra_plugins", "conf", "sweeps", "pyproject.toml")
+SNAPSHOT_PATHS = ("bench", "hydra_plugins", "conf", "pyproject.toml")
 
 
 def _git(root: Path, *args: str) -> str | None:

@@ -27,17 +27,23 @@ from typing import Any, Iterator
 import torch
 from filelock import FileLock, Timeout
 
-STATUSES = ("running", "completed", "failed", "diverged", "preempted")
+from bench.identity import (
+    CKPT_DIR,
+    CONFIG_FILE,
+    EVAL_FILE,
+    INFO_FILE,
+    METRICS_FILE,
+    STATUSES,
+    read_jsonl,
+    run_name,
+    run_path,
+)
+
 TRACKED_PACKAGES = ("torch", "transformers", "datasets", "hydra-core", "omegaconf", "submitit", "wandb", "qrl-bench")
 
 
 class RunLocked(RuntimeError):
     """Another process owns this run directory."""
-
-
-def run_path(out_root: str | Path, sweep: str, method: str, task: str, model: str, seed: int) -> Path:
-    """The run directory is a pure function of the sweep axes, so a relaunch finds its earlier runs."""
-    return Path(out_root) / sweep / method / task / model / f"seed{seed}"
 
 
 def now() -> str:
@@ -85,26 +91,25 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file; a torn last line (crash mid-write) is ignored."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return rows
-
-
 class RunDir:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.metrics_file = self.path / "metrics.jsonl"
-        self.eval_file = self.path / "eval.jsonl"
-        self.info_file = self.path / "run.json"
-        self.ckpt_file = self.path / "ckpt" / "last.pt"
+        self.metrics_file = self.path / METRICS_FILE
+        self.eval_file = self.path / EVAL_FILE
+        self.info_file = self.path / INFO_FILE
+        self.ckpt_file = self.path / CKPT_DIR / "last.pt"
+
+    @classmethod
+    def of(cls, cfg: Any) -> "RunDir":
+        """The run directory of a composed config (out_root relative to the launch directory)."""
+        from hydra.utils import to_absolute_path
+
+        return cls(run_path(to_absolute_path(cfg.out_root), cfg.sweep, cfg.method.name, cfg.task.name,
+                            cfg.model.name, cfg.seed))
+
+    @staticmethod
+    def name_of(cfg: Any) -> str:
+        return run_name(cfg.method.name, cfg.task.name, cfg.model.name, cfg.seed)
 
     # ---------------------------------------------------------------- ownership
     @contextmanager
@@ -143,7 +148,7 @@ class RunDir:
     def start(self, config_yaml: str, run_name: str, overrides: list[str] | None = None) -> dict[str, Any]:
         """Record config and provenance; keeps fields of an earlier attempt (wandb id, start time)."""
         self.path.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.path / "config.yaml", config_yaml.encode())
+        _atomic_write(self.path / CONFIG_FILE, config_yaml.encode())
         sha, dirty = git_info()
         prev = self.info()
         attempts = int(prev.get("attempts", 0)) + 1
@@ -174,15 +179,15 @@ class RunDir:
         self.append(self.eval_file, row)
 
     def metrics(self) -> list[dict[str, Any]]:
-        return read_jsonl(self.metrics_file)
+        return read_jsonl(self.metrics_file).rows
 
     def evals(self) -> list[dict[str, Any]]:
-        return read_jsonl(self.eval_file)
+        return read_jsonl(self.eval_file).rows
 
     def truncate_to(self, step: int) -> None:
         """Drop rows at or after `step` (written after the checkpoint we resume from; they are redone)."""
         for file in (self.metrics_file, self.eval_file):
-            rows = [r for r in read_jsonl(file) if r["step"] < step]
+            rows = [r for r in read_jsonl(file).rows if r["step"] < step]
             _atomic_write(file, "".join(json.dumps(r) + "\n" for r in rows).encode())
 
     # ---------------------------------------------------------------- checkpoints

@@ -18,12 +18,27 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 MODES = ("offline", "online", "disabled")
+
+
+@dataclass
+class TrackingConfig:
+    """`tracking.*` (conf/tracking/<mode>.yaml)."""
+
+    mode: str = "offline"  # offline | online | disabled; WANDB_MODE overrides
+    project: str = "qrl-bench"
+    entity: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+
+    def check(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"tracking.mode={self.mode!r} is not valid; choose one of: {', '.join(MODES)}")
 _MODE_ALIASES = {"dryrun": "offline", "run": "online"}  # older spellings W&B still accepts in WANDB_MODE
 
 
@@ -105,11 +120,14 @@ class WandbTracker(Tracker):
                           RuntimeWarning, stacklevel=2)
 
 
-def start_tracking(cfg: DictConfig, run_dir: Path, run_name: str, resume_id: str | None = None) -> Tracker:
+def start_tracking(
+    cfg: DictConfig, run_dir: Path, run_name: str, resume_id: str | None = None, run_info: dict[str, Any] | None = None
+) -> Tracker:
     """Start (or resume, with the id stored in run.json) the W&B mirror of one run.
 
     project/entity/tags from cfg.tracking; group = the sweep, job_type = the method, so W&B's grouping
-    matches results/<sweep>/<method>/...; the resolved config is attached; files go to <run_dir>/wandb.
+    matches results/<sweep>/<method>/...; the resolved config is attached, with `run_info` (what the arm and
+    the precision declare for reports, as in run.json) under the key `run_info`; files go to <run_dir>/wandb.
     """
     mode = tracking_mode(cfg)
     if mode == "disabled":
@@ -124,7 +142,7 @@ def start_tracking(cfg: DictConfig, run_dir: Path, run_name: str, resume_id: str
             job_type=str(cfg.method.name),
             name=run_name,
             tags=[str(t) for t in cfg.tracking.tags] or None,
-            config=OmegaConf.to_container(cfg, resolve=True),
+            config={**OmegaConf.to_container(cfg, resolve=True), "run_info": run_info or {}},
             dir=str(run_dir),
             mode=mode,
             id=resume_id,

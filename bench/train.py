@@ -8,8 +8,8 @@
     for minibatch: loss = method.loss(policy.logprobs(mb)); step
     metrics -> run dir (+ W&B mirror); every k steps: eval, checkpoint
 
-Everything that differs between arms is behind `Method` (bench/methods) and the engine's precision
-(config data); this file never branches on the method.
+Everything that differs between arms is behind `Method` (bench/methods) and everything that differs between
+precisions is behind the engine (bench/rollout, bench/quant): this file never branches on either.
 """
 
 from __future__ import annotations
@@ -26,21 +26,55 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from bench import diagnostics
+from bench.evaluation import greedy_eval
 from bench.grpo import group_advantages
-from bench.methods.base import Batch, Method, build_method, select_stats
-from bench.metrics import mismatch_metrics, sanitize
+from bench.methods.base import Batch, Method, arm_info, build_method, select_stats
+from bench.mismatch import mismatch_metrics, sanitize
 from bench.models.load import load_policy
-from bench.models.logprobs import token_logprobs
+from bench.models.logprobs import TRAINER_DTYPES, token_logprobs
 from bench.models.tokenizer import decode_responses, encode_prompts
 from bench.preempt import PreemptionGuard
+from bench.quant import diagnostics
+from bench.quant.quantizers import Quantizer
 from bench.rollout import build_engine
 from bench.rollout.base import Rollout, RolloutEngine, SamplingParams
 from bench.store import RunDir
 from bench.tasks.base import Task, build_task
 from bench.tracking import start_tracking
 
-QUANTIZED = ("fp8_e4m3", "int8")
+
+@dataclass
+class TrainConfig:
+    """`train.*`: the loop's settings."""
+
+    steps: int = 100
+    batch_size: int = 64  # sequences per rollout batch = prompts x group_size
+    group_size: int = 8
+    minibatches: int = 1  # optimizer steps per rollout batch
+    epochs: int = 1
+    lr: float = 1e-4  # Adam on a ~1M model: 3e-4+ destroys the warm start's accuracy, 2e-5 barely moves
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    dtype: str = "bf16"  # trainer compute: bf16 (fp32 master weights + bf16 weights/autocast) | fp32
+    eval_every: int = 10
+    checkpoint_every: int = 10
+    threads: int = 0  # torch threads; 0 = leave torch's default (sweeps set 1 per job)
+    keep_checkpoint: bool = False  # keep ckpt/last.pt after completion (it is always kept while resumable)
+
+    def check(self) -> None:
+        if self.group_size < 2:
+            raise ValueError(f"train.group_size={self.group_size} is too small: GRPO needs at least 2 responses per prompt")
+        if self.batch_size <= 0 or self.batch_size % self.group_size:
+            raise ValueError(f"train.batch_size={self.batch_size} is not divisible by train.group_size={self.group_size}")
+        if self.minibatches < 1 or (self.batch_size // self.group_size) % self.minibatches:
+            raise ValueError(f"train.minibatches={self.minibatches} must divide the "
+                             f"{self.batch_size // self.group_size} prompts per step")
+        if not self.lr > 0:
+            raise ValueError(f"train.lr={self.lr} must be positive")
+        if self.steps < 1:
+            raise ValueError(f"train.steps={self.steps} must be at least 1")
+        if self.dtype not in TRAINER_DTYPES:
+            raise ValueError(f"train.dtype={self.dtype!r} is not valid; choose one of: {', '.join(TRAINER_DTYPES)}")
 
 
 class Diverged(RuntimeError):
@@ -67,13 +101,11 @@ def build(cfg: DictConfig) -> Parts:
     random.seed(cfg.seed)
     task = build_task(cfg.task)
     policy, tokenizer = load_policy(cfg.model, task)
-    method = build_method(cfg.method)
-    eval_cfg = copy.deepcopy(cfg.rollout)
-    eval_cfg.precision = "fp32"  # evaluate the trainer's policy itself, not its quantized copy
     return Parts(
-        cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, method=method,
+        cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, method=build_method(cfg.method, cfg.algo),
         engine=build_engine(cfg.rollout, tokenizer, policy),
-        eval_engine=build_engine(eval_cfg, tokenizer, policy),
+        # evaluate the trainer's policy itself, not its quantized copy
+        eval_engine=build_engine(cfg.rollout, tokenizer, policy, precision="fp32"),
         optimizer=torch.optim.AdamW(policy.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay),
         generator=torch.Generator().manual_seed(cfg.seed),
     )
@@ -102,7 +134,7 @@ def train_step(p: Parts, step: int) -> dict[str, float]:
     with t("rollout"):
         rollout = p.engine.generate(prompt_ids, prompt_mask, G, SamplingParams(cfg.task.max_new_tokens, T), p.generator)
     rewards = score(p, examples, rollout, G)
-    adv = group_advantages(rewards, G, eps=cfg.method.adv_eps, norm_by_std=cfg.method.norm_adv_by_std)
+    adv = group_advantages(rewards, G, eps=cfg.algo.adv_eps, norm_by_std=cfg.algo.norm_adv_by_std)
 
     with t("train"), t("recompute"), torch.no_grad():
         logp_old = token_logprobs(p.policy, rollout, T, cfg.train.dtype)[0] if p.method.needs_recompute else None
@@ -113,26 +145,11 @@ def train_step(p: Parts, step: int) -> dict[str, float]:
     with t("train"):
         stats = p.method.prepare(batch)
         logs, logp_theta0 = update(p, rollout, batch, stats, step)
-
-    row: dict[str, float] = {"step": step}
-    row |= {"reward/mean": rewards.mean().item(), "reward/std": rewards.std().item(),
-            "reward/accuracy": (rewards >= 1.0).float().mean().item(),
-            "reward/response_length": rollout.response_mask.sum(1).float().mean().item()}
-    row |= {f"train/{k}": v for k, v in logs.items() if k in ("loss", "grad_norm", "entropy", "clipfrac", "ppo_kl")}
-    row["train/lr"] = p.optimizer.param_groups[0]["lr"]
     # bypass arms have no pi_old: their mismatch uses log pi_theta at theta_old (methods.md section 11)
-    row |= mismatch_metrics(logp_old if logp_old is not None else logp_theta0, rollout.logp_mu, mask, cfg.method.is_cap_C)
-    row["mismatch/frac_nonfinite_logprob"] = frac_nonfinite
-    row |= {f"method/{p.method.name}/{k}": v for k, v in stats.items() if isinstance(v, (int, float))}
-    row |= {f"method/{p.method.name}/{k}": v for k, v in logs.items() if k not in ("loss", "grad_norm", "entropy")}
-    row |= diagnostics.weight_update(before, p.policy)
-    if cfg.rollout.precision in QUANTIZED:
-        row |= diagnostics.quant_error(p.policy, cfg.rollout.precision, cfg.rollout.weight_granularity)
-    n_tok = rollout.response_mask.sum().item()
-    row |= {"time/rollout_s": t["rollout"], "time/sync_s": t["sync"], "time/recompute_s": t["recompute"],
-            "time/train_s": t["train"], "time/step_s": sum(t[k] for k in ("sync", "rollout", "train")),
-            "time/rollout_tokens_per_s": n_tok / max(t["rollout"], 1e-9)}
-    return row
+    measured = mismatch_metrics(logp_old if logp_old is not None else logp_theta0, rollout.logp_mu, mask)
+    measured |= {"mismatch/frac_nonfinite_logprob": frac_nonfinite}
+    measured |= diagnostics.weight_update(before, p.policy) | p.engine.quant_metrics()
+    return step_metrics(p, step, rollout, rewards, logs, stats, measured, t)
 
 
 def update(p: Parts, rollout: Rollout, batch: Batch, stats: dict, step: int) -> tuple[dict[str, float], torch.Tensor]:
@@ -163,17 +180,41 @@ def update(p: Parts, rollout: Rollout, batch: Batch, stats: dict, step: int) -> 
     return {k: sum(v) / len(v) for k, v in logs.items()}, logp_theta0
 
 
-@torch.no_grad()
+TRAIN_KEYS = ("loss", "grad_norm", "entropy", "clipfrac", "ppo_kl")
+
+
+def step_metrics(p: Parts, step: int, rollout: Rollout, rewards: torch.Tensor, logs: dict[str, float],
+                 stats: dict[str, Any], measured: dict[str, float], t: Timer) -> dict[str, float]:
+    """The metrics row of one step, in the namespaces of bench/identity.py; `measured` holds the mismatch/*
+    and quant/* metrics, already named."""
+    arm = p.method.name
+    row: dict[str, float] = {"step": step}
+    row |= {"reward/mean": rewards.mean().item(), "reward/std": rewards.std().item(),
+            "reward/accuracy": (rewards >= 1.0).float().mean().item(),
+            "reward/response_length": rollout.response_mask.sum(1).float().mean().item()}
+    row |= {f"train/{k}": v for k, v in logs.items() if k in TRAIN_KEYS}
+    row["train/lr"] = p.optimizer.param_groups[0]["lr"]
+    row |= {k: v for k, v in measured.items() if k.startswith("mismatch/")}
+    row |= {f"method/{arm}/{k}": v for k, v in stats.items() if isinstance(v, (int, float))}
+    row |= {f"method/{arm}/{k}": v for k, v in logs.items() if k not in ("loss", "grad_norm", "entropy")}
+    row |= {k: v for k, v in measured.items() if not k.startswith("mismatch/")}
+    n_tok = rollout.response_mask.sum().item()
+    row |= {"time/rollout_s": t["rollout"], "time/sync_s": t["sync"], "time/recompute_s": t["recompute"],
+            "time/train_s": t["train"], "time/step_s": sum(t[k] for k in ("sync", "rollout", "train")),
+            "time/rollout_tokens_per_s": n_tok / max(t["rollout"], 1e-9)}
+    return row
+
+
 def evaluate(p: Parts, step: int) -> dict[str, float]:
     """Greedy accuracy of the trainer's policy on the test split."""
-    examples = p.task.examples("test")
-    p.eval_engine.load_weights(p.policy)
-    prompt_ids, prompt_mask = encode_prompts(p.tokenizer, [p.task.prompt(e) for e in examples])
-    rollout = p.eval_engine.generate(prompt_ids, prompt_mask, 1, SamplingParams(p.cfg.task.max_new_tokens, greedy=True))
-    rewards = score(p, examples, rollout, 1)
-    return {"step": step, "eval/accuracy": (rewards >= 1.0).float().mean().item(),
-            "eval/reward_mean": rewards.mean().item(),
-            "eval/response_length": rollout.response_mask.sum(1).float().mean().item()}
+    return {"step": step} | greedy_eval(p.eval_engine, p.policy, p.tokenizer, p.task, p.task.examples("test"),
+                                        p.cfg.task.max_new_tokens)
+
+
+def precision_info(cfg: DictConfig) -> dict[str, Any]:
+    """The rollout precision as reports name it (label, bit widths), recorded in run.json for the analysis."""
+    r = cfg.rollout
+    return Quantizer(r.precision, r.weight_granularity, r.act_granularity).describe()
 
 
 def checkpoint(p: Parts, next_step: int) -> dict[str, Any]:
@@ -199,13 +240,14 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str) -> str:
     ckpt = run.load_checkpoint()
     # UAQ and the like: once, before training, never again on resume (the checkpoint holds the result)
     setup = p.method.setup_model(p.policy) if ckpt is None else {}
-    if cfg.method.kl_ref_beta > 0:
+    if cfg.algo.kl_ref_beta > 0:
         p.ref_policy = copy.deepcopy(p.policy).requires_grad_(False)
     start = restore(p, ckpt) if ckpt is not None else 0
     run.truncate_to(start)  # rows written after the checkpoint are recomputed identically
     info = run.start(config_yaml, run_name)
-    tracker = start_tracking(cfg, run.path, run_name, resume_id=info.get("wandb_id"))
-    run.update_info(wandb_id=tracker.run_id, setup=setup)
+    declared = {"arm": arm_info(p.method.name), "precision": precision_info(cfg)}  # for the analysis
+    tracker = start_tracking(cfg, run.path, run_name, resume_id=info.get("wandb_id"), run_info=declared)
+    run.update_info(wandb_id=tracker.run_id, setup=setup, **declared)
     t0, every = time.perf_counter(), cfg.train
     bar = tqdm(range(start, every.steps), initial=start, total=every.steps, desc=run_name, mininterval=1.0, dynamic_ncols=True)
     with PreemptionGuard() as guard:
@@ -238,4 +280,3 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str) -> str:
         run.drop_checkpoint()
     bar.close()
     return "completed"
-

@@ -11,26 +11,41 @@ reparametrized once before RL (cfg.uaq_scale = 1.5, bench/quant/uaq.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from bench.methods.base import Batch, register
-from bench.methods.tis import ConstantWeightMethod, behaviour_log_ratio, weight_stats
-from bench.quant.uaq import apply_uaq
+from bench.methods.base import METHODS, Batch, MethodConfig
+from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio, weight_stats
+from bench.quant.uaq import apply_uaq, check_targets
 
 
-@register("acr", "acr_uaq")
+@dataclass
+class ACRConfig(MethodConfig):
+    precision: str = "fp8_e4m3"
+    is_cap_C: float = 2.0  # noqa: N815  (not stated in QuRL; ours, as TIS: methods.md M2.1)
+    uaq_scale: float = 1.0  # 1.0 = no UAQ (`acr`); `acr_uaq` sets 1.5 (QuRL's ablation optimum)
+    uaq_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj"])
+
+    def check(self) -> None:
+        if not self.is_cap_C > 0:
+            raise ValueError(f"method.is_cap_C={self.is_cap_C} must be positive")
+        if not self.uaq_scale > 0:
+            raise ValueError(f"method.uaq_scale={self.uaq_scale} must be positive (1.0 = off)")
+        try:
+            check_targets(self.uaq_targets)
+        except ValueError as e:
+            raise ValueError(f"method.uaq_targets={list(self.uaq_targets)}: {e}") from None
+
+
+@METHODS.register("acr_uaq", schema=ACRConfig, color="#009E73", order=45)
+@METHODS.register("acr", schema=ACRConfig, color="#56B4E9", order=40)
 class ACR(ConstantWeightMethod):
-    """Token-level TIS weights with QuRL's per-token adaptive upper clip bound."""
+    """Token-level TIS weights with QuRL's per-token adaptive upper clip bound (no verl preset: QuRL has no
+    public code)."""
 
-    def __init__(self, cfg: Any) -> None:
-        super().__init__(cfg)
-        if cfg.is_level != "token" or cfg.is_mode != "truncate":
-            raise ValueError(
-                f"method {cfg.name!r} is token-level truncated IS by definition (QuRL Eq. 9); "
-                f"got is_level={cfg.is_level!r}, is_mode={cfg.is_mode!r}"
-            )
+    diagnostics = {"frac_acr_active": "ACR active frac. (ρ>C)"}
 
     def setup_model(self, model: torch.nn.Module) -> dict[str, float]:
         """UAQ invariant scaling of the trainer's master weights, once before RL, when uaq_scale != 1."""
@@ -42,8 +57,8 @@ class ACR(ConstantWeightMethod):
     def prepare(self, batch: Batch) -> dict[str, Any]:
         cfg = self.cfg
         mask = batch.mask.bool()
-        cap, base_upper = cfg.is_cap_C, 1.0 + cfg.clip_eps_high
-        rho = torch.exp(behaviour_log_ratio(batch, cfg.log_ratio_clamp))
+        cap, base_upper = cfg.is_cap_C, 1.0 + self.algo.clip_eps_high
+        rho = torch.exp(behaviour_log_ratio(batch, self.algo.log_ratio_clamp))
         w = rho.clamp(max=cap) * mask
         upper = base_upper * torch.clamp(rho / cap, min=1.0)
         active = (rho > cap) & mask
@@ -77,4 +92,4 @@ class ACR(ConstantWeightMethod):
         }
 
 
-__all__ = ["ACR"]
+__all__ = ["ACR", "ACRConfig"]

@@ -19,12 +19,30 @@ oracle alpha* = mu_D^2 / (mu_D^2 + Var(D)) of a surrogate MSE between the uncorr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from bench.methods.base import Batch, register
-from bench.methods.tis import ConstantWeightMethod, behaviour_log_ratio, weight_stats
+from bench.methods.base import METHODS, Batch, MethodConfig
+from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio, weight_stats
+
+
+@dataclass
+class AISConfig(MethodConfig):
+    precision: str = "fp8_e4m3"
+    is_cap_C: float = 2.0  # noqa: N815  (ours: the paper's truncation constant is not available)
+    ais_adv_eps: float = 1e-8  # responses with |A| <= eps carry no gradient: left out of alpha's statistics
+    ais_n_min: int = 2
+    ais_alpha_min: float = 0.0
+    ais_alpha_max: float = 1.0
+
+    def check(self) -> None:
+        if not self.is_cap_C > 0:
+            raise ValueError(f"method.is_cap_C={self.is_cap_C} must be positive")
+        if not 0.0 <= self.ais_alpha_min <= self.ais_alpha_max <= 1.0:
+            raise ValueError(f"method.ais_alpha_min/max=({self.ais_alpha_min}, {self.ais_alpha_max}) must satisfy "
+                             "0 <= min <= max <= 1")
 
 
 @torch.no_grad()
@@ -66,23 +84,18 @@ def ais_alpha(
     return {"alpha": alpha, "R": reliability, "B": bias2, "V": var, "c_mean": c_mean, "c_var": c_var, "n": float(n)}
 
 
-@register("ais")
+@METHODS.register("ais", schema=AISConfig, color="#8C510A", order=60)
 class AIS(ConstantWeightMethod):
-    """TIS with a per-batch interpolation alpha between no correction and full truncated IS (AIS-R, ours)."""
+    """TIS with a per-batch interpolation alpha between no correction and full truncated IS (AIS-R, ours).
+    No verl preset (the paper has no public code)."""
 
-    def __init__(self, cfg: Any) -> None:
-        super().__init__(cfg)
-        if cfg.is_level != "token" or cfg.is_mode != "truncate":
-            raise ValueError(
-                f"method {cfg.name!r} (AIS-R) uses token-level truncated weights; "
-                f"got is_level={cfg.is_level!r}, is_mode={cfg.is_mode!r}"
-            )
+    diagnostics = {"alpha": "AIS α"}
 
     @torch.no_grad()
     def prepare(self, batch: Batch) -> dict[str, Any]:
         cfg = self.cfg
         mask = batch.mask.bool()
-        rho = torch.exp(behaviour_log_ratio(batch, cfg.log_ratio_clamp))
+        rho = torch.exp(behaviour_log_ratio(batch, self.algo.log_ratio_clamp))
         rho_bar = rho.clamp(max=cfg.is_cap_C)
         stats: dict[str, Any] = ais_alpha(
             rho_bar, batch.adv.detach(), mask, cfg.ais_adv_eps, cfg.ais_n_min, (cfg.ais_alpha_min, cfg.ais_alpha_max)
@@ -94,4 +107,4 @@ class AIS(ConstantWeightMethod):
         return stats
 
 
-__all__ = ["AIS", "ais_alpha"]
+__all__ = ["AIS", "AISConfig", "ais_alpha"]

@@ -1,19 +1,54 @@
-"""The method interface: every treatment of the rollout/trainer mismatch is `prepare` + `loss`.
+"""The method interface: every treatment of the rollout/trainer mismatch is `prepare` + `loss`, and its registry.
 
 `prepare(batch)` runs once per rollout batch (pi_old fixed) and returns detached per-batch constants:
 tensors whose first dimension is the batch size (sliced per minibatch by the trainer) and Python floats
 (logged as metrics `method/<name>/<key>`). `loss(logp, batch, stats)` runs per minibatch with the trainer's
 differentiable log pi_theta and returns the scalar loss and float metrics. The trainer never branches on
 the method: everything method-specific lives behind this interface (methods.md, ../shared/DESIGN.md).
+
+An arm is one module in this package plus one yaml in conf/method/:
+
+    @dataclass
+    class TISConfig(MethodConfig):            # the arm's own knobs (and nothing else)
+        is_cap_C: float = 2.0
+
+    @METHODS.register("tis", schema=TISConfig, color="#0072B2", order=30)
+    class TIS(Method): ...
+
+`color` and `order` place the arm in plots and tables (omitted: a colour derived from the name, after the
+known arms); the class attribute `diagnostics` names the `method/<arm>/*` metrics worth a panel in the
+report. Both are written into every run's run.json, so the analysis never imports this package.
+The GRPO knobs every arm shares (clip range, aggregation, reference KL, ...) are not here: `algo.*`
+(bench.grpo.AlgoConfig) reaches every method as `self.algo`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import torch
+from omegaconf import MISSING, OmegaConf
+
+from bench.grpo import AlgoConfig
+from bench.registry import Registry
+
+
+@dataclass
+class MethodConfig:
+    """Keys every arm has. An arm's schema extends it with that arm's own knobs only, so a run's config
+    carries no other arm's settings and an override of another arm's knob fails at start-up."""
+
+    name: str = MISSING
+    precision: str = "bf16"  # the arm's rollout precision; rollout.precision defaults to it
+
+    def check(self) -> None:
+        """Value checks a type cannot express; raise ValueError naming the key and the valid range."""
+
+
+METHODS: Registry[type["Method"]] = Registry("method", "bench.methods")
 
 
 @dataclass
@@ -25,7 +60,7 @@ class Batch:
     adv       [B]    sequence advantages (GRPO group-normalized), broadcast over tokens by the method
     mask      [B, T] bool, trained-on response tokens (non-finite log-probs already removed)
     n_tokens  token-mean denominator: valid tokens of the whole optimizer step (>= 1)
-    logp_ref  [B, T] reference-model log-probs, only when kl_ref_beta > 0
+    logp_ref  [B, T] reference-model log-probs, only when algo.kl_ref_beta > 0
     """
 
     logp_old: torch.Tensor | None
@@ -61,9 +96,12 @@ class Method(ABC):
     """Base class: a treatment. Subclasses set `needs_recompute` and implement `loss` (and `prepare`)."""
 
     needs_recompute: ClassVar[bool] = True
+    #: metric key (of `method/<arm>/<key>`) -> panel title in the report's diagnostics figure
+    diagnostics: ClassVar[dict[str, str]] = {}
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Any, algo: Any) -> None:
         self.cfg = cfg
+        self.algo = algo
         self.name: str = cfg.name
 
     def setup_model(self, model: torch.nn.Module) -> dict[str, float]:
@@ -79,27 +117,31 @@ class Method(ABC):
         """The scalar loss on one minibatch (differentiable in `logp`) and float metrics."""
 
 
-REGISTRY: dict[str, type[Method]] = {}
+def build_method(cfg: Any, algo: Any) -> Method:
+    """The Method named by cfg.name, with its own knobs `cfg` and the shared GRPO knobs `algo`."""
+    return METHODS.get(cfg.name)(cfg, algo)
 
 
-def register(*names: str):
-    """Class decorator: make a Method selectable as `method=<name>`."""
-
-    def deco(cls: type[Method]) -> type[Method]:
-        for n in names:
-            REGISTRY[n] = cls
-        return cls
-
-    return deco
+def arm_info(name: str) -> dict[str, Any]:
+    """What an arm declares about itself for reports (recorded in run.json): colour, order, diagnostics."""
+    entry = METHODS.entry(name)
+    return {**entry.meta, "diagnostics": dict(entry.obj.diagnostics)}
 
 
-def build_method(cfg: Any) -> Method:
-    """The Method named by cfg.name; an unknown name lists the valid ones."""
-    import bench.methods  # noqa: F401  (imports every method module, filling REGISTRY)
+def make_method(name: str, **knobs: Any) -> Method:
+    """A method from keyword knobs, each routed to `algo` or to the arm's schema (for tests and scripts).
 
-    if cfg.name not in REGISTRY:
-        raise ValueError(f"unknown method {cfg.name!r}; valid: {', '.join(sorted(REGISTRY))}")
-    return REGISTRY[cfg.name](cfg)
+    A knob that is neither a GRPO knob nor one of the arm's raises, as the CLI does.
+    """
+    schema = METHODS.schema(name)
+    algo_keys = {f.name for f in dataclasses.fields(AlgoConfig)}
+    arm_keys = {f.name for f in dataclasses.fields(schema)}
+    unknown = set(knobs) - algo_keys - arm_keys
+    if unknown:
+        raise ValueError(f"method {name!r} has no knob(s) {sorted(unknown)}; its knobs: {sorted(arm_keys - {'name'})}")
+    cfg = OmegaConf.structured(schema(name=name, **{k: v for k, v in knobs.items() if k in arm_keys}))
+    algo = OmegaConf.structured(AlgoConfig(**{k: v for k, v in knobs.items() if k in algo_keys}))
+    return build_method(cfg, algo)
 
 
-__all__ = ["Batch", "Method", "REGISTRY", "build_method", "register", "select_stats", "replace"]
+__all__ = ["Batch", "METHODS", "Method", "MethodConfig", "arm_info", "build_method", "make_method", "select_stats"]

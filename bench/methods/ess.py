@@ -15,13 +15,31 @@ no KL pull; concentrated ratios shrink ESS, capping every weight and pulling pi_
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from bench.grpo import agg_loss, compute_dtype, masked_mean, safe_log_ratio
-from bench.methods.base import Batch, Method, register
-from bench.methods.naive import add_kl_ref
+from bench.methods.base import METHODS, Batch, Method, MethodConfig
+from bench.methods.ppo_clip import add_kl_ref
+
+
+@dataclass
+class ESSConfig(MethodConfig):
+    precision: str = "fp8_e4m3"
+    p3o_ess_eps: float = 1e-8  # the 1e-8 in ESS's denominator (FeynRL calculate_ess)
+    p3o_kl_exp_clamp: float = 10.0  # clamp of the exp inside the KL(pi_theta || mu) estimate
+    p3o_ent_beta: float = 0.0  # entropy bonus: not supported (the loss sees sampled-token log-probs only)
+
+    def check(self) -> None:
+        if self.p3o_ent_beta != 0.0:
+            raise ValueError(f"method.p3o_ent_beta={self.p3o_ent_beta} is not supported (must be 0): "
+                             "the loss sees only sampled-token log-probs, an entropy bonus needs the full distribution")
+        if not self.p3o_ess_eps >= 0:
+            raise ValueError(f"method.p3o_ess_eps={self.p3o_ess_eps} must be >= 0")
+        if not self.p3o_kl_exp_clamp > 0:
+            raise ValueError(f"method.p3o_kl_exp_clamp={self.p3o_kl_exp_clamp} must be positive")
 
 
 @torch.no_grad()
@@ -52,17 +70,16 @@ def p3o_weights(
     return w, rho, ess
 
 
-@register("ess")
+@METHODS.register("ess", schema=ESSConfig, color="#CC79A7", order=50)
 class ESS(Method):
-    """P3O with ESS recomputed at every loss call from the current minibatch (FeynRL scope)."""
+    """P3O with ESS recomputed at every loss call from the current minibatch (FeynRL scope). No verl preset."""
 
     needs_recompute = False
+    diagnostics = {"ess_factor": "P3O ESS factor"}
 
-    def __init__(self, cfg: Any) -> None:
-        super().__init__(cfg)
-        if cfg.p3o_ent_beta != 0.0:
-            # the loss only sees log-probs of sampled tokens; an entropy bonus needs the full distribution
-            raise ValueError(f"method {cfg.name!r}: p3o_ent_beta={cfg.p3o_ent_beta} is not supported (must be 0)")
+    def __init__(self, cfg: Any, algo: Any) -> None:
+        super().__init__(cfg, algo)
+        ESSConfig.check(cfg)  # type: ignore[arg-type]  (also when built outside the CLI)
 
     def loss(self, logp: torch.Tensor, batch: Batch, stats: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.cfg
@@ -73,19 +90,19 @@ class ESS(Method):
         adv = batch.adv.detach().to(dt)[:, None].expand_as(lt)
         zero = torch.zeros((), dtype=dt, device=lt.device)
 
-        w, rho, ess = p3o_weights(lt, lmu, mask, cfg.log_ratio_clamp, cfg.p3o_ess_eps)
+        w, rho, ess = p3o_weights(lt, lmu, mask, self.algo.log_ratio_clamp, cfg.p3o_ess_eps)
         lt0 = torch.where(mask, lt, zero)
         pg = -rho * lt0 * adv
         d = safe_log_ratio(lt, lmu, mask, float("inf"))  # ltheta - lmu, unclamped (the exp below is clamped)
         klb = d + torch.exp((-d).clamp(-cfg.p3o_kl_exp_clamp, cfg.p3o_kl_exp_clamp)) - 1.0
 
-        pi_loss = agg_loss(pg, mask, cfg.loss_agg, batch.n_tokens)
-        loss = pi_loss + (1.0 - ess) * agg_loss(klb, mask, cfg.loss_agg, batch.n_tokens)
+        pi_loss = agg_loss(pg, mask, self.algo.loss_agg, batch.n_tokens)
+        loss = pi_loss + (1.0 - ess) * agg_loss(klb, mask, self.algo.loss_agg, batch.n_tokens)
         loss, kl_ref = add_kl_ref(self, loss, lt, batch)
 
         with torch.no_grad():
             log_w = torch.log(w)
-            outside = ((w < 1.0 - cfg.clip_eps_low) | (w > 1.0 + cfg.clip_eps_high)) & mask
+            outside = ((w < 1.0 - self.algo.clip_eps_low) | (w > 1.0 + self.algo.clip_eps_high)) & mask
             metrics = {
                 "ess_factor": ess,
                 "kl_behavioral": float(masked_mean(klb.detach(), mask)),
@@ -100,4 +117,4 @@ class ESS(Method):
         return loss, metrics
 
 
-__all__ = ["ESS", "p3o_ess", "p3o_weights"]
+__all__ = ["ESS", "ESSConfig", "p3o_ess", "p3o_weights"]

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from bench.methods.base import Batch, register
-from bench.methods.naive import PPOClipMethod
+from bench.methods.base import METHODS, Batch, MethodConfig
+from bench.methods.ppo_clip import PPOClipMethod
 
 
-@register("fp8_ppo_is")
+@METHODS.register("fp8_ppo_is", schema=MethodConfig, color="#E69F00", order=20)
 class PPOIS(PPOClipMethod):
     """PPO clip with the behaviour policy mu as the proximal policy; ppo_kl is mean_m(lmu - ltheta)."""
 

@@ -9,12 +9,36 @@ nor in the HF cache must fail at once with a message naming it, not with a netwo
 from __future__ import annotations
 
 import os
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from bench.tasks.base import Task
+
+
+@dataclass
+class ModelConfig:
+    """`model.*`. `path: null` = the built-in tiny model (built from this config, warm-started, cached);
+    otherwise a local directory or hub id loaded through transformers (same code path for any model)."""
+
+    name: str = "tiny"
+    path: Optional[str] = None
+    arch: str = "qwen2"  # built-in only: qwen2 | llama
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 512
+    max_position_embeddings: int = 128
+    vocab_size: int = 128  # built-in only: embedding rows (>= the 100-token character tokenizer)
+    warmstart_seed: int = 0  # built-in only: init + SFT data order of the warm start
+    warmstart_steps: int = 4000  # built-in only: SFT step budget of the cosine schedule (stops at warmstart_target_acc)
+    warmstart_lr: float = 1e-3
+    warmstart_batch: int = 16  # small batches: at this size progress is per update, not per example
+    warmstart_target_acc: Optional[float] = 0.45  # stop SFT once greedy accuracy on train examples reaches it
+    cache_dir: str = "${oc.env:QRL_BENCH_CACHE,'~/.cache/qrl-bench'}"
 
 
 def load_policy(model_cfg: Any, task: Task) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

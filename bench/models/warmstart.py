@@ -35,7 +35,8 @@ from filelock import FileLock
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from bench.models.tiny import build_tiny_model
-from bench.models.tokenizer import build_char_tokenizer, decode_responses, encode_prompts, pad_id
+from bench.evaluation import greedy_eval
+from bench.models.tokenizer import build_char_tokenizer, pad_id
 from bench.tasks.base import Task, config_to_dict, stable_seed
 
 CODE_VERSION = "warmstart-v2"  # v2: small-batch cosine recipe + accuracy stopping rule
@@ -230,39 +231,18 @@ def sft(
     return {"losses": losses, "steps_run": len(losses), "train_checks": checks}
 
 
-@torch.no_grad()
-def greedy_completions(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], max_new_tokens: int, batch_size: int = 256
-) -> list[str]:
-    """Greedy completions with HF `generate` (for warm-start tuning; the trainer evaluates with its engine)."""
-    out = []
-    eos = tokenizer.eos_token_id
-    for start in range(0, len(prompts), batch_size):
-        ids, mask = encode_prompts(tokenizer, prompts[start : start + batch_size])
-        gen = model.generate(
-            input_ids=ids,
-            attention_mask=mask.long(),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=eos,
-            pad_token_id=pad_id(tokenizer),
-        )
-        resp = gen[:, ids.shape[1] :]
-        # Generated tokens up to and including the first EOS (generate pads finished rows after it).
-        after_eos = (resp == eos).long().cumsum(-1) - (resp == eos).long() > 0
-        out += decode_responses(tokenizer, resp, ~after_eos)
-    return out
-
-
 def greedy_accuracy(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, n: int | None = None, split: str = "test"
 ) -> float:
-    """Mean reward of greedy completions on the first `n` examples of `split` (all when n is None)."""
+    """Greedy accuracy (bench.evaluation, the trainer's definition) on the first `n` examples of `split`."""
+    from bench.rollout.embedded import EmbeddedEngine
+
     examples = task.examples(split)[:n]
     if not examples:
         raise ValueError(f"task {task.name!r} has no {split} examples")
     was_training = model.training
     model.eval()
-    completions = greedy_completions(model, tokenizer, [task.prompt(ex) for ex in examples], task.max_new_tokens)
+    engine = EmbeddedEngine("fp32", eos_id=tokenizer.eos_token_id, pad_id=pad_id(tokenizer))
+    acc = greedy_eval(engine, model, tokenizer, task, examples)["eval/accuracy"]
     model.train(was_training)
-    return sum(task.reward(ex, c) for ex, c in zip(examples, completions)) / len(examples)
+    return acc

@@ -1,44 +1,46 @@
-"""Amax-scaled quantizers (methods.md section 2.2): format x granularity, as fake quantization.
+"""Rollout precisions: the `Format` contract, its registry, and the amax-scaled quantizers (methods.md section 2.2).
+
+A precision (`rollout.precision=<name>`) is one `Format` subclass registered under its name in a module of
+bench/quant/ (plain.py: fp32, bf16; fp8.py: fp8_e4m3; int8.py: int8). The format owns its whole vocabulary:
+how a tensor is rounded (`quantize`), which weight / activation granularities it supports, its label and bit
+widths for tables, the activation dtype an engine should run around it, and the linear layer that computes
+with it. Nothing outside bench/quant/ branches on a precision's name.
 
 Every low-precision rollout in the suite is defined by these few lines, so they follow the kernels they
-emulate exactly: FP8 clamps to +-448 *before* the e4m3 cast (a float -> e4m3fn cast is not guaranteed to
-saturate: in the e4m3fn encoding an overflow is NaN; torch 2.13 on CPU happens to saturate), rounds to nearest
-even; INT8 rounds half to even and clamps to [-128, 127].
-Scales are amax / qmax per tensor, per output row of a weight [out, in] ("per_channel"), or per row of an
-activation along its last dim ("per_token", dynamic: recomputed on every call).
-
-Codes are returned as a float tensor holding the code values (448., 128., -22., ...) so that tests and the
-emulated GEMMs can use them directly; `Int8Linear` casts them to torch.int8 for the real kernel.
+emulate exactly. Scales are amax / qmax per tensor, per output row of a weight [out, in] ("per_channel"), or per
+row of an activation along its last dim ("per_token", dynamic: recomputed on every call). Codes are returned as
+a float tensor holding the code values (448., 128., -22., ...) so that tests and the emulated GEMMs can use
+them directly.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
+from torch import nn
 
-from bench.config import ACT_GRANULARITIES, PRECISIONS, WEIGHT_GRANULARITIES
+from bench.registry import Registry
 
-#: Formats: the rollout precisions. fp32/bf16 have no scale (scale 1): fp32 is the identity, bf16 a rounding.
-FORMATS = PRECISIONS
-#: Every granularity `quantize` accepts; `Quantizer` restricts weights and activations further.
+#: Every granularity `quantize` accepts; each format declares which it supports for weights and activations.
 GRANULARITIES = ("per_tensor", "per_channel", "per_token")
-QMAX = {"fp8_e4m3": 448.0, "int8": 127.0}
-SCALED_FORMATS = tuple(QMAX)
+NO_ACT_QUANT = "none"  # act_granularity of a weight-only format / setting (W8A16)
 
 
-def check_choice(what: str, value: object, valid: tuple) -> None:
+def check_choice(what: str, value: object, valid: tuple | list) -> None:
     """ValueError naming the bad value and listing the valid ones."""
     if value not in valid:
         raise ValueError(f"unknown {what} {value!r}; valid choices: {', '.join(map(str, valid))}")
 
 
-def _work_dtype(x: torch.Tensor) -> torch.dtype:
+def work_dtype(x: torch.Tensor) -> torch.dtype:
     """fp32, or fp64 when given fp64 (the numeric tests): never compute a scale in bf16."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _amax_scale(xf: torch.Tensor, qmax: float, granularity: str) -> torch.Tensor:
+def amax_scale(xf: torch.Tensor, qmax: float, granularity: str) -> torch.Tensor:
     """amax / qmax per tensor, or per row (last dim reduced, kept as size 1 for broadcasting): per_channel
     (rows of W [out, in]) and per_token (rows of X [..., in]) reduce the same axis.
 
@@ -49,21 +51,59 @@ def _amax_scale(xf: torch.Tensor, qmax: float, granularity: str) -> torch.Tensor
     return amax.div_(qmax).clamp_(min=torch.finfo(xf.dtype).tiny)
 
 
-_EXPONENT_BITS = torch.tensor(0x7F800000, dtype=torch.int32)
+class Format(ABC):
+    """One rollout precision. Subclasses set the class attributes and implement `quantize` and `make_linear`.
 
-
-def round_e4m3(y: torch.Tensor) -> torch.Tensor:
-    """Round fp32 values in [-448, 448] to the nearest e4m3 value, ties to even, as fp32.
-
-    Bit-identical to `y.to(torch.float8_e4m3fn).float()` (tests/unit/test_quantizers.py checks every grid
-    point, midpoint and its neighbours) but up to 4x faster on CPU, where the fp8 -> fp32 cast is a slow scalar
-    loop and this runs on every linear of an FP8 rollout. The e4m3 grid spacing is 2^(E-3) for |y| in
-    [2^E, 2^(E+1)), E >= -6, and 2^-9 below 2^-6 (subnormals): 2^E is y's fp32 bits with sign and mantissa
-    masked off; divide by the spacing (exact), round half to even, multiply back (exact).
+    label                 name in tables ("FP8", "INT8", "BF16")
+    bits, act_bits        weight bits; bits of dynamically quantized activations (None: not quantized)
+    weight_granularities  supported weight scale granularities, the first is the default; () = unscaled
+                          (fp32/bf16: a rounding at most, no scales, no quantization-error metrics)
+    act_granularities     supported activation granularities, the first is the default ("none" = weight-only)
+    act_dtype             dtype of everything around the linears (residual stream, attention, KV cache)
     """
-    pow2 = torch.bitwise_and(y.view(torch.int32), _EXPONENT_BITS).view(torch.float32)
-    step = pow2.clamp_(min=2.0**-6).mul_(0.125)
-    return torch.round(y / step).mul_(step)
+
+    label: ClassVar[str]
+    bits: ClassVar[int]
+    act_bits: ClassVar[int | None] = None
+    weight_granularities: ClassVar[tuple[str, ...]] = ()
+    act_granularities: ClassVar[tuple[str, ...]] = (NO_ACT_QUANT,)
+    act_dtype: ClassVar[str] = "fp32"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @property
+    def scaled(self) -> bool:
+        """True for formats with codes and scales (quantized weights, quantization-error metrics)."""
+        return bool(self.weight_granularities)
+
+    @abstractmethod
+    def quantize(
+        self, x: torch.Tensor, granularity: str, scale: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(codes, scale) with x ~= codes * scale, computed in fp32 (fp64 for fp64 input)."""
+
+    @abstractmethod
+    def make_linear(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, quantizer: "Quantizer", out_dtype: torch.dtype,
+        int8_kernel: str = "auto",
+    ) -> nn.Module:
+        """The engine's linear layer for a weight [out, in] in this format (quantized once, here)."""
+
+
+FORMATS: Registry[type[Format]] = Registry("precision", "bench.quant")
+_INSTANCES: dict[str, Format] = {}
+
+
+def get_format(name: str) -> Format:
+    """The registered Format `name`; ValueError listing the valid precisions."""
+    if name not in _INSTANCES:
+        _INSTANCES[name] = FORMATS.get(name)(name)
+    return _INSTANCES[name]
+
+
+def precisions() -> list[str]:
+    return FORMATS.names()
 
 
 def quantize(
@@ -72,25 +112,11 @@ def quantize(
     """(codes, scale) with x ~= codes * scale. Codes are float values on the format's grid.
 
     `scale` defaults to the amax scale of `granularity`; a given (static, e.g. stale) scale can put x / s
-    outside the format's range, which the clamp maps to the largest code instead of NaN.
-    fp32 returns (x, 1); bf16 returns (x rounded to bf16, 1): the unscaled formats share the interface so a
-    precision string can be handed to any of these functions.
+    outside the format's range, which the format's clamp maps to its largest code instead of NaN.
+    Unscaled formats return (x rounded, 1), so a precision string can be handed to any of these functions.
     """
-    check_choice("quantization format", fmt, FORMATS)
     check_choice("granularity", granularity, GRANULARITIES)
-    work = _work_dtype(x)
-    xf = x.to(work)
-    if fmt not in SCALED_FORMATS:
-        codes = xf if fmt == "fp32" else xf.to(torch.bfloat16).to(work)
-        return codes, torch.ones((), dtype=work)
-    scale = _amax_scale(xf, QMAX[fmt], granularity) if scale is None else scale.to(work)
-    y = xf / scale
-    if fmt == "fp8_e4m3":
-        y.clamp_(-448.0, 448.0)
-        codes = round_e4m3(y) if work == torch.float32 else y.to(torch.float8_e4m3fn).to(work)
-    else:  # int8; torch.round is round-half-to-even
-        codes = torch.round(y).clamp_(-128.0, 127.0)
-    return codes, scale
+    return get_format(fmt).quantize(x, granularity, scale)
 
 
 def dequantize(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -116,41 +142,60 @@ def normalized_quant_error(w: torch.Tensor, fmt: str, granularity: str) -> float
 class Quantizer:
     """A rollout precision as data: format, weight granularity, activation granularity.
 
-    `act_granularity="none"` is weight-only quantization. For fp32/bf16 both granularities are ignored.
+    A granularity left as None takes the format's default; an unsupported one raises, naming the format's
+    choices. This is the one place a precision setting is validated (the config boundary builds one).
     """
 
     format: str
-    weight_granularity: str = "per_channel"
-    act_granularity: str = "per_token"
+    weight_granularity: str | None = None
+    act_granularity: str | None = None
 
     def __post_init__(self) -> None:
-        check_choice("quantization format", self.format, FORMATS)
-        check_choice("weight granularity", self.weight_granularity, WEIGHT_GRANULARITIES)
-        check_choice("activation granularity", self.act_granularity, ACT_GRANULARITIES)
+        fmt = get_format(self.format)
+        if fmt.scaled:
+            wg = self.weight_granularity or fmt.weight_granularities[0]
+            ag = self.act_granularity or fmt.act_granularities[0]
+            check_choice(f"weight granularity for {self.format}", wg, fmt.weight_granularities)
+            check_choice(f"activation granularity for {self.format}", ag, fmt.act_granularities)
+        else:  # fp32 / bf16: nothing is scaled, the granularities are moot
+            wg, ag = None, NO_ACT_QUANT
+        object.__setattr__(self, "weight_granularity", wg)
+        object.__setattr__(self, "act_granularity", ag)
+
+    @property
+    def fmt(self) -> Format:
+        return get_format(self.format)
 
     @property
     def is_scaled(self) -> bool:
-        """True for the 8-bit formats (the ones with codes, scales and W8A8 GEMMs)."""
-        return self.format in SCALED_FORMATS
+        """True for the formats with codes, scales and low-precision GEMMs."""
+        return self.fmt.scaled
 
     @property
     def quantizes_activations(self) -> bool:
-        return self.is_scaled and self.act_granularity != "none"
+        return self.is_scaled and self.act_granularity != NO_ACT_QUANT
 
     def quantize_weight(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return quantize(w, self.format, self.weight_granularity)
+        return self.fmt.quantize(w, self.weight_granularity or "per_tensor")
 
     def fake_quant_weight(self, w: torch.Tensor) -> torch.Tensor:
-        return fake_quant(w, self.format, self.weight_granularity)
+        return dequantize(*self.quantize_weight(w)).to(w.dtype)
 
     def quantize_act(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return quantize(x, self.format, self.act_granularity)
+        return self.fmt.quantize(x, self.act_granularity)
 
     def fake_quant_act(self, x: torch.Tensor) -> torch.Tensor:
         """Dynamic activation fake quant; the identity for weight-only and unscaled formats."""
         if not self.quantizes_activations:
             return x
-        return fake_quant(x, self.format, self.act_granularity)
+        return dequantize(*self.quantize_act(x)).to(x.dtype)
 
     def weight_error(self, w: torch.Tensor) -> float:
-        return normalized_quant_error(w, self.format, self.weight_granularity)
+        return normalized_quant_error(w, self.format, self.weight_granularity or "per_tensor")
+
+    def describe(self) -> dict[str, Any]:
+        """The precision as the reports name it (recorded in run.json): label, bit widths, granularities."""
+        fmt = self.fmt
+        return {"name": self.format, "label": fmt.label, "weight_bits": fmt.bits,
+                "act_bits": fmt.act_bits if self.quantizes_activations else None,
+                "weight_granularity": self.weight_granularity, "act_granularity": self.act_granularity}

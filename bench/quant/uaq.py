@@ -22,6 +22,7 @@ _GROUPS = {
     "input_layernorm": ("self_attn", ("q_proj", "k_proj", "v_proj")),
     "post_attention_layernorm": ("mlp", ("gate_proj", "up_proj")),
 }
+UAQ_TARGETS = tuple(p for _, projs in _GROUPS.values() for p in projs)
 
 
 def _decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
@@ -50,10 +51,15 @@ def _plan(targets: Sequence[str]) -> list[tuple[str, str, tuple[str, ...]]]:
             plan.append((norm, sub, projs))
         wanted -= set(projs)
     if wanted:
-        raise ValueError(f"apply_uaq: unknown targets {sorted(wanted)}; valid: q_proj,k_proj,v_proj,gate_proj,up_proj")
+        raise ValueError(f"apply_uaq: unknown targets {sorted(wanted)}; valid: {', '.join(UAQ_TARGETS)}")
     if not plan:
         raise ValueError("apply_uaq: no targets given")
     return plan
+
+
+def check_targets(targets: Sequence[str]) -> None:
+    """ValueError unless `targets` are whole consumer groups of one norm (config-time check)."""
+    _plan(targets)
 
 
 @torch.no_grad()

@@ -9,9 +9,42 @@ token was actually drawn from (temperature applied), because every correction in
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Protocol
+from typing import Any, Optional, Protocol
 
 import torch
+from omegaconf import MISSING
+
+from bench.quant.quantizers import FORMATS, Quantizer
+from bench.registry import Registry
+
+
+@dataclass
+class RolloutConfig:
+    """`rollout.*` keys every engine has; an engine's schema adds its own (bench/rollout/<engine>.py)."""
+
+    engine: str = MISSING
+    precision: str = "${method.precision}"  # a name registered in bench/quant/ (rollout.precision=int8)
+    weight_granularity: Optional[str] = None  # null: the precision's default (per_channel for fp8/int8)
+    act_granularity: Optional[str] = None  # null: the precision's default (per_token); none = weight-only
+    temperature: float = 1.0
+
+    def quantizer(self) -> Quantizer:
+        """The precision as a validated Quantizer (the one check of a precision setting)."""
+        return Quantizer(self.precision, self.weight_granularity, self.act_granularity)
+
+    def check(self) -> None:
+        if self.precision not in FORMATS:
+            raise ValueError(f"rollout.precision={self.precision!r} is not valid; choose one of: {', '.join(FORMATS.names())}")
+        try:
+            self.quantizer()
+        except ValueError as e:
+            raise ValueError(f"rollout.precision={self.precision}: {e}") from None
+        if not self.temperature > 0:
+            raise ValueError(f"rollout.temperature={self.temperature} must be positive")
+
+
+#: `rollout=<name>`: every engine registers itself here with its schema (bench/rollout/<engine>.py).
+ENGINES: Registry[Any] = Registry("rollout engine", "bench.rollout")
 
 
 @dataclass
@@ -58,6 +91,9 @@ class RolloutEngine(Protocol):
 
     def load_weights(self, model: torch.nn.Module) -> None:
         """Copy the trainer's current weights in; quantized engines recompute every scale here."""
+
+    def quant_metrics(self) -> dict[str, float]:
+        """`quant/quant_error/<layer type>` of the last load_weights (empty for unscaled precisions)."""
 
     def generate(
         self,

@@ -25,21 +25,42 @@ from __future__ import annotations
 
 import copy
 import inspect
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.config import PRECISIONS
-from bench.quant.linear import INT8_KERNELS, make_linear, native_bf16_matmul, swap_linears
+from bench.quant.diagnostics import QuantErrors, layer_type
+from bench.quant.int8 import INT8_KERNELS
+from bench.quant.linear import make_linear, native_bf16_matmul, swap_linears
 from bench.quant.quantizers import Quantizer, check_choice
-from bench.rollout.base import Rollout, SamplingParams
+from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams
 
 FAST_FAMILIES = ("llama", "qwen2", "qwen3")
 BACKENDS = ("auto", "fast", "hf")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-#: Activation (residual stream, attention, KV cache) dtype of each precision; see the module docstring.
-DEFAULT_ACT_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp8_e4m3": "bf16", "int8": "fp32"}
+
+
+@dataclass
+class EmbeddedRolloutConfig(RolloutConfig):
+    """`rollout=embedded`: the engine's own knobs (EmbeddedEngine documents each)."""
+
+    engine: str = "embedded"
+    quantize_lm_head: bool = False
+    quantize_embeddings: bool = False
+    backend: str = "auto"
+    act_dtype: Optional[str] = None  # null: the precision's (bench/quant/<format>.py act_dtype)
+    int8_kernel: str = "auto"
+
+    def check(self) -> None:
+        super().check()
+        for key, valid in (("backend", BACKENDS), ("int8_kernel", INT8_KERNELS)):
+            if getattr(self, key) not in valid:
+                raise ValueError(f"rollout.{key}={getattr(self, key)!r} is not valid; choose one of: {', '.join(valid)}")
+        if self.act_dtype is not None and self.act_dtype not in DTYPES:
+            raise ValueError(f"rollout.act_dtype={self.act_dtype!r} is not valid; choose one of: {', '.join(DTYPES)}")
 
 
 def fast_path_problem(model: nn.Module) -> str | None:
@@ -104,17 +125,23 @@ def _bias(linear: nn.Linear) -> torch.Tensor | None:
     return None if linear.bias is None else linear.bias.detach()
 
 
+def _parts(**linears: nn.Linear) -> list[tuple[str | None, int]]:
+    """(layer type, rows) of each projection fused into one engine linear, for the quantization error."""
+    return [(kind, lin.weight.shape[0]) for kind, lin in linears.items()]
+
+
 class _Layer(nn.Module):
     def __init__(self, hf_layer: nn.Module, build, act: torch.dtype):
         super().__init__()
         at, mlp = hf_layer.self_attn, hf_layer.mlp
         qkv = [at.q_proj, at.k_proj, at.v_proj]
         qkv_bias = None if at.q_proj.bias is None else torch.cat([_bias(p) for p in qkv])
-        self.qkv = build(torch.cat([p.weight.detach() for p in qkv]), qkv_bias)
-        self.o = build(at.o_proj.weight.detach(), _bias(at.o_proj))
+        self.qkv = build(torch.cat([p.weight.detach() for p in qkv]), qkv_bias, _parts(q_proj=at.q_proj, k_proj=at.k_proj, v_proj=at.v_proj))
+        self.o = build(at.o_proj.weight.detach(), _bias(at.o_proj), _parts(o_proj=at.o_proj))
         gu_bias = None if mlp.gate_proj.bias is None else torch.cat([_bias(mlp.gate_proj), _bias(mlp.up_proj)])
-        self.gate_up = build(torch.cat([mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()]), gu_bias)
-        self.down = build(mlp.down_proj.weight.detach(), _bias(mlp.down_proj))
+        self.gate_up = build(torch.cat([mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()]), gu_bias,
+                             _parts(gate_proj=mlp.gate_proj, up_proj=mlp.up_proj))
+        self.down = build(mlp.down_proj.weight.detach(), _bias(mlp.down_proj), _parts(down_proj=mlp.down_proj))
         self.register_buffer("ln1", hf_layer.input_layernorm.weight.detach().to(act).clone())
         self.register_buffer("ln2", hf_layer.post_attention_layernorm.weight.detach().to(act).clone())
         has_qk_norm = hasattr(at, "q_norm")  # Qwen3
@@ -154,9 +181,13 @@ class FastDecoder(nn.Module):
             raise ValueError("partial rotary embeddings are not supported by FastDecoder (use backend='hf')")
         self.register_buffer("inv_freq", inv_freq)
         plain = Quantizer("bf16" if act_dtype == torch.bfloat16 else "fp32")
+        self.quant_errors = QuantErrors()
 
-        def build(w: torch.Tensor, b: torch.Tensor | None, q: Quantizer = quantizer) -> nn.Module:
-            return make_linear(w, b, q, act_dtype, int8_kernel)
+        def build(w: torch.Tensor, b: torch.Tensor | None, parts: list | None = None, q: Quantizer = quantizer) -> nn.Module:
+            layer = make_linear(w, b, q, act_dtype, int8_kernel)
+            if parts and q.is_scaled:
+                self.quant_errors.add(w, layer.dequantized_weight(), parts)
+            return layer
 
         inner = model.model
         self.layers = nn.ModuleList(_Layer(layer, build, act_dtype) for layer in inner.layers)
@@ -166,7 +197,7 @@ class FastDecoder(nn.Module):
         self.register_buffer("embed", embed.to(act_dtype))
         self.register_buffer("norm", inner.norm.weight.detach().to(act_dtype).clone())
         lm_head = model.lm_head
-        self.lm_head = build(lm_head.weight.detach(), _bias(lm_head), quantizer if quantize_lm_head else plain)
+        self.lm_head = build(lm_head.weight.detach(), _bias(lm_head), q=quantizer if quantize_lm_head else plain)
         self._state: dict = {}
 
     def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
@@ -250,7 +281,13 @@ class HFDecoder:
         inp, out = m.get_input_embeddings(), m.get_output_embeddings()
         plain = Quantizer("bf16" if act_dtype == torch.bfloat16 else "fp32")
         overrides = {} if out is None else {out: quantizer if quantize_lm_head else plain}
-        n = swap_linears(m, quantizer, act_dtype, overrides, int8_kernel)  # unties a tied lm_head
+        self.quant_errors = QuantErrors()
+
+        def count(name: str, weight: torch.Tensor, layer: nn.Module) -> None:
+            if quantizer.is_scaled:
+                self.quant_errors.add(weight, layer.dequantized_weight(), [(layer_type(name), weight.shape[0])])
+
+        n = swap_linears(m, quantizer, act_dtype, overrides, int8_kernel, on_build=count)  # unties a tied lm_head
         if quantizer.is_scaled and n == 0:
             raise ValueError(f"{type(model).__name__} has no nn.Linear layers to quantize to {quantizer.format}")
         if quantize_embeddings:
@@ -286,26 +323,27 @@ class HFDecoder:
         return out.logits[:, -1].float()
 
 
+@ENGINES.register("embedded", schema=EmbeddedRolloutConfig)
 class EmbeddedEngine:
     """The default rollout engine (bench.rollout.base.RolloutEngine): own policy copy, batched sampler.
 
-    precision           fp32 | bf16 | fp8_e4m3 | int8 (module docstring: what each means here)
-    weight_granularity  per_channel | per_tensor       (8-bit formats; fused QKV / gate-up share a
-                                                        per-tensor scale, as in vLLM's fused layers)
-    act_granularity     per_token | per_tensor | none  (none = weight-only)
+    precision           a format of bench/quant/ (fp32 | bf16 | fp8_e4m3 | int8 | ...)
+    weight_granularity  the format's (per_channel | per_tensor for the 8-bit formats; fused QKV / gate-up
+                        share a per-tensor scale, as in vLLM's fused layers); None = the format's default
+    act_granularity     the format's (per_token | per_tensor | none; none = weight-only); None = default
     quantize_lm_head, quantize_embeddings              off by default (vLLM keeps both in bf16)
     eos_id, pad_id      a row stops after emitting eos_id (None: never); pad_id fills after it
     max_len             optional cap on prompt + new tokens (ValueError beyond)
     backend             auto (fast decoder when the family allows, else HF) | fast | hf
-    act_dtype           fp32 | bf16: override the activation dtype of the precision (DEFAULT_ACT_DTYPE)
+    act_dtype           fp32 | bf16: override the activation dtype of the precision (its format's act_dtype)
     int8_kernel         auto | int_mm | emulated (bench.quant.linear.int8_matmul; identical results)
     """
 
     def __init__(
         self,
         precision: str = "fp32",
-        weight_granularity: str = "per_channel",
-        act_granularity: str = "per_token",
+        weight_granularity: str | None = None,
+        act_granularity: str | None = None,
         quantize_lm_head: bool = False,
         quantize_embeddings: bool = False,
         eos_id: int | None = None,
@@ -315,13 +353,12 @@ class EmbeddedEngine:
         act_dtype: str | None = None,
         int8_kernel: str = "auto",
     ):
-        check_choice("precision", precision, PRECISIONS)
         check_choice("backend", backend, BACKENDS)
         check_choice("int8 kernel", int8_kernel, INT8_KERNELS)
-        act_dtype = act_dtype or DEFAULT_ACT_DTYPE[precision]
+        self.quantizer = Quantizer(precision, weight_granularity, act_granularity)
+        act_dtype = act_dtype or self.quantizer.fmt.act_dtype
         check_choice("act_dtype", act_dtype, tuple(DTYPES))
         self.precision = precision
-        self.quantizer = Quantizer(precision, weight_granularity, act_granularity)
         self.act_dtype = DTYPES[act_dtype]
         self.quantize_lm_head = quantize_lm_head
         self.quantize_embeddings = quantize_embeddings
@@ -331,6 +368,16 @@ class EmbeddedEngine:
         self.backend = backend
         self.int8_kernel = int8_kernel
         self.decoder: FastDecoder | HFDecoder | None = None
+
+    @classmethod
+    def from_config(cls, cfg: Any, *, eos_id: int | None, pad_id: int, max_len: int | None, **overrides: Any) -> "EmbeddedEngine":
+        keys = ("precision", "weight_granularity", "act_granularity", "quantize_lm_head", "quantize_embeddings",
+                "backend", "act_dtype", "int8_kernel")
+        kwargs = {k: getattr(cfg, k) for k in keys if hasattr(cfg, k)} | overrides
+        return cls(**kwargs, eos_id=eos_id, pad_id=pad_id, max_len=max_len)
+
+    def quant_metrics(self) -> dict[str, float]:
+        return {} if self.decoder is None else self.decoder.quant_errors.metrics()
 
     @property
     def active_backend(self) -> str | None:

@@ -18,11 +18,20 @@ from __future__ import annotations
 
 import gc
 import tempfile
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from bench.rollout.base import Rollout, SamplingParams
+from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams
+
+
+@dataclass
+class VLLMRolloutConfig(RolloutConfig):
+    """`rollout=vllm`."""
+
+    engine: str = "vllm"
 
 #: rollout precision -> LLM(...) arguments. vLLM's online FP8 is per-tensor weights, dynamic activations.
 VLLM_PRECISIONS = {
@@ -42,6 +51,7 @@ def _import_vllm():
     return vllm
 
 
+@ENGINES.register("vllm", schema=VLLMRolloutConfig)
 class VLLMEngine:
     def __init__(
         self,
@@ -67,6 +77,15 @@ class VLLMEngine:
         self.llm_kwargs = llm_kwargs
         self.llm = None
         self._dir = tempfile.TemporaryDirectory(prefix="qrl-vllm-")
+
+    @classmethod
+    def from_config(cls, cfg: Any, *, eos_id: int | None, pad_id: int, max_len: int | None, **overrides: Any):
+        kwargs = {"precision": cfg.precision, "weight_granularity": cfg.weight_granularity or "per_tensor",
+                  "act_granularity": cfg.act_granularity or "per_token"} | overrides
+        return cls(**kwargs, eos_id=eos_id, pad_id=pad_id, **({} if max_len is None else {"max_len": max_len}))
+
+    def quant_metrics(self) -> dict[str, float]:
+        return {}
 
     def load_weights(self, model: nn.Module) -> None:
         model.save_pretrained(self._dir.name)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
-from bench.tasks.base import Example, Task, stable_seed, unique_examples
+from bench.tasks.base import TASKS, Example, Task, TaskConfig, stable_seed, unique_examples
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -28,6 +29,16 @@ def parse_int(text: str) -> int | None:
     return int(s) if _INT.fullmatch(s) else None
 
 
+@dataclass
+class ArithmeticTaskConfig(TaskConfig):
+    name: str = "arithmetic"
+    max_new_tokens: int = 6
+    min_digits: int = 1
+    max_digits: int = 2
+    ops: list[str] = field(default_factory=lambda: ["+", "-"])
+
+
+@TASKS.register("arithmetic", schema=ArithmeticTaskConfig)
 class ArithmeticTask(Task):
     name = "arithmetic"
 

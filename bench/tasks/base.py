@@ -1,4 +1,4 @@
-"""The Task contract and the task registry.
+"""The Task contract, the base task schema and the task registry.
 
 A task owns its data (a deterministic train/test split), the text format of prompts and answers, and a
 verifiable reward. It knows nothing about models or tokenizers: the trainer turns `prompt(ex)` into token
@@ -15,10 +15,35 @@ import dataclasses
 import hashlib
 import random
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, Callable
+
+from omegaconf import MISSING
+
+from bench.registry import Registry
 
 SPLITS = ("train", "test")
 Example = dict[str, Any]
+
+
+@dataclass
+class TaskConfig:
+    """`task.*` keys every task has; each task's schema (beside it, bench/tasks/<task>.py) adds its own."""
+
+    name: str = MISSING
+    max_new_tokens: int = 16
+    n_train: int = 5000
+    n_test: int = 200
+    data_seed: int = 1234  # fixed across RL seeds: every seed sees the same train/test split
+
+    def check(self) -> None:
+        for key in ("max_new_tokens", "n_train", "n_test"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"task.{key}={getattr(self, key)} must be at least 1")
+
+
+#: `task=<name>`: every task registers itself here with its schema.
+TASKS: Registry[type["Task"]] = Registry("task", "bench.tasks")
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
@@ -131,12 +156,4 @@ class Task(ABC):
 
 def build_task(task_cfg: Any) -> Task:
     """The Task named by `task_cfg.name`. Unknown names fail listing the valid ones."""
-    from bench.tasks.arithmetic import ArithmeticTask
-    from bench.tasks.countdown import CountdownTask
-    from bench.tasks.jsonl import JsonlTask
-
-    registry: dict[str, type[Task]] = {c.name: c for c in (ArithmeticTask, CountdownTask, JsonlTask)}
-    name = task_cfg.name
-    if name not in registry:
-        raise ValueError(f"unknown task {name!r}; valid: {', '.join(sorted(registry))}")
-    return registry[name](task_cfg)
+    return TASKS.get(task_cfg.name)(task_cfg)

@@ -19,10 +19,11 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Union
 
-from bench.tasks.base import Example, Task, stable_seed, unique_examples
+from bench.tasks.base import TASKS, Example, Task, TaskConfig, stable_seed, unique_examples
 
 MAX_COMPLETION_CHARS = 200  # longer is malformed: bounds the parser's work on garbage completions
 MAX_DEPTH = 32  # parenthesis nesting; bounds recursion
@@ -169,6 +170,16 @@ def format_tree(tree: Tree) -> str:
     return f"{side(left, False)}{op}{side(right, True)}"
 
 
+
+@dataclass
+class CountdownTaskConfig(TaskConfig):
+    name: str = "countdown"
+    max_new_tokens: int = 12
+    n_numbers: int = 3
+    max_number: int = 9
+
+
+@TASKS.register("countdown", schema=CountdownTaskConfig)
 class CountdownTask(Task):
     name = "countdown"
 

@@ -15,10 +15,13 @@ import hashlib
 import os
 import random
 import re
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from bench.tasks.base import Example, Task, stable_seed
+from omegaconf import MISSING
+
+from bench.tasks.base import TASKS, Example, Task, TaskConfig, stable_seed
 
 _NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
 
@@ -54,6 +57,20 @@ def _file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
+@dataclass
+class JsonlTaskConfig(TaskConfig):
+    """A datasets-backed task: question/answer JSONL files, numeric exact-match reward."""
+
+    name: str = "jsonl"
+    max_new_tokens: int = 8
+    train_file: str = MISSING
+    test_file: str = MISSING
+    question_field: str = "question"
+    answer_field: str = "answer"
+    prompt_template: str = "{question}="  # str.format with the question; the completion is the bare number
+
+
+@TASKS.register("jsonl", schema=JsonlTaskConfig)
 class JsonlTask(Task):
     name = "jsonl"
 

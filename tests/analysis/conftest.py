@@ -13,9 +13,18 @@ from pathlib import Path
 
 import pytest
 
+from analysis import arms
 from analysis.cli import main
 
 from .synth import add_broken_runs, make_sweep
+
+
+@pytest.fixture(autouse=True)
+def _fresh_arm_declarations():
+    """Each test starts with no arm/precision declarations learnt from run.json files of earlier tests."""
+    arms.forget()
+    yield
+    arms.forget()
 
 
 @pytest.fixture

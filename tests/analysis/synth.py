@@ -45,6 +45,21 @@ TOKENS_PER_STEP = 2000.0
 DIVERGED = ("fp8", "arithmetic", 2, 8)  # method, task, seed, step at which it diverged
 LAYER_TYPES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 GIT_SHA = "0123456789abcdef0123456789abcdef01234567"
+# What each arm and precision declares about itself, as the trainer records it in run.json (bench/methods/<arm>.py
+# `METHODS.register(..., color=, order=)` + `diagnostics`; bench/quant/<format>.py label and bits).
+ARM_INFO = {
+    "bf16": {"color": "#000000", "order": 0, "diagnostics": {}},
+    "fp8": {"color": "#D55E00", "order": 10, "diagnostics": {}},
+    "tis": {"color": "#0072B2", "order": 30, "diagnostics": {"is_frac_high": "TIS truncated frac. (ρ>C)"}},
+    "acr_uaq": {"color": "#009E73", "order": 45, "diagnostics": {"frac_acr_active": "ACR active frac. (ρ>C)"}},
+    "ess": {"color": "#CC79A7", "order": 50, "diagnostics": {"ess_factor": "P3O ESS factor"}},
+    "ais": {"color": "#8C510A", "order": 60, "diagnostics": {"alpha": "AIS α"}},
+}
+PRECISION_INFO = {
+    "bf16": {"name": "bf16", "label": "BF16", "weight_bits": 16, "act_bits": None},
+    "fp8_e4m3": {"name": "fp8_e4m3", "label": "FP8", "weight_bits": 8, "act_bits": 8},
+    "int8": {"name": "int8", "label": "INT8", "weight_bits": 8, "act_bits": 8},
+}
 VERSIONS = {"python": "3.11.9", "torch": "2.13.0", "transformers": "4.57.1"}
 
 
@@ -176,6 +191,10 @@ def write_run(
         "wandb_id": None,
         "timings": {"total_s": 600.0},
     }
+    if method in ARM_INFO:
+        info["arm"] = ARM_INFO[method]
+    if precision in PRECISION_INFO:
+        info["precision"] = PRECISION_INFO[precision]
     (run_dir / "run.json").write_text(json.dumps(info, indent=1))
     return run_dir
 

@@ -1,4 +1,4 @@
-"""arms: one colour and one position per arm, whatever subset a sweep holds."""
+"""arms: one colour and one position per arm, whatever subset a sweep holds, as each run declares it."""
 
 from __future__ import annotations
 
@@ -8,26 +8,40 @@ import matplotlib.colors as mcolors
 import pytest
 
 import analysis.plots as plots
-from analysis.arms import ARM_COLORS, FALLBACK_COLORS, arm_color, arm_labels, bitwidth, sorted_arms
+from analysis import arms as arms_module
+from analysis.arms import FALLBACK_COLORS, arm_color, arm_diagnostics, arm_labels, bitwidth, learn, sorted_arms
 from analysis.load import load_sweeps
 
-from .synth import METHODS, write_run
+from .synth import ARM_INFO, METHODS, PRECISION_INFO, write_run
 
 
-def test_known_arms_have_distinct_fixed_colours():
-    for arm in ("bf16", "fp8", "fp8_ppo_is", "tis", "acr", "acr_uaq", "ess", "ais"):
-        assert arm_color(arm) == ARM_COLORS[arm]
-    assert len(set(ARM_COLORS.values())) == len(ARM_COLORS)
-    assert not set(FALLBACK_COLORS) & set(ARM_COLORS.values())
+def declare_all() -> None:
+    for method, info in ARM_INFO.items():
+        learn(method, {"arm": info})
+    for info in PRECISION_INFO.values():
+        learn("", {"precision": info})
 
 
-def test_unknown_arm_colour_depends_only_on_its_name():
+def test_colours_are_what_the_runs_declare():
+    assert arm_color("tis") in FALLBACK_COLORS  # nothing declared yet: the name decides
+    declare_all()
+    for method, info in ARM_INFO.items():
+        assert arm_color(method) == info["color"]
+        assert arm_diagnostics(method) == info["diagnostics"]
+    assert len({i["color"] for i in ARM_INFO.values()}) == len(ARM_INFO)
+
+
+def test_undeclared_arm_colour_depends_only_on_its_name():
+    declare_all()
     assert arm_color("my_new_method") == arm_color("my_new_method")
     assert arm_color("my_new_method") in FALLBACK_COLORS
+    assert arm_diagnostics("my_new_method") == {}
 
 
 def test_order_and_labels():
+    declare_all()
     arms = [("ais", "fp8_e4m3"), ("zzz", "bf16"), ("bf16", "bf16"), ("tis", "int8"), ("tis", "fp8_e4m3")]
+    # declared order first (bf16 0, tis 30, ais 60), undeclared after; within a method, more bits first
     assert sorted_arms(arms) == [("bf16", "bf16"), ("tis", "fp8_e4m3"), ("tis", "int8"), ("ais", "fp8_e4m3"), ("zzz", "bf16")]
     labels = arm_labels(arms)
     assert labels[("ais", "fp8_e4m3")] == "ais"  # the method name, untouched
@@ -35,10 +49,21 @@ def test_order_and_labels():
 
 
 def test_bitwidth_labels():
+    declare_all()
     assert bitwidth("bf16") == "BF16"
     assert bitwidth("fp8_e4m3", "per_token") == "FP8 W8A8"
     assert bitwidth("int8", "none") == "INT8 W8A16"
     assert bitwidth("int8", None) == "INT8 W8A8"
+    learn("", {"precision": {"name": "int4", "label": "INT4", "weight_bits": 4, "act_bits": None}})
+    assert bitwidth("int4") == "INT4 W4A16"  # a weight-only format says so itself
+    assert bitwidth("never_declared") == "never_declared"
+
+
+def test_loading_a_sweep_learns_its_declarations(tmp_path: Path):
+    write_run(tmp_path / "sweep", "tis", "countdown", 0)
+    assert arm_color("tis") in FALLBACK_COLORS
+    load_sweeps([tmp_path / "sweep"])
+    assert arm_color("tis") == ARM_INFO["tis"]["color"] and arms_module.precision_label("fp8_e4m3") == "FP8"
 
 
 @pytest.mark.parametrize("plot", [plots.plot_curves, plots.plot_mismatch])
@@ -52,5 +77,5 @@ def test_figures_draw_each_arm_in_its_colour(plot, tmp_path: Path, monkeypatch: 
     (fig,) = captured
     colours = {mcolors.to_hex(line.get_color()).upper() for ax in fig.axes for line in ax.get_lines()}
     colours -= {mcolors.to_hex("0.5").upper()}  # the dotted "ratio = 1" reference line
-    assert colours == {ARM_COLORS[m] for m in ("bf16", "tis", "ess")}
-    assert set(METHODS) <= set(ARM_COLORS)
+    assert colours == {ARM_INFO[m]["color"] for m in ("bf16", "tis", "ess")}
+    assert set(METHODS) <= set(ARM_INFO)

@@ -23,7 +23,9 @@ CACHED = {
     }),
     "run.json": json.dumps({"status": "completed", "reason": None, "step": 2, "run_name": "tis-arithmetic-tiny-s4",
                             "git_sha": "feedbeef", "git_dirty": False, "versions": {"torch": "2.13.0"},
-                            "host": "node1", "wandb_id": "abc123", "source": "wandb", "wandb_state": "finished"}),
+                            "host": "node1", "wandb_id": "abc123", "source": "wandb", "wandb_state": "finished",
+                            "arm": {"color": "#0072B2", "order": 30, "diagnostics": {}},
+                            "precision": {"name": "fp8_e4m3", "label": "FP8", "weight_bits": 8, "act_bits": 8}}),
     "metrics.jsonl": "".join(
         json.dumps({"step": s, "reward/mean": 0.1 * s, "time/rollout_tokens_per_s": 500.0, "mismatch/kl_k3": 1e-3}) + "\n"
         for s in range(3)),
@@ -92,7 +94,10 @@ class _FakeRun:
         self.id, self.name, self.state, self.summary = rid, f"run-{rid}", state, summary
         self.path = ["ent", "proj", rid]
         self.config = {"method.name": "fp8", "method.precision": "fp8_e4m3", "task.name": "countdown",
-                       "model.name": "tiny", "seed": seed, "train.steps": 2}
+                       "model.name": "tiny", "seed": seed, "train.steps": 2,
+                       # what the trainer attaches for the analysis (bench/train.py -> tracking run_info)
+                       "run_info": {"arm": {"color": "#D55E00", "order": 10, "diagnostics": {}},
+                                    "precision": {"name": "fp8_e4m3", "label": "FP8", "weight_bits": 8, "act_bits": 8}}}
         self.metadata = {"git": {"commit": "cafe"}, "python": "3.11.9", "host": "gpu7"}
         self.created_at = "2025-02-01T00:00:00"
         self.scans = 0
@@ -131,6 +136,8 @@ def test_fetch_fills_the_cache_and_reuses_final_runs(tmp_path: Path, fake_wandb:
     assert sorted(by_seed) == [0, 1]  # r3 is running: cached, listed, left out
     assert by_seed[1].status == "diverged" and by_seed[1].reason == "nan"
     assert by_seed[0].info["git_sha"] == "cafe"
+    assert by_seed[0].info["arm"]["color"] == "#D55E00" and by_seed[0].info["precision"]["label"] == "FP8"
+    assert "run_info" not in by_seed[0].config  # moved into run.json, as the trainer's own run dirs have it
     assert by_seed[0].evals["eval/accuracy"].tolist() == [0.1, 0.4]
     assert [s.reason for s in sweep.skipped] == ["status=running at step 1"]
     load_wandb("ent/proj", "g1", tmp_path / "cache")

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from bench.cli import execute, run_dir_of
-from bench.metrics import MISMATCH_KEYS
+from bench.cli import execute
+from bench.store import RunDir
+from bench.mismatch import MISMATCH_KEYS
 from tests.helpers import make_cfg
 
 pytestmark = pytest.mark.slow
@@ -28,7 +29,7 @@ OWN_KEYS = {
 def test_arm_runs_with_complete_finite_metrics(tmp_path, arm):
     cfg = make_cfg(tmp_path, f"method={arm}")
     assert execute(cfg) == "completed"
-    run = run_dir_of(cfg)
+    run = RunDir.of(cfg)
     rows = run.metrics()
     assert len(rows) == 3
     for row in rows:
@@ -49,4 +50,4 @@ def test_precision_of_an_arm_is_overridable(tmp_path):
     cfg = make_cfg(tmp_path, "method=tis", "rollout.precision=int8")
     assert cfg.method.precision == "fp8_e4m3" and cfg.rollout.precision == "int8"
     assert execute(cfg) == "completed"
-    assert "precision: int8" in (run_dir_of(cfg).path / "config.yaml").read_text()
+    assert "precision: int8" in (RunDir.of(cfg).path / "config.yaml").read_text()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.cli import execute, run_dir_of
+from bench.cli import execute
+from bench.store import RunDir
 from tests.helpers import cli, make_cfg
 
 pytestmark = pytest.mark.slow
@@ -19,6 +20,6 @@ def test_dry_run_lists_jobs_and_skips_completed(tmp_path):
     assert len(lines) == 36  # 6 arms x 2 tasks x 3 seeds
     skipped = [line for line in lines if line.startswith("skip")]
     assert len(skipped) == 1 and "tis-countdown-tiny-s1" in skipped[0]
-    assert str(run_dir_of(done).path) in skipped[0]
+    assert str(RunDir.of(done).path) in skipped[0]
     assert "36 jobs: 35 to launch, 1 already completed" in proc.stderr
     assert sum(1 for _ in tmp_path.rglob("run.json")) == 1  # nothing was launched

@@ -8,8 +8,10 @@ import math
 import pytest
 import torch
 
-from bench.cli import EXIT, execute, run_dir_of
-from bench.methods.base import REGISTRY, Method
+from bench.cli import EXIT, execute
+from bench.store import RunDir
+from bench.methods.base import METHODS, Method, MethodConfig
+from bench.registry import Entry
 from tests.helpers import cli, make_cfg, strip_times
 
 pytestmark = pytest.mark.slow
@@ -26,7 +28,7 @@ STEP_KEYS = [
 def test_run_writes_a_complete_run_directory(tmp_path):
     cfg = make_cfg(tmp_path, "method=fp8")
     assert execute(cfg) == "completed"
-    run = run_dir_of(cfg)
+    run = RunDir.of(cfg)
     assert run.path == tmp_path / "default" / "fp8" / "arithmetic" / "tiny" / "seed0"
     info = run.info()
     assert info["status"] == "completed" and info["reason"] is None
@@ -46,17 +48,17 @@ def test_run_writes_a_complete_run_directory(tmp_path):
 def test_same_config_and_seed_give_identical_metrics(tmp_path):
     a, b = make_cfg(tmp_path / "a", "method=tis"), make_cfg(tmp_path / "b", "method=tis")
     assert execute(a) == execute(b) == "completed"
-    ra, rb = run_dir_of(a), run_dir_of(b)
+    ra, rb = RunDir.of(a), RunDir.of(b)
     assert strip_times(ra.metrics()) == strip_times(rb.metrics())
     assert ra.evals() == rb.evals()
     c = make_cfg(tmp_path / "c", "method=tis", "seed=1")
     assert execute(c) == "completed"
-    assert strip_times(run_dir_of(c).metrics()) != strip_times(ra.metrics())
+    assert strip_times(RunDir.of(c).metrics()) != strip_times(ra.metrics())
 
 
 def test_completed_run_is_skipped_and_locked_run_is_not_touched(tmp_path):
     cfg = make_cfg(tmp_path)
-    run = run_dir_of(cfg)
+    run = RunDir.of(cfg)
     with run.lock():
         assert execute(cfg) == "locked"
     assert not run.metrics_file.exists()
@@ -78,12 +80,13 @@ class _NaNAfterFirstStep(Method):
 
 
 def test_nan_loss_marks_run_diverged_and_keeps_metrics(tmp_path, monkeypatch):
-    monkeypatch.setitem(REGISTRY, "nan_test", _NaNAfterFirstStep)
+    METHODS.discover()
+    monkeypatch.setitem(METHODS._entries, "nan_test", Entry("nan_test", _NaNAfterFirstStep, MethodConfig, {}))
     cfg = make_cfg(tmp_path, "method=bf16")
     cfg.method.name = "nan_test"
     outcome = execute(cfg)
     assert outcome == "diverged" and EXIT[outcome] != 0
-    run = run_dir_of(cfg)
+    run = RunDir.of(cfg)
     info = run.info()
     assert info["status"] == "diverged" and "step 1" in info["reason"] and "non-finite loss" in info["reason"]
     assert [r["step"] for r in run.metrics()] == [0]  # step 0's metrics survive

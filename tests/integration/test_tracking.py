@@ -137,11 +137,12 @@ def test_failing_log_degrades_to_noop_and_keeps_earlier_rows(tmp_path, offline):
 
 @pytest.mark.slow
 def test_real_run_history_equals_metrics_jsonl(tmp_path, offline):
-    from bench.cli import execute, run_dir_of
+    from bench.cli import execute
+    from bench.store import RunDir
 
     cfg = make_cfg(tmp_path, "method=tis", "tracking=offline")
     assert execute(cfg) == "completed"
-    run = run_dir_of(cfg)
+    run = RunDir.of(cfg)
     [wb] = offline_runs(run.path)
     assert run.info()["wandb_id"] and wb.name.endswith(run.info()["wandb_id"])  # the id is kept in run.json
     logged = {h.pop("_step"): h for h in history(wb)}
@@ -154,7 +155,8 @@ def test_real_run_history_equals_metrics_jsonl(tmp_path, offline):
 
 @pytest.mark.slow
 def test_real_run_survives_a_failing_wandb(tmp_path, monkeypatch):
-    from bench.cli import execute, run_dir_of
+    from bench.cli import execute
+    from bench.store import RunDir
 
     # keep the cached tiny-model warm start where it is (its default path is under HOME)
     monkeypatch.setenv("QRL_BENCH_CACHE", os.environ.get("QRL_BENCH_CACHE", os.path.expanduser("~/.cache/qrl-bench")))
@@ -165,6 +167,6 @@ def test_real_run_survives_a_failing_wandb(tmp_path, monkeypatch):
     cfg = make_cfg(tmp_path, "tracking=online")
     with pytest.warns(RuntimeWarning, match="W&B init failed"):
         assert execute(cfg) == "completed"
-    run = run_dir_of(cfg)
+    run = RunDir.of(cfg)
     assert [r["step"] for r in run.metrics()] == list(range(cfg.train.steps))
     assert run.info()["wandb_id"] is None and not (run.path / "wandb").exists()

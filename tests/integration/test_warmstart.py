@@ -11,7 +11,9 @@ import pytest
 import torch
 
 import bench.models.warmstart as ws
-from bench.config import ArithmeticTaskConfig, CountdownTaskConfig, ModelConfig
+from bench.models.load import ModelConfig
+from bench.tasks.arithmetic import ArithmeticTaskConfig
+from bench.tasks.countdown import CountdownTaskConfig
 from bench.models.load import load_policy
 from bench.models.warmstart import INFO_FILE, greedy_accuracy, warm_start_dir
 from bench.tasks.base import build_task

@@ -8,12 +8,13 @@ import pytest
 import torch
 import transformers as tr
 
-from bench.config import RolloutConfig
-from bench.quant import linear
+from bench.quant import plain
 from bench.rollout import embedded
 from bench.models.logprobs import token_logprobs
-from bench.rollout import EmbeddedEngine, SamplingParams, build_engine
-from bench.rollout.embedded import fast_path_problem
+from bench.rollout import SamplingParams, build_engine
+from bench.rollout.embedded import EmbeddedEngine
+from bench.rollout.embedded import EmbeddedRolloutConfig, fast_path_problem
+from bench.rollout.vllm_engine import VLLMRolloutConfig
 
 SMALL = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=128, initializer_range=0.02, max_position_embeddings=128)
@@ -112,7 +113,7 @@ def test_native_bf16_branch(models, monkeypatch):
     """On CPUs with bf16 hardware the engine runs torch's bf16 GEMM and attention instead of the fp32
     emulation; forced here, the result is a bf16 rollout too (small, nonzero gap; not the same numbers)."""
     emulated = _rollout(EmbeddedEngine("bf16"), models["qwen2"])
-    monkeypatch.setattr(linear, "native_bf16_matmul", lambda: True)
+    monkeypatch.setattr(plain, "native_bf16_matmul", lambda: True)
     monkeypatch.setattr(embedded, "native_bf16_matmul", lambda: True)
     engine = EmbeddedEngine("bf16")
     native = _rollout(engine, models["qwen2"])
@@ -212,8 +213,8 @@ def test_lm_head_and_embedding_quantization_are_switches(models):
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="'fp16'.*valid choices: bf16, fp32, fp8_e4m3, int8"):
-        EmbeddedEngine("fp16")
+    with pytest.raises(ValueError, match="'fp3'.*valid choices: .*bf16, .*fp8_e4m3, .*int8"):
+        EmbeddedEngine("fp3")
     with pytest.raises(ValueError, match="'vllm'"):
         EmbeddedEngine("fp32", backend="vllm")
     with pytest.raises(ValueError, match="'per_row'"):
@@ -230,19 +231,19 @@ def test_max_len_is_enforced(models):
 
 
 def test_build_engine_from_config():
-    cfg = RolloutConfig(precision="fp8_e4m3", weight_granularity="per_tensor", quantize_lm_head=True)
+    cfg = EmbeddedRolloutConfig(precision="fp8_e4m3", weight_granularity="per_tensor", quantize_lm_head=True)
     tok = type("Tok", (), {"eos_token_id": 5, "pad_token_id": None})()
     engine = build_engine(cfg, tok)
     assert isinstance(engine, EmbeddedEngine) and engine.precision == "fp8_e4m3"
     assert engine.quantizer.weight_granularity == "per_tensor" and engine.quantize_lm_head
     assert (engine.eos_id, engine.pad_id) == (5, 5)
-    assert build_engine(RolloutConfig(precision="int8"), eos_id=3, pad_id=0).pad_id == 0
-    with_model = build_engine(RolloutConfig(precision="bf16"), tok, _build("qwen2"))
+    assert build_engine(EmbeddedRolloutConfig(precision="int8"), eos_id=3, pad_id=0).pad_id == 0
+    with_model = build_engine(EmbeddedRolloutConfig(precision="bf16"), tok, _build("qwen2"))
     assert with_model.max_len == SMALL["max_position_embeddings"]
     with pytest.raises(ValueError, match="'tpu'.*embedded, vllm"):
-        build_engine(RolloutConfig(engine="tpu", precision="bf16"))
-    with pytest.raises(ValueError, match="'int4'.*bf16, fp32, fp8_e4m3, int8"):
-        build_engine(RolloutConfig(precision="int4"))
+        build_engine(EmbeddedRolloutConfig(engine="tpu", precision="bf16"))
+    with pytest.raises(ValueError, match="'fp3'.*valid choices: .*bf16, .*fp8_e4m3, .*int8"):
+        build_engine(EmbeddedRolloutConfig(precision="fp3"))
 
 
 def test_vllm_engine_explains_how_to_install():
@@ -250,6 +251,6 @@ def test_vllm_engine_explains_how_to_install():
         import vllm  # noqa: F401
     except ImportError:
         with pytest.raises(ImportError, match=r"pip install qrl-bench\[vllm\]"):
-            build_engine(RolloutConfig(engine="vllm", precision="bf16"))
+            build_engine(VLLMRolloutConfig(precision="bf16"))
     else:
         pytest.skip("vllm is installed here; the missing-package message cannot be shown")

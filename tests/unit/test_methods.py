@@ -8,18 +8,15 @@ import math
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from bench.config import MethodConfig
-from bench.methods import build_method
-from bench.methods.base import Batch, select_stats
+from bench.methods.base import Batch, make_method, select_stats
 
 D = torch.float64
 ATOL = 1e-6
 
 
 def method(name: str, **kw):
-    return build_method(OmegaConf.structured(MethodConfig(name=name, **kw)))
+    return make_method(name, **kw)
 
 
 def tt(x):
@@ -226,8 +223,9 @@ def test_acr_metric_keys_and_detached():
     assert_detached(stats)
 
 
-def test_acr_rejects_sequence_level():
-    with pytest.raises(ValueError, match="token"):
+def test_acr_has_no_sequence_level_knob():
+    # ACR is token-level truncated IS by definition (QuRL Eq. 9): its schema has no is_level to set
+    with pytest.raises(ValueError, match="'acr' has no knob.*is_level"):
         method("acr", is_level="sequence")
 
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from bench.metrics import MISMATCH_KEYS, mismatch_metrics, sanitize
+from bench.mismatch import MISMATCH_KEYS, mismatch_metrics, sanitize
 
 D = torch.float64
 

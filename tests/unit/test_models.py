@@ -7,7 +7,9 @@ import json
 import pytest
 import torch
 
-from bench.config import ArithmeticTaskConfig, JsonlTaskConfig, ModelConfig
+from bench.models.load import ModelConfig
+from bench.tasks.arithmetic import ArithmeticTaskConfig
+from bench.tasks.jsonl import JsonlTaskConfig
 from bench.models.load import load_pretrained
 from bench.models.tiny import build_tiny_model
 from bench.models.tokenizer import (
@@ -162,12 +164,21 @@ def test_jsonl_task_missing_field_names_the_columns(tmp_path):
 
 
 def test_tiny_model_generates_from_left_padded_prompts(tok):
-    """Left padding must not change a row's greedy output (positions count real tokens only in HF generate)."""
+    """Left padding must not change a row's greedy output (positions count real tokens only), so the greedy
+    accuracy of a batch (bench.evaluation) is the accuracy of its examples one by one."""
+    from bench.models.tokenizer import decode_responses, encode_prompts
+    from bench.rollout.base import SamplingParams
+    from bench.rollout.embedded import EmbeddedEngine
+
     model = build_tiny_model(ModelConfig(num_layers=1), tok, seed=0).eval()
     task = build_task(ArithmeticTaskConfig(n_train=10, n_test=10))
     prompts = [task.prompt(ex) for ex in task.examples("test")[:4]]
-    from bench.models.warmstart import greedy_completions
+    assert len({len(p) for p in prompts}) > 1  # rows of different lengths: some are left-padded
+    engine = EmbeddedEngine("fp32", eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    engine.load_weights(model)
 
-    together = greedy_completions(model, tok, prompts, max_new_tokens=4)
-    alone = [greedy_completions(model, tok, [p], max_new_tokens=4)[0] for p in prompts]
-    assert together == alone
+    def greedy(texts):
+        r = engine.generate(*encode_prompts(tok, texts), 1, SamplingParams(max_new_tokens=4, greedy=True))
+        return decode_responses(tok, r.response_ids, r.response_mask)
+
+    assert greedy(prompts) == [greedy([p])[0] for p in prompts]

@@ -3,15 +3,11 @@
 import pytest
 import torch
 
-from bench.quant.linear import Bf16Linear, Fp8Linear, Int8Linear, int8_matmul, make_linear, swap_linears
-from bench.quant.quantizers import (
-    Quantizer,
-    dequantize,
-    fake_quant,
-    normalized_quant_error,
-    quantize,
-    round_e4m3,
-)
+from bench.quant.fp8 import Fp8Linear, round_e4m3
+from bench.quant.int8 import Int8Linear, int8_matmul
+from bench.quant.linear import make_linear, swap_linears
+from bench.quant.plain import Bf16Linear
+from bench.quant.quantizers import Quantizer, dequantize, fake_quant, normalized_quant_error, quantize
 
 f64 = dict(dtype=torch.float64)
 Q1_W = torch.tensor([1.0, 0.3, -0.05], **f64)
@@ -125,10 +121,10 @@ def test_normalized_quant_error_matches_q1():
         (lambda: quantize(Q1_W, "fp4", "per_tensor"), "'fp4'"),
         (lambda: quantize(Q1_W, "int8", "per_row"), "'per_row'"),
         (lambda: fake_quant(Q1_W, "e5m2", "per_tensor"), "'e5m2'"),
-        (lambda: normalized_quant_error(Q1_W, "int4", "per_tensor"), "'int4'"),
+        (lambda: normalized_quant_error(Q1_W, "int3", "per_tensor"), "'int3'"),
         (lambda: Quantizer("int8", weight_granularity="per_token"), "'per_token'"),
         (lambda: Quantizer("fp8_e4m3", act_granularity="per_channel"), "'per_channel'"),
-        (lambda: Quantizer("fp16"), "'fp16'"),
+        (lambda: Quantizer("fp3"), "'fp3'"),
     ],
 )
 def test_bad_inputs_name_the_value_and_the_choices(call, named):

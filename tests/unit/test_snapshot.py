@@ -43,10 +43,10 @@ def test_git_checkout_snapshot_is_the_working_tree_minus_ignored(tmp_path):
 
 def test_plain_directory_snapshot_skips_bytecode(tmp_path):
     src = tmp_path / "src"
-    write(src, {"bench/__init__.py": "", "bench/__pycache__/a.pyc": "", "bench/m.pyc": "", "sweeps/s.yaml": "x\n"})
+    write(src, {"bench/__init__.py": "", "bench/__pycache__/a.pyc": "", "bench/m.pyc": "", "conf/experiment/s.yaml": "x\n"})
     snap = snapshot_code(tmp_path / "snap", root=src)
     files = sorted(str(p.relative_to(snap)) for p in snap.rglob("*") if p.is_file())
-    assert files == ["SNAPSHOT.json", "bench/__init__.py", "sweeps/s.yaml"]
+    assert files == ["SNAPSHOT.json", "bench/__init__.py", "conf/experiment/s.yaml"]
     assert json.loads((snap / "SNAPSHOT.json").read_text())["git_sha"] is None
 
 

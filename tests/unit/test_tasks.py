@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from bench.config import ArithmeticTaskConfig, CountdownTaskConfig, JsonlTaskConfig
+from bench.tasks.arithmetic import ArithmeticTaskConfig
+from bench.tasks.countdown import CountdownTaskConfig
+from bench.tasks.jsonl import JsonlTaskConfig
 from bench.tasks.arithmetic import ArithmeticTask
 from bench.tasks.base import build_task
 from bench.tasks.countdown import CountdownTask, check, evaluate, format_tree

@@ -212,14 +212,11 @@ def test_partial_or_unknown_targets_rejected():
 
 
 def test_acr_uaq_setup_model_applies_scaling_only_when_configured():
-    from omegaconf import OmegaConf
-
-    from bench.config import MethodConfig
-    from bench.methods import build_method
+    from bench.methods.base import make_method
 
     model = u1_model()
-    assert build_method(OmegaConf.structured(MethodConfig(name="acr"))).setup_model(model) == {}
+    assert make_method("acr").setup_model(model) == {}
     torch.testing.assert_close(model.model.layers[0].input_layernorm.weight.data, torch.tensor([1.0, 1.0]))
-    info = build_method(OmegaConf.structured(MethodConfig(name="acr_uaq", uaq_scale=1.5))).setup_model(model)
+    info = make_method("acr_uaq", uaq_scale=1.5).setup_model(model)
     assert info["uaq_scale"] == 1.5
     torch.testing.assert_close(model.model.layers[0].input_layernorm.weight.data, torch.tensor([1.5, 1.5]))

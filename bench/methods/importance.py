@@ -1,0 +1,72 @@
+"""Importance weights pi_old / mu shared by the IS-based arms (TIS, ACR, AIS; methods.md section 0, M1).
+
+rho[i,t] = exp(LR(lold - lmu)) on valid tokens (0 log-ratio elsewhere), computed once per rollout batch from
+detached inputs; `truncated_weights` turns it into TIS's min(rho, C) or MIS's masked rho, and `weight_stats`
+reports verl-style rollout_is_* statistics of the weights an arm actually applies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from bench.grpo import safe_log_ratio
+from bench.methods.base import Batch
+from bench.methods.ppo_clip import PPOClipMethod
+
+
+def behaviour_log_ratio(batch: Batch, clamp: float) -> torch.Tensor:
+    """LR(lold - lmu) [B, T], 0 off-mask: the log of rho = pi_old / mu (methods.md section 0). Detached."""
+    if batch.logp_old is None:
+        raise ValueError("importance weights pi_old/mu need the recompute pass (batch.logp_old is None)")
+    lold = batch.logp_old.detach()
+    dt = torch.float64 if lold.dtype == torch.float64 else torch.float32
+    return safe_log_ratio(lold.to(dt), batch.logp_mu.detach().to(dt), batch.mask.bool(), clamp)
+
+
+def truncated_weights(rho: torch.Tensor, cap: float, mode: str, cap_low: float | None) -> torch.Tensor:
+    """truncate: min(rho, C) (TIS); mask: rho if cap_low <= rho <= C else 0 (MIS, cap_low None = 0)."""
+    if mode == "truncate":
+        return rho.clamp(max=cap)
+    if mode == "mask":
+        low = 0.0 if cap_low is None else cap_low
+        return torch.where((rho >= low) & (rho <= cap), rho, torch.zeros_like(rho))
+    raise ValueError(f"unknown is_mode {mode!r}; valid: truncate, mask")
+
+
+@torch.no_grad()
+def weight_stats(w: torch.Tensor, rho: torch.Tensor, mask: torch.Tensor, cap: float) -> dict[str, float]:
+    """verl-style rollout_is_* statistics of the applied weights w over valid tokens (methods.md M1 Metrics).
+
+    is_mean/max/min/std (population std) of w; is_frac_high: rho > C, is_frac_low: rho < 1/C (rho before
+    truncation); is_ess = (sum w)^2 / (N sum w^2). Empty mask: mean/max/min 1, std 0, fractions 0, ESS 1;
+    all weights zero (MIS dropped every token): ESS 0.
+    """
+    m = mask.bool()
+    n = int(m.sum())
+    if n == 0:
+        return {"is_mean": 1.0, "is_max": 1.0, "is_min": 1.0, "is_std": 0.0,
+                "is_frac_high": 0.0, "is_frac_low": 0.0, "is_ess": 1.0}
+    wv = w[m].to(torch.float64)
+    rv = rho[m].to(torch.float64)
+    s1, s2 = float(wv.sum()), float((wv * wv).sum())
+    return {
+        "is_mean": float(wv.mean()),
+        "is_max": float(wv.max()),
+        "is_min": float(wv.min()),
+        "is_std": float(wv.std(unbiased=False)),
+        "is_frac_high": float((rv > cap).double().mean()),
+        "is_frac_low": float((rv < 1.0 / cap).double().mean()),
+        "is_ess": s1 * s1 / (n * s2) if s2 > 0 else 0.0,
+    }
+
+
+class ConstantWeightMethod(PPOClipMethod):
+    """A PPO-clip arm whose per-token weight is a detached constant computed in `prepare` (stats["is_weights"])."""
+
+    def weights(self, batch: Batch, stats: dict[str, Any]) -> torch.Tensor:
+        return stats["is_weights"]
+
+
+__all__ = ["ConstantWeightMethod", "behaviour_log_ratio", "truncated_weights", "weight_stats"]

@@ -1,0 +1,95 @@
+"""The PPO-clip core shared by every ratio-based arm (methods.md section 1.2, B0, B1, M1, M2, M4).
+
+L = agg( w * psi(exp(LR(ltheta - l_prox)), A; 1 - eps_low, upper) ) [+ beta * agg(k3_ref)]
+
+The arms differ only in the proximal log-prob (lold, or lmu for the bypass arm), the constant per-token
+weight w (1, TIS/AIS weights) and the upper clip bound (ACR): methods.md section 9's summary table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from bench.grpo import (
+    agg_loss,
+    clip_mask,
+    clipped_surrogate_bounds,
+    compute_dtype,
+    kl_ref_penalty,
+    masked_mean,
+    safe_log_ratio,
+)
+from bench.methods.base import Batch, Method
+
+
+class PPOClipMethod(Method):
+    """L = agg( w * psi(exp(LR(ltheta - l_prox)), A; 1 - eps_low, upper) ) [+ beta * agg(k3_ref)].
+
+    Hooks for subclasses (all return detached constants): `prox_logp` (the denominator of the PPO ratio:
+    lold, or lmu for the bypass arm), `weights` (the constant per-token weight, None = 1), `upper` (the upper
+    clip bound, 1 + eps_high unless ACR) and `extra_metrics`.
+    """
+
+    needs_recompute = True
+
+    def prox_logp(self, batch: Batch) -> torch.Tensor:
+        if batch.logp_old is None:
+            raise ValueError(f"method {self.name!r} needs the recompute pass (batch.logp_old is None)")
+        return batch.logp_old
+
+    def weights(self, batch: Batch, stats: dict[str, Any]) -> torch.Tensor | None:
+        return None
+
+    def upper(self, batch: Batch, stats: dict[str, Any]) -> float | torch.Tensor:
+        return 1.0 + self.algo.clip_eps_high
+
+    def extra_metrics(
+        self, clipped: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, stats: dict[str, Any]
+    ) -> dict[str, float]:
+        return {}
+
+    def loss(self, logp: torch.Tensor, batch: Batch, stats: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        algo = self.algo
+        dt = compute_dtype(logp)
+        lt = logp.to(dt)
+        mask = batch.mask.bool()
+        lprox = self.prox_logp(batch).detach().to(dt)
+        adv = batch.adv.detach().to(dt)[:, None].expand_as(lt)
+
+        ratio = torch.exp(safe_log_ratio(lt, lprox, mask, algo.log_ratio_clamp))
+        lower, upper = 1.0 - algo.clip_eps_low, self.upper(batch, stats)
+        psi = clipped_surrogate_bounds(ratio, adv, lower, upper, algo.dual_clip_c)
+        w = self.weights(batch, stats)
+        per_token = psi if w is None else w.detach().to(dt) * psi
+        loss = agg_loss(per_token, mask, algo.loss_agg, batch.n_tokens)
+
+        with torch.no_grad():
+            clipped = clip_mask(ratio, adv, lower, upper, algo.dual_clip_c) & mask
+            metrics = {
+                "clipfrac": float(masked_mean(clipped.to(dt), mask)),
+                "ppo_kl": float(masked_mean(lprox - lt.detach(), mask)),
+            }
+            metrics.update(self.extra_metrics(clipped, adv, mask, stats))
+        loss, metrics["kl_ref"] = add_kl_ref(self, loss, lt, batch)
+        return loss, metrics
+
+
+def add_kl_ref(method: Method, loss: torch.Tensor, logp: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, float]:
+    """loss + beta * agg(k3(ltheta, lref)) when algo.kl_ref_beta > 0 (methods.md 1.3); returns the mean k3 (0 if off).
+
+    A configured KL that silently does nothing would be a bug, so beta > 0 without batch.logp_ref raises.
+    """
+    beta = method.algo.kl_ref_beta
+    if not beta > 0:
+        return loss, 0.0
+    if batch.logp_ref is None:
+        raise ValueError(f"method {method.name!r}: algo.kl_ref_beta={beta} > 0 but batch.logp_ref is None")
+    term, k3_mean = kl_ref_penalty(
+        logp, batch.logp_ref.detach(), batch.mask.bool(), beta, method.algo.loss_agg, batch.n_tokens
+    )
+    return loss + term, k3_mean
+
+
+__all__ = ["PPOClipMethod", "add_kl_ref"]

@@ -1,0 +1,97 @@
+"""The one registration mechanism of the suite: methods, tasks, rollout engines and precisions.
+
+Each extension point owns one `Registry`, keyed by the name the user types (`method=tis`, `task=countdown`,
+`rollout=vllm`, `rollout.precision=int8`), which is also the name in the run path, the metric namespace and
+the plots. A component registers itself where it is defined:
+
+    @METHODS.register("tis", schema=TISConfig)
+    class TIS(Method): ...
+
+and the registry finds every component by importing all modules of its package the first time a name is
+looked up (lm-evaluation-harness's `@register_model`, without its hand-kept MODEL_MAPPING). So adding an arm
+is its module plus its yaml, and nothing else: no import list, tuple or if/else on names to keep in sync.
+
+A `schema` is the dataclass of the component's own config keys (lingua's `OptimArgs` beside `optim.py`);
+`bench.config.register_configs` hands every registered schema to Hydra's ConfigStore.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    """One registered name: the component, its config schema, and what it declares about itself for
+    reports (e.g. an arm's plot colour and table order), recorded in each run's run.json."""
+
+    name: str
+    obj: T
+    schema: type | None
+    meta: dict[str, Any]
+
+
+class Registry(Generic[T]):
+    """name -> component for one extension point; `package` is where its components live."""
+
+    def __init__(self, kind: str, package: str) -> None:
+        self.kind = kind
+        self.package = package
+        self._entries: dict[str, Entry[T]] = {}
+        self._discovered = False
+
+    def register(self, name: str, *, schema: type | None = None, **meta: Any) -> Callable[[T], T]:
+        """Decorator: make `obj` selectable as `name` (stack it to register one class under several names)."""
+
+        def deco(obj: T) -> T:
+            old = self._entries.get(name)
+            if old is not None and _qualname(old.obj) != _qualname(obj):
+                raise ValueError(f"{self.kind} {name!r} is registered twice: {_qualname(old.obj)} and {_qualname(obj)}")
+            self._entries[name] = Entry(name, obj, schema, dict(meta))
+            return obj
+
+        return deco
+
+    def discover(self) -> None:
+        """Import every module of the package once, so that their `register` calls have run."""
+        if self._discovered:
+            return
+        pkg = importlib.import_module(self.package)
+        for info in pkgutil.iter_modules(pkg.__path__):
+            importlib.import_module(f"{self.package}.{info.name}")
+        self._discovered = True
+
+    def names(self) -> list[str]:
+        self.discover()
+        return sorted(self._entries)
+
+    def entry(self, name: str) -> Entry[T]:
+        self.discover()
+        if name not in self._entries:
+            raise ValueError(f"unknown {self.kind} {name!r}; valid choices: {', '.join(self.names())}")
+        return self._entries[name]
+
+    def get(self, name: str) -> T:
+        return self.entry(name).obj
+
+    def schema(self, name: str) -> type:
+        schema = self.entry(name).schema
+        if schema is None:
+            raise ValueError(f"{self.kind} {name!r} has no config schema")
+        return schema
+
+    def __contains__(self, name: object) -> bool:
+        self.discover()
+        return name in self._entries
+
+    def entries(self) -> list[Entry[T]]:
+        return [self._entries[n] for n in self.names()]
+
+
+def _qualname(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
