@@ -1,23 +1,24 @@
-"""FP8 e4m3 W8A8 (vLLM / QuRL / FlashRL's FP8 rollouts), emulated bit-exactly by fake quantization.
+"""FP8 W8A8: e4m3 (vLLM / QuRL / FlashRL's FP8 rollouts) and e5m2 (two more exponent bits, one fewer mantissa
+bit: a rung further down the severity ladder), emulated bit-exactly by fake quantization.
 
-Q_fp8(x; s) = s * e4m3_RNE( clamp(x/s, -448, 448) )   (methods.md 2.2): the clamp comes BEFORE the cast, because
-in the e4m3fn encoding an overflow is NaN (torch 2.13 on CPU happens to saturate). Weights are quantized once per
-weight sync (per channel or per tensor), activations per token (or per tensor) on every call, then an fp32 GEMM
-on the quantized values, result cast to `out_dtype`. perf-notes 3b: this is bit-identical to the CPU
-`torch._scaled_mm` path and 3-10x faster; CPUs have no fast FP8 GEMM without AMX. FP8 rollouts on a GPU run FP8
-GEMMs inside an otherwise-bf16 engine, hence act_dtype bf16.
+Q_fp8(x; s) = s * fp8_RNE( clamp(x/s, -qmax, qmax) ),  s = amax / qmax,  qmax = 448 (e4m3) / 57344 (e5m2)
+(methods.md 2.2): the clamp comes BEFORE the rounding, so nothing overflows to NaN/inf. fp32 inputs are rounded
+with a bit trick, fp64 inputs (the numeric tests) in fp64 (bench.quant.minifloat: rounding fp64 through fp32
+can land one grid step off next to a midpoint, -(400+2^-30) -> -384 instead of -416). Weights are quantized once
+per weight sync (per channel or per tensor), activations per token (or per tensor) on every call, then an fp32
+GEMM on the quantized values (`FakeQuantLinear`). FP8 rollouts on a GPU run FP8 GEMMs inside an otherwise-bf16
+engine, hence act_dtype bf16.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from bench.quant.linear import QuantLinear
+from bench.quant.linear import FakeQuantLinear
+from bench.quant.minifloat import E4M3, E5M2, MiniFloat, round_to_minifloat
 from bench.quant.quantizers import FORMATS, Format, Quantizer, amax_scale, work_dtype
 
-E4M3_MAX = 448.0
 _EXPONENT_BITS = torch.tensor(0x7F800000, dtype=torch.int32)
 
 
@@ -35,39 +36,31 @@ def round_e4m3(y: torch.Tensor) -> torch.Tensor:
     return torch.round(y / step).mul_(step)
 
 
-class Fp8Linear(QuantLinear):
-    """FP8 e4m3 W8A8 (or W8A16 with act_granularity='none') by fake quantization, fp32 GEMM."""
-
-    def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, quantizer: Quantizer, out_dtype: torch.dtype
-    ):
-        super().__init__(weight, out_dtype)
-        self.quantizer = quantizer
-        codes, scale = quantizer.quantize_weight(weight.detach().float())
-        self.register_buffer("weight", codes * scale)
-        self.register_buffer("weight_scale", scale)
-        # the bias as the engine would store it (in its activation dtype), added in fp32
-        self.register_buffer("bias", None if bias is None else bias.detach().to(out_dtype).float())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xq = self.quantizer.fake_quant_act(x.float())
-        return F.linear(xq, self.weight, self.bias).to(self.out_dtype)
-
-
-@FORMATS.register("fp8_e4m3")
-class Fp8E4M3(Format):
-    label, bits, act_bits = "FP8", 8, 8
+class _Fp8(Format):
+    bits, act_bits = 8, 8
     weight_granularities = ("per_channel", "per_tensor")
     act_granularities = ("per_token", "per_tensor", "none")
     act_dtype = "bf16"
+    element: MiniFloat
 
     def quantize(self, x, granularity, scale=None):
         work = work_dtype(x)
         xf = x.to(work)
-        scale = amax_scale(xf, E4M3_MAX, granularity) if scale is None else scale.to(work)
-        y = (xf / scale).clamp_(-E4M3_MAX, E4M3_MAX)
-        codes = round_e4m3(y) if work == torch.float32 else y.to(torch.float8_e4m3fn).to(work)
-        return codes, scale
+        qmax = self.element.max_finite
+        scale = amax_scale(xf, qmax, granularity) if scale is None else scale.to(work)
+        y = (xf / scale).clamp_(-qmax, qmax)
+        fast = work == torch.float32 and self.element is E4M3
+        return (round_e4m3(y) if fast else round_to_minifloat(y, self.element)), scale
 
     def make_linear(self, weight, bias, quantizer: Quantizer, out_dtype, int8_kernel="auto") -> nn.Module:
-        return Fp8Linear(weight, bias, quantizer, out_dtype)
+        return FakeQuantLinear(weight, bias, quantizer, out_dtype)
+
+
+@FORMATS.register("fp8_e4m3")
+class Fp8E4M3(_Fp8):
+    label, element = "FP8", E4M3
+
+
+@FORMATS.register("fp8_e5m2")
+class Fp8E5M2(_Fp8):
+    label, element = "FP8-E5M2", E5M2

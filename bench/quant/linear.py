@@ -14,6 +14,7 @@ import functools
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from bench.quant.quantizers import Quantizer
@@ -51,6 +52,27 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, out_dtype={self.out_dtype}"
+
+
+class FakeQuantLinear(QuantLinear):
+    """W{n}A{n} (or weight-only, act_granularity 'none') by fake quantization: the weight quantized and
+    dequantized once per sync, activations on every call, then an fp32 GEMM on the rounded values, the
+    result cast to `out_dtype`. Bit-identical to a kernel that multiplies the same codes and scales with fp32
+    accumulation (perf-notes 3b for FP8: identical to the CPU `torch._scaled_mm` path, and 3-10x faster), and
+    the way every format without a fast CPU kernel runs here (FP8 e4m3/e5m2, MXFP4, NVFP4, INT4 W4A16)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, quantizer: Quantizer, out_dtype: torch.dtype):
+        super().__init__(weight, out_dtype)
+        self.quantizer = quantizer
+        codes, scale = quantizer.quantize_weight(weight.detach().float())
+        self.register_buffer("weight", codes * scale)
+        self.register_buffer("weight_scale", scale)  # kept to show that every sync computes fresh scales
+        # the bias as the engine would store it (in its activation dtype), added in fp32
+        self.register_buffer("bias", None if bias is None else bias.detach().to(out_dtype).float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xq = self.quantizer.fake_quant_act(x.float())
+        return F.linear(xq, self.weight, self.bias).to(self.out_dtype)
 
 
 def make_linear(

@@ -1,16 +1,18 @@
 """Rollout precisions: the `Format` contract, its registry, and the amax-scaled quantizers (methods.md section 2.2).
 
 A precision (`rollout.precision=<name>`) is one `Format` subclass registered under its name in a module of
-bench/quant/ (plain.py: fp32, bf16; fp8.py: fp8_e4m3; int8.py: int8). The format owns its whole vocabulary:
+bench/quant/ (plain.py: fp32, bf16; fp8.py: fp8_e4m3, fp8_e5m2; int8.py: int8; int4.py; mxfp4.py; nvfp4.py).
+The format owns its whole vocabulary:
 how a tensor is rounded (`quantize`), which weight / activation granularities it supports, its label and bit
 widths for tables, the activation dtype an engine should run around it, and the linear layer that computes
 with it. Nothing outside bench/quant/ branches on a precision's name.
 
 Every low-precision rollout in the suite is defined by these few lines, so they follow the kernels they
 emulate exactly. Scales are amax / qmax per tensor, per output row of a weight [out, in] ("per_channel"), or per
-row of an activation along its last dim ("per_token", dynamic: recomputed on every call). Codes are returned as
-a float tensor holding the code values (448., 128., -22., ...) so that tests and the emulated GEMMs can use
-them directly.
+row of an activation along its last dim ("per_token", dynamic: recomputed on every call); the 4-bit formats
+scale per group / block of the last dim ("per_group", "per_block"). Codes are returned as a float tensor holding
+the code values (448., 128., -22., ...) and the scale broadcasts against them (block formats return it per
+element), so that x_hat = codes * scale for every format.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from torch import nn
 from bench.registry import Registry
 
 #: Every granularity `quantize` accepts; each format declares which it supports for weights and activations.
-GRANULARITIES = ("per_tensor", "per_channel", "per_token")
+GRANULARITIES = ("per_tensor", "per_channel", "per_token", "per_group", "per_block")
 NO_ACT_QUANT = "none"  # act_granularity of a weight-only format / setting (W8A16)
 
 

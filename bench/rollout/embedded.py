@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench.quant.blockscale import KV_CACHE_DTYPES, fake_quant_kv
 from bench.quant.diagnostics import QuantErrors, layer_type
 from bench.quant.int8 import INT8_KERNELS
 from bench.quant.linear import make_linear, native_bf16_matmul, swap_linears
@@ -53,6 +54,7 @@ class EmbeddedRolloutConfig(RolloutConfig):
     backend: str = "auto"
     act_dtype: Optional[str] = None  # null: the precision's (bench/quant/<format>.py act_dtype)
     int8_kernel: str = "auto"
+    kv_cache_dtype: Optional[str] = None  # null: the activation dtype; fp8 | fp8_e4m3 | fp8_e5m2 (scale 1, as vLLM)
 
     def check(self) -> None:
         super().check()
@@ -61,6 +63,9 @@ class EmbeddedRolloutConfig(RolloutConfig):
                 raise ValueError(f"rollout.{key}={getattr(self, key)!r} is not valid; choose one of: {', '.join(valid)}")
         if self.act_dtype is not None and self.act_dtype not in DTYPES:
             raise ValueError(f"rollout.act_dtype={self.act_dtype!r} is not valid; choose one of: {', '.join(DTYPES)}")
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"rollout.kv_cache_dtype={self.kv_cache_dtype!r} is not valid; choose one of: "
+                             f"{', '.join(KV_CACHE_DTYPES)} (or null)")
 
 
 def fast_path_problem(model: nn.Module) -> str | None:
@@ -165,10 +170,12 @@ class FastDecoder(nn.Module):
         quantize_lm_head: bool = False,
         quantize_embeddings: bool = False,
         int8_kernel: str = "auto",
+        kv_cache_dtype: str | None = None,
     ):
         super().__init__()
         cfg = model.config
         self.act = act_dtype
+        self.kv_cache_dtype = kv_cache_dtype
         # bf16 attention on a CPU without bf16 hardware is ~6x slower than fp32: run it in fp32 on the bf16
         # values (the cache then holds bf16-exact numbers in fp32 storage).
         self.attn = act_dtype if (act_dtype != torch.bfloat16 or native_bf16_matmul()) else torch.float32
@@ -245,6 +252,8 @@ class FastDecoder(nn.Module):
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
+            if self.kv_cache_dtype is not None:  # what an fp8 KV cache stores (K after RoPE, V), scale 1
+                k, v = fake_quant_kv(k, self.kv_cache_dtype), fake_quant_kv(v, self.kv_cache_dtype)
             st["k"][i, :, :, start:end] = k
             st["v"][i, :, :, start:end] = v
             a = F.scaled_dot_product_attention(
@@ -276,7 +285,11 @@ class HFDecoder:
         quantize_lm_head: bool = False,
         quantize_embeddings: bool = False,
         int8_kernel: str = "auto",
+        kv_cache_dtype: str | None = None,
     ):
+        if kv_cache_dtype is not None:
+            raise ValueError(f"rollout.kv_cache_dtype={kv_cache_dtype!r} needs the fast decoder (Llama/Qwen2/Qwen3); "
+                             f"{type(model).__name__} runs on the generic HF path, whose cache stays in the activation dtype")
         m = copy.deepcopy(model).eval()
         inp, out = m.get_input_embeddings(), m.get_output_embeddings()
         plain = Quantizer("bf16" if act_dtype == torch.bfloat16 else "fp32")
@@ -336,7 +349,9 @@ class EmbeddedEngine:
     max_len             optional cap on prompt + new tokens (ValueError beyond)
     backend             auto (fast decoder when the family allows, else HF) | fast | hf
     act_dtype           fp32 | bf16: override the activation dtype of the precision (its format's act_dtype)
-    int8_kernel         auto | int_mm | emulated (bench.quant.linear.int8_matmul; identical results)
+    int8_kernel         auto | int_mm | emulated (bench.quant.int8.int8_matmul; identical results)
+    kv_cache_dtype      None | fp8 | fp8_e4m3 | fp8_e5m2: K (after RoPE) and V rounded as an FP8 KV cache
+                        without calibrated scales stores them (vLLM's k_scale = v_scale = 1)
     """
 
     def __init__(
@@ -352,8 +367,11 @@ class EmbeddedEngine:
         backend: str = "auto",
         act_dtype: str | None = None,
         int8_kernel: str = "auto",
+        kv_cache_dtype: str | None = None,
     ):
         check_choice("backend", backend, BACKENDS)
+        if kv_cache_dtype is not None:
+            check_choice("kv cache dtype", kv_cache_dtype, KV_CACHE_DTYPES)
         check_choice("int8 kernel", int8_kernel, INT8_KERNELS)
         self.quantizer = Quantizer(precision, weight_granularity, act_granularity)
         act_dtype = act_dtype or self.quantizer.fmt.act_dtype
@@ -367,12 +385,13 @@ class EmbeddedEngine:
         self.max_len = max_len
         self.backend = backend
         self.int8_kernel = int8_kernel
+        self.kv_cache_dtype = kv_cache_dtype
         self.decoder: FastDecoder | HFDecoder | None = None
 
     @classmethod
     def from_config(cls, cfg: Any, *, eos_id: int | None, pad_id: int, max_len: int | None, **overrides: Any) -> "EmbeddedEngine":
         keys = ("precision", "weight_granularity", "act_granularity", "quantize_lm_head", "quantize_embeddings",
-                "backend", "act_dtype", "int8_kernel")
+                "backend", "act_dtype", "int8_kernel", "kv_cache_dtype")
         kwargs = {k: getattr(cfg, k) for k in keys if hasattr(cfg, k)} | overrides
         return cls(**kwargs, eos_id=eos_id, pad_id=pad_id, max_len=max_len)
 
@@ -395,9 +414,8 @@ class EmbeddedEngine:
         use_fast = self.backend == "fast" or (self.backend == "auto" and problem is None)
         build = FastDecoder if use_fast else HFDecoder
         self.decoder = None  # free the old copy before building the new one
-        self.decoder = build(
-            model, self.quantizer, self.act_dtype, self.quantize_lm_head, self.quantize_embeddings, self.int8_kernel
-        )
+        self.decoder = build(model, self.quantizer, self.act_dtype, self.quantize_lm_head, self.quantize_embeddings,
+                             self.int8_kernel, self.kv_cache_dtype)
 
     @torch.no_grad()
     def generate(

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from bench.quant.fp8 import Fp8Linear, round_e4m3
+from bench.quant.fp8 import round_e4m3
+from bench.quant.linear import FakeQuantLinear
 from bench.quant.int8 import Int8Linear, int8_matmul
 from bench.quant.linear import make_linear, swap_linears
 from bench.quant.plain import Bf16Linear
@@ -191,13 +192,13 @@ def test_int8_linear_keeps_leading_dims_and_weight_only_mode():
 
 def test_fp8_linear_is_fake_quant_w8a8():
     w, x, b = _wxb()
-    layer = Fp8Linear(w, b, Quantizer("fp8_e4m3"), torch.float32)
+    layer = FakeQuantLinear(w, b, Quantizer("fp8_e4m3"), torch.float32)
     xq, wq = fake_quant(x, "fp8_e4m3", "per_token"), fake_quant(w, "fp8_e4m3", "per_channel")
     ref = torch.nn.functional.linear(xq, wq, b)
     assert torch.allclose(layer(x), ref, atol=1e-6)
     assert torch.equal(layer.weight_scale, w.abs().amax(1, keepdim=True) / 448)
     assert layer(x.bfloat16()).dtype == torch.float32
-    assert Fp8Linear(w, b, Quantizer("fp8_e4m3"), torch.bfloat16)(x).dtype == torch.bfloat16
+    assert FakeQuantLinear(w, b, Quantizer("fp8_e4m3"), torch.bfloat16)(x).dtype == torch.bfloat16
 
 
 def test_bf16_linear_is_a_bf16_gemm():
@@ -216,4 +217,4 @@ def test_swap_linears_replaces_every_linear_with_overrides():
     n = swap_linears(net, Quantizer("int8"), torch.float32, overrides={head: Quantizer("fp32")})
     assert n == 1 and isinstance(net[0], Int8Linear) and type(net[2]).__name__ == "Fp32Linear"
     assert net(x).shape == (3, 4)
-    assert isinstance(make_linear(head.weight, None, Quantizer("fp8_e4m3"), torch.float32), Fp8Linear)
+    assert isinstance(make_linear(head.weight, None, Quantizer("fp8_e4m3"), torch.float32), FakeQuantLinear)
