@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.tasks.base import TASKS, Example, Task, TaskConfig, stable_seed, unique_examples
+from bench.tasks.base import TASKS, Example, Task, GeneratedTaskConfig, stable_seed, unique_examples
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -30,7 +30,7 @@ def parse_int(text: str) -> int | None:
 
 
 @dataclass
-class ArithmeticTaskConfig(TaskConfig):
+class ArithmeticTaskConfig(GeneratedTaskConfig):
     name: str = "arithmetic"
     max_new_tokens: int = 6
     min_digits: int = 1

@@ -32,12 +32,23 @@ class TaskConfig:
 
     name: str = MISSING
     max_new_tokens: int = 16
-    n_train: int = 5000
-    n_test: int = 200
     data_seed: int = 1234  # fixed across RL seeds: every seed sees the same train/test split
 
     def check(self) -> None:
-        for key in ("max_new_tokens", "n_train", "n_test"):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"task.max_new_tokens={self.max_new_tokens} must be at least 1")
+
+
+@dataclass
+class GeneratedTaskConfig(TaskConfig):
+    """Tasks that make (or cap) their own problem set: how many train and test problems."""
+
+    n_train: int = 5000
+    n_test: int = 200
+
+    def check(self) -> None:
+        super().check()
+        for key in ("n_train", "n_test"):
             if getattr(self, key) < 1:
                 raise ValueError(f"task.{key}={getattr(self, key)} must be at least 1")
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Union
 
-from bench.tasks.base import TASKS, Example, Task, TaskConfig, stable_seed, unique_examples
+from bench.tasks.base import TASKS, Example, Task, GeneratedTaskConfig, stable_seed, unique_examples
 
 MAX_COMPLETION_CHARS = 200  # longer is malformed: bounds the parser's work on garbage completions
 MAX_DEPTH = 32  # parenthesis nesting; bounds recursion
@@ -172,7 +172,7 @@ def format_tree(tree: Tree) -> str:
 
 
 @dataclass
-class CountdownTaskConfig(TaskConfig):
+class CountdownTaskConfig(GeneratedTaskConfig):
     name: str = "countdown"
     max_new_tokens: int = 12
     n_numbers: int = 3

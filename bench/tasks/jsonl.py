@@ -21,7 +21,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from bench.tasks.base import TASKS, Example, Task, TaskConfig, stable_seed
+from bench.tasks.base import TASKS, Example, Task, GeneratedTaskConfig, stable_seed
 
 _NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
 
@@ -58,7 +58,7 @@ def _file_sha256(path: str) -> str:
 
 
 @dataclass
-class JsonlTaskConfig(TaskConfig):
+class JsonlTaskConfig(GeneratedTaskConfig):
     """A datasets-backed task: question/answer JSONL files, numeric exact-match reward."""
 
     name: str = "jsonl"

@@ -1,0 +1,272 @@
+"""The math benchmarks the low-precision-RL papers train and evaluate on, in their hub schemas.
+
+| task        | hub id (config; splits)                              | columns read                                 |
+|-------------|------------------------------------------------------|----------------------------------------------|
+| gsm8k       | openai/gsm8k (main; train, test)                     | question, answer ("... #### 72")             |
+| math500     | HuggingFaceH4/MATH-500 (test)                        | problem, solution, answer, subject, level, unique_id |
+| dapo_math   | BytedTsinghua-SIA/DAPO-Math-17k (train)              | data_source, prompt [{role, content}], ability, reward_model {ground_truth, style}, extra_info {index} |
+| deepscaler  | agentica-org/DeepScaleR-Preview-Dataset (train)      | problem, answer, solution                    |
+| aime24      | HuggingFaceH4/aime_2024 (train: the 30 problems)     | id, problem, solution, answer, url, year     |
+| aime25      | math-ai/aime25 (test)                                | id, problem, answer                          |
+| amc23       | AI-MO/aimo-validation-amc (train: 83 problems)       | id, problem, answer (float64), url           |
+
+Schemas from the dataset cards (dataset_info in each README) and the hub file listings; how the field loads
+and scores them from verl's preprocessors (examples/data_preprocess/gsm8k.py, math_dataset.py) and reward
+functions (verl/utils/reward_score/gsm8k.py, math_dapo.py, math_verify.py).
+
+Default prompts (user message; overridable with task.prompt_template, placeholder {problem}):
+* math_verify reward: "{problem} Let's think step by step and output the final answer within \\boxed{}."
+  (verl examples/data_preprocess/math_dataset.py; the same instruction is used for every math set here);
+* gsm8k_strict reward: "{problem} Let's think step by step and output the final answer after \"####\"."
+  (verl examples/data_preprocess/gsm8k.py);
+* dapo reward: the DAPO prompt, "Solve the following math problem step by step. The last line of your
+  response should be of the form Answer: $Answer ...", which DAPO-Math-17k stores in its own `prompt` column
+  (dapo_math sends that message unchanged).
+
+AIME, AMC and MATH-500 are evaluation sets: their train split is empty unless task.train_split names one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from bench.rewards import gold_text, gsm8k_gold, last_boxed
+from bench.tasks.base import TASKS, Example
+from bench.tasks.hub_task import HubTask, HubTaskConfig
+
+BOXED_PROMPT = "{problem} Let's think step by step and output the final answer within \\boxed{}."
+GSM8K_PROMPT = "{problem} Let's think step by step and output the final answer after \"####\"."
+DAPO_PREFIX = ("Solve the following math problem step by step. The last line of your response should be of the "
+               "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n")
+DAPO_SUFFIX = "\n\nRemember to put your answer on its own line after \"Answer:\"."
+DAPO_PROMPT = DAPO_PREFIX + "{problem}" + DAPO_SUFFIX
+
+MATH_TEMPLATES = {"math_verify": BOXED_PROMPT, "dapo": DAPO_PROMPT}
+_CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations, "<<48/2=24>>"
+
+
+def _text(value: Any, column: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"column {column!r} must be non-empty text, got {value!r:.80}")
+    return value
+
+
+class MathTask(HubTask):
+    """A math set: problem text in, one final answer out, scored by math_verify (default) or dapo."""
+
+    default_templates = MATH_TEMPLATES
+
+    def final_line(self, ex: Example) -> str:
+        answer = ex["answer"]
+        if self.cfg.reward == "gsm8k_strict":
+            return f"#### {answer}"
+        if self.cfg.reward == "dapo":
+            return f"Answer: {answer}"
+        return f"The final answer is $\\boxed{{{answer}}}$."
+
+    def target(self, ex: Example) -> str:
+        solution = ex.get("solution") or ""
+        if self.cfg.reward == "math_verify" and last_boxed(solution) is not None:
+            return solution.strip()  # MATH-style solutions already end in \boxed{answer}
+        return super().target(ex)
+
+
+# ---- GSM8K ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Gsm8kTaskConfig(HubTaskConfig):
+    name: str = "gsm8k"
+    source: str = "openai/gsm8k"
+    config: Optional[str] = "main"
+    max_new_tokens: int = 1024
+
+
+@TASKS.register("gsm8k", schema=Gsm8kTaskConfig)
+class Gsm8kTask(MathTask):
+    """GSM8K (Cobbe et al. 2021). Gold: the text after '#### ' of the reference answer, commas removed."""
+
+    name = "gsm8k"
+    config_class = Gsm8kTaskConfig
+    required_columns = ("question", "answer")
+    default_templates = {**MATH_TEMPLATES, "gsm8k_strict": GSM8K_PROMPT}
+
+    def adapt(self, row: dict[str, Any], index: int, split: str) -> Example:
+        full = _text(row["answer"], "answer")
+        if "####" not in full:
+            raise ValueError("the answer has no '#### <number>' line")
+        reasoning = _CALCULATOR.sub("", full.rsplit("####", 1)[0]).strip()
+        return {"id": f"{split}-{index}", "problem": _text(row["question"], "question").strip(),
+                "answer": gsm8k_gold(full), "solution": full, "reasoning": reasoning}
+
+
+# ---- MATH-500 ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Math500TaskConfig(HubTaskConfig):
+    name: str = "math500"
+    source: str = "HuggingFaceH4/MATH-500"
+    train_split: Optional[str] = None
+    test_split: Optional[str] = "test"
+    max_new_tokens: int = 4096
+
+
+@TASKS.register("math500", schema=Math500TaskConfig)
+class Math500Task(MathTask):
+    """MATH-500 (Lightman et al. 2023's 500-problem subset of MATH test), an evaluation set."""
+
+    name = "math500"
+    config_class = Math500TaskConfig
+    required_columns = ("problem", "solution", "answer", "unique_id")
+
+    def adapt(self, row: dict[str, Any], index: int, split: str) -> Example:
+        return {"id": str(row["unique_id"]), "problem": _text(row["problem"], "problem"),
+                "answer": _text(gold_text(row["answer"]), "answer"), "solution": row.get("solution"),
+                "subject": row.get("subject"), "level": row.get("level")}
+
+
+# ---- DAPO-Math-17k -------------------------------------------------------------------------------------
+
+
+@dataclass
+class DapoMathTaskConfig(HubTaskConfig):
+    name: str = "dapo_math"
+    source: str = "BytedTsinghua-SIA/DAPO-Math-17k"
+    test_split: Optional[str] = None
+    test_size: int = 500  # DAPO evaluates on AIME 2024; this held-out slice is for quick in-run checks
+    reward: str = "dapo"
+    max_new_tokens: int = 4096
+
+
+def dapo_problem(content: str) -> str:
+    """The bare problem inside DAPO's prompt text (its instruction prefix and reminder suffix removed)."""
+    text = content
+    if text.startswith(DAPO_PREFIX):
+        text = text[len(DAPO_PREFIX):]
+    if text.endswith(DAPO_SUFFIX):
+        text = text[: -len(DAPO_SUFFIX)]
+    return text.strip()
+
+
+@TASKS.register("dapo_math", schema=DapoMathTaskConfig)
+class DapoMathTask(MathTask):
+    """DAPO-Math-17k (Yu et al. 2025). The prompt column is already a chat message list in DAPO's format.
+
+    The hub file holds every problem many times over; rows are de-duplicated by problem text on load.
+    """
+
+    name = "dapo_math"
+    config_class = DapoMathTaskConfig
+    required_columns = ("prompt", "reward_model")
+
+    def adapt(self, row: dict[str, Any], index: int, split: str) -> Example:
+        messages = row["prompt"]
+        if not isinstance(messages, list) or not messages:
+            raise ValueError(f"'prompt' must be a non-empty list of {{role, content}} messages, got {messages!r:.80}")
+        messages = [{"role": str(m["role"]), "content": _text(m["content"], "prompt.content")} for m in messages]
+        user = [m["content"] for m in messages if m["role"] == "user"]
+        if not user:
+            raise ValueError("'prompt' has no user message")
+        extra = row.get("extra_info") or {}
+        return {"id": str(extra.get("index", index)), "problem": dapo_problem(user[-1]),
+                "answer": _text(gold_text(row["reward_model"]["ground_truth"]), "reward_model.ground_truth"),
+                "dataset_messages": messages, "data_source": row.get("data_source")}
+
+    def messages(self, ex: Example) -> list[dict[str, str]]:
+        """DAPO's own prompt messages, unless a template or system prompt is configured."""
+        if self.cfg.prompt_template is None and self.cfg.system_prompt is None and self.cfg.reward == "dapo":
+            return [dict(m) for m in ex["dataset_messages"]]
+        return super().messages(ex)
+
+    def prompt(self, ex: Example) -> str:
+        if self.cfg.prompt_template is None and self.cfg.reward == "dapo":
+            return "\n\n".join(m["content"] for m in ex["dataset_messages"] if m["role"] == "user")
+        return super().prompt(ex)
+
+
+# ---- DeepScaleR ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class DeepScaleRTaskConfig(HubTaskConfig):
+    name: str = "deepscaler"
+    source: str = "agentica-org/DeepScaleR-Preview-Dataset"
+    test_split: Optional[str] = None
+    test_size: int = 500
+    max_new_tokens: int = 4096
+
+
+@TASKS.register("deepscaler", schema=DeepScaleRTaskConfig)
+class DeepScaleRTask(MathTask):
+    """DeepScaleR-Preview (Luo et al. 2025): AIME/AMC/Omni-MATH/STILL problems with answers and solutions."""
+
+    name = "deepscaler"
+    config_class = DeepScaleRTaskConfig
+    required_columns = ("problem", "answer")
+
+    def adapt(self, row: dict[str, Any], index: int, split: str) -> Example:
+        return {"id": f"{split}-{index}", "problem": _text(row["problem"], "problem"),
+                "answer": _text(gold_text(row["answer"]), "answer"), "solution": row.get("solution")}
+
+
+# ---- AIME 2024 / AIME 2025 / AMC 2023 ------------------------------------------------------------------
+
+
+@dataclass
+class Aime24TaskConfig(HubTaskConfig):
+    name: str = "aime24"
+    source: str = "HuggingFaceH4/aime_2024"
+    train_split: Optional[str] = None
+    test_split: Optional[str] = "train"  # the hub calls its only split "train"
+    max_new_tokens: int = 4096
+
+
+@dataclass
+class Aime25TaskConfig(HubTaskConfig):
+    name: str = "aime25"
+    source: str = "math-ai/aime25"
+    train_split: Optional[str] = None
+    test_split: Optional[str] = "test"
+    max_new_tokens: int = 4096
+
+
+@dataclass
+class Amc23TaskConfig(HubTaskConfig):
+    name: str = "amc23"
+    source: str = "AI-MO/aimo-validation-amc"
+    train_split: Optional[str] = None
+    test_split: Optional[str] = "train"  # the hub calls its only split "train"
+    max_new_tokens: int = 4096
+
+
+class CompetitionTask(MathTask):
+    """AIME / AMC problems: an id, the problem, a numeric answer (AMC's is stored as float64: 142.0 -> "142")."""
+
+    required_columns = ("problem", "answer")
+
+    def adapt(self, row: dict[str, Any], index: int, split: str) -> Example:
+        return {"id": str(row.get("id", index)), "problem": _text(row["problem"], "problem"),
+                "answer": _text(gold_text(row["answer"]), "answer"), "solution": row.get("solution"),
+                "url": row.get("url")}
+
+
+@TASKS.register("aime24", schema=Aime24TaskConfig)
+class Aime24Task(CompetitionTask):
+    name = "aime24"
+    config_class = Aime24TaskConfig
+
+
+@TASKS.register("aime25", schema=Aime25TaskConfig)
+class Aime25Task(CompetitionTask):
+    name = "aime25"
+    config_class = Aime25TaskConfig
+
+
+@TASKS.register("amc23", schema=Amc23TaskConfig)
+class Amc23Task(CompetitionTask):
+    name = "amc23"
+    config_class = Amc23TaskConfig
+
