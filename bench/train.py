@@ -1,11 +1,12 @@
 """One GRPO run with a low-precision rollout engine: the training loop.
 
     engine.load_weights(policy)   sync: the rollout copy is re-quantized with fresh scales
-    rollout = engine.generate()   tokens, response mask, log mu of every sampled token
-    rewards -> advantages         GRPO group-normalized (bench/grpo.py)
+    sample = collect()            engine.generate round(s) + rewards (+ DAPO's knobs, bench/sampling.py)
     lold = policy.logprobs()      recompute pass, only for methods that need pi_old
+    adv = estimator.estimate()    GRPO group-normalized [B], or the critic's values + GAE [B, T] (bench/advantages.py)
     stats = method.prepare()      per-batch constants (IS weights, alpha, ...), detached
     for minibatch: loss = method.loss(policy.logprobs(mb)); step
+    estimator.update()            the critic's own optimizer steps (GAE; nothing for GRPO)
     metrics -> run dir (+ W&B mirror); every k steps: eval, checkpoint
 
 Everything that differs between arms is behind `Method` (bench/methods) and everything that differs between
@@ -26,18 +27,18 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from bench.advantages import AdvantageEstimator, build_estimator
 from bench.evaluation import greedy_eval
-from bench.grpo import group_advantages
 from bench.methods.base import Batch, Method, arm_info, build_method, select_stats
 from bench.mismatch import mismatch_metrics, sanitize
 from bench.models.load import load_policy
 from bench.models.logprobs import TRAINER_DTYPES, token_logprobs
-from bench.models.tokenizer import decode_responses, encode_prompts
 from bench.preempt import PreemptionGuard
 from bench.quant import diagnostics
 from bench.quant.quantizers import Quantizer
 from bench.rollout import build_engine
-from bench.rollout.base import Rollout, RolloutEngine, SamplingParams
+from bench.rollout.base import Rollout, RolloutEngine
+from bench.sampling import Sample, collect
 from bench.store import RunDir
 from bench.tasks.base import Task, build_task
 from bench.tracking import start_tracking
@@ -62,8 +63,8 @@ class TrainConfig:
     keep_checkpoint: bool = False  # keep ckpt/last.pt after completion (it is always kept while resumable)
 
     def check(self) -> None:
-        if self.group_size < 2:
-            raise ValueError(f"train.group_size={self.group_size} is too small: GRPO needs at least 2 responses per prompt")
+        if self.group_size < 1:  # GRPO needs 2 or more: bench.advantages.check_combination
+            raise ValueError(f"train.group_size={self.group_size} must be at least 1")
         if self.batch_size <= 0 or self.batch_size % self.group_size:
             raise ValueError(f"train.batch_size={self.batch_size} is not divisible by train.group_size={self.group_size}")
         if self.minibatches < 1 or (self.batch_size // self.group_size) % self.minibatches:
@@ -92,6 +93,7 @@ class Parts:
     eval_engine: RolloutEngine
     optimizer: torch.optim.Optimizer
     generator: torch.Generator
+    advantage: AdvantageEstimator
     ref_policy: torch.nn.Module | None = None
 
 
@@ -108,6 +110,7 @@ def build(cfg: DictConfig) -> Parts:
         eval_engine=build_engine(cfg.rollout, tokenizer, policy, precision="fp32"),
         optimizer=torch.optim.AdamW(policy.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay),
         generator=torch.Generator().manual_seed(cfg.seed),
+        advantage=build_estimator(cfg, policy),
     )
 
 
@@ -119,37 +122,33 @@ class Timer(dict):
         self[name] = self.get(name, 0.0) + time.perf_counter() - t0
 
 
-def score(p: Parts, examples: list[dict], rollout: Rollout, n: int) -> torch.Tensor:
-    completions = decode_responses(p.tokenizer, rollout.response_ids, rollout.response_mask)
-    return torch.tensor([p.task.reward(ex, c) for ex, c in zip((e for e in examples for _ in range(n)), completions)])
-
-
 def train_step(p: Parts, step: int) -> dict[str, float]:
     cfg, t = p.cfg, Timer()
-    G, T = cfg.train.group_size, cfg.rollout.temperature
+    T = cfg.rollout.temperature
     with t("sync"):
         p.engine.load_weights(p.policy)
-    examples = p.task.sample(step, cfg.train.batch_size // G, cfg.seed)
-    prompt_ids, prompt_mask = encode_prompts(p.tokenizer, [p.task.prompt(e) for e in examples])
-    with t("rollout"):
-        rollout = p.engine.generate(prompt_ids, prompt_mask, G, SamplingParams(cfg.task.max_new_tokens, T), p.generator)
-    rewards = score(p, examples, rollout, G)
-    adv = group_advantages(rewards, G, eps=cfg.algo.adv_eps, norm_by_std=cfg.algo.norm_adv_by_std)
+    sample = collect(p, step, t)
+    if sample.rollout is None:  # dynamic sampling kept no group within its round cap: no update this step
+        return {"step": step} | sample.metrics | time_metrics(t, sample.generated_tokens)
+    rollout = sample.rollout
 
     with t("train"), t("recompute"), torch.no_grad():
         logp_old = token_logprobs(p.policy, rollout, T, cfg.train.dtype)[0] if p.method.needs_recompute else None
         logp_ref = token_logprobs(p.ref_policy, rollout, T, cfg.train.dtype)[0] if p.ref_policy else None
+        adv, measured = p.advantage.estimate(rollout, sample.rewards)
     mask, frac_nonfinite = sanitize(logp_old if logp_old is not None else rollout.logp_mu, rollout.logp_mu, rollout.response_mask)
+    mask = sample.loss_mask(mask)
     batch = Batch(logp_old, rollout.logp_mu, adv, mask, max(1.0, float(mask.sum())), logp_ref)
     before = diagnostics.snapshot(p.policy)
     with t("train"):
         stats = p.method.prepare(batch)
         logs, logp_theta0 = update(p, rollout, batch, stats, step)
+        measured |= p.advantage.update(rollout, mask, step)
     # bypass arms have no pi_old: their mismatch uses log pi_theta at theta_old (methods.md section 11)
-    measured = mismatch_metrics(logp_old if logp_old is not None else logp_theta0, rollout.logp_mu, mask)
+    measured |= mismatch_metrics(logp_old if logp_old is not None else logp_theta0, rollout.logp_mu, mask)
     measured |= {"mismatch/frac_nonfinite_logprob": frac_nonfinite}
     measured |= diagnostics.weight_update(before, p.policy) | p.engine.quant_metrics()
-    return step_metrics(p, step, rollout, rewards, logs, stats, measured, t)
+    return step_metrics(p, step, sample, logs, stats, measured, t)
 
 
 def update(p: Parts, rollout: Rollout, batch: Batch, stats: dict, step: int) -> tuple[dict[str, float], torch.Tensor]:
@@ -183,14 +182,14 @@ def update(p: Parts, rollout: Rollout, batch: Batch, stats: dict, step: int) -> 
 TRAIN_KEYS = ("loss", "grad_norm", "entropy", "clipfrac", "ppo_kl")
 
 
-def step_metrics(p: Parts, step: int, rollout: Rollout, rewards: torch.Tensor, logs: dict[str, float],
+def step_metrics(p: Parts, step: int, sample: Sample, logs: dict[str, float],
                  stats: dict[str, Any], measured: dict[str, float], t: Timer) -> dict[str, float]:
-    """The metrics row of one step, in the namespaces of bench/identity.py; `measured` holds the mismatch/*
-    and quant/* metrics, already named."""
-    arm = p.method.name
+    """The metrics row of one step, in the namespaces of bench/identity.py; `measured` holds the mismatch/*,
+    quant/* and critic/* metrics, already named."""
+    arm, rollout, rewards = p.method.name, sample.rollout, sample.rewards
     row: dict[str, float] = {"step": step}
     row |= {"reward/mean": rewards.mean().item(), "reward/std": rewards.std().item(),
-            "reward/accuracy": (rewards >= 1.0).float().mean().item(),
+            "reward/accuracy": (sample.scores >= 1.0).float().mean().item(),
             "reward/response_length": rollout.response_mask.sum(1).float().mean().item()}
     row |= {f"train/{k}": v for k, v in logs.items() if k in TRAIN_KEYS}
     row["train/lr"] = p.optimizer.param_groups[0]["lr"]
@@ -198,11 +197,15 @@ def step_metrics(p: Parts, step: int, rollout: Rollout, rewards: torch.Tensor, l
     row |= {f"method/{arm}/{k}": v for k, v in stats.items() if isinstance(v, (int, float))}
     row |= {f"method/{arm}/{k}": v for k, v in logs.items() if k not in ("loss", "grad_norm", "entropy")}
     row |= {k: v for k, v in measured.items() if not k.startswith("mismatch/")}
-    n_tok = rollout.response_mask.sum().item()
-    row |= {"time/rollout_s": t["rollout"], "time/sync_s": t["sync"], "time/recompute_s": t["recompute"],
+    return row | sample.metrics | time_metrics(t, sample.generated_tokens)
+
+
+def time_metrics(t: Timer, generated_tokens: int) -> dict[str, float]:
+    """time/*: seconds per part of the step, and rollout throughput over every token generated in it."""
+    t = Timer({"sync": 0.0, "rollout": 0.0, "recompute": 0.0, "train": 0.0} | t)
+    return {"time/rollout_s": t["rollout"], "time/sync_s": t["sync"], "time/recompute_s": t["recompute"],
             "time/train_s": t["train"], "time/step_s": sum(t[k] for k in ("sync", "rollout", "train")),
-            "time/rollout_tokens_per_s": n_tok / max(t["rollout"], 1e-9)}
-    return row
+            "time/rollout_tokens_per_s": generated_tokens / max(t["rollout"], 1e-9)}
 
 
 def evaluate(p: Parts, step: int) -> dict[str, float]:
@@ -220,7 +223,8 @@ def precision_info(cfg: DictConfig) -> dict[str, Any]:
 def checkpoint(p: Parts, next_step: int) -> dict[str, Any]:
     return {"step": next_step, "policy": p.policy.state_dict(), "optimizer": p.optimizer.state_dict(),
             "generator": p.generator.get_state(), "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
-            "ref_policy": p.ref_policy.state_dict() if p.ref_policy else None}
+            "ref_policy": p.ref_policy.state_dict() if p.ref_policy else None,
+            "advantage": p.advantage.state_dict()}
 
 
 def restore(p: Parts, ckpt: dict[str, Any]) -> int:
@@ -231,6 +235,7 @@ def restore(p: Parts, ckpt: dict[str, Any]) -> int:
     random.setstate(ckpt["python_rng"])
     if p.ref_policy is not None and ckpt["ref_policy"] is not None:
         p.ref_policy.load_state_dict(ckpt["ref_policy"])
+    p.advantage.load_state_dict(ckpt.get("advantage") or {})
     return int(ckpt["step"])
 
 
@@ -259,7 +264,8 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str) -> str:
                 row = train_step(p, step)
                 run.append_metrics(row)
                 tracker.log(row, step)
-                bar.set_postfix(reward=f"{row['reward/mean']:.3f}", kl=f"{row['mismatch/kl_k3']:.1e}", refresh=False)
+                bar.set_postfix(reward=f"{row.get('reward/mean', float('nan')):.3f}",
+                                kl=f"{row.get('mismatch/kl_k3', float('nan')):.1e}", refresh=False)
                 if (step + 1) % every.checkpoint_every == 0 or guard.requested:
                     run.save_checkpoint(checkpoint(p, step + 1))
                 if guard.requested and step + 1 < every.steps:
