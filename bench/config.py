@@ -23,6 +23,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from bench.budget import BudgetConfig
 from bench.grpo import AlgoConfig
 from bench.identity import run_path
 from bench.methods.base import METHODS
@@ -46,6 +47,7 @@ class Config:
     rollout: Any = MISSING  # the engine's schema (bench/rollout/<engine>.py)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)  # the dry run's GPU-hours estimate (bench/budget.py)
     tracking: TrackingConfig = MISSING
     seed: int = 0
     sweep: str = "default"
@@ -88,7 +90,7 @@ def validate(cfg: DictConfig) -> None:
     """Every schema's `check()`, then the checks across sections: raises ValueError naming the bad value."""
     parts = [("method", group_schema("method", cfg.method.name)), ("task", group_schema("task", cfg.task.name)),
              ("rollout", group_schema("rollout", cfg.rollout.engine)), ("algo", AlgoConfig), ("train", TrainConfig),
-             ("tracking", TrackingConfig), ("model", ModelConfig)]
+             ("tracking", TrackingConfig), ("model", ModelConfig), ("budget", BudgetConfig)]
     for key, schema in parts:
         obj = _as_object(cfg[key], schema, key)
         check = getattr(obj, "check", None)
