@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from bench.gae import clipped_value_loss
 from bench.grpo import masked_mean
@@ -37,10 +37,11 @@ class ValueModel(nn.Module):
     def __init__(self, backbone: nn.Module, hidden_size: int):
         super().__init__()
         self.backbone = backbone
-        with torch.random.fork_rng(devices=[]):
-            self.head = nn.Linear(hidden_size, 1)
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
+        with torch.random.fork_rng(devices=[]):  # built on the CPU under a forked RNG: no random stream moves
+            head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(head.weight)
+        nn.init.zeros_(head.bias)
+        self.head = head.to(next(backbone.parameters()).device)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 use_cache: bool = False) -> torch.Tensor:
@@ -69,11 +70,6 @@ def build_value_model(policy: PreTrainedModel, critic_path: str | None = None) -
     return ValueModel(backbone_of(source), source.config.hidden_size)
 
 
-@torch.no_grad()
-def _no_grad_values(model: ValueModel, rollout: Rollout, dtype: str) -> torch.Tensor:
-    return token_values(model, rollout, dtype)
-
-
 def token_values(model: ValueModel, rollout: Rollout, dtype: str = "fp32") -> torch.Tensor:
     """V(s_t) for every response position t, [B, T] float32 (masked positions hold finite garbage)."""
     ids, attn, pos = sequence_inputs(rollout)
@@ -95,8 +91,10 @@ class Critic:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.critic_lr, weight_decay=train.weight_decay)
         self.algo, self.train = algo, train
 
+    @torch.no_grad()
     def values(self, rollout: Rollout) -> torch.Tensor:
-        return _no_grad_values(self.model, rollout, self.train.dtype)
+        """The old values V(s_t) of a rollout batch, [B, T], no gradient."""
+        return token_values(self.model, rollout, self.train.dtype)
 
     def update(self, rollout: Rollout, returns: torch.Tensor, old_values: torch.Tensor, mask: torch.Tensor,
                step: int) -> dict[str, float]:

@@ -63,7 +63,7 @@ class TrainConfig:
     keep_checkpoint: bool = False  # keep ckpt/last.pt after completion (it is always kept while resumable)
 
     def check(self) -> None:
-        if self.group_size < 1:  # GRPO needs 2 or more: bench.advantages.check_combination
+        if self.group_size < 1:  # GRPO needs 2 or more: bench.config.check_across
             raise ValueError(f"train.group_size={self.group_size} must be at least 1")
         if self.batch_size <= 0 or self.batch_size % self.group_size:
             raise ValueError(f"train.batch_size={self.batch_size} is not divisible by train.group_size={self.group_size}")

@@ -8,6 +8,8 @@ benchmark run fits on a CPU in minutes (perf-notes: ~1M params is what the full 
 Presets (conf/model/*.yaml), with the 100-token character tokenizer in a vocab of 128:
   tiny   (~1.0M params): hidden 128, 4 layers, 4 heads / 2 kv heads (head dim 32), intermediate 512
   tiny10m (~9.5M params): hidden 256, 6 layers, 4 heads / 2 kv heads (head dim 64), intermediate 1792
+  mini_qwen2 / mini_qwen3 (~0.1M params, random init: no warm-start steps): hidden 64, 2 layers, 4 / 2 heads,
+          intermediate 128, 1024 positions (the paper recipes' CPU variants)
 Embeddings are tied (at this size the output matrix would otherwise be a large share of the parameters).
 """
 

@@ -7,7 +7,6 @@ The recipe list comes from conf/ itself, so a new recipe is covered without edit
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir

@@ -201,3 +201,30 @@ def test_values_are_read_before_each_response_token():
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     full = critic.model(input_ids=ids, attention_mask=attn, position_ids=pos)
     close(v, full[:, 1:4], atol=1e-5)  # prompt width 2: positions 1, 2, 3 precede response tokens 0, 1, 2
+
+
+# ------------------------------------------------------------------------------------------ configuration
+@pytest.mark.parametrize("overrides, message", [
+    (["algo.advantage=ppo"], "algo.advantage='ppo' is not valid; choose one of: grpo, gae"),
+    (["algo.lam=1.5"], "algo.lam=1.5 must be in"),
+    (["algo.value_clip=0"], "algo.value_clip=0.0 must be positive"),
+    (["algo.critic_lr=0"], "algo.critic_lr=0.0 must be positive"),
+    (["train.group_size=1", "train.batch_size=8"], "too small for algo.advantage=grpo"),
+    (["algo.advantage=gae", "train.group_size=1", "train.batch_size=8", "algo.dynamic_sampling=true"],
+     "algo.dynamic_sampling drops groups"),
+    (["algo.overlong_penalty=true", "algo.overlong_buffer_len=64"], "must be <= task.max_new_tokens"),
+    (["algo.dynamic_sampling_max_rounds=0"], "must be at least 1"),
+])
+def test_bad_estimator_and_dapo_settings_fail_naming_the_key(tmp_path, overrides, message):
+    from bench.config import validate
+    from tests.helpers import make_cfg
+
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        validate(make_cfg(tmp_path, *overrides))
+
+
+def test_ppo_with_one_response_per_prompt_is_valid(tmp_path):
+    from bench.config import validate
+    from tests.helpers import make_cfg
+
+    validate(make_cfg(tmp_path, "algo.advantage=gae", "train.group_size=1", "train.batch_size=8"))
