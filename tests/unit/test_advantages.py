@@ -228,3 +228,15 @@ def test_ppo_with_one_response_per_prompt_is_valid(tmp_path):
     from tests.helpers import make_cfg
 
     validate(make_cfg(tmp_path, "algo.advantage=gae", "train.group_size=1", "train.batch_size=8"))
+
+
+def test_a_separate_critic_model_from_a_directory(tmp_path):
+    """algo.critic_path: the critic's backbone is that model's (here another random init), not the policy's."""
+    other = tiny_policy()
+    torch.nn.init.normal_(other.model.norm.weight)  # differs from the policy's
+    other.save_pretrained(tmp_path / "critic")
+    build_char_tokenizer(64).save_pretrained(tmp_path / "critic")
+    algo, train = configs(critic_path=str(tmp_path / "critic"))
+    critic = Critic(tiny_policy(), algo, train)
+    torch.testing.assert_close(critic.model.backbone.norm.weight, other.model.norm.weight)
+    close(critic.values(rollout_2x3()), torch.zeros(2, 3))  # the head still starts at zero
