@@ -22,7 +22,7 @@ ADVANTAGES = ("grpo", "gae")
 class AlgoConfig:
     """`algo.*`: the policy-gradient knobs every arm shares (methods.md section 9.1), the advantage estimator
     (GRPO or PPO's critic + GAE) and DAPO's data-side knobs. The arms' own knobs live in their schemas
-    (bench/methods/<arm>.py); checks that need `train.*` too are in bench/advantages.py `check_combination`."""
+    (bench/methods/<arm>.py); checks that need `train.*` or `task.*` too are in bench/config.py `check_across`."""
 
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2  # DAPO clip-higher: 0.28

@@ -240,3 +240,31 @@ def test_a_separate_critic_model_from_a_directory(tmp_path):
     critic = Critic(tiny_policy(), algo, train)
     torch.testing.assert_close(critic.model.backbone.norm.weight, other.model.norm.weight)
     close(critic.values(rollout_2x3()), torch.zeros(2, 3))  # the head still starts at zero
+
+
+# ------------------------------------------------------------------- DAPO's loss-side knobs, as configuration
+def test_clip_higher_as_config():
+    """algo.clip_eps_high=0.28: a ratio of 1.25 with A > 0 is inside [0.8, 1.28] (loss -1.25, gradient -1.25);
+    with the default 0.2 it is clipped at 1.2 (loss -1.2, gradient 0)."""
+    lold = torch.zeros(1, 1, dtype=D)
+    lt0 = torch.full((1, 1), math.log(1.25), dtype=D)
+    for eps_high, want_loss, want_grad in ((0.28, -1.25, -1.25), (0.2, -1.2, 0.0)):
+        m = make_method("bf16", clip_eps_high=eps_high)
+        batch = Batch(lold, lold, torch.tensor([1.0], dtype=D), torch.ones(1, 1, dtype=torch.bool), 1.0)
+        lt = lt0.clone().requires_grad_(True)
+        loss, metrics = m.loss(lt, batch, m.prepare(batch))
+        loss.backward()
+        close(loss.item(), want_loss)
+        close(lt.grad, [[want_grad]])
+        assert metrics["clipfrac"] == (1.0 if eps_high == 0.2 else 0.0)
+
+
+def test_token_level_loss_as_config():
+    """Rows of 1 and 3 tokens, A = 2 and 1, ratio 1 (psi = -A): token-mean (DAPO Eq. 12) = -(2 + 3) / 4 = -1.25;
+    the per-sequence mean = -(2 + 1) / 2 = -1.5."""
+    lold = torch.zeros(2, 3, dtype=D)
+    mask = torch.tensor([[True, False, False], [True, True, True]])
+    batch = Batch(lold, lold, torch.tensor([2.0, 1.0], dtype=D), mask, 4.0)
+    for agg, want in (("token-mean", -1.25), ("seq-mean-token-mean", -1.5)):
+        m = make_method("bf16", loss_agg=agg)
+        close(m.loss(lold.clone(), batch, m.prepare(batch))[0].item(), want)
