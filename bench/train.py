@@ -19,25 +19,26 @@ import random
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
 
 import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from bench.evaluation import greedy_eval
+from bench.evaluation import build_eval_sets, evaluate_policy
 from bench.grpo import group_advantages
 from bench.methods.base import Batch, Method, arm_info, build_method, select_stats
 from bench.mismatch import mismatch_metrics, sanitize
-from bench.models.load import load_policy
+from bench.models.load import context_length, load_policy
 from bench.models.logprobs import TRAINER_DTYPES, token_logprobs
-from bench.models.tokenizer import decode_responses, encode_prompts
+from bench.models.tokenizer import PromptFormat, decode_responses, encode_prompts, uses_chat_template
 from bench.preempt import PreemptionGuard
 from bench.quant import diagnostics
 from bench.quant.quantizers import Quantizer
 from bench.rollout import build_engine
-from bench.rollout.base import Rollout, RolloutEngine, SamplingParams
+from bench.rollout.base import Rollout, RolloutEngine, SamplingParams, response_budget
+from bench.rewards import scorer_metrics
 from bench.store import RunDir
 from bench.tasks.base import Task, build_task
 from bench.tracking import start_tracking
@@ -60,6 +61,7 @@ class TrainConfig:
     checkpoint_every: int = 10
     threads: int = 0  # torch threads; 0 = leave torch's default (sweeps set 1 per job)
     keep_checkpoint: bool = False  # keep ckpt/last.pt after completion (it is always kept while resumable)
+    micro_batch_tokens: Optional[int] = 16384  # no-grad log-prob passes in chunks of <= this many tokens; null: whole batch
 
     def check(self) -> None:
         if self.group_size < 2:
@@ -75,6 +77,8 @@ class TrainConfig:
             raise ValueError(f"train.steps={self.steps} must be at least 1")
         if self.dtype not in TRAINER_DTYPES:
             raise ValueError(f"train.dtype={self.dtype!r} is not valid; choose one of: {', '.join(TRAINER_DTYPES)}")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise ValueError(f"train.micro_batch_tokens={self.micro_batch_tokens} must be positive (or null)")
 
 
 class Diverged(RuntimeError):
@@ -92,6 +96,8 @@ class Parts:
     eval_engine: RolloutEngine
     optimizer: torch.optim.Optimizer
     generator: torch.Generator
+    prompt_format: PromptFormat = PromptFormat()
+    eval_sets: dict[str, Task] = field(default_factory=dict)
     ref_policy: torch.nn.Module | None = None
 
 
@@ -101,13 +107,18 @@ def build(cfg: DictConfig) -> Parts:
     random.seed(cfg.seed)
     task = build_task(cfg.task)
     policy, tokenizer = load_policy(cfg.model, task)
+    prompt_format, eval_sets = PromptFormat.from_config(cfg.model), build_eval_sets(cfg.eval, task)
+    for t in (task, *eval_sets.values()):
+        uses_chat_template(tokenizer, t, prompt_format)  # a template asked for but missing fails here
+    max_len = context_length(cfg.model, policy)
     return Parts(
         cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, method=build_method(cfg.method, cfg.algo),
-        engine=build_engine(cfg.rollout, tokenizer, policy),
+        engine=build_engine(cfg.rollout, tokenizer, policy, max_len=max_len),
         # evaluate the trainer's policy itself, not its quantized copy
-        eval_engine=build_engine(cfg.rollout, tokenizer, policy, precision="fp32"),
+        eval_engine=build_engine(cfg.rollout, tokenizer, policy, max_len=max_len, precision="fp32"),
         optimizer=torch.optim.AdamW(policy.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay),
         generator=torch.Generator().manual_seed(cfg.seed),
+        prompt_format=prompt_format, eval_sets=eval_sets,
     )
 
 
@@ -130,15 +141,16 @@ def train_step(p: Parts, step: int) -> dict[str, float]:
     with t("sync"):
         p.engine.load_weights(p.policy)
     examples = p.task.sample(step, cfg.train.batch_size // G, cfg.seed)
-    prompt_ids, prompt_mask = encode_prompts(p.tokenizer, [p.task.prompt(e) for e in examples])
+    prompt_ids, prompt_mask = encode_prompts(p.tokenizer, p.task, examples, p.prompt_format)
+    sampling = SamplingParams(response_budget(cfg.task.max_new_tokens, prompt_ids.shape[1], p.engine), T)
     with t("rollout"):
-        rollout = p.engine.generate(prompt_ids, prompt_mask, G, SamplingParams(cfg.task.max_new_tokens, T), p.generator)
+        rollout = p.engine.generate(prompt_ids, prompt_mask, G, sampling, p.generator)
     rewards = score(p, examples, rollout, G)
     adv = group_advantages(rewards, G, eps=cfg.algo.adv_eps, norm_by_std=cfg.algo.norm_adv_by_std)
 
     with t("train"), t("recompute"), torch.no_grad():
-        logp_old = token_logprobs(p.policy, rollout, T, cfg.train.dtype)[0] if p.method.needs_recompute else None
-        logp_ref = token_logprobs(p.ref_policy, rollout, T, cfg.train.dtype)[0] if p.ref_policy else None
+        logp_old = recompute(p, p.policy, rollout) if p.method.needs_recompute else None
+        logp_ref = recompute(p, p.ref_policy, rollout) if p.ref_policy else None
     mask, frac_nonfinite = sanitize(logp_old if logp_old is not None else rollout.logp_mu, rollout.logp_mu, rollout.response_mask)
     batch = Batch(logp_old, rollout.logp_mu, adv, mask, max(1.0, float(mask.sum())), logp_ref)
     before = diagnostics.snapshot(p.policy)
@@ -148,8 +160,15 @@ def train_step(p: Parts, step: int) -> dict[str, float]:
     # bypass arms have no pi_old: their mismatch uses log pi_theta at theta_old (methods.md section 11)
     measured = mismatch_metrics(logp_old if logp_old is not None else logp_theta0, rollout.logp_mu, mask)
     measured |= {"mismatch/frac_nonfinite_logprob": frac_nonfinite}
-    measured |= diagnostics.weight_update(before, p.policy) | p.engine.quant_metrics()
+    measured |= diagnostics.weight_update(before, p.policy) | p.engine.quant_metrics() | scorer_metrics(p.task, "reward")
     return step_metrics(p, step, rollout, rewards, logs, stats, measured, t)
+
+
+def recompute(p: Parts, model: torch.nn.Module, rollout: Rollout) -> torch.Tensor:
+    """No-grad log-probs of the rollout's tokens under `model`, in chunks of train.micro_batch_tokens."""
+    cfg = p.cfg
+    return token_logprobs(model, rollout, cfg.rollout.temperature, cfg.train.dtype,
+                          micro_batch_tokens=cfg.train.micro_batch_tokens)[0]
 
 
 def update(p: Parts, rollout: Rollout, batch: Batch, stats: dict, step: int) -> tuple[dict[str, float], torch.Tensor]:
@@ -206,9 +225,9 @@ def step_metrics(p: Parts, step: int, rollout: Rollout, rewards: torch.Tensor, l
 
 
 def evaluate(p: Parts, step: int) -> dict[str, float]:
-    """Greedy accuracy of the trainer's policy on the test split."""
-    return {"step": step} | greedy_eval(p.eval_engine, p.policy, p.tokenizer, p.task, p.task.examples("test"),
-                                        p.cfg.task.max_new_tokens)
+    """Greedy accuracy of the trainer's policy on the test split, and the eval sets' metrics (bench/evaluation.py)."""
+    return {"step": step} | evaluate_policy(p.eval_engine, p.policy, p.tokenizer, p.task, p.eval_sets, p.cfg.eval,
+                                            p.prompt_format, p.cfg.seed, step)
 
 
 def precision_info(cfg: DictConfig) -> dict[str, Any]:

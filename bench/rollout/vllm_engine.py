@@ -4,8 +4,9 @@ integration, to be validated on a GPU machine.
 
 Log-probs: vLLM V1 returns raw (pre-temperature) log-probs by default, which is not the distribution sampled
 from when T != 1 (methods.md section 0). The engine therefore asks for `logprobs_mode="processed_logprobs"`
-and samples with top_p=1, top_k=-1 (no truncation), so log mu = log softmax(logits / T) of the sampled token,
-as in the embedded engine. (Greedy maps to vLLM's temperature 0; its log-probs then follow vLLM's convention,
+and samples with top_k=-1 and the SamplingParams' top_p (1 in training: no truncation), so log mu = log
+softmax(logits / T) of the sampled token, as in the embedded engine; with top_p < 1 (evaluation) vLLM's
+processed log-probs are those of the renormalized nucleus, as the embedded engine's are. (Greedy maps to vLLM's temperature 0; its log-probs then follow vLLM's convention,
 not necessarily the T=1 of SamplingParams: use greedy for evaluation only.)
 
 Weight sync: every `load_weights` saves the trainer's weights and rebuilds the vLLM engine from them, so
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams
+from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams, token_ids
 
 
 @dataclass
@@ -114,13 +115,13 @@ class VLLMEngine:
         params = self.vllm.SamplingParams(
             n=n,
             temperature=0.0 if sampling.greedy else sampling.temperature,
-            top_p=1.0,
+            top_p=sampling.top_p,
             top_k=-1,
             max_tokens=sampling.max_new_tokens,
             logprobs=0,
             seed=seed,
-            stop_token_ids=[] if self.eos_id is None else [self.eos_id],
-            ignore_eos=self.eos_id is None,
+            stop_token_ids=list(token_ids(self.eos_id)),
+            ignore_eos=not token_ids(self.eos_id),
         )
         prompts = [{"prompt_token_ids": ids[m].tolist()} for ids, m in zip(prompt_ids, prompt_mask.bool())]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
