@@ -53,7 +53,7 @@ class EvalConfig:
     sets: List[str] = field(default_factory=list)  # registered task names, e.g. [aime24, amc23, math500]
     overrides: Dict[str, Any] = field(default_factory=dict)  # per set, task keys: {aime24: {source: /data/aime24}}
     max_new_tokens: Optional[int] = None  # null: each set's task.max_new_tokens
-    batch_size: int = 256  # sequences per generate call
+    batch_size: int = 64  # sequences per generate call (the KV cache of one call); also for eval/accuracy
 
     @property
     def samples(self) -> int:

@@ -449,13 +449,14 @@ class EmbeddedEngine:
         resp_mask = torch.zeros(B, T, dtype=torch.bool)
         done = torch.zeros(B, dtype=torch.bool)
         logits = self.decoder.start(ids, mask, T)
+        stops = self.stop_ids.to(logits.device)
         for t in range(T):
             tok, lp = _sample(logits, sampling, generator)
             tokens[:, t] = tok.masked_fill(done, self.pad_id)
             logp[:, t] = lp.masked_fill(done, 0.0)
             resp_mask[:, t] = ~done
-            if self.stop_ids.numel():
-                done |= torch.isin(tok, self.stop_ids)
+            if stops.numel():
+                done |= torch.isin(tok, stops)
                 if bool(done.all()):
                     break
             if t + 1 < T:
