@@ -3,9 +3,9 @@
 Each component's schema lives beside it (lingua's `OptimArgs` beside `optim.py`): `MethodConfig` and every
 arm's schema in bench/methods/, `AlgoConfig` in bench/grpo.py, task schemas in bench/tasks/, engine schemas in
 bench/rollout/, `ModelConfig` in bench/models/load.py, `TrainConfig` in bench/train.py, `EvalConfig` in
-bench/evaluation.py, `TrackingConfig` in bench/tracking.py. This module composes them into `Config` and hands them to Hydra's ConfigStore, so that a
-misspelt key or a value of the wrong type fails at start-up naming it; `validate` runs every schema's
-`check()` (ranges and choices a type cannot express) before any work starts.
+bench/evaluation.py, `TrackingConfig` in bench/tracking.py. This module composes them into `Config` and hands
+them to Hydra's ConfigStore, so that a misspelt key or a value of the wrong type fails at start-up naming it;
+`validate` runs every schema's `check()` (ranges and choices a type cannot express) before any work starts.
 
 The schemas are stored under top-level names (`schema_method_tis`, ...) that the group yamls extend
 (`defaults: [/schema_method_tis@_here_]`), not as members of the groups, so that `--help` lists only real

@@ -85,7 +85,8 @@ class EvalConfig:
             raise ValueError(f"eval.sets={list(self.sets)} names a set twice")
         stray = [s for s in self.overrides if s not in self.sets]
         if stray:
-            raise ValueError(f"eval.overrides has {', '.join(map(repr, stray))}, which eval.sets={list(self.sets)} does not name")
+            raise ValueError(f"eval.overrides has {', '.join(map(repr, stray))}, "
+                             f"which eval.sets={list(self.sets)} does not name")
         for name in self.sets:
             set_config(name, self.overrides.get(name)).check()
 
@@ -104,7 +105,8 @@ def set_config(name: str, overrides: Any = None) -> Any:
     known = set(schema.__dataclass_fields__)
     bad = sorted(set(values) - known)
     if bad:
-        raise ValueError(f"eval.overrides.{name}: unknown key(s) {', '.join(bad)}; {name} has: {', '.join(sorted(known))}")
+        raise ValueError(f"eval.overrides.{name}: unknown key(s) {', '.join(bad)}; "
+                         f"{name} has: {', '.join(sorted(known))}")
     return schema(**{**values, "name": name})
 
 

@@ -94,6 +94,20 @@ def test_good_eval_config_passes():
                overrides={"aime24": {"source": "/data/aime24"}}).check()
 
 
+def test_eval_config_from_the_command_line(tmp_path):
+    """`eval.*` is part of the root config: '@' parses in an override value, and validate runs its checks."""
+    from bench.config import validate
+    from tests.helpers import make_cfg
+
+    cfg = make_cfg(tmp_path, "eval.mode=pass@k", "eval.k=4", "eval.n=8", "eval.sets=[aime24,amc23]",
+                   "+eval.overrides.aime24.source=/data/aime24")
+    validate(cfg)
+    assert (cfg.eval.mode, list(cfg.eval.sets), cfg.eval.overrides.aime24.source) == ("pass@k", ["aime24", "amc23"],
+                                                                                      "/data/aime24")
+    with pytest.raises(ValueError, match="eval.n=2 must be >= eval.k=4"):
+        validate(make_cfg(tmp_path, "eval.mode=pass@k", "eval.k=4", "eval.n=2"))
+
+
 def test_set_config_is_the_task_schema_with_overrides():
     cfg = set_config("math500", {"max_test": 7})
     assert (cfg.name, cfg.source, cfg.max_test, cfg.test_split) == ("math500", "HuggingFaceH4/MATH-500", 7, "test")
