@@ -38,6 +38,7 @@ from bench.quant import diagnostics
 from bench.quant.quantizers import Quantizer
 from bench.rollout import build_engine
 from bench.rollout.base import Rollout, RolloutEngine, SamplingParams
+from bench.rollout.embedded import EmbeddedRolloutConfig
 from bench.store import RunDir
 from bench.tasks.base import Task, build_task
 from bench.tracking import start_tracking
@@ -104,8 +105,9 @@ def build(cfg: DictConfig) -> Parts:
     return Parts(
         cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, method=build_method(cfg.method, cfg.algo),
         engine=build_engine(cfg.rollout, tokenizer, policy),
-        # evaluate the trainer's policy itself, not its quantized copy
-        eval_engine=build_engine(cfg.rollout, tokenizer, policy, precision="fp32"),
+        # evaluate the trainer's policy itself (not its quantized copy), with the embedded engine whatever the
+        # rollout engine is: a second vLLM engine would claim a second share of the GPU
+        eval_engine=build_engine(EmbeddedRolloutConfig(precision="fp32"), tokenizer, policy),
         optimizer=torch.optim.AdamW(policy.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay),
         generator=torch.Generator().manual_seed(cfg.seed),
     )
