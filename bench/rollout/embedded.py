@@ -177,8 +177,9 @@ class FastDecoder(nn.Module):
         self.act = act_dtype
         self.kv_cache_dtype = kv_cache_dtype
         # bf16 attention on a CPU without bf16 hardware is ~6x slower than fp32: run it in fp32 on the bf16
-        # values (the cache then holds bf16-exact numbers in fp32 storage).
-        self.attn = act_dtype if (act_dtype != torch.bfloat16 or native_bf16_matmul()) else torch.float32
+        # values (the cache then holds bf16-exact numbers in fp32 storage). A GPU runs it in bf16.
+        native = model.lm_head.weight.is_cuda or native_bf16_matmul()
+        self.attn = act_dtype if (act_dtype != torch.bfloat16 or native) else torch.float32
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -468,6 +469,7 @@ class EmbeddedEngine:
                     break
             if t + 1 < T:
                 logits = self.decoder.step(tokens[:, t])
+        self.decoder._state = {}  # free the KV cache now: on a GPU the training step needs that memory
         steps = t + 1
         return Rollout(ids, mask, tokens[:, :steps], resp_mask[:, :steps], logp[:, :steps])
 
