@@ -337,8 +337,8 @@ def plot_throughput(sweep: Sweep, model: str, out_dir: Path, baseline: str = "bf
     # the engine/device only where the figure mixes several.
     runtimes = list(zip(data["engine"], data["device"]))
     mixed = len(set(runtimes)) > 1
-    ylabels = [f"{m} ({precision_label(p)}{', emulated' if is_emulated(p, d) else ''})" + (f" · {e}/{d}" if mixed else "")
-               for (m, p), (e, d) in zip(arms, runtimes)]
+    ylabels = [f"{m} ({precision_label(p)}{', emulated' if is_emulated(p, d) else ''})"
+               + (f" · {e}/{d}" if mixed else "") for (m, p), (e, d) in zip(arms, runtimes)]
     y = np.arange(len(arms))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(FULL_WIDTH, 0.32 * len(arms) + 1.1), layout="constrained")
     tps = data["tokens_per_s_mean"].to_numpy()

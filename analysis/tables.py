@@ -324,7 +324,9 @@ def _train_includes_recompute(steady: pd.DataFrame) -> bool:
     """True for runs of a trainer that timed the recompute pass inside time/train_s (step = sync + rollout +
     train); since the split, step = sync + rollout + recompute + train. Decided on the data, per run."""
     cols = [f"time/{k}" for k in ("step_s", "sync_s", "rollout_s", "recompute_s", "train_s")]
-    if not all(c in steady for c in cols) or steady[cols].isna().any(axis=None) or not (steady["time/recompute_s"] > 0).any():
+    if not all(c in steady for c in cols) or steady[cols].isna().any(axis=None):
+        return False
+    if not (steady["time/recompute_s"] > 0).any():
         return False
     step, sync, roll, rec, train = (steady[c] for c in cols)
     return bool(((step - (sync + roll + train)).abs().mean()) < ((step - (sync + roll + rec + train)).abs().mean()))

@@ -57,7 +57,7 @@ class TrainConfig:
     lr: float = 1e-4  # Adam on a ~1M model: 3e-4+ destroys the warm start's accuracy, 2e-5 barely moves
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    dtype: str = "bf16"  # trainer compute over fp32 master weights: bf16 | fp16 (+ loss scaling) | fp32 (bench/compute.py)
+    dtype: str = "bf16"  # compute over fp32 master weights: bf16 | fp16 (+ loss scaling) | fp32 (bench/compute.py)
     device: str = "auto"  # auto (cuda when torch sees a GPU, else cpu) | cpu | cuda (bench/device.py)
     micro_batch_size: Optional[int] = None  # sequences per forward/backward; null = the whole minibatch
     gradient_checkpointing: bool = False  # recompute decoder layers in backward (activation memory -> ~1 layer)
@@ -81,7 +81,8 @@ class TrainConfig:
         if self.dtype not in TRAINER_DTYPES:
             raise ValueError(f"train.dtype={self.dtype!r} is not valid; choose one of: {', '.join(TRAINER_DTYPES)}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
-            raise ValueError(f"train.micro_batch_size={self.micro_batch_size} must be at least 1 (or null: whole minibatch)")
+            raise ValueError(f"train.micro_batch_size={self.micro_batch_size} must be at least 1 "
+                             "(or null: the whole minibatch)")
         if self.device not in DEVICES:
             raise ValueError(f"train.device={self.device!r} is not valid; choose one of: {', '.join(DEVICES)}")
         resolve_device(self.device)  # cuda without a usable GPU fails here, before any work, saying why

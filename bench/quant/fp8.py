@@ -66,7 +66,8 @@ class _Fp8(Format):
         fast = work == torch.float32 and self.element is E4M3
         return (round_e4m3(y) if fast else round_to_minifloat(y, self.element)), scale
 
-    def make_linear(self, weight, bias, quantizer: Quantizer, out_dtype, int8_kernel="auto", fp8_kernel="auto") -> nn.Module:
+    def make_linear(self, weight, bias, quantizer: Quantizer, out_dtype, int8_kernel="auto",
+                    fp8_kernel="auto") -> nn.Module:
         if choose_fp8_kernel(fp8_kernel, quantizer, tuple(weight.shape), weight.device) == "scaled_mm":
             return Fp8ScaledMMLinear(weight, bias, quantizer, out_dtype)
         return FakeQuantLinear(weight, bias, quantizer, out_dtype)

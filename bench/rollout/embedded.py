@@ -187,7 +187,8 @@ class FastDecoder(nn.Module):
         inv_freq, self.rope_scaling = rope_inv_freq(model)
         if 2 * inv_freq.numel() != self.head_dim:
             raise ValueError("partial rotary embeddings are not supported by FastDecoder (use backend='hf')")
-        self.register_buffer("inv_freq", inv_freq.to(model.lm_head.weight.device))  # the engine lives where the model does
+        # the engine lives where the trainer's model does (its buffers and KV cache too)
+        self.register_buffer("inv_freq", inv_freq.to(model.lm_head.weight.device))
         plain = Quantizer("bf16" if act_dtype == torch.bfloat16 else "fp32")
         self.quant_errors = QuantErrors()
 
