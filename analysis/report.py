@@ -162,7 +162,7 @@ def write_report(
     table_titles = {
         "results": "Results",
         "accuracy": f"Final eval accuracy per arm and task (gap to {baseline})",
-        "throughput": "Throughput per arm and precision",
+        "throughput": "Throughput per arm, precision, engine and device",
     }
     for table, paths in tables:
         if table.display.empty:

@@ -332,7 +332,9 @@ class VLLMEngine:
 
         ids = prompt_ids.long().repeat_interleave(n, dim=0)
         mask = prompt_mask.repeat_interleave(n, dim=0)
-        seeds = torch.randint(0, 2**31 - 1, (ids.shape[0],), generator=generator).tolist()
+        # the trainer's generator may live on the GPU: draw the per-request seeds on its device
+        device = generator.device if generator is not None else "cpu"
+        seeds = torch.randint(0, 2**31 - 1, (ids.shape[0],), generator=generator, device=device).tolist()
         common = dict(
             n=1, top_p=1.0, top_k=0, max_tokens=T, logprobs=0,
             # stop on our EOS only (not the saved model's generation_config); the EOS token stays in the output
