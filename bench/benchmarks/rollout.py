@@ -1,6 +1,6 @@
 """Rollout throughput of both engines at every precision each offers, as a Markdown table.
 
-    python -m bench.benchmarks.rollout [--engines embedded vllm] [--preset 1m|10m|qwen2.5-0.5b|qwen2.5-1.5b|qwen3-8b]
+    python -m bench.benchmarks.rollout [--engines embedded vllm] [--preset 1m|10m|qwen2.5-0.5b|qwen2.5-1.5b|qwen3-8b] [--device auto]
                                        [--layers N] [--batch 16 64] [--new-tokens 64] [--prompt-len 32]
                                        [--threads 2] [--repeats 3] [--hf]
 
@@ -39,10 +39,12 @@ from collections.abc import Callable
 import torch
 
 from bench.quant.linear import fast_int_mm, native_bf16_matmul
+from bench.device import resolve_device
+from bench.quant.quantizers import precisions
 from bench.rollout.base import SamplingParams
 from bench.rollout.embedded import EmbeddedEngine
 
-EMBEDDED_PRECISIONS = ("fp32", "bf16", "fp8_e4m3", "int8")
+EMBEDDED_PRECISIONS = tuple(precisions())  # every format registered in bench/quant/
 VLLM_PRECISIONS = ("fp32", "bf16", "fp8_e4m3")
 ENGINES = ("embedded", "vllm")
 #: Model shapes. 1m / 10m: perf-notes sizes (Qwen2, GQA 4/2 heads, tied embeddings). The others are the
@@ -94,7 +96,13 @@ def build_model(preset: str, layers: int | None = None, max_len: int = 4096,
     return model.eval()
 
 
-def best_tokens_per_s(runs: dict[str, Callable[[], int]], repeats: int) -> dict[str, float]:
+def _sync(device: torch.device) -> None:
+    """Wait for the GPU: without it a timer reads kernel launches, not work (no EOS means no host sync)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best_tokens_per_s(runs: dict[str, Callable[[], int]], repeats: int, device: torch.device) -> dict[str, float]:
     """Warm up every runner, then time them in interleaved rounds (a burst of load from elsewhere hits one
     round of every method rather than all repeats of one) and keep each one's best."""
     for run in runs.values():
@@ -102,20 +110,25 @@ def best_tokens_per_s(runs: dict[str, Callable[[], int]], repeats: int) -> dict[
     best = dict.fromkeys(runs, 0.0)
     for _ in range(repeats):
         for name, run in runs.items():
+            _sync(device)
             t0 = time.perf_counter()
             tokens = run()
+            _sync(device)
             best[name] = max(best[name], tokens / (time.perf_counter() - t0))
     return best
 
 
 def sync_ms(model, precision: str, repeats: int) -> float:
     """Best time of the embedded engine's `load_weights` (copy + fresh quantization)."""
+    device = next(model.parameters()).device
     engine = EmbeddedEngine(precision)
     engine.load_weights(model)
     best = float("inf")
     for _ in range(repeats):
+        _sync(device)
         t0 = time.perf_counter()
         engine.load_weights(model)
+        _sync(device)
         best = min(best, time.perf_counter() - t0)
     return best * 1e3
 
@@ -123,7 +136,7 @@ def sync_ms(model, precision: str, repeats: int) -> float:
 def engine_runner(engine, prompts: torch.Tensor, new_tokens: int) -> Callable[[], int]:
     mask = torch.ones_like(prompts, dtype=torch.bool)
     sampling = SamplingParams(max_new_tokens=new_tokens)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device=prompts.device).manual_seed(0)
 
     def run() -> int:
         return engine.generate(prompts, mask, 1, sampling, gen).num_tokens()
@@ -183,7 +196,8 @@ def vllm_child(spec: dict) -> dict:
     out = {"start_s": engine.build_s, "sync_ms": min(syncs) * 1e3, "tok_s": {}}
     for B in spec["batch"]:
         run = engine_runner(engine, make_prompts(model.config.vocab_size, B, spec["prompt_len"]), spec["new_tokens"])
-        out["tok_s"][B] = best_tokens_per_s({"r": run}, spec["repeats"])["r"]
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # vLLM's
+        out["tok_s"][B] = best_tokens_per_s({"r": run}, spec["repeats"], device)["r"]
     return out
 
 
@@ -208,11 +222,12 @@ def run_vllm(args, rows: dict, syncs: dict, notes: list[str]) -> None:
 
 
 def run_embedded(args, rows: dict, syncs: dict) -> None:
-    model = build_model(args.preset, args.layers, args.prompt_len + args.new_tokens + 1)
+    device = resolve_device(args.device)
+    model = build_model(args.preset, args.layers, args.prompt_len + args.new_tokens + 1).to(device)
     model_bf16 = copy.deepcopy(model).to(torch.bfloat16) if args.hf else None
     precisions = [p for p in EMBEDDED_PRECISIONS if p in args.precisions]
     for B in args.batch:
-        prompts = make_prompts(model.config.vocab_size, B, args.prompt_len)
+        prompts = make_prompts(model.config.vocab_size, B, args.prompt_len).to(device)
         runs = {}
         for prec in precisions:
             engine = EmbeddedEngine(prec)
@@ -221,7 +236,7 @@ def run_embedded(args, rows: dict, syncs: dict) -> None:
         if args.hf:
             runs["hf_generate | fp32"] = hf_runner(model, prompts, args.new_tokens)
             runs["hf_generate | bf16"] = hf_runner(model_bf16, prompts, args.new_tokens)
-        for name, tok_s in best_tokens_per_s(runs, args.repeats).items():
+        for name, tok_s in best_tokens_per_s(runs, args.repeats, device).items():
             rows.setdefault(name, {})[B] = tok_s
         del runs
         gc.collect()
@@ -238,6 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="auto", help="embedded engine: auto (cuda when available) | cpu | cuda")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--precisions", nargs="+", choices=EMBEDDED_PRECISIONS, default=list(EMBEDDED_PRECISIONS))
     ap.add_argument("--hf", action="store_true", help="add HF generate rows (fp32, bf16)")
