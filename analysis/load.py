@@ -68,6 +68,24 @@ class Run:
         """An arm is a method at a rollout precision; the same method at two precisions is two arms."""
         return (self.method, self.precision)
 
+    @property
+    def engine(self) -> str:
+        """The rollout engine (embedded | vllm | ...): run.json `runtime`, else the config's rollout.engine."""
+        declared = self.info.get("runtime")
+        if isinstance(declared, dict) and isinstance(declared.get("engine"), str):
+            return declared["engine"]
+        engine = get(self.config, "rollout.engine")
+        return engine if isinstance(engine, str) and "${" not in engine else "embedded"
+
+    @property
+    def device(self) -> str:
+        """Where the run computed (cpu | cuda), from run.json `runtime`. A run without it was written by a
+        trainer older than `train.device`, which had no GPU code path: it ran on the CPU."""
+        declared = self.info.get("runtime")
+        if isinstance(declared, dict) and isinstance(declared.get("device"), str):
+            return declared["device"]
+        return "cpu"
+
 
 @dataclass
 class Skipped:

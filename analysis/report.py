@@ -163,7 +163,7 @@ def write_report(
         "results": "Results",
         "accuracy": f"Final eval accuracy per arm and task (gap to {baseline})",
         "benchmarks": "Benchmarks (eval sets: accuracy, avg@k, pass@k)",
-        "throughput": "Throughput per arm and precision",
+        "throughput": "Throughput per arm, precision, engine and device",
     }
     for table, paths in tables:
         if table.display.empty:

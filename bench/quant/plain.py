@@ -32,7 +32,7 @@ class Bf16Linear(QuantLinear):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype = torch.bfloat16):
         super().__init__(weight, out_dtype)
-        self.native = native_bf16_matmul()
+        self.native = weight.is_cuda or native_bf16_matmul()  # every GPU here has bf16 tensor cores
         store = torch.bfloat16 if self.native else torch.float32  # fp32 storage holds bf16 values exactly
         self.register_buffer("weight", weight.detach().to(torch.bfloat16).to(store))
         self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16).to(store))

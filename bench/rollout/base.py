@@ -110,6 +110,10 @@ class Rollout:
     def select(self, idx: torch.Tensor | slice) -> "Rollout":
         return Rollout(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
 
+    def to(self, device: torch.device | str) -> "Rollout":
+        """The same rollout with every tensor on `device` (the trainer's; engines may return them elsewhere)."""
+        return Rollout(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
     def num_tokens(self) -> int:
         return int(self.response_mask.sum())
 

@@ -110,7 +110,7 @@ def rope_tables(
     inv_freq: torch.Tensor, scaling: float, length: int, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [length, head_dim] as the HF rotary embedding computes them: fp32, scaled, then cast."""
-    freqs = torch.arange(length, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    freqs = torch.arange(length, dtype=torch.float32, device=inv_freq.device)[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
 
@@ -178,8 +178,9 @@ class FastDecoder(nn.Module):
         self.act = act_dtype
         self.kv_cache_dtype = kv_cache_dtype
         # bf16 attention on a CPU without bf16 hardware is ~6x slower than fp32: run it in fp32 on the bf16
-        # values (the cache then holds bf16-exact numbers in fp32 storage).
-        self.attn = act_dtype if (act_dtype != torch.bfloat16 or native_bf16_matmul()) else torch.float32
+        # values (the cache then holds bf16-exact numbers in fp32 storage). A GPU runs it in bf16.
+        native = model.lm_head.weight.is_cuda or native_bf16_matmul()
+        self.attn = act_dtype if (act_dtype != torch.bfloat16 or native) else torch.float32
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -187,7 +188,8 @@ class FastDecoder(nn.Module):
         inv_freq, self.rope_scaling = rope_inv_freq(model)
         if 2 * inv_freq.numel() != self.head_dim:
             raise ValueError("partial rotary embeddings are not supported by FastDecoder (use backend='hf')")
-        self.register_buffer("inv_freq", inv_freq)
+        # the engine lives where the trainer's model does (its buffers and KV cache too)
+        self.register_buffer("inv_freq", inv_freq.to(model.lm_head.weight.device))
         plain = Quantizer("bf16" if act_dtype == torch.bfloat16 else "fp32")
         self.quant_errors = QuantErrors()
 
@@ -208,6 +210,10 @@ class FastDecoder(nn.Module):
         self.lm_head = build(lm_head.weight.detach(), _bias(lm_head), q=quantizer if quantize_lm_head else plain)
         self._state: dict = {}
 
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
     def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         B, P = ids.shape
         total = P + max_new_tokens
@@ -215,8 +221,8 @@ class FastDecoder(nn.Module):
         valid = torch.cat([mask, mask.new_ones(B, max_new_tokens)], dim=1)
         shape = (len(self.layers), B, self.n_kv, total, self.head_dim)
         self._state = dict(
-            k=torch.zeros(shape, dtype=self.attn),
-            v=torch.zeros(shape, dtype=self.attn),
+            k=torch.zeros(shape, dtype=self.attn, device=ids.device),
+            v=torch.zeros(shape, dtype=self.attn, device=ids.device),
             cos=cos,
             sin=sin,
             valid=valid[:, None, None, :],
@@ -224,8 +230,8 @@ class FastDecoder(nn.Module):
             length=P,
         )
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        causal = torch.ones(P, P, dtype=torch.bool).tril()
-        attn_mask = (causal & mask[:, None, None, :]) | torch.eye(P, dtype=torch.bool)
+        causal = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril()
+        attn_mask = (causal & mask[:, None, None, :]) | torch.eye(P, dtype=torch.bool, device=ids.device)
         return self._forward(ids, pos, 0, attn_mask)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -314,9 +320,13 @@ class HFDecoder:
         self._keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(m.forward).parameters else {}
         self._state: dict = {}
 
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
     def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         B, P = ids.shape
-        attn = torch.cat([mask.long(), torch.ones(B, max_new_tokens, dtype=torch.long)], dim=1)
+        attn = torch.cat([mask.long(), torch.ones(B, max_new_tokens, dtype=torch.long, device=ids.device)], dim=1)
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=attn[:, :P], position_ids=pos, use_cache=True, **self._keep)
         self._state = dict(attn=attn, length=P, next_pos=mask.sum(1, keepdim=True), cache=out.past_key_values)
@@ -439,15 +449,19 @@ class EmbeddedEngine:
             raise ValueError(f"max_new_tokens={T} must be at least 1")
         if not prompt_mask[:, -1].all():
             raise ValueError("prompts must be left-padded: prompt_mask[:, -1] has a padding position")
-        ids = prompt_ids.long().repeat_interleave(n, dim=0)
-        mask = prompt_mask.bool().repeat_interleave(n, dim=0)
+        device = self.decoder.device  # the engine computes where the trainer's weights live; so do its buffers
+        if generator is not None and generator.device.type != device.type:
+            raise ValueError(f"the sampling generator is on {generator.device} but the engine on {device}: "
+                             f"create it with torch.Generator(device={device.type!r})")
+        ids = prompt_ids.to(device).long().repeat_interleave(n, dim=0)
+        mask = prompt_mask.to(device).bool().repeat_interleave(n, dim=0)
         if self.max_len is not None and ids.shape[1] + T > self.max_len:
             raise ValueError(f"prompt length {ids.shape[1]} + max_new_tokens {T} exceeds max_len={self.max_len}")
         B = ids.shape[0]
-        tokens = torch.full((B, T), self.pad_id, dtype=torch.long)
-        logp = torch.zeros(B, T, dtype=torch.float32)
-        resp_mask = torch.zeros(B, T, dtype=torch.bool)
-        done = torch.zeros(B, dtype=torch.bool)
+        tokens = torch.full((B, T), self.pad_id, dtype=torch.long, device=device)
+        logp = torch.zeros(B, T, dtype=torch.float32, device=device)
+        resp_mask = torch.zeros(B, T, dtype=torch.bool, device=device)
+        done = torch.zeros(B, dtype=torch.bool, device=device)
         logits = self.decoder.start(ids, mask, T)
         stops = self.stop_ids.to(logits.device)
         for t in range(T):
@@ -461,6 +475,7 @@ class EmbeddedEngine:
                     break
             if t + 1 < T:
                 logits = self.decoder.step(tokens[:, t])
+        self.decoder._state = {}  # free the KV cache now: on a GPU the training step needs that memory
         steps = t + 1
         return Rollout(ids, mask, tokens[:, :steps], resp_mask[:, :steps], logp[:, :steps])
 

@@ -61,6 +61,9 @@ PRECISION_INFO = {
     "int8": {"name": "int8", "label": "INT8", "weight_bits": 8, "act_bits": 8},
 }
 VERSIONS = {"python": "3.11.9", "torch": "2.13.0", "transformers": "4.57.1"}
+# Where the runs computed, as the trainer records it in run.json (bench/train.py runtime_info): all on a CPU,
+# so every quantized row of the throughput table is "emulated".
+RUNTIME = {"engine": "embedded", "device": "cpu", "device_name": "cpu (AVX2)", "trainer_dtype": "bf16"}
 
 
 def _config(method: str, task: str, seed: int, steps: int = STEPS) -> dict[str, Any]:
@@ -195,6 +198,7 @@ def write_run(
         info["arm"] = ARM_INFO[method]
     if precision in PRECISION_INFO:
         info["precision"] = PRECISION_INFO[precision]
+    info["runtime"] = RUNTIME
     (run_dir / "run.json").write_text(json.dumps(info, indent=1))
     return run_dir
 

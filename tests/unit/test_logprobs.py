@@ -87,3 +87,21 @@ def test_chunked_pass_keeps_gradients(model, rollout):
         grads.append(model.model.embed_tokens.weight.grad.clone())
     # the weight gradient sums over rows in another order (measured: 4e-6 of entries up to 13)
     assert torch.allclose(grads[0], grads[1], atol=2e-5, rtol=0)
+
+
+def test_trainer_compute_cuts_each_micro_batch_by_tokens(model, rollout):
+    """The trainer's no-grad passes (bench/compute.py): rows in train.micro_batch_size micro-batches, each cut to
+    train.micro_batch_tokens per forward; the log-probs are those of one whole-batch pass, bit for bit."""
+    from bench.compute import TrainerCompute
+
+    rows = []
+    hook = model.register_forward_hook(lambda m, args, kwargs, out: rows.append(kwargs["input_ids"].shape[0]),
+                                       with_kwargs=True)
+    try:
+        cut = TrainerCompute(torch.device("cpu"), "bf16", 0.7, micro_batch_size=5, micro_batch_tokens=100)
+        logp, _ = cut.logprobs(model, rollout)
+    finally:
+        hook.remove()
+    assert rows == [2, 2, 1, 2, 2, 1, 2]  # micro-batches of 5, 5, 2 rows; 100 // 48 = 2 rows per forward
+    whole, _ = TrainerCompute(torch.device("cpu"), "bf16", 0.7).logprobs(model, rollout)
+    assert torch.equal(logp, whole)
