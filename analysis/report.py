@@ -162,6 +162,7 @@ def write_report(
     table_titles = {
         "results": "Results",
         "accuracy": f"Final eval accuracy per arm and task (gap to {baseline})",
+        "benchmarks": "Benchmarks (eval sets: accuracy, avg@k, pass@k)",
         "throughput": "Throughput per arm, precision, engine and device",
     }
     for table, paths in tables:

@@ -91,6 +91,7 @@ class TrainerCompute:
     temperature: float
     micro_batch_size: int | None = None
     scaler: torch.amp.GradScaler | None = None
+    micro_batch_tokens: int | None = None  # no-grad passes: also at most this many tokens per forward
 
     def __post_init__(self) -> None:
         if self.scaler is None:
@@ -100,8 +101,11 @@ class TrainerCompute:
     @torch.no_grad()
     def logprobs(self, model: torch.nn.Module, rollout: Rollout, with_entropy: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """log p of every response token [B, T] (and entropy), without a graph, micro-batch by micro-batch."""
-        parts = [token_logprobs(model, rollout.select(s), self.temperature, self.dtype, with_entropy)
+        """log p of every response token [B, T] (and entropy), without a graph, micro-batch by micro-batch; each
+        micro-batch is cut further to `micro_batch_tokens` tokens per forward (bit-identical, bench.models.logprobs),
+        so long responses never hold a whole micro-batch's logits at once."""
+        parts = [token_logprobs(model, rollout.select(s), self.temperature, self.dtype, with_entropy,
+                                micro_batch_tokens=self.micro_batch_tokens)
                  for s in micro_slices(rollout.batch_size, self.micro_batch_size)]
         logp = torch.cat([p[0] for p in parts])
         return logp, (torch.cat([p[1] for p in parts]) if with_entropy else None)

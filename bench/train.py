@@ -19,7 +19,7 @@ import random
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 import torch
@@ -28,18 +28,19 @@ from tqdm import tqdm
 
 from bench.compute import Diverged, TrainerCompute, enable_gradient_checkpointing
 from bench.device import DEVICES, describe, make_generator, resolve_device, restore_rng, rng_state
-from bench.evaluation import greedy_eval
+from bench.evaluation import build_eval_sets, evaluate_policy
 from bench.grpo import group_advantages
 from bench.methods.base import Batch, Method, arm_info, build_method, select_stats
 from bench.mismatch import mismatch_metrics, sanitize
-from bench.models.load import load_policy
+from bench.models.load import context_length, load_policy
 from bench.models.logprobs import TRAINER_DTYPES
-from bench.models.tokenizer import decode_responses, encode_prompts
+from bench.models.tokenizer import PromptFormat, decode_responses, encode_prompts, uses_chat_template
 from bench.preempt import PreemptionGuard
 from bench.quant import diagnostics
 from bench.quant.quantizers import Quantizer
 from bench.rollout import build_engine
-from bench.rollout.base import Rollout, RolloutEngine, SamplingParams
+from bench.rewards import scorer_metrics
+from bench.rollout.base import Rollout, RolloutEngine, SamplingParams, response_budget
 from bench.rollout.embedded import EmbeddedRolloutConfig
 from bench.store import RunDir
 from bench.tasks.base import Task, build_task
@@ -61,6 +62,7 @@ class TrainConfig:
     dtype: str = "bf16"  # compute over fp32 master weights: bf16 | fp16 (+ loss scaling) | fp32 (bench/compute.py)
     device: str = "auto"  # auto (cuda when torch sees a GPU, else cpu) | cpu | cuda (bench/device.py)
     micro_batch_size: Optional[int] = None  # sequences per forward/backward; null = the whole minibatch
+    micro_batch_tokens: Optional[int] = 16384  # no-grad log-prob passes: <= this many tokens per forward; null: no cap
     gradient_checkpointing: bool = False  # recompute decoder layers in backward (activation memory -> ~1 layer)
     eval_every: int = 10
     checkpoint_every: int = 10
@@ -84,6 +86,8 @@ class TrainConfig:
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise ValueError(f"train.micro_batch_size={self.micro_batch_size} must be at least 1 "
                              "(or null: the whole minibatch)")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise ValueError(f"train.micro_batch_tokens={self.micro_batch_tokens} must be positive (or null)")
         if self.device not in DEVICES:
             raise ValueError(f"train.device={self.device!r} is not valid; choose one of: {', '.join(DEVICES)}")
         resolve_device(self.device)  # cuda without a usable GPU fails here, before any work, saying why
@@ -101,6 +105,8 @@ class Parts:
     optimizer: torch.optim.Optimizer
     generator: torch.Generator
     compute: TrainerCompute
+    prompt_format: PromptFormat = PromptFormat()
+    eval_sets: dict[str, Task] = field(default_factory=dict)
     ref_policy: torch.nn.Module | None = None
 
 
@@ -114,15 +120,21 @@ def build(cfg: DictConfig) -> Parts:
     policy.to(device)  # before the optimizer: its states are allocated beside the parameters
     if cfg.train.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
+    prompt_format, eval_sets = PromptFormat.from_config(cfg.model), build_eval_sets(cfg.eval, task)
+    for t in (task, *eval_sets.values()):
+        uses_chat_template(tokenizer, t, prompt_format)  # a template asked for but missing fails here
+    max_len = context_length(cfg.model, policy)
     return Parts(
         cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, method=build_method(cfg.method, cfg.algo),
-        engine=build_engine(cfg.rollout, tokenizer, policy),
+        engine=build_engine(cfg.rollout, tokenizer, policy, max_len=max_len),
         # evaluate the trainer's policy itself (not its quantized copy), with the embedded engine whatever the
         # rollout engine is: a second vLLM engine would claim a second share of the GPU
-        eval_engine=build_engine(EmbeddedRolloutConfig(precision="fp32"), tokenizer, policy),
+        eval_engine=build_engine(EmbeddedRolloutConfig(precision="fp32"), tokenizer, policy, max_len=max_len),
         optimizer=torch.optim.AdamW(policy.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay),
         generator=make_generator(device, cfg.seed),
-        compute=TrainerCompute(device, cfg.train.dtype, cfg.rollout.temperature, cfg.train.micro_batch_size),
+        compute=TrainerCompute(device, cfg.train.dtype, cfg.rollout.temperature, cfg.train.micro_batch_size,
+                               micro_batch_tokens=cfg.train.micro_batch_tokens),
+        prompt_format=prompt_format, eval_sets=eval_sets,
     )
 
 
@@ -146,9 +158,10 @@ def train_step(p: Parts, step: int) -> dict[str, float]:
     with t("sync"):
         p.engine.load_weights(p.policy)
     examples = p.task.sample(step, cfg.train.batch_size // G, cfg.seed)
-    prompt_ids, prompt_mask = encode_prompts(p.tokenizer, [p.task.prompt(e) for e in examples])
+    prompt_ids, prompt_mask = encode_prompts(p.tokenizer, p.task, examples, p.prompt_format)
+    sampling = SamplingParams(response_budget(cfg.task.max_new_tokens, prompt_ids.shape[1], p.engine), T)
     with t("rollout"):
-        rollout = p.engine.generate(prompt_ids, prompt_mask, G, SamplingParams(cfg.task.max_new_tokens, T), p.generator)
+        rollout = p.engine.generate(prompt_ids, prompt_mask, G, sampling, p.generator)
     rollout = rollout.to(p.compute.device)
     rewards = score(p, examples, rollout, G)
     adv = group_advantages(rewards, G, eps=cfg.algo.adv_eps, norm_by_std=cfg.algo.norm_adv_by_std)
@@ -165,7 +178,7 @@ def train_step(p: Parts, step: int) -> dict[str, float]:
     # bypass arms have no pi_old: their mismatch uses log pi_theta at theta_old (methods.md section 11)
     measured = mismatch_metrics(logp_old if logp_old is not None else logp_theta0, rollout.logp_mu, mask)
     measured |= {"mismatch/frac_nonfinite_logprob": frac_nonfinite}
-    measured |= diagnostics.weight_update(before, p.policy) | p.engine.quant_metrics()
+    measured |= diagnostics.weight_update(before, p.policy) | p.engine.quant_metrics() | scorer_metrics(p.task, "reward")
     return step_metrics(p, step, rollout, rewards, logs, stats, measured, t)
 
 
@@ -219,9 +232,9 @@ def step_metrics(p: Parts, step: int, rollout: Rollout, rewards: torch.Tensor, l
 
 
 def evaluate(p: Parts, step: int) -> dict[str, float]:
-    """Greedy accuracy of the trainer's policy on the test split."""
-    return {"step": step} | greedy_eval(p.eval_engine, p.policy, p.tokenizer, p.task, p.task.examples("test"),
-                                        p.cfg.task.max_new_tokens)
+    """Greedy accuracy of the trainer's policy on the test split, and the eval sets' metrics (bench/evaluation.py)."""
+    return {"step": step} | evaluate_policy(p.eval_engine, p.policy, p.tokenizer, p.task, p.eval_sets, p.cfg.eval,
+                                            p.prompt_format, p.cfg.seed, step)
 
 
 def precision_info(cfg: DictConfig) -> dict[str, Any]:

