@@ -20,8 +20,9 @@ gap             mean final accuracy of a method at severity s minus that of the 
                 bf16 arm rolls out in bf16), in percentage points.
 recovered       (acc_arm - acc_naive) / (acc_base - acc_naive), the naive method (`--naive`, default fp8) at the
                 same severity s: 1 = the arm closes the naive gap, 0 = no better than naive, < 0 = worse. Not
-                reported, with the reason, when the naive gap's CI contains 0 ("naive gap within noise"), when a
-                group has fewer than 2 seeds, or when no naive or baseline run exists at s.
+                reported, with the reason, when the naive gap's CI contains 0 ("naive gap within noise"), when the
+                naive arm is better than the baseline beyond its CI ("naive better than baseline": no gap to
+                recover), when a group has fewer than 2 seeds, or when no naive or baseline run exists at s.
 collapse        a run collapses when its eval reward (eval/reward_mean, or eval/accuracy when absent) is below its
                 step-0 value at k consecutive evaluations after step 0 (`--collapse-k`, default 3); its collapse
                 step is the first of them. A run without a step-0 evaluation cannot be judged and is not counted.
@@ -46,6 +47,7 @@ from .tables import MISSING, Table, eval_curve
 KL_METRICS = ("mismatch/kl_k3", "mismatch/kl_k1")
 REWARD_METRICS = ("eval/reward_mean", "eval/accuracy")
 NO_NAIVE_GAP = "naive gap within noise"
+NAIVE_BETTER = "naive better than baseline"
 
 
 @dataclass(frozen=True)
@@ -227,6 +229,8 @@ def _recovered(a: pd.DataFrame, naive: pd.DataFrame, base: pd.DataFrame, naive_g
         return nan, "fewer than 2 seeds"
     if naive_gap.contains(0.0):
         return nan, NO_NAIVE_GAP
+    if naive_gap.hi < 0:
+        return nan, NAIVE_BETTER  # there is no gap to recover: the ratio would read backwards
     return bootstrap_recovery_ci(a["final_acc"], naive["final_acc"], base["final_acc"]), ""
 
 
@@ -234,7 +238,11 @@ def _recovered(a: pd.DataFrame, naive: pd.DataFrame, base: pd.DataFrame, naive_g
 def _fmt_ci(iv_value: float, lo: float, hi: float, digits: int = 1, signed: bool = False, scale: float = 1.0) -> str:
     if not np.isfinite(iv_value):
         return MISSING
-    f = (lambda x: f"{scale * x:+.{digits}f}") if signed else (lambda x: f"{scale * x:.{digits}f}")
+
+    def f(x: float) -> str:
+        v = round(scale * x, digits) + 0.0  # + 0.0: no "-0"
+        return f"{v:+.{digits}f}" if signed else f"{v:.{digits}f}"
+
     return f(iv_value) + (f" [{f(lo)}, {f(hi)}]" if np.isfinite(lo) and np.isfinite(hi) else "")
 
 
@@ -277,7 +285,8 @@ def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> T
         f"mean over steps and seeds), final eval accuracy and AUC (time-averaged eval accuracy), the gap to "
         f"{opts.baseline} and the fraction of the {opts.naive} arm's gap to {opts.baseline} each method recovers "
         f"((acc − acc_{opts.naive}) / (acc_{opts.baseline} − acc_{opts.naive})); [95 % bootstrap CI over seeds]; "
-        f"'n/a ({NO_NAIVE_GAP})' where the {opts.naive} gap's CI contains 0. Collapsed: seeds whose eval reward stays "
+        f"'n/a ({NO_NAIVE_GAP})' where the {opts.naive} gap's CI contains 0 ('{NAIVE_BETTER}' where it lies below 0). "
+        f"Collapsed: seeds whose eval reward stays "
         f"below its step-0 value for {opts.collapse_k} consecutive evals (first such step)."
     )
     return Table("severity", data, pd.DataFrame(rows), caption)

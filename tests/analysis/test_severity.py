@@ -13,6 +13,7 @@ import pytest
 from analysis.cli import main
 from analysis.load import load_sweeps
 from analysis.severity import (
+    NAIVE_BETTER,
     NO_NAIVE_GAP,
     SeverityOptions,
     collapse_step,
@@ -130,6 +131,19 @@ def test_recovered_share_of_the_naive_gap(sev_sweep):
     # the naive method is configurable: with tis as "naive" at int4, fp8 recovers (32-47)/(62-47) = -1
     s2 = severity_summary(sev_sweep, SeverityOptions(naive="tis"))
     assert math.isclose(cell(s2, "int4", "fp8")["recovered"], -1.0)
+
+
+def test_no_recovered_share_when_the_naive_arm_is_better(tmp_path):
+    root = make_severity_sweep(tmp_path / "ladder")
+    for seed, acc in ((0, 0.40), (1, 0.42)):
+        write_run(root / "sev_int4", "icepop", "arithmetic", seed, precision="int4", rollout={"act_granularity": "none"},
+                  kl=0.09, final_acc=acc)
+    sweep = load_sweeps([root])
+    # default: icepop at int4 recovers (41 - 32) / (62 - 32) = 0.3
+    assert math.isclose(cell(severity_summary(sweep), "int4", "icepop")["recovered"], 0.3)
+    # with fp8 as the baseline and tis as "naive", naive is 15 pp *better* (CI within [-19, -11]): nothing to recover
+    c = cell(severity_summary(sweep, SeverityOptions(naive="tis", baseline="fp8")), "int4", "icepop")
+    assert c["naive_gap_hi"] < 0 and math.isnan(c["recovered"]) and c["recovered_note"] == NAIVE_BETTER
 
 
 def test_collapse_counts_follow_k(sev_sweep):
