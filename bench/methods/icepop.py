@@ -13,9 +13,11 @@ token carries weight 0 but stays in the token-mean denominator (agg over the ste
 implementations. It is TIS's mask mode (`tis is_mode=mask`) with IcePop's two-sided band; unlike truncation,
 a token far outside the band contributes nothing instead of a capped weight.
 
-verl preset: none with this exact weighting. The nearest is `algorithm.rollout_correction` with
-rollout_is="token" plus rollout_rs="token_k1", rollout_rs_threshold="0.5_5.0" (token rejection on the same band,
-with verl's truncated rather than raw weight on the kept tokens).
+verl preset: none. The same loss is `algorithm.rollout_correction` with rollout_is="token",
+rollout_is_threshold=5.0 (min(rho, 5) = rho inside the band) plus token rejection rollout_rs="token_k1" on the
+band, except that verl removes rejected tokens from the token-mean denominator. Mind the sign: verl's code
+(verl/trainer/ppo/rollout_corr_helper.py, commit b178a3cd) tests -log rho against [log lo, log hi], so the band
+rho in [0.5, 5] is rollout_rs_threshold="0.2_2.0" there (its docs read the thresholds as bounds on rho).
 """
 
 from __future__ import annotations
