@@ -54,7 +54,7 @@ ARM_INFO = {
     "acr_uaq": {"color": "#009E73", "order": 45, "diagnostics": {"frac_acr_active": "ACR active frac. (ρ>C)"}},
     "ess": {"color": "#CC79A7", "order": 50, "diagnostics": {"ess_factor": "P3O ESS factor"}},
     "ais": {"color": "#8C510A", "order": 60, "diagnostics": {"alpha": "AIS α"}},
-    "fp16": {"color": "#332288", "order": 5, "diagnostics": {"loss_scale": "fp16 loss scale"}},
+    "fp16": {"color": "#332288", "order": 5, "diagnostics": {}},
 }
 PRECISION_INFO = {
     "bf16": {"name": "bf16", "label": "BF16", "weight_bits": 16, "act_bits": None},
