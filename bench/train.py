@@ -58,9 +58,7 @@ class TrainConfig:
     lr: float = 1e-4  # Adam on a ~1M model: 3e-4+ destroys the warm start's accuracy, 2e-5 barely moves
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    # compute over fp32 master weights: bf16 | fp16 (+ loss scaling) | fp32 (bench/compute.py). Default: the arm's
-    # own `method.trainer_dtype` where its schema declares one (the fp16 arm asks for fp16), else bf16.
-    dtype: str = "${oc.select:method.trainer_dtype,bf16}"
+    dtype: str = "bf16"  # compute over fp32 master weights: bf16 | fp16 (+ loss scaling) | fp32 (bench/compute.py)
     device: str = "auto"  # auto (cuda when torch sees a GPU, else cpu) | cpu | cuda (bench/device.py)
     micro_batch_size: Optional[int] = None  # sequences per forward/backward; null = the whole minibatch
     gradient_checkpointing: bool = False  # recompute decoder layers in backward (activation memory -> ~1 layer)

@@ -9,9 +9,10 @@ is the source of the training-inference mismatch, and that reverting both sides 
 policy gradient trains stably. Here:
 * rollout: `precision: fp16` (bench/quant/plain.py): fp16 weights, activations, KV cache and lm_head, fp32
   accumulation in the GEMMs;
-* trainer: `trainer_dtype: fp16`, which `train.dtype` defaults to (bench/train.py): fp32 master weights, fp16
-  autocast on CUDA, fp16-rounded weights over fp32 arithmetic on CPU, dynamic loss scaling with skipped overflow
-  steps (bench/compute.py; logged as train/grad_scale and train/skipped_steps).
+* trainer: `train.dtype: fp16`, set by the arm's yaml (conf/method/fp16.yaml is in Hydra's global package for
+  that; `train.dtype=...` on the command line still wins): fp32 master weights, fp16 autocast on CUDA,
+  fp16-rounded weights over fp32 arithmetic on CPU, dynamic loss scaling with skipped overflow steps
+  (bench/compute.py; logged as train/grad_scale and train/skipped_steps).
 Compare it with the bf16 arm (the same loss with BF16 on both sides) and the fp8 arm (naive low precision).
 
 verl preset: no rollout_correction preset (it is a precision setting): verl's FP16 support (PR #4036, after the
@@ -26,18 +27,10 @@ from dataclasses import dataclass
 from bench.methods.base import METHODS, MethodConfig
 from bench.methods.naive import Naive
 
-TRAINER_DTYPE = "fp16"
-
 
 @dataclass
 class FP16Config(MethodConfig):
-    precision: str = "fp16"
-    trainer_dtype: str = TRAINER_DTYPE  # train.dtype defaults to it
-
-    def check(self) -> None:
-        if self.trainer_dtype != TRAINER_DTYPE:
-            raise ValueError(f"method.trainer_dtype={self.trainer_dtype!r}: the fp16 arm trains in fp16 (it is "
-                             f"the arm's definition); use method=bf16 for a BF16 trainer")
+    precision: str = "fp16"  # the trainer's fp16 is train.dtype, set in conf/method/fp16.yaml
 
 
 @METHODS.register("fp16", schema=FP16Config, color="#332288", order=5)

@@ -47,7 +47,7 @@ def test_arm_runs_with_complete_finite_metrics(tmp_path, arm):
     if arm == "ais":
         assert all(0.0 <= r["method/ais/alpha"] <= 1.0 for r in rows)
     assert f"precision: {cfg.method.precision}" in (run.path / "config.yaml").read_text()
-    if arm == "fp16":  # the arm trains in fp16 too (train.dtype defaults to its trainer_dtype)
+    if arm == "fp16":  # the arm trains in fp16 too (its yaml sets train.dtype)
         assert cfg.rollout.precision == "fp16" and cfg.train.dtype == "fp16"
         assert all(r["train/grad_scale"] == 2.0**16 and r["train/skipped_steps"] == 0 for r in rows)  # no overflow
 

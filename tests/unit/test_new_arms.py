@@ -228,10 +228,11 @@ def test_f2_fp16_arm_sets_both_precisions(tmp_path):
     cfg = make_cfg(tmp_path, "method=fp16")
     validate(cfg)
     assert cfg.rollout.precision == "fp16" and cfg.train.dtype == "fp16"
+    assert set(cfg.method) == {"name", "precision"}  # the trainer's dtype lives in train.*, not in the arm
     assert make_cfg(tmp_path, "method=fp16", "train.dtype=fp32").train.dtype == "fp32"  # still overridable
-    assert make_cfg(tmp_path, "method=tis").train.dtype == "bf16"  # arms without trainer_dtype: bf16
-    with pytest.raises(ValueError, match="trainer_dtype='bf16'"):
-        FP16Config(name="fp16", trainer_dtype="bf16").check()
+    assert make_cfg(tmp_path, "method=fp16", "rollout.precision=bf16").rollout.precision == "bf16"
+    assert make_cfg(tmp_path, "method=tis").train.dtype == "bf16"  # the other arms keep the default
+    assert FP16Config(name="fp16").precision == "fp16"
 
 
 def test_f3_fp16_format_rounds_to_the_ieee_half_grid():
