@@ -313,8 +313,8 @@ def plot_diagnostics(sweep: Sweep, task: str, model: str, out_dir: Path, smooth:
     _legend(fig, sorted_arms(shown))
     name = safe_name("diagnostics", task, model)
     caption = (
-        f"{task} / {model}: each arm's own diagnostic (`method/<arm>/*`): TIS truncated-weight fraction, ACR "
-        f"active fraction, P3O ESS factor, AIS α; mean over seeds with a 95 % bootstrap band.{_smooth_note(smooth)}"
+        f"{task} / {model}: each arm's own diagnostic (`method/<arm>/*`, declared by the arm): "
+        f"{', '.join(title for _, title in present)}; mean over seeds with a 95 % bootstrap band.{_smooth_note(smooth)}"
     )
     return FigureFile(name, "diagnostics", f"Method diagnostics — {task} / {model}", caption, _save(fig, out_dir, name, formats))
 

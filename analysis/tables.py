@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from .arms import arm_labels, bitwidth, is_emulated, rollout_label, sorted_arms
-from .load import Sweep, get
+from .load import Run, Sweep, get
 from .stats import geometric_mean, summarize
 
 MISSING = "–"
@@ -148,6 +148,14 @@ def fmt_pm(mean: float, std: float, digits: int = 1) -> str:
 
 
 # --------------------------------------------------------------------------------------------- accuracy
+def eval_curve(run: Run) -> pd.DataFrame | None:
+    """The run's evaluations that have an accuracy, by step; None when it has none."""
+    if run.evals.empty or "eval/accuracy" not in run.evals:
+        return None
+    e = run.evals.dropna(subset=["eval/accuracy"]).sort_values("step")
+    return None if e.empty else e
+
+
 def final_accuracy(sweep: Sweep) -> pd.DataFrame:
     """One row per run with an eval: identity, status, final_step and final eval accuracy (fraction).
 
@@ -155,10 +163,8 @@ def final_accuracy(sweep: Sweep) -> pd.DataFrame:
     """
     rows = []
     for r in sweep.runs:
-        if r.evals.empty or "eval/accuracy" not in r.evals:
-            continue
-        e = r.evals.dropna(subset=["eval/accuracy"]).sort_values("step")
-        if e.empty:
+        e = eval_curve(r)
+        if e is None:
             continue
         rows.append(
             {

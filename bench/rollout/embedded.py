@@ -42,7 +42,12 @@ from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams, 
 
 FAST_FAMILIES = ("llama", "qwen2", "qwen3")
 BACKENDS = ("auto", "fast", "hf")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def plain_quantizer(act_dtype: torch.dtype) -> Quantizer:
+    """The unquantized layers (lm_head unless quantize_lm_head) in the engine's activation dtype."""
+    return Quantizer({torch.bfloat16: "bf16", torch.float16: "fp16"}.get(act_dtype, "fp32"))
 
 
 @dataclass
@@ -177,10 +182,12 @@ class FastDecoder(nn.Module):
         cfg = model.config
         self.act = act_dtype
         self.kv_cache_dtype = kv_cache_dtype
-        # bf16 attention on a CPU without bf16 hardware is ~6x slower than fp32: run it in fp32 on the bf16
-        # values (the cache then holds bf16-exact numbers in fp32 storage). A GPU runs it in bf16.
-        native = model.lm_head.weight.is_cuda or native_bf16_matmul()
-        self.attn = act_dtype if (act_dtype != torch.bfloat16 or native) else torch.float32
+        # bf16 attention on a CPU without bf16 hardware is ~6x slower than fp32 (and fp16 has no fast CPU kernel
+        # at all): run it in fp32 on the 16-bit values (the cache then holds bf16/fp16-exact numbers in fp32
+        # storage). A GPU runs it in bf16/fp16.
+        cuda = model.lm_head.weight.is_cuda
+        slow = not cuda and (act_dtype == torch.float16 or (act_dtype == torch.bfloat16 and not native_bf16_matmul()))
+        self.attn = torch.float32 if slow else act_dtype
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -190,7 +197,7 @@ class FastDecoder(nn.Module):
             raise ValueError("partial rotary embeddings are not supported by FastDecoder (use backend='hf')")
         # the engine lives where the trainer's model does (its buffers and KV cache too)
         self.register_buffer("inv_freq", inv_freq.to(model.lm_head.weight.device))
-        plain = Quantizer("bf16" if act_dtype == torch.bfloat16 else "fp32")
+        plain = plain_quantizer(act_dtype)
         self.quant_errors = QuantErrors()
 
         def build(w: torch.Tensor, b: torch.Tensor | None, parts: list | None = None, q: Quantizer = quantizer) -> nn.Module:
@@ -299,7 +306,7 @@ class HFDecoder:
                              f"{type(model).__name__} runs on the generic HF path, whose cache stays in the activation dtype")
         m = copy.deepcopy(model).eval()
         inp, out = m.get_input_embeddings(), m.get_output_embeddings()
-        plain = Quantizer("bf16" if act_dtype == torch.bfloat16 else "fp32")
+        plain = plain_quantizer(act_dtype)
         overrides = {} if out is None else {out: quantizer if quantize_lm_head else plain}
         self.quant_errors = QuantErrors()
 
@@ -359,7 +366,7 @@ class EmbeddedEngine:
     eos_id, pad_id      a row stops after emitting eos_id (one id, several, or None: never); pad_id fills after it
     max_len             optional cap on prompt + new tokens (ValueError beyond)
     backend             auto (fast decoder when the family allows, else HF) | fast | hf
-    act_dtype           fp32 | bf16: override the activation dtype of the precision (its format's act_dtype)
+    act_dtype           fp32 | bf16 | fp16: override the activation dtype of the precision (its format's act_dtype)
     int8_kernel         auto | int_mm | emulated (bench.quant.int8.int8_matmul; identical results)
     kv_cache_dtype      None | fp8 | fp8_e4m3 | fp8_e5m2: K (after RoPE) and V rounded as an FP8 KV cache
                         without calibrated scales stores them (vLLM's k_scale = v_scale = 1)
