@@ -62,6 +62,17 @@ def precision_bits(precision: str) -> int:
     return int(bits) if isinstance(bits, int) else 0
 
 
+def is_emulated(precision: str, device: str) -> bool:
+    """A quantized rollout precision (declared weight bits below 16) computed on a CPU: its low-precision GEMMs
+    are emulated (fake quantization, fp32 arithmetic), so its speed says nothing about real FP8/INT8 kernels."""
+    return device == "cpu" and 0 < precision_bits(precision) < 16
+
+
+def rollout_label(precision: str, device: str) -> str:
+    """The precision as a throughput row names it: "FP8", or "FP8 (emulated)" for a CPU row."""
+    return precision_label(precision) + (" (emulated)" if is_emulated(precision, device) else "")
+
+
 def method_sort_key(method: str) -> tuple[int, str]:
     """Declared order (the baseline first), undeclared methods after, alphabetically."""
     order = _ARMS.get(method, {}).get("order")

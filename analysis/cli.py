@@ -37,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"W&B cache directory (default: {default_cache()})")
     p.add_argument("--offline", action="store_true", help="read the W&B cache only; never contact the API")
     p.add_argument("--baseline", default="bf16", help="method the gaps and speed-ups are relative to (default: bf16)")
+    p.add_argument("--naive", default="fp8",
+                   help="the uncorrected low-precision method whose gap to the baseline the corrections are measured "
+                        "against, per severity (default: fp8)")
+    p.add_argument("--collapse-k", type=int, default=3,
+                   help="a run collapses when its eval reward stays below its step-0 value for this many "
+                        "consecutive evals (default: 3)")
     p.add_argument("--smooth", type=int, default=1,
                    help="centred moving-average window (steps) for per-step curves; 1 = raw (default)")
     p.add_argument("--warmup", type=int, default=1,
@@ -71,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give at least one SWEEP_DIR or --wandb ENTITY/PROJECT")
     if (args.group or args.offline) and not args.wandb:
         parser.error("--group/--offline need --wandb ENTITY/PROJECT")
-    if args.smooth < 1 or args.warmup < 0:
-        parser.error("--smooth must be >= 1 and --warmup >= 0")
+    if args.smooth < 1 or args.warmup < 0 or args.collapse_k < 1:
+        parser.error("--smooth and --collapse-k must be >= 1 and --warmup >= 0")
     formats = [f.strip().lower() for f in args.formats.split(",") if f.strip()]
     if not set(formats) <= FIGURE_FORMATS:
         parser.error(f"--formats {args.formats!r}: choose from {', '.join(sorted(FIGURE_FORMATS))}")
@@ -101,13 +107,21 @@ def main(argv: list[str] | None = None) -> int:
     # Imported here: matplotlib is the slow import, and `--help` or a usage error should not pay for it.
     from .plots import make_figures
     from .report import write_report
+    from .severity import SeverityOptions, has_severity_axis, severity_figures, severity_table
     from .tables import build_tables, write_table
 
-    tables = [(t, write_table(t, out / "tables")) for t in build_tables(sweep, args.baseline, args.warmup)]
+    sev = SeverityOptions(naive=args.naive, baseline=args.baseline, collapse_k=args.collapse_k)
+    built = build_tables(sweep, args.baseline, args.warmup)
+    if has_severity_axis(sweep):  # a severity ladder: its table and figure lead the report
+        built.insert(0, severity_table(sweep, sev))
+    tables = [(t, write_table(t, out / "tables")) for t in built]
     sweep.index.to_csv(out / "tables" / "runs.csv", index=False)
     figures = make_figures(sweep, out / "figures", smooth=args.smooth, baseline=args.baseline,
                            warmup=args.warmup, formats=formats, log=log) if sweep.runs else []
-    settings = {"baseline": args.baseline, "smooth": args.smooth, "warmup": args.warmup}
+    if has_severity_axis(sweep):
+        figures = severity_figures(sweep, out / "figures", sev, formats) + figures
+    settings = {"baseline": args.baseline, "naive": args.naive, "collapse_k": args.collapse_k, "smooth": args.smooth,
+                "warmup": args.warmup}
     report = write_report(sweep, out, tables, figures, command, baseline=args.baseline, settings=settings)
     log(f"report: {report}")
     print(report)

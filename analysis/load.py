@@ -58,15 +58,34 @@ class Run:
     metrics: pd.DataFrame  # one row per step: "step" + numeric metric columns
     evals: pd.DataFrame  # one row per evaluation: "step" + "eval/..." columns
     warnings: list[str] = field(default_factory=list)
+    severity: str = ""  # the precision plus the rollout options that change its numerics (`severity_key`)
 
     @property
-    def identity(self) -> tuple[str, str, str, str, int]:
-        return (self.method, self.precision, self.task, self.model, self.seed)
+    def identity(self) -> tuple[str, str, str, str, int, str]:
+        return (self.method, self.precision, self.task, self.model, self.seed, self.severity)
 
     @property
     def arm(self) -> tuple[str, str]:
         """An arm is a method at a rollout precision; the same method at two precisions is two arms."""
         return (self.method, self.precision)
+
+    @property
+    def engine(self) -> str:
+        """The rollout engine (embedded | vllm | ...): run.json `runtime`, else the config's rollout.engine."""
+        declared = self.info.get("runtime")
+        if isinstance(declared, dict) and isinstance(declared.get("engine"), str):
+            return declared["engine"]
+        engine = get(self.config, "rollout.engine")
+        return engine if isinstance(engine, str) and "${" not in engine else "embedded"
+
+    @property
+    def device(self) -> str:
+        """Where the run computed (cpu | cuda), from run.json `runtime`. A run without it was written by a
+        trainer older than `train.device`, which had no GPU code path: it ran on the CPU."""
+        declared = self.info.get("runtime")
+        if isinstance(declared, dict) and isinstance(declared.get("device"), str):
+            return declared["device"]
+        return "cpu"
 
 
 @dataclass
@@ -304,6 +323,34 @@ def _precision(config: dict[str, Any]) -> str:
     return "unknown"
 
 
+#: rollout options that change the rollout's numerics besides its precision: (config key, run.json precision key)
+SEVERITY_OPTIONS = {
+    "w": ("rollout.weight_granularity", "weight_granularity"),
+    "a": ("rollout.act_granularity", "act_granularity"),
+    "act": ("rollout.act_dtype", None),
+    "kv": ("rollout.kv_cache_dtype", None),
+    "lm_head": ("rollout.quantize_lm_head", None),
+    "embed": ("rollout.quantize_embeddings", None),
+}
+
+
+def severity_key(config: dict[str, Any], info: dict[str, Any], precision: str) -> str:
+    """How severe a run's rollout is, as data: `precision;w=..;a=..;act=..;kv=..;lm_head=..;embed=..`.
+
+    Granularities are read as the run resolved them (run.json `precision`, written by the trainer), so a
+    default left implicit and the same default written out are one severity; the rest come from the config
+    (absent = the engine's default). Two runs of an arm that differ only here are different runs, not duplicates.
+    """
+    declared = info.get("precision") if isinstance(info.get("precision"), dict) else {}
+    parts = [precision]
+    for short, (key, info_key) in SEVERITY_OPTIONS.items():
+        value = declared.get(info_key) if info_key and info_key in declared else get(config, key)
+        if isinstance(value, str) and "${" in value:
+            value = None
+        parts.append(f"{short}={value}")
+    return ";".join(parts)
+
+
 def load_run(run_dir: Path, root: Path | None = None, run_id: str | None = None) -> Run:
     """Read and validate one run directory; raises RunError with the reason it cannot be used."""
     run_dir = Path(run_dir)
@@ -359,11 +406,12 @@ def load_run(run_dir: Path, root: Path | None = None, run_id: str | None = None)
         raise RunError(f"incomplete: run.json says step {info['step']} but metrics.jsonl ends at step {logged - 1}")
 
     arms.learn(str(ident["method"]), info)
+    precision = _precision(config)
     return Run(
         run_id=run_id or _default_run_id(run_dir, root),
         path=run_dir,
         method=str(ident["method"]),
-        precision=_precision(config),
+        precision=precision,
         task=str(ident["task"]),
         model=str(ident["model"]),
         seed=seed,
@@ -374,6 +422,7 @@ def load_run(run_dir: Path, root: Path | None = None, run_id: str | None = None)
         metrics=metrics,
         evals=evals,
         warnings=warnings,
+        severity=severity_key(config, info, precision),
     )
 
 

@@ -25,10 +25,11 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from .arms import arm_color, arm_diagnostics, arm_labels, arm_linestyle, method_sort_key, precision_label, sorted_arms  # noqa: E402
+from .arms import (arm_color, arm_diagnostics, arm_labels, arm_linestyle, is_emulated, method_sort_key,  # noqa: E402
+                   precision_label, sorted_arms)
 from .load import Sweep  # noqa: E402
 from .stats import bootstrap_mean_ci, rolling_mean  # noqa: E402
-from .tables import TIME_PARTS, throughput_summary  # noqa: E402
+from .tables import PART_LABELS, TIME_PARTS, throughput_summary  # noqa: E402
 
 FULL_WIDTH = 7.0  # inches: text width of a two-column paper
 PANEL_HEIGHT = 2.0
@@ -312,8 +313,8 @@ def plot_diagnostics(sweep: Sweep, task: str, model: str, out_dir: Path, smooth:
     _legend(fig, sorted_arms(shown))
     name = safe_name("diagnostics", task, model)
     caption = (
-        f"{task} / {model}: each arm's own diagnostic (`method/<arm>/*`): TIS truncated-weight fraction, ACR "
-        f"active fraction, P3O ESS factor, AIS α; mean over seeds with a 95 % bootstrap band.{_smooth_note(smooth)}"
+        f"{task} / {model}: each arm's own diagnostic (`method/<arm>/*`, declared by the arm): "
+        f"{', '.join(title for _, title in present)}; mean over seeds with a 95 % bootstrap band.{_smooth_note(smooth)}"
     )
     return FigureFile(name, "diagnostics", f"Method diagnostics — {task} / {model}", caption, _save(fig, out_dir, name, formats))
 
@@ -323,20 +324,26 @@ PART_COLORS = {"rollout_s": "#4C72B0", "sync_s": "#DD8452", "recompute_s": "#817
 
 def plot_throughput(sweep: Sweep, model: str, out_dir: Path, baseline: str = "bf16", warmup: int = 1,
                     formats: Sequence[str] = FORMATS) -> FigureFile | None:
-    """Rollout tokens/s per arm (with speed-up vs baseline) and where a training step's time goes."""
+    """Rollout tokens/s per arm (with speed-up vs baseline) and where a training step's time goes: generation,
+    weight sync + re-quantization, recompute, optimizer steps; one row per arm, engine and device."""
     data = throughput_summary(sweep, baseline, warmup)
     data = data[data["model"] == model]
     if data.empty or data[["tokens_per_s_mean", "step_s"]].isna().all().all():
         return None
-    arms = sorted_arms(zip(data["method"], data["precision"]))
-    data = data.set_index(["method", "precision"]).loc[arms[::-1]]  # top-to-bottom in canonical order
-    # "method (PRECISION)" always: this figure is per arm *and* precision, so the precision is never redundant.
-    ylabels = [f"{a[0]} ({precision_label(a[1])})" for a in arms[::-1]]
+    # rows as throughput_summary orders them (engine/device group, then canonical arm order), top to bottom
+    data = data.iloc[::-1].reset_index(drop=True)
+    arms = list(zip(data["method"], data["precision"]))
+    # "method (PRECISION)" always: this figure is per arm *and* precision, so the precision is never redundant;
+    # the engine/device only where the figure mixes several.
+    runtimes = list(zip(data["engine"], data["device"]))
+    mixed = len(set(runtimes)) > 1
+    ylabels = [f"{m} ({precision_label(p)}{', emulated' if is_emulated(p, d) else ''})"
+               + (f" · {e}/{d}" if mixed else "") for (m, p), (e, d) in zip(arms, runtimes)]
     y = np.arange(len(arms))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(FULL_WIDTH, 0.32 * len(arms) + 1.1), layout="constrained")
     tps = data["tokens_per_s_mean"].to_numpy()
     err = np.nan_to_num(data["tokens_per_s_std"].to_numpy())
-    ax1.barh(y, tps, color=[arm_color(a[0]) for a in arms[::-1]], height=0.65)
+    ax1.barh(y, tps, color=[arm_color(a[0]) for a in arms], height=0.65)
     spread = err > 0  # a zero-width error bar draws as a stray tick at the bar's end
     if spread.any():
         ax1.errorbar(tps[spread], y[spread], xerr=err[spread], fmt="none", ecolor="0.2", elinewidth=0.8, capsize=2)
@@ -344,14 +351,14 @@ def plot_throughput(sweep: Sweep, model: str, out_dir: Path, baseline: str = "bf
         if np.isfinite(v) and np.isfinite(s):
             ax1.text(v + e, yi, f" {s:.2f}×", va="center", ha="left", fontsize=7)
     ax1.set_xlim(0, np.nanmax(tps + err) * 1.25 if np.isfinite(tps).any() else 1)
-    ax1.set_title(f"rollout throughput (speed-up vs {baseline})")
+    ax1.set_title(f"rollout tokens/s (× vs {baseline})")
     ax1.set_xlabel("rollout tokens / s")
     left = np.zeros(len(arms))
     for part in [*TIME_PARTS, "other_s"]:
         vals = np.nan_to_num(data[part].to_numpy())
         if not vals.any():
             continue
-        ax2.barh(y, vals, left=left, color=PART_COLORS[part], height=0.65, label=part.removesuffix("_s"))
+        ax2.barh(y, vals, left=left, color=PART_COLORS[part], height=0.65, label=PART_LABELS[part])
         left += vals
     for yi, total in enumerate(left):
         if total > 0:
@@ -368,15 +375,16 @@ def plot_throughput(sweep: Sweep, model: str, out_dir: Path, baseline: str = "bf
     for ax in (ax1, ax2):
         ax.set_yticks(y, ylabels)
         ax.grid(axis="y", visible=False)
-        for tick, arm in zip(ax.get_yticklabels(), arms[::-1]):
+        for tick, arm in zip(ax.get_yticklabels(), arms):
             tick.set_color(arm_color(arm[0]))
     ax2.set_yticklabels([])
     fig.suptitle(f"throughput — {model}", fontsize=9)
     name = safe_name("throughput", model)
     caption = (
         f"{model}: rollout tokens/s per arm and rollout precision (mean ± std over runs, all tasks; label = speed-up "
-        f"vs {baseline}, geometric mean over tasks of per-task ratios) and the mean time split of a training step; "
-        f"steps < {warmup} excluded as warm-up."
+        f"vs {baseline} on the same engine and device, geometric mean over tasks of per-task ratios) and the mean time "
+        f"split of a training step (generation, weight sync + re-quantization, recompute, train); steps < {warmup} "
+        "excluded as warm-up. 'emulated': a quantized precision on a CPU (fake quantization, fp32 arithmetic)."
     )
     return FigureFile(name, "throughput", f"Throughput — {model}", caption, _save(fig, out_dir, name, formats))
 

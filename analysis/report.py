@@ -29,6 +29,7 @@ IDENTITY_KEYS = {"seed", "method.name", "task.name", "model.name", "sweep"}
 # Keys whose value is a machine-local path or output location: noise in a comparison of settings.
 LOCAL_KEYS = ("out_root", "model.cache_dir", "hydra.")
 SECTIONS = [
+    ("severity", "Accuracy against mismatch across severities"),
     ("curves", "Learning curves"),
     ("mismatch", "Rollout–training mismatch"),
     ("diagnostics", "Method diagnostics"),
@@ -160,9 +161,11 @@ def write_report(
 
     # ------------------------------------------------------------------ tables
     table_titles = {
+        "severity": f"Severity ladder: gap to {baseline} and the recovered share of the naive gap",
         "results": "Results",
         "accuracy": f"Final eval accuracy per arm and task (gap to {baseline})",
-        "throughput": "Throughput per arm and precision",
+        "benchmarks": "Benchmarks (eval sets: accuracy, avg@k, pass@k)",
+        "throughput": "Throughput per arm, precision, engine and device",
     }
     for table, paths in tables:
         if table.display.empty:

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .arms import arm_labels, bitwidth, sorted_arms
-from .load import Sweep, get
+from .arms import arm_labels, bitwidth, is_emulated, rollout_label, sorted_arms
+from .load import Run, Sweep, get
 from .stats import geometric_mean, summarize
 
 MISSING = "–"
@@ -148,6 +148,14 @@ def fmt_pm(mean: float, std: float, digits: int = 1) -> str:
 
 
 # --------------------------------------------------------------------------------------------- accuracy
+def eval_curve(run: Run) -> pd.DataFrame | None:
+    """The run's evaluations that have an accuracy, by step; None when it has none."""
+    if run.evals.empty or "eval/accuracy" not in run.evals:
+        return None
+    e = run.evals.dropna(subset=["eval/accuracy"]).sort_values("step")
+    return None if e.empty else e
+
+
 def final_accuracy(sweep: Sweep) -> pd.DataFrame:
     """One row per run with an eval: identity, status, final_step and final eval accuracy (fraction).
 
@@ -155,10 +163,8 @@ def final_accuracy(sweep: Sweep) -> pd.DataFrame:
     """
     rows = []
     for r in sweep.runs:
-        if r.evals.empty or "eval/accuracy" not in r.evals:
-            continue
-        e = r.evals.dropna(subset=["eval/accuracy"]).sort_values("step")
-        if e.empty:
+        e = eval_curve(r)
+        if e is None:
             continue
         rows.append(
             {
@@ -314,38 +320,63 @@ def results_table(sweep: Sweep, baseline: str = "bf16") -> Table:
 
 
 # --------------------------------------------------------------------------------------------- throughput
+#: What each time/* part of a step measures (bench/train.py `step_metrics`); they add up to time/step_s.
+PART_LABELS = {"rollout_s": "generation", "sync_s": "sync + requant", "recompute_s": "recompute", "train_s": "train",
+               "other_s": "other"}
+RUNTIME_COLUMNS = ["engine", "device"]
+
+
+def _train_includes_recompute(steady: pd.DataFrame) -> bool:
+    """True for runs of a trainer that timed the recompute pass inside time/train_s (step = sync + rollout +
+    train); since the split, step = sync + rollout + recompute + train. Decided on the data, per run."""
+    cols = [f"time/{k}" for k in ("step_s", "sync_s", "rollout_s", "recompute_s", "train_s")]
+    if not all(c in steady for c in cols) or steady[cols].isna().any(axis=None):
+        return False
+    if not (steady["time/recompute_s"] > 0).any():
+        return False
+    step, sync, roll, rec, train = (steady[c] for c in cols)
+    return bool(((step - (sync + roll + train)).abs().mean()) < ((step - (sync + roll + rec + train)).abs().mean()))
+
+
 def run_timings(sweep: Sweep, warmup: int = 1) -> pd.DataFrame:
-    """Per run: mean over steps >= `warmup` of rollout tokens/s and of each time/* part.
+    """Per run: mean over steps >= `warmup` of rollout tokens/s and of each time/* part, with its engine and device.
 
     The first step(s) pay one-off costs (compilation, allocator warm-up, first weight quantization) that
-    say nothing about steady-state speed; a run shorter than the warm-up keeps all its steps.
+    say nothing about steady-state speed; a run shorter than the warm-up keeps all its steps. `train_s` is the
+    optimizer steps alone (an older trainer's train_s, which included the recompute pass, is corrected).
     """
     rows = []
     for r in sweep.runs:
         m = r.metrics
         steady = m[m["step"] >= warmup] if (m["step"] >= warmup).any() else m
-        row: dict[str, Any] = {"method": r.method, "precision": r.precision, "task": r.task, "model": r.model, "seed": r.seed}
+        row: dict[str, Any] = {"method": r.method, "precision": r.precision, "engine": r.engine, "device": r.device,
+                               "task": r.task, "model": r.model, "seed": r.seed}
         for key in ["rollout_tokens_per_s", "step_s", *TIME_PARTS]:
             col = f"time/{key}"
             row[key] = float(steady[col].mean()) if col in steady and steady[col].notna().any() else np.nan
+        if _train_includes_recompute(steady):
+            row["train_s"] -= row["recompute_s"]
         rows.append(row)
-    return pd.DataFrame(rows, columns=["method", "precision", "task", "model", "seed", "rollout_tokens_per_s", "step_s", *TIME_PARTS])
+    return pd.DataFrame(rows, columns=["method", "precision", *RUNTIME_COLUMNS, "task", "model", "seed",
+                                       "rollout_tokens_per_s", "step_s", *TIME_PARTS])
 
 
 def throughput_summary(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) -> pd.DataFrame:
-    """Per (model, arm): tokens/s mean ± std over runs, mean seconds per step by part, speed-ups vs baseline.
+    """Per (model, engine, device, arm): tokens/s mean ± std over runs, mean seconds per step by part, speed-ups.
 
-    A speed-up is computed per task (arm mean / baseline mean on that task and model) and then averaged
-    over tasks with a geometric mean: tasks differ in response length, so pooling runs across tasks would
-    weight the comparison by whichever tasks an arm happened to run.
+    A speed-up compares an arm with the baseline arm on the same model, engine and device (an FP8 GPU rollout
+    against a BF16 CPU one would say nothing about FP8); it is computed per task (arm mean / baseline mean on
+    that task) and then averaged over tasks with a geometric mean: tasks differ in response length, so pooling
+    runs across tasks would weight the comparison by whichever tasks an arm happened to run. `emulated` marks a
+    quantized precision on a CPU (analysis.arms.is_emulated).
     """
     t = run_timings(sweep, warmup)
-    cols = ["model", "method", "precision", "n_runs", "tokens_per_s_mean", "tokens_per_s_std", *TIME_PARTS, "other_s",
-            "step_s", "rollout_speedup", "step_speedup"]
+    cols = ["model", *RUNTIME_COLUMNS, "method", "precision", "emulated", "n_runs", "tokens_per_s_mean",
+            "tokens_per_s_std", *TIME_PARTS, "other_s", "step_s", "rollout_speedup", "step_speedup"]
     if t.empty or t["rollout_tokens_per_s"].isna().all() and t["step_s"].isna().all():
         return pd.DataFrame(columns=cols)
     rows = []
-    for model, g in t.groupby("model", sort=True):
+    for (model, engine, device), g in t.groupby(["model", *RUNTIME_COLUMNS], sort=True):
         arms = sorted_arms(zip(g["method"], g["precision"]))
         base = _baseline_arm(arms, baseline)
         per_task = g.groupby(["method", "precision", "task"])[["rollout_tokens_per_s", "step_s"]].mean()
@@ -366,7 +397,8 @@ def throughput_summary(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) ->
                         s_speed.append(b["step_s"] / x["step_s"])
             rows.append(
                 {
-                    "model": model, "method": arm[0], "precision": arm[1], "n_runs": len(a),
+                    "model": model, "engine": engine, "device": device, "method": arm[0], "precision": arm[1],
+                    "emulated": is_emulated(arm[1], device), "n_runs": len(a),
                     "tokens_per_s_mean": tps.mean, "tokens_per_s_std": tps.std, **parts, "other_s": other,
                     "step_s": step_s, "rollout_speedup": geometric_mean(r_speed), "step_speedup": geometric_mean(s_speed),
                 }
@@ -375,7 +407,7 @@ def throughput_summary(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) ->
 
 
 def throughput_table(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) -> Table:
-    """Rollout throughput and the time split of a training step, per arm and rollout precision."""
+    """Rollout throughput and where a training step's time goes, per arm, rollout precision, engine and device."""
     data = throughput_summary(sweep, baseline, warmup)
     multi_model = data["model"].nunique() > 1
     labels = arm_labels(zip(data["method"], data["precision"]))
@@ -384,13 +416,11 @@ def throughput_table(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) -> T
         row = {
             "Model": r.model,
             "Method": labels[(r.method, r.precision)],
-            "Rollout": r.precision,
+            "Rollout": rollout_label(r.precision, r.device),
+            "Engine": f"{r.engine} ({r.device})",
             "Rollout tok/s": fmt_pm(r.tokens_per_s_mean, r.tokens_per_s_std, 0),
             "Rollout speed-up": MISSING if not np.isfinite(r.rollout_speedup) else f"{r.rollout_speedup:.2f}×",
-            "rollout s": fmt_num(r.rollout_s, 3),
-            "sync s": fmt_num(r.sync_s, 3),
-            "recompute s": fmt_num(r.recompute_s, 3),
-            "train s": fmt_num(r.train_s, 3),
+            **{f"{PART_LABELS[p]} s": fmt_num(getattr(r, p), 3) for p in TIME_PARTS},
             "step s": fmt_num(r.step_s, 3),
             "Step speed-up": MISSING if not np.isfinite(r.step_speedup) else f"{r.step_speedup:.2f}×",
         }
@@ -398,13 +428,19 @@ def throughput_table(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) -> T
             row.pop("Model")
         rows.append(row)
     caption = (
-        f"Throughput per arm and rollout precision: rollout tokens/s (mean ± std over runs) and seconds per training "
-        f"step by part, averaged over steps >= {warmup} (warm-up excluded); speed-ups vs {baseline} are per-task "
-        "ratios of means, geometric-mean over tasks (step speed-up = ratio of step times)."
+        f"Throughput per arm, rollout precision, engine and device: rollout tokens/s (mean ± std over runs) and "
+        f"seconds per training step by part (generation; weight sync incl. re-quantization; recompute of log π_old; "
+        f"optimizer steps), averaged over steps >= {warmup} (warm-up excluded); speed-ups vs {baseline} on the same "
+        "model, engine and device are per-task ratios of means, geometric-mean over tasks (step speed-up = ratio of "
+        "step times). 'emulated': a quantized precision on a CPU, computed by fake quantization in fp32, whose speed "
+        "says nothing about FP8/INT8 hardware."
     )
     return Table("throughput", data, pd.DataFrame(rows), caption)
 
 
 def build_tables(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) -> list[Table]:
     """All tables of the report, in the order the report shows them."""
-    return [results_table(sweep, baseline), accuracy_table(sweep, baseline), throughput_table(sweep, baseline, warmup)]
+    from .benchmarks import benchmark_table  # it builds on this module's Table and formatting
+
+    return [results_table(sweep, baseline), accuracy_table(sweep, baseline), benchmark_table(sweep),
+            throughput_table(sweep, baseline, warmup)]

@@ -2,10 +2,10 @@
 
 Each component's schema lives beside it (lingua's `OptimArgs` beside `optim.py`): `MethodConfig` and every
 arm's schema in bench/methods/, `AlgoConfig` in bench/grpo.py, task schemas in bench/tasks/, engine schemas in
-bench/rollout/, `ModelConfig` in bench/models/load.py, `TrainConfig` in bench/train.py, `TrackingConfig` in
-bench/tracking.py. This module composes them into `Config` and hands them to Hydra's ConfigStore, so that a
-misspelt key or a value of the wrong type fails at start-up naming it; `validate` runs every schema's
-`check()` (ranges and choices a type cannot express) before any work starts.
+bench/rollout/, `ModelConfig` in bench/models/load.py, `TrainConfig` in bench/train.py, `EvalConfig` in
+bench/evaluation.py, `TrackingConfig` in bench/tracking.py. This module composes them into `Config` and hands
+them to Hydra's ConfigStore, so that a misspelt key or a value of the wrong type fails at start-up naming it;
+`validate` runs every schema's `check()` (ranges and choices a type cannot express) before any work starts.
 
 The schemas are stored under top-level names (`schema_method_tis`, ...) that the group yamls extend
 (`defaults: [/schema_method_tis@_here_]`), not as members of the groups, so that `--help` lists only real
@@ -24,6 +24,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from bench.budget import BudgetConfig
+from bench.evaluation import EvalConfig
 from bench.grpo import AlgoConfig
 from bench.identity import run_path
 from bench.methods.base import METHODS
@@ -48,6 +49,7 @@ class Config:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)  # the dry run's GPU-hours estimate (bench/budget.py)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = MISSING
     seed: int = 0
     sweep: str = "default"
@@ -90,7 +92,7 @@ def validate(cfg: DictConfig) -> None:
     """Every schema's `check()`, then the checks across sections: raises ValueError naming the bad value."""
     parts = [("method", group_schema("method", cfg.method.name)), ("task", group_schema("task", cfg.task.name)),
              ("rollout", group_schema("rollout", cfg.rollout.engine)), ("algo", AlgoConfig), ("train", TrainConfig),
-             ("tracking", TrackingConfig), ("model", ModelConfig), ("budget", BudgetConfig)]
+             ("tracking", TrackingConfig), ("model", ModelConfig), ("eval", EvalConfig), ("budget", BudgetConfig)]
     for key, schema in parts:
         obj = _as_object(cfg[key], schema, key)
         check = getattr(obj, "check", None)

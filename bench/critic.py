@@ -11,8 +11,9 @@ A_t = R (then whitened), a plain REINFORCE start, and no random numbers are draw
 forked RNG), so adding a critic changes nothing else in the run's random streams.
 
 Values are read exactly where the policy's log-probs are (bench/models/logprobs.py `sequence_inputs`): the
-hidden state at the position before response token t is V(s_t), the state before t is generated; the
-trainer's dtype applies as it does to the policy (bf16 weights over fp32 masters, or autocast on CUDA).
+hidden state at the position before response token t is V(s_t), the state before t is generated. The critic
+computes as the policy does (bench/compute.py): the trainer's device and dtype (rounded weights on CPU, autocast
+on CUDA, loss scaling for fp16), `train.micro_batch_size` sequences per forward, the same gradient clip.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from bench.compute import Diverged, TrainerCompute, micro_slices
 from bench.gae import clipped_value_loss
 from bench.grpo import masked_mean
-from bench.models.logprobs import forward, sequence_inputs
+from bench.models.logprobs import emulated_weights, forward, sequence_inputs
 from bench.rollout.base import Rollout
 
 
@@ -90,44 +92,72 @@ class Critic:
         self.model = build_value_model(policy, algo.critic_path)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.critic_lr, weight_decay=train.weight_decay)
         self.algo, self.train = algo, train
+        # the policy's compute settings, with a loss scaler of the critic's own (fp16)
+        device = next(self.model.parameters()).device
+        self.compute = TrainerCompute(device, train.dtype, 1.0, train.micro_batch_size)
 
     @torch.no_grad()
     def values(self, rollout: Rollout) -> torch.Tensor:
-        """The old values V(s_t) of a rollout batch, [B, T], no gradient."""
-        return token_values(self.model, rollout, self.train.dtype)
+        """The old values V(s_t) of a rollout batch, [B, T], no gradient, micro-batch by micro-batch."""
+        return torch.cat([token_values(self.model, rollout.select(s), self.train.dtype)
+                          for s in micro_slices(rollout.batch_size, self.train.micro_batch_size)])
 
     def update(self, rollout: Rollout, returns: torch.Tensor, old_values: torch.Tensor, mask: torch.Tensor,
                step: int) -> dict[str, float]:
         """Optimizer steps on the value loss; returns the mean metrics (critic/*)."""
-        from bench.train import Diverged  # the trainer's divergence error (imported here: train imports us)
-
         cfg, logs = self.train, defaultdict(list)
         for _ in range(cfg.epochs):
             for idx in torch.arange(rollout.batch_size).chunk(cfg.minibatches):
+                idx = idx.to(mask.device)
                 m = mask[idx]
-                vpred = token_values(self.model, rollout.select(idx), cfg.dtype)
-                loss, clipfrac = clipped_value_loss(vpred, returns[idx], old_values[idx], m, self.algo.value_clip,
-                                                    self.algo.loss_agg, max(1.0, float(m.sum())))
-                if not torch.isfinite(loss):
-                    raise Diverged(f"step {step}: non-finite critic loss ({loss.item()})")
+
+                def loss_fn(v: torch.Tensor, idx: torch.Tensor = idx, m: torch.Tensor = m):
+                    return clipped_value_loss(v, returns[idx], old_values[idx], m, self.algo.value_clip,
+                                              self.algo.loss_agg, max(1.0, float(m.sum())))
+
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-                if not torch.isfinite(grad_norm):
-                    raise Diverged(f"step {step}: non-finite critic gradient norm ({grad_norm.item()})")
-                self.optimizer.step()
+                loss, clipfrac, vpred = self._backward(rollout.select(idx), loss_fn, step)
+                grad_norm = self.compute.step(self.model, self.optimizer, cfg.grad_clip, step)
                 logs["critic/vf_loss"].append(loss.item())
                 logs["critic/vf_clipfrac"].append(clipfrac)
-                logs["critic/grad_norm"].append(grad_norm.item())
-                logs["critic/vpred_mean"].append(float(masked_mean(vpred.detach(), m.bool())))
-        return {k: sum(v) / len(v) for k, v in logs.items()}
+                logs["critic/grad_norm"] += [] if grad_norm is None else [grad_norm]
+                logs["critic/vpred_mean"].append(float(masked_mean(vpred, m.bool())))
+        return {k: sum(v) / len(v) for k, v in logs.items() if v}
+
+    def _backward(self, rollout: Rollout, loss_fn: Any, step: int) -> tuple[torch.Tensor, float, torch.Tensor]:
+        """The value loss of one minibatch and its (scaled) gradient, as TrainerCompute.backward does for the
+        policy: one pass, or with micro-batches the loss on detached values and d loss / d V pushed back per
+        micro-batch. Raises Diverged on a non-finite loss before any gradient is written."""
+        scaler, dtype = self.compute.scaler, self.train.dtype
+        slices = micro_slices(rollout.batch_size, self.train.micro_batch_size)
+        with emulated_weights(self.model, dtype):
+            if len(slices) == 1:
+                vpred = token_values(self.model, rollout, dtype)
+                loss, clipfrac = self._checked(loss_fn, vpred, step)
+                scaler.scale(loss).backward()
+                return loss.detach(), clipfrac, vpred.detach()
+            leaf = self.values(rollout).requires_grad_(True)
+            loss, clipfrac = self._checked(loss_fn, leaf, step)
+            (grad,) = torch.autograd.grad(scaler.scale(loss), leaf)
+            for s in slices:
+                token_values(self.model, rollout.select(s), dtype).backward(grad[s])
+        return loss.detach(), clipfrac, leaf.detach()
+
+    @staticmethod
+    def _checked(loss_fn: Any, values: torch.Tensor, step: int) -> tuple[torch.Tensor, float]:
+        loss, clipfrac = loss_fn(values)
+        if not torch.isfinite(loss):
+            raise Diverged(f"step {step}: non-finite critic loss ({loss.item()})")
+        return loss, clipfrac
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "grad_scaler": self.compute.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.compute.load_state_dict(state.get("grad_scaler") or {})
 
 
 __all__ = ["Critic", "ValueModel", "backbone_of", "build_value_model", "token_values"]

@@ -1,36 +1,225 @@
-"""Greedy evaluation: the one definition of a policy's accuracy, used by the trainer's periodic evaluation and
-by the warm start's stopping rule.
+"""Evaluation: the training task's greedy accuracy, and the benchmarks the papers report (avg@k, pass@k).
 
-The policy is copied into an fp32 engine (the trainer's policy itself, not its quantized rollout copy) and
-decoded greedily; accuracy is the fraction of completions with reward >= 1 (a correct answer), reward_mean the
-mean reward (they differ only when a task gives partial or format credit).
+* `eval/accuracy` (with `eval/reward_mean`, `eval/response_length`): greedy accuracy of the trainer's policy on
+  the training task's test split. One definition for the trainer's periodic evaluation and the warm start's
+  stopping rule; the reference reports and the analysis read it.
+* `eval/<set>/<metric>` for every task named in `eval.sets` (a registered task; its test split), in
+  `eval.mode`:
+    greedy  `accuracy`, `reward_mean`, `response_length` (one greedy completion per problem; what QuRL
+            calls Avg@1);
+    avg@k   `avg@<k>`: mean correctness of k samples per problem, averaged over problems (DAPO, DeepScaleR and
+            QuRL report avg@32), plus `reward_mean` and `response_length`;
+    pass@k  `pass@<j>` for j = 1, 2, 4, ... up to k (and k itself): the unbiased estimator of Chen et al. 2021
+            from n >= k samples per problem (bench/passk.py; `eval.n`, default k), plus `reward_mean` and
+            `response_length`.
+  Sampling uses `eval.temperature` and `eval.top_p`. Top-p is applied by the engine's sampler (truncated and
+  renormalized); it is offered for evaluation only, since the trainer's log-probs are never truncated
+  (methods.md section 0).
+
+The policy is copied into an fp32 engine (the trainer's policy itself, not its quantized rollout copy).
+Correct = reward >= 1 (a correct answer: format credit is always below 1, bench/rewards.py). Prompts are built
+by bench.models.tokenizer.encode_prompts (the chat template when the model uses one) and each generate call
+holds at most `eval.batch_size` sequences, so a long benchmark does not need one KV cache for all of it.
+Sampled evaluations draw from their own generator, seeded by (run seed, step, set): evaluating never moves the
+training run's random stream.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
 
 import torch
+from omegaconf import OmegaConf
 
-from bench.models.tokenizer import decode_responses, encode_prompts
-from bench.rollout.base import RolloutEngine, SamplingParams
-from bench.tasks.base import Example, Task
+from bench.models.tokenizer import PromptFormat, decode_responses, encode_prompts
+from bench.passk import mean_pass_at_k
+from bench.rewards import scorer_metrics
+from bench.rollout.base import RolloutEngine, SamplingParams, response_budget
+from bench.tasks.base import TASKS, Example, Task, config_to_dict, stable_seed
+
+EVAL_MODES = ("greedy", "avg@k", "pass@k")
+
+
+@dataclass
+class EvalConfig:
+    """`eval.*`: the benchmark sets evaluated besides the training task, and how (the module docstring)."""
+
+    mode: str = "greedy"  # greedy | avg@k | pass@k (for eval.sets; the training task's eval/accuracy is greedy)
+    k: int = 1  # samples per problem for avg@k; the largest k of pass@k
+    n: Optional[int] = None  # pass@k: samples per problem (n >= k); null: k
+    temperature: float = 1.0  # avg@k / pass@k sampling temperature
+    top_p: float = 1.0  # avg@k / pass@k nucleus sampling (1: none)
+    sets: List[str] = field(default_factory=list)  # registered task names, e.g. [aime24, amc23, math500]
+    overrides: Dict[str, Any] = field(default_factory=dict)  # per set, task keys: {aime24: {source: /data/aime24}}
+    max_new_tokens: Optional[int] = None  # null: each set's task.max_new_tokens
+    batch_size: int = 64  # sequences per generate call (the KV cache of one call); also for eval/accuracy
+
+    @property
+    def samples(self) -> int:
+        """Samples drawn per problem of an eval set."""
+        if self.mode == "greedy":
+            return 1
+        return self.n if (self.mode == "pass@k" and self.n is not None) else self.k
+
+    def check(self) -> None:
+        if self.mode not in EVAL_MODES:
+            raise ValueError(f"eval.mode={self.mode!r} is not valid; choose one of: {', '.join(EVAL_MODES)}")
+        if self.k < 1:
+            raise ValueError(f"eval.k={self.k} must be at least 1")
+        if self.n is not None and self.n < self.k:
+            raise ValueError(f"eval.n={self.n} must be >= eval.k={self.k}: pass@k needs at least k samples per problem")
+        if not self.temperature > 0:
+            raise ValueError(f"eval.temperature={self.temperature} must be positive (use eval.mode=greedy for argmax)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"eval.top_p={self.top_p} must be in (0, 1]")
+        if self.batch_size < 1:
+            raise ValueError(f"eval.batch_size={self.batch_size} must be at least 1")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"eval.max_new_tokens={self.max_new_tokens} must be at least 1 (or null)")
+        unknown = [s for s in self.sets if s not in TASKS]
+        if unknown:
+            raise ValueError(f"eval.sets: {', '.join(map(repr, unknown))} not a registered task; choose from: "
+                             f"{', '.join(TASKS.names())}")
+        if len(set(self.sets)) != len(self.sets):
+            raise ValueError(f"eval.sets={list(self.sets)} names a set twice")
+        stray = [s for s in self.overrides if s not in self.sets]
+        if stray:
+            raise ValueError(f"eval.overrides has {', '.join(map(repr, stray))}, "
+                             f"which eval.sets={list(self.sets)} does not name")
+        for name in self.sets:
+            set_config(name, self.overrides.get(name)).check()
+
+
+def as_eval_config(cfg: Any) -> EvalConfig:
+    """An `eval` config (the composed DictConfig or an EvalConfig) as an EvalConfig."""
+    if isinstance(cfg, EvalConfig):
+        return cfg
+    return EvalConfig(**OmegaConf.to_container(cfg, resolve=True))
+
+
+def set_config(name: str, overrides: Any = None) -> Any:
+    """The task config of eval set `name`: its schema's defaults with `overrides` (a mapping of task keys)."""
+    schema = TASKS.schema(name)
+    values = config_to_dict(overrides) if overrides is not None else {}
+    known = set(schema.__dataclass_fields__)
+    bad = sorted(set(values) - known)
+    if bad:
+        raise ValueError(f"eval.overrides.{name}: unknown key(s) {', '.join(bad)}; "
+                         f"{name} has: {', '.join(sorted(known))}")
+    return schema(**{**values, "name": name})
+
+
+def build_eval_sets(eval_cfg: Any, train_task: Task) -> dict[str, Task]:
+    """The eval sets' tasks. A set named like the training task is the training task itself (its source and
+    settings), so that `task=gsm8k task.source=/data/gsm8k eval.sets=[gsm8k]` evaluates the same copy."""
+    eval_cfg = as_eval_config(eval_cfg)
+    overrides = eval_cfg.overrides
+    out = {}
+    for name in eval_cfg.sets:
+        if name == train_task.name and name not in overrides:
+            out[name] = train_task
+        else:
+            out[name] = TASKS.get(name)(set_config(name, overrides.get(name)))
+    return out
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+@torch.no_grad()
+def sample_rewards(
+    engine: RolloutEngine, tokenizer: Any, task: Task, examples: list[Example], n: int, sampling: SamplingParams,
+    fmt: PromptFormat = PromptFormat(), batch_size: int | None = None, generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rewards [E, n], response lengths [E, n]) of n completions per example from the loaded `engine`.
+
+    `sampling.max_new_tokens` is cut to fit the engine's context (bench.rollout.base.response_budget);
+    generate calls hold at most `batch_size` sequences (whole groups of n).
+    """
+    per_call = len(examples) if batch_size is None else max(1, batch_size // n)
+    rewards, lengths = [], []
+    for chunk in _chunks(examples, per_call):
+        ids, mask = encode_prompts(tokenizer, task, chunk, fmt)
+        budget = response_budget(sampling.max_new_tokens, ids.shape[1], engine)
+        rollout = engine.generate(ids, mask, n, SamplingParams(budget, sampling.temperature, sampling.greedy,
+                                                               sampling.top_p), generator)
+        completions = decode_responses(tokenizer, rollout.response_ids, rollout.response_mask)
+        rewards += [task.reward(ex, c) for ex, c in zip((e for e in chunk for _ in range(n)), completions)]
+        lengths.append(rollout.response_mask.sum(1).float())
+    return torch.tensor(rewards, dtype=torch.float32).view(len(examples), n), torch.cat(lengths).view(len(examples), n)
 
 
 @torch.no_grad()
 def greedy_eval(
     engine: RolloutEngine, model: torch.nn.Module, tokenizer: Any, task: Task, examples: list[Example],
-    max_new_tokens: int | None = None,
+    max_new_tokens: int | None = None, fmt: PromptFormat = PromptFormat(), batch_size: int | None = None,
 ) -> dict[str, float]:
     """{eval/accuracy, eval/reward_mean, eval/response_length} of greedy completions on `examples`."""
     if not examples:
         raise ValueError(f"task {task.name!r}: no examples to evaluate on")
     engine.load_weights(model)
-    prompt_ids, prompt_mask = encode_prompts(tokenizer, [task.prompt(e) for e in examples])
     sampling = SamplingParams(max_new_tokens or task.max_new_tokens, greedy=True)
-    rollout = engine.generate(prompt_ids, prompt_mask, 1, sampling)
-    completions = decode_responses(tokenizer, rollout.response_ids, rollout.response_mask)
-    rewards = torch.tensor([task.reward(ex, c) for ex, c in zip(examples, completions)])
+    rewards, lengths = sample_rewards(engine, tokenizer, task, examples, 1, sampling, fmt, batch_size)
     return {"eval/accuracy": (rewards >= 1.0).float().mean().item(),
             "eval/reward_mean": rewards.mean().item(),
-            "eval/response_length": rollout.response_mask.sum(1).float().mean().item()}
+            "eval/response_length": lengths.mean().item()}
+
+
+def pass_ks(k: int) -> list[int]:
+    """The pass@j reported for a largest k: 1, 2, 4, ... below k, and k (P3O reports k in {1, 4, 16})."""
+    out, j = [], 1
+    while j < k:
+        out.append(j)
+        j *= 2
+    return out + [k]
+
+
+def set_metrics(rewards: torch.Tensor, lengths: torch.Tensor, cfg: EvalConfig) -> dict[str, float]:
+    """The `eval.mode` metrics of one set from its rewards [problems, samples] (unprefixed names)."""
+    correct = rewards >= 1.0
+    out: dict[str, float] = {}
+    if cfg.mode == "greedy":
+        out["accuracy"] = correct.float().mean().item()
+    elif cfg.mode == "avg@k":
+        out[f"avg@{cfg.k}"] = correct.float().mean(1).mean().item()  # problems weigh equally
+    else:
+        counts = [(correct.shape[1], int(c)) for c in correct.sum(1).tolist()]
+        out |= {f"pass@{j}": mean_pass_at_k(counts, j) for j in pass_ks(cfg.k)}
+    return out | {"reward_mean": rewards.mean().item(), "response_length": lengths.mean().item()}
+
+
+@torch.no_grad()
+def evaluate_set(
+    engine: RolloutEngine, tokenizer: Any, name: str, task: Task, cfg: EvalConfig, fmt: PromptFormat,
+    seed: int, step: int,
+) -> dict[str, float]:
+    """`eval/<name>/<metric>` of one eval set's test split; the engine already holds the policy."""
+    examples = task.examples("test")
+    if not examples:
+        raise ValueError(f"eval set {name!r}: its test split is empty")
+    prefix = f"eval/{name}"
+    scorer_metrics(task, prefix)  # drop counts that are not this evaluation's (e.g. the warm start's)
+    greedy = cfg.mode == "greedy"
+    sampling = SamplingParams(cfg.max_new_tokens or task.max_new_tokens, cfg.temperature, greedy, cfg.top_p)
+    generator = None if greedy else torch.Generator().manual_seed(stable_seed("eval", seed, step, name) % 2**63)
+    rewards, lengths = sample_rewards(engine, tokenizer, task, examples, cfg.samples, sampling, fmt,
+                                      cfg.batch_size, generator)
+    metrics = {f"{prefix}/{k}": v for k, v in set_metrics(rewards, lengths, cfg).items()}
+    return metrics | scorer_metrics(task, prefix)
+
+
+@torch.no_grad()
+def evaluate_policy(
+    engine: RolloutEngine, model: torch.nn.Module, tokenizer: Any, task: Task, sets: dict[str, Task],
+    cfg: EvalConfig | Any, fmt: PromptFormat, seed: int, step: int,
+) -> dict[str, float]:
+    """The trainer's evaluation: the training task's greedy eval/* and every eval set's eval/<set>/*."""
+    cfg = as_eval_config(cfg)
+    scorer_metrics(task, "eval")
+    out = greedy_eval(engine, model, tokenizer, task, task.examples("test"), task.max_new_tokens, fmt, cfg.batch_size)
+    out |= scorer_metrics(task, "eval")
+    for name, set_task in sets.items():  # the engine still holds `model`
+        out |= evaluate_set(engine, tokenizer, name, set_task, cfg, fmt, seed, step)
+    return out

@@ -58,7 +58,8 @@ FINISHED_STATUSES = ("completed", "diverged")
 #:   reward/*   the rollout batch's rewards          train/*     loss, grad norm, entropy, clipfrac, lr
 #:   mismatch/* pi_old vs mu (bench/mismatch.py)     method/<arm>/*  each arm's own diagnostics
 #:   quant/*    QuRL weight-update / quant error     time/*      wall-clock seconds and throughput
-#:   eval/*     greedy test evaluation               final/*     run.json summary of a completed run
+#:   eval/*     greedy test evaluation (eval/accuracy); eval sets: eval/<set>/<metric> (pass@k, avg@k, ...)
+#:   final/*    run.json summary of a completed run
 #:   critic/*   PPO's value model (algo.advantage=gae)  sampling/*  DAPO dynamic sampling / overlong counts
 NAMESPACES = ("reward", "train", "mismatch", "method", "quant", "time", "eval", "final", "critic", "sampling")
 #: Wall-clock keys: the only metrics that differ between two runs of the same config.

@@ -172,10 +172,34 @@ class SnapshotJoblibLauncher(_Snapshotting, JoblibLauncher):
             sys.path.remove(code)
 
 
+def check_gpu_request(params: Dict[str, Any]) -> list[str]:
+    """Coherence of a job's GPU/CPU request (hydra.launcher.*); raises ValueError for a contradiction and
+    returns warnings for a request that runs but wastes what it asked for.
+
+    submitit writes `gpus_per_node` as `#SBATCH --gpus-per-node=N`; SLURM then exports CUDA_VISIBLE_DEVICES to
+    the job, where `train.device=auto` finds the GPU. Asking twice (a gpu `gres` as well) double-books or gets
+    the job rejected; `cpus_per_gpu` is ignored by SLURM without `gpus_per_task` (submitit only warns); a run
+    trains on one device, so a second GPU per job idles (run more jobs instead: one per GPU).
+    """
+    per_node, per_task = params.get("gpus_per_node"), params.get("gpus_per_task")
+    gres = str(params.get("gres") or "")
+    if (per_node or per_task) and "gpu" in gres:
+        raise ValueError(f"hydra.launcher: GPUs requested twice (gpus_per_node={per_node}, gpus_per_task={per_task}, "
+                         f"gres={gres!r}); use gpus_per_node=1 alone")
+    if params.get("cpus_per_gpu") and not per_task:
+        raise ValueError(f"hydra.launcher.cpus_per_gpu={params['cpus_per_gpu']} needs gpus_per_task (SLURM ignores it "
+                         "with gpus_per_node); set cpus_per_task instead")
+    n_gpus = max(int(per_node or 0), int(per_task or 0))
+    return [f"hydra.launcher asks for {n_gpus} GPUs per job, but a run trains on one (train.device=cuda uses the "
+            "first visible GPU): the others idle; submit one job per GPU instead"] if n_gpus > 1 else []
+
+
 class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
     """hydra-submitit-launcher's SlurmLauncher + code/config snapshot + our preemption signal."""
 
     def __init__(self, preempt_signal: str = "USR1", code_dir: str | None = None, **params: Any) -> None:
+        for warning in check_gpu_request(params):
+            log.warning(warning)
         super().__init__(**params)
         self._init_snapshotting(code_dir)
         self.preempt_signal = preempt_signal.upper().removeprefix("SIG")

@@ -29,8 +29,10 @@ trainer's accuracy (`reward >= 1`) is unchanged by shaping.
 
 `Reward` runs the scorer under a wall-clock limit (bench/timelimit.py; the docstring there says how it works
 and where it does not hold). A scorer that times out or raises scores 0; `Reward.stats` counts both so they
-can be logged. Completions may be any text: bytes are decoded as UTF-8 with replacement, and lone surrogates
-(e.g. from `errors="surrogateescape"` decoding) are replaced, before any scorer sees them.
+can be logged: the trainer logs them per step as `reward/scorer_timeouts` / `reward/scorer_errors` and per
+evaluation as `eval/[<set>/]scorer_timeouts` / `scorer_errors` (`scorer_metrics`). Completions may be any
+text: bytes are decoded as UTF-8 with replacement, and lone surrogates (e.g. from `errors="surrogateescape"`
+decoding) are replaced, before any scorer sees them.
 """
 
 from __future__ import annotations
@@ -374,3 +376,19 @@ class Reward:
         if self.format_weight > 0.0 and self.format_check(clean_text(completion)):
             return self.format_weight
         return 0.0
+
+    def take_stats(self) -> Counter[str]:
+        """The counts (calls, timeouts, errors) since the last call, and start counting afresh."""
+        stats, self.stats = self.stats, Counter()
+        return stats
+
+
+def scorer_metrics(task: Any, prefix: str) -> dict[str, float]:
+    """`<prefix>/scorer_timeouts` and `<prefix>/scorer_errors`: completions the task's scorer gave up on (time
+    limit) or failed on since the last call, scored 0 either way. Empty for tasks without a `Reward` (the
+    synthetic tasks' checkers are linear-time and cannot time out)."""
+    rewarder = getattr(task, "rewarder", None)
+    if not isinstance(rewarder, Reward):
+        return {}
+    stats = rewarder.take_stats()
+    return {f"{prefix}/scorer_timeouts": float(stats["timeouts"]), f"{prefix}/scorer_errors": float(stats["errors"])}

@@ -28,7 +28,7 @@ import torch
 
 from bench.dapo import apply_soft_overlong_penalty, dynamic_sample, overlong_filter_mask, truncated_responses
 from bench.models.tokenizer import decode_responses, encode_prompts, pad_id
-from bench.rollout.base import Rollout, SamplingParams
+from bench.rollout.base import Rollout, SamplingParams, response_budget, token_ids
 from bench.tasks.base import stable_seed
 
 
@@ -50,17 +50,19 @@ class Sample:
 
 
 def score(p: Any, examples: list[dict], rollout: Rollout, n: int) -> torch.Tensor:
-    """The task's reward of every response (n responses per example, group-contiguous)."""
+    """The task's reward of every response (n responses per example, group-contiguous), on the trainer's device."""
     completions = decode_responses(p.tokenizer, rollout.response_ids, rollout.response_mask)
-    return torch.tensor([p.task.reward(ex, c) for ex, c in zip((e for e in examples for _ in range(n)), completions)])
+    rewards = [p.task.reward(ex, c) for ex, c in zip((e for e in examples for _ in range(n)), completions)]
+    return torch.tensor(rewards, device=p.compute.device)
 
 
-def truncated(rollout: Rollout, eos_id: int | None, max_new_tokens: int) -> torch.Tensor:
-    """Bool [B]: responses without an EOS (cut by the limit); by length when the tokenizer has no EOS."""
+def truncated(rollout: Rollout, stop_ids: Any, max_new_tokens: int) -> torch.Tensor:
+    """Bool [B]: responses that end on no stop token (cut by the limit); by length when there is no stop id."""
     lengths = rollout.response_mask.sum(1)
-    if eos_id is None:
+    stops = torch.tensor(token_ids(stop_ids), dtype=torch.long, device=rollout.response_ids.device)
+    if stops.numel() == 0:
         return truncated_responses(lengths, max_new_tokens)
-    finished = ((rollout.response_ids == eos_id) & rollout.response_mask.bool()).any(1)
+    finished = (torch.isin(rollout.response_ids, stops) & rollout.response_mask.bool()).any(1)
     return truncated_responses(lengths, max_new_tokens, finished)
 
 
@@ -76,10 +78,12 @@ def generate_round(p: Any, step: int, round_index: int, n_prompts: int, timer: A
     G = cfg.train.group_size
     seed = cfg.seed if round_index == 0 else stable_seed("dynamic_sampling", cfg.seed, round_index)
     examples = p.task.sample(step, n_prompts, seed)
-    prompt_ids, prompt_mask = encode_prompts(p.tokenizer, [p.task.prompt(e) for e in examples])
-    sampling = SamplingParams(cfg.task.max_new_tokens, cfg.rollout.temperature)
+    prompt_ids, prompt_mask = encode_prompts(p.tokenizer, p.task, examples, p.prompt_format)
+    budget = response_budget(cfg.task.max_new_tokens, prompt_ids.shape[1], p.engine)
     with timer("rollout"):
-        rollout = p.engine.generate(prompt_ids, prompt_mask, G, sampling, p.generator)
+        rollout = p.engine.generate(prompt_ids, prompt_mask, G, SamplingParams(budget, cfg.rollout.temperature),
+                                    p.generator)
+    rollout = rollout.to(p.compute.device)
     return Round(rollout, score(p, examples, rollout, G))
 
 
@@ -126,7 +130,7 @@ def collect(p: Any, step: int, timer: Any) -> Sample:
         rows: list[list[int]] = [[] for _ in rounds]  # the kept groups' rows, round by round, earliest first
         for index, g in kept:
             rows[index].extend(range(g * G, (g + 1) * G))
-        picked = [(r, torch.tensor(idx, dtype=torch.long)) for r, idx in zip(rounds, rows) if idx]
+        picked = [(r, torch.tensor(idx, dtype=torch.long, device=r.scores.device)) for r, idx in zip(rounds, rows) if idx]
         rollout = concat_rollouts([r.rollout.select(idx) for r, idx in picked], pad_id(p.tokenizer)) if picked else None
         scores = torch.cat([r.scores[idx] for r, idx in picked]) if picked else torch.zeros(0)
     else:
@@ -136,7 +140,7 @@ def collect(p: Any, step: int, timer: Any) -> Sample:
     if rollout is None:
         empty = torch.zeros(0, dtype=torch.bool)
         return Sample(None, scores, scores, empty, generated, metrics)
-    cut = truncated(rollout, p.tokenizer.eos_token_id, cfg.task.max_new_tokens)
+    cut = truncated(rollout, getattr(p.engine, "eos_id", p.tokenizer.eos_token_id), cfg.task.max_new_tokens)
     rewards = scores
     if cfg.algo.overlong_penalty:
         lengths = rollout.response_mask.sum(1)

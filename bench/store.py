@@ -200,7 +200,8 @@ class RunDir:
     def load_checkpoint(self) -> dict[str, Any] | None:
         if not self.ckpt_file.exists():
             return None
-        return torch.load(self.ckpt_file, weights_only=False)
+        # onto the CPU: a checkpoint written on a GPU must load anywhere; restore() moves tensors to the run's device
+        return torch.load(self.ckpt_file, map_location="cpu", weights_only=False)
 
     def drop_checkpoint(self) -> None:
         self.ckpt_file.unlink(missing_ok=True)

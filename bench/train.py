@@ -20,24 +20,29 @@ import random
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
 
 import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
 from bench.advantages import AdvantageEstimator, build_estimator
-from bench.evaluation import greedy_eval
+from bench.compute import Diverged, TrainerCompute, enable_gradient_checkpointing
+from bench.device import DEVICES, describe, make_generator, resolve_device, restore_rng, rng_state
+from bench.evaluation import build_eval_sets, evaluate_policy
 from bench.methods.base import Batch, Method, arm_info, build_method, select_stats
 from bench.mismatch import mismatch_metrics, sanitize
-from bench.models.load import load_policy
-from bench.models.logprobs import TRAINER_DTYPES, token_logprobs
+from bench.models.load import context_length, load_policy
+from bench.models.logprobs import TRAINER_DTYPES
+from bench.models.tokenizer import PromptFormat, uses_chat_template
 from bench.preempt import PreemptionGuard
 from bench.quant import diagnostics
 from bench.quant.quantizers import Quantizer
 from bench.rollout import build_engine
+from bench.rewards import scorer_metrics
 from bench.rollout.base import Rollout, RolloutEngine
+from bench.rollout.embedded import EmbeddedRolloutConfig
 from bench.sampling import Sample, collect
 from bench.store import RunDir
 from bench.tasks.base import Task, build_task
@@ -56,7 +61,11 @@ class TrainConfig:
     lr: float = 1e-4  # Adam on a ~1M model: 3e-4+ destroys the warm start's accuracy, 2e-5 barely moves
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    dtype: str = "bf16"  # trainer compute: bf16 (fp32 master weights + bf16 weights/autocast) | fp32
+    dtype: str = "bf16"  # compute over fp32 master weights: bf16 | fp16 (+ loss scaling) | fp32 (bench/compute.py)
+    device: str = "auto"  # auto (cuda when torch sees a GPU, else cpu) | cpu | cuda (bench/device.py)
+    micro_batch_size: Optional[int] = None  # sequences per forward/backward; null = the whole minibatch
+    micro_batch_tokens: Optional[int] = 16384  # no-grad log-prob passes: <= this many tokens per forward; null: no cap
+    gradient_checkpointing: bool = False  # recompute decoder layers in backward (activation memory -> ~1 layer)
     eval_every: int = 10
     checkpoint_every: int = 10
     threads: int = 0  # torch threads; 0 = leave torch's default (sweeps set 1 per job)
@@ -76,10 +85,14 @@ class TrainConfig:
             raise ValueError(f"train.steps={self.steps} must be at least 1")
         if self.dtype not in TRAINER_DTYPES:
             raise ValueError(f"train.dtype={self.dtype!r} is not valid; choose one of: {', '.join(TRAINER_DTYPES)}")
-
-
-class Diverged(RuntimeError):
-    """A non-finite loss or gradient: the run stops, keeps its metrics, and is marked diverged."""
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            raise ValueError(f"train.micro_batch_size={self.micro_batch_size} must be at least 1 "
+                             "(or null: the whole minibatch)")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise ValueError(f"train.micro_batch_tokens={self.micro_batch_tokens} must be positive (or null)")
+        if self.device not in DEVICES:
+            raise ValueError(f"train.device={self.device!r} is not valid; choose one of: {', '.join(DEVICES)}")
+        resolve_device(self.device)  # cuda without a usable GPU fails here, before any work, saying why
 
 
 @dataclass
@@ -93,7 +106,10 @@ class Parts:
     eval_engine: RolloutEngine
     optimizer: torch.optim.Optimizer
     generator: torch.Generator
+    compute: TrainerCompute
     advantage: AdvantageEstimator
+    prompt_format: PromptFormat = PromptFormat()
+    eval_sets: dict[str, Task] = field(default_factory=dict)
     ref_policy: torch.nn.Module | None = None
 
 
@@ -101,16 +117,28 @@ def build(cfg: DictConfig) -> Parts:
     """Everything a run needs; raises a clear error on bad input before any training."""
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
+    device = resolve_device(cfg.train.device)
     task = build_task(cfg.task)
     policy, tokenizer = load_policy(cfg.model, task)
+    policy.to(device)  # before the optimizer: its states are allocated beside the parameters
+    if cfg.train.gradient_checkpointing:
+        enable_gradient_checkpointing(policy)
+    prompt_format, eval_sets = PromptFormat.from_config(cfg.model), build_eval_sets(cfg.eval, task)
+    for t in (task, *eval_sets.values()):
+        uses_chat_template(tokenizer, t, prompt_format)  # a template asked for but missing fails here
+    max_len = context_length(cfg.model, policy)
     return Parts(
         cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, method=build_method(cfg.method, cfg.algo),
-        engine=build_engine(cfg.rollout, tokenizer, policy),
-        # evaluate the trainer's policy itself, not its quantized copy
-        eval_engine=build_engine(cfg.rollout, tokenizer, policy, precision="fp32"),
+        engine=build_engine(cfg.rollout, tokenizer, policy, max_len=max_len),
+        # evaluate the trainer's policy itself (not its quantized copy), with the embedded engine whatever the
+        # rollout engine is: a second vLLM engine would claim a second share of the GPU
+        eval_engine=build_engine(EmbeddedRolloutConfig(precision="fp32"), tokenizer, policy, max_len=max_len),
         optimizer=torch.optim.AdamW(policy.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay),
-        generator=torch.Generator().manual_seed(cfg.seed),
+        generator=make_generator(device, cfg.seed),
+        compute=TrainerCompute(device, cfg.train.dtype, cfg.rollout.temperature, cfg.train.micro_batch_size,
+                               micro_batch_tokens=cfg.train.micro_batch_tokens),
         advantage=build_estimator(cfg, policy),
+        prompt_format=prompt_format, eval_sets=eval_sets,
     )
 
 
@@ -124,7 +152,6 @@ class Timer(dict):
 
 def train_step(p: Parts, step: int) -> dict[str, float]:
     cfg, t = p.cfg, Timer()
-    T = cfg.rollout.temperature
     with t("sync"):
         p.engine.load_weights(p.policy)
     sample = collect(p, step, t)
@@ -132,9 +159,9 @@ def train_step(p: Parts, step: int) -> dict[str, float]:
         return {"step": step} | sample.metrics | time_metrics(t, sample.generated_tokens)
     rollout = sample.rollout
 
-    with t("train"), t("recompute"), torch.no_grad():
-        logp_old = token_logprobs(p.policy, rollout, T, cfg.train.dtype)[0] if p.method.needs_recompute else None
-        logp_ref = token_logprobs(p.ref_policy, rollout, T, cfg.train.dtype)[0] if p.ref_policy else None
+    with t("recompute"):
+        logp_old = p.compute.logprobs(p.policy, rollout)[0] if p.method.needs_recompute else None
+        logp_ref = p.compute.logprobs(p.ref_policy, rollout)[0] if p.ref_policy else None
         adv, measured = p.advantage.estimate(rollout, sample.rewards)
     mask, frac_nonfinite = sanitize(logp_old if logp_old is not None else rollout.logp_mu, rollout.logp_mu, rollout.response_mask)
     mask = sample.loss_mask(mask)
@@ -147,7 +174,7 @@ def train_step(p: Parts, step: int) -> dict[str, float]:
     # bypass arms have no pi_old: their mismatch uses log pi_theta at theta_old (methods.md section 11)
     measured |= mismatch_metrics(logp_old if logp_old is not None else logp_theta0, rollout.logp_mu, mask)
     measured |= {"mismatch/frac_nonfinite_logprob": frac_nonfinite}
-    measured |= diagnostics.weight_update(before, p.policy) | p.engine.quant_metrics()
+    measured |= diagnostics.weight_update(before, p.policy) | p.engine.quant_metrics() | scorer_metrics(p.task, "reward")
     return step_metrics(p, step, sample, logs, stats, measured, t)
 
 
@@ -158,28 +185,23 @@ def update(p: Parts, rollout: Rollout, batch: Batch, stats: dict, step: int) -> 
     logp_theta0 = torch.zeros_like(batch.logp_mu)
     for epoch in range(cfg.epochs):
         for idx in torch.arange(B).chunk(cfg.minibatches):
-            mb = batch.select(idx)
-            logp, entropy = token_logprobs(p.policy, rollout.select(idx), p.cfg.rollout.temperature, cfg.dtype, with_entropy=True)
-            loss, metrics = p.method.loss(logp, mb, select_stats(stats, idx, B))
-            if not torch.isfinite(loss):
-                raise Diverged(f"step {step}: non-finite loss ({loss.item()})")
+            mb, mb_stats = batch.select(idx), select_stats(stats, idx, B)
             p.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(p.policy.parameters(), cfg.grad_clip)
-            if not torch.isfinite(grad_norm):
-                raise Diverged(f"step {step}: non-finite gradient norm ({grad_norm.item()})")
-            p.optimizer.step()
+            loss, metrics, logp, entropy = p.compute.backward(
+                p.policy, rollout.select(idx), lambda lp, mb=mb, st=mb_stats: p.method.loss(lp, mb, st), step)
+            grad_norm = p.compute.step(p.policy, p.optimizer, cfg.grad_clip, step)  # None: fp16 overflow, skipped
             if epoch == 0:
-                logp_theta0[idx] = logp.detach()
+                logp_theta0[idx] = logp
             logs["loss"].append(loss.item())
-            logs["grad_norm"].append(grad_norm.item())
+            logs["grad_norm"] += [] if grad_norm is None else [grad_norm]
             logs["entropy"].append((entropy * mb.mask).sum().item() / mb.n_tokens)
             for k, v in metrics.items():
                 logs[k].append(float(v))
-    return {k: sum(v) / len(v) for k, v in logs.items()}, logp_theta0
+    return {k: sum(v) / len(v) for k, v in logs.items() if v} | p.compute.scaler_metrics(), logp_theta0
 
 
-TRAIN_KEYS = ("loss", "grad_norm", "entropy", "clipfrac", "ppo_kl")
+COMPUTE_KEYS = ("grad_scale", "skipped_steps")  # fp16 loss scaling (bench/compute.py), train/* only
+TRAIN_KEYS = ("loss", "grad_norm", "entropy", "clipfrac", "ppo_kl", *COMPUTE_KEYS)
 
 
 def step_metrics(p: Parts, step: int, sample: Sample, logs: dict[str, float],
@@ -195,23 +217,24 @@ def step_metrics(p: Parts, step: int, sample: Sample, logs: dict[str, float],
     row["train/lr"] = p.optimizer.param_groups[0]["lr"]
     row |= {k: v for k, v in measured.items() if k.startswith("mismatch/")}
     row |= {f"method/{arm}/{k}": v for k, v in stats.items() if isinstance(v, (int, float))}
-    row |= {f"method/{arm}/{k}": v for k, v in logs.items() if k not in ("loss", "grad_norm", "entropy")}
+    row |= {f"method/{arm}/{k}": v for k, v in logs.items() if k not in ("loss", "grad_norm", "entropy", *COMPUTE_KEYS)}
     row |= {k: v for k, v in measured.items() if not k.startswith("mismatch/")}
     return row | sample.metrics | time_metrics(t, sample.generated_tokens)
 
 
 def time_metrics(t: Timer, generated_tokens: int) -> dict[str, float]:
-    """time/*: seconds per part of the step, and rollout throughput over every token generated in it."""
+    """time/*: disjoint parts (generation, weight sync + re-quantization, recompute pass, optimizer steps) and
+    rollout throughput over every token generated in the step (all of dynamic sampling's rounds)."""
     t = Timer({"sync": 0.0, "rollout": 0.0, "recompute": 0.0, "train": 0.0} | t)
     return {"time/rollout_s": t["rollout"], "time/sync_s": t["sync"], "time/recompute_s": t["recompute"],
-            "time/train_s": t["train"], "time/step_s": sum(t[k] for k in ("sync", "rollout", "train")),
+            "time/train_s": t["train"], "time/step_s": sum(t[k] for k in ("sync", "rollout", "recompute", "train")),
             "time/rollout_tokens_per_s": generated_tokens / max(t["rollout"], 1e-9)}
 
 
 def evaluate(p: Parts, step: int) -> dict[str, float]:
-    """Greedy accuracy of the trainer's policy on the test split."""
-    return {"step": step} | greedy_eval(p.eval_engine, p.policy, p.tokenizer, p.task, p.task.examples("test"),
-                                        p.cfg.task.max_new_tokens)
+    """Greedy accuracy of the trainer's policy on the test split, and the eval sets' metrics (bench/evaluation.py)."""
+    return {"step": step} | evaluate_policy(p.eval_engine, p.policy, p.tokenizer, p.task, p.eval_sets, p.cfg.eval,
+                                            p.prompt_format, p.cfg.seed, step)
 
 
 def precision_info(cfg: DictConfig) -> dict[str, Any]:
@@ -220,19 +243,25 @@ def precision_info(cfg: DictConfig) -> dict[str, Any]:
     return Quantizer(r.precision, r.weight_granularity, r.act_granularity).describe()
 
 
+def runtime_info(p: Parts) -> dict[str, Any]:
+    """Where the run computes (engine, device, trainer dtype), recorded in run.json so that the analysis can
+    label throughput rows (and call CPU low-precision rollouts emulated) without importing torch."""
+    return {"engine": p.cfg.rollout.engine, **describe(p.compute.device), "trainer_dtype": p.cfg.train.dtype}
+
+
 def checkpoint(p: Parts, next_step: int) -> dict[str, Any]:
     return {"step": next_step, "policy": p.policy.state_dict(), "optimizer": p.optimizer.state_dict(),
-            "generator": p.generator.get_state(), "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+            **rng_state(p.generator), "grad_scaler": p.compute.state_dict(),
             "ref_policy": p.ref_policy.state_dict() if p.ref_policy else None,
             "advantage": p.advantage.state_dict()}
 
 
 def restore(p: Parts, ckpt: dict[str, Any]) -> int:
+    """Load a checkpoint (read onto the CPU: it may come from another device); tensors move to the run's."""
     p.policy.load_state_dict(ckpt["policy"])
-    p.optimizer.load_state_dict(ckpt["optimizer"])
-    p.generator.set_state(ckpt["generator"])
-    torch.set_rng_state(ckpt["torch_rng"])
-    random.setstate(ckpt["python_rng"])
+    p.optimizer.load_state_dict(ckpt["optimizer"])  # states follow their parameters' device
+    restore_rng(p.generator, ckpt, p.cfg.seed, int(ckpt["step"]))
+    p.compute.load_state_dict(ckpt.get("grad_scaler") or {})
     if p.ref_policy is not None and ckpt["ref_policy"] is not None:
         p.ref_policy.load_state_dict(ckpt["ref_policy"])
     p.advantage.load_state_dict(ckpt.get("advantage") or {})
@@ -250,7 +279,7 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str) -> str:
     start = restore(p, ckpt) if ckpt is not None else 0
     run.truncate_to(start)  # rows written after the checkpoint are recomputed identically
     info = run.start(config_yaml, run_name)
-    declared = {"arm": arm_info(p.method.name), "precision": precision_info(cfg)}  # for the analysis
+    declared = {"arm": arm_info(p.method.name), "precision": precision_info(cfg), "runtime": runtime_info(p)}
     tracker = start_tracking(cfg, run.path, run_name, resume_id=info.get("wandb_id"), run_info=declared)
     run.update_info(wandb_id=tracker.run_id, setup=setup, **declared)
     t0, every = time.perf_counter(), cfg.train

@@ -12,3 +12,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+import pytest  # noqa: E402
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked `cuda` need a GPU; without one they skip, saying why (pytest -ra prints the reason)."""
+    if item.get_closest_marker("cuda") is not None and not torch.cuda.is_available():
+        why = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, no visible GPU"
+        pytest.skip(f"needs a CUDA GPU: torch {torch.__version__} is {why}")

@@ -17,9 +17,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from bench.cli import CONF_DIR
+from bench.methods.base import METHODS, arm_info
 from bench.train import build, train_step
-
-ARMS = ("bf16", "fp8", "fp8_ppo_is", "tis", "acr", "acr_uaq", "ess", "ais")
 
 
 def timed(fn, box: list[float]):
@@ -58,7 +57,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--task", default="arithmetic")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--arms", nargs="+", default=list(ARMS))
+    every_arm = sorted(METHODS.names(), key=lambda a: arm_info(a).get("order", 1000))  # every registered arm
+    ap.add_argument("--arms", nargs="+", default=every_arm, choices=every_arm)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     res = {arm: measure(arm, args.task, args.steps, args.warmup) for arm in args.arms}

@@ -1,50 +1,108 @@
-"""Rollout throughput: the embedded engine at each precision against HF `generate`, as a Markdown table.
+"""Rollout throughput of both engines at every precision each offers, as a Markdown table.
 
-    python -m bench.benchmarks.rollout [--model-size 1m|10m] [--batch 16 64] [--new-tokens 64]
-                                       [--prompt-len 32] [--threads 2] [--repeats 3]
+    python -m bench.benchmarks.rollout [--engines embedded vllm] [--preset 1m|10m|qwen2.5-0.5b|qwen2.5-1.5b|qwen3-8b] [--device auto]
+                                       [--layers N] [--batch 16 64] [--new-tokens 64] [--prompt-len 32]
+                                       [--threads 2] [--repeats 3] [--hf]
 
-Protocol (perf-notes 2): a Qwen2 model built from a config (random init, std 0.02, tied embeddings), pure
-sampling at T=1 with no EOS stop, every method returning the sampled tokens *and* their log-probs.
-Throughput = generated tokens / wall time, prefill included; one warm-up, then the best of `--repeats`
-interleaved rounds (the machine is shared: the best is the least disturbed run). The last column is the
-time of one `load_weights` (copy + fresh quantization), paid once per GRPO step. HF `generate` gets its log-probs from
-`output_logits` + log-softmax + gather, as a trainer-side rollout without an engine would.
+Protocol (perf-notes 2): a model of the preset's SHAPE, random init (std 0.02), no weights downloaded; pure
+sampling at T=1 with no EOS stop, every engine returning the sampled tokens *and* their log-probs.
+Throughput = generated tokens / wall time, prefill included; one warm-up, then the best of `--repeats` rounds
+(the machine is shared: the best is the least disturbed run). "sync ms" is one `load_weights` of the trainer's
+weights into the engine (embedded: copy + fresh quantization; vLLM: in-place reload + re-quantization +
+prefix-cache reset), paid once per GRPO step; "vs bf16" is the speed-up over the same engine's bf16.
+
+Engines and precisions: embedded fp32 | bf16 | fp8_e4m3 | int8 (CPU); vLLM fp32 | bf16 | fp8_e4m3 with the
+FP8 schemes of the platform (GPU: per_tensor, per_channel, per_block; CPU: per_channel). Each vLLM precision
+runs in a child process, so one engine's GPU memory is gone before the next starts. `--hf` adds HF `generate`
+rows (log-probs from `output_logits`, as a trainer-side rollout without an engine would get them).
+
+On a CPU without bf16/fp8/int8 hardware (AVX2) the low-precision rows are emulated: they measure the
+emulation, not a speed-up. A GPU user (vLLM on the GPU; pip install -e .[vllm]):
+    python -m bench.benchmarks.rollout --engines vllm --preset qwen2.5-1.5b --batch 64 256 --new-tokens 512
+    python -m bench.benchmarks.rollout --engines vllm --preset qwen2.5-1.5b --batch 64 256 --new-tokens 2048
+    python -m bench.benchmarks.rollout --engines vllm --preset qwen3-8b --batch 64 256 --new-tokens 512
+    python -m bench.benchmarks.rollout --engines vllm --preset qwen3-8b --batch 64 256 --new-tokens 2048
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import gc
+import json
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
 import torch
 
 from bench.quant.linear import fast_int_mm, native_bf16_matmul
+from bench.device import resolve_device
+from bench.quant.quantizers import precisions
 from bench.rollout.base import SamplingParams
 from bench.rollout.embedded import EmbeddedEngine
 
-PRECISIONS = ("fp32", "bf16", "fp8_e4m3", "int8")
-#: perf-notes table of sizes (Qwen2, GQA 4/2 heads, tied embeddings).
-SIZES = {
-    "1m": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-               intermediate_size=512, vocab_size=128),
-    "10m": dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-                intermediate_size=1792, vocab_size=1024),
+EMBEDDED_PRECISIONS = tuple(precisions())  # every format registered in bench/quant/
+VLLM_PRECISIONS = ("fp32", "bf16", "fp8_e4m3")
+ENGINES = ("embedded", "vllm")
+#: Model shapes. 1m / 10m: perf-notes sizes (Qwen2, GQA 4/2 heads, tied embeddings). The others are the
+#: dimensions of the published Hugging Face config.json of Qwen/Qwen2.5-0.5B, Qwen/Qwen2.5-1.5B and
+#: Qwen/Qwen3-8B (hidden, layers, heads, kv heads, head_dim, intermediate, vocab, rope theta, tied embeddings).
+PRESETS: dict[str, dict] = {
+    "1m": dict(model_type="qwen2", hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+               num_key_value_heads=2, intermediate_size=512, vocab_size=128, tie_word_embeddings=True),
+    "10m": dict(model_type="qwen2", hidden_size=256, num_hidden_layers=6, num_attention_heads=4,
+                num_key_value_heads=2, intermediate_size=1792, vocab_size=1024, tie_word_embeddings=True),
+    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, intermediate_size=4864, vocab_size=151936, rope_theta=1e6,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, intermediate_size=8960, vocab_size=151936, rope_theta=1e6,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True),
+    "qwen3-8b": dict(model_type="qwen3", hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, intermediate_size=12288, vocab_size=151936,
+                     rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False),
 }
 
 
-def build_model(size: str) -> torch.nn.Module:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def build_model(preset: str, layers: int | None = None, max_len: int = 4096,
+                dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:
+    """A random-init causal LM with the preset's shape (`layers` cuts the depth), nothing downloaded.
 
+    Built directly in `dtype` on `device` (an 8B model in fp32 on the host would need 32 GB).
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
+    shape = dict(PRESETS[preset])
+    kind = shape.pop("model_type")
+    if layers is not None:
+        if not 1 <= layers <= shape["num_hidden_layers"]:
+            raise ValueError(f"--layers {layers} must be in 1..{shape['num_hidden_layers']} for {preset}")
+        shape["num_hidden_layers"] = layers
+    config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if kind == "qwen2" else (Qwen3Config, Qwen3ForCausalLM)
     torch.manual_seed(0)
-    cfg = Qwen2Config(**SIZES[size], initializer_range=0.02, tie_word_embeddings=True,
-                      max_position_embeddings=4096)
-    return Qwen2ForCausalLM(cfg).eval()
+    cfg = config_cls(**shape, initializer_range=0.02, max_position_embeddings=max_len)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = model_cls(cfg)
+    finally:
+        torch.set_default_dtype(default)
+    return model.eval()
 
 
-def best_tokens_per_s(runs: dict[str, Callable[[], int]], repeats: int) -> dict[str, float]:
+def _sync(device: torch.device) -> None:
+    """Wait for the GPU: without it a timer reads kernel launches, not work (no EOS means no host sync)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best_tokens_per_s(runs: dict[str, Callable[[], int]], repeats: int, device: torch.device) -> dict[str, float]:
     """Warm up every runner, then time them in interleaved rounds (a burst of load from elsewhere hits one
     round of every method rather than all repeats of one) and keep each one's best."""
     for run in runs.values():
@@ -52,30 +110,33 @@ def best_tokens_per_s(runs: dict[str, Callable[[], int]], repeats: int) -> dict[
     best = dict.fromkeys(runs, 0.0)
     for _ in range(repeats):
         for name, run in runs.items():
+            _sync(device)
             t0 = time.perf_counter()
             tokens = run()
+            _sync(device)
             best[name] = max(best[name], tokens / (time.perf_counter() - t0))
     return best
 
 
 def sync_ms(model, precision: str, repeats: int) -> float:
-    """Best time of `load_weights` (copy + fresh quantization), paid once per GRPO step."""
+    """Best time of the embedded engine's `load_weights` (copy + fresh quantization)."""
+    device = next(model.parameters()).device
     engine = EmbeddedEngine(precision)
     engine.load_weights(model)
     best = float("inf")
     for _ in range(repeats):
+        _sync(device)
         t0 = time.perf_counter()
         engine.load_weights(model)
+        _sync(device)
         best = min(best, time.perf_counter() - t0)
     return best * 1e3
 
 
-def engine_runner(model, precision: str, prompts: torch.Tensor, new_tokens: int) -> Callable[[], int]:
-    engine = EmbeddedEngine(precision)
-    engine.load_weights(model)
+def engine_runner(engine, prompts: torch.Tensor, new_tokens: int) -> Callable[[], int]:
     mask = torch.ones_like(prompts, dtype=torch.bool)
     sampling = SamplingParams(max_new_tokens=new_tokens)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device=prompts.device).manual_seed(0)
 
     def run() -> int:
         return engine.generate(prompts, mask, 1, sampling, gen).num_tokens()
@@ -100,44 +161,144 @@ def hf_runner(model, prompts: torch.Tensor, new_tokens: int) -> Callable[[], int
     return run
 
 
+def make_prompts(vocab: int, batch: int, length: int) -> torch.Tensor:
+    return torch.randint(1, vocab, (batch, length), generator=torch.Generator().manual_seed(batch))
+
+
+def vllm_variants() -> list[tuple[str, str]]:
+    """(precision, weight granularity) rows vLLM offers on this platform (bench.rollout.vllm_engine)."""
+    from bench.rollout.vllm_engine import FP8_SCHEMES, import_vllm
+
+    import_vllm()
+    from vllm.platforms import current_platform
+
+    device = "cpu" if current_platform.is_cpu() else "gpu"
+    return [("fp32", "per_channel"), ("bf16", "per_channel")] + [("fp8_e4m3", g) for g in FP8_SCHEMES[device]]
+
+
+def vllm_child(spec: dict) -> dict:
+    """One vLLM precision, in this (child) process: engine start, best sync, best tokens/s per batch."""
+    from bench.rollout.vllm_engine import VLLMEngine
+
+    torch.set_num_threads(spec["threads"])
+    cuda = torch.cuda.is_available()
+    max_len = spec["prompt_len"] + spec["new_tokens"]
+    # the trainer's copy: fp32 on CPU; bf16 on the GPU (fp32 masters of an 8B model would not leave room)
+    model = build_model(spec["preset"], spec["layers"], max_len, torch.bfloat16 if cuda else torch.float32,
+                        "cuda" if cuda else "cpu")
+    engine = VLLMEngine(spec["precision"], spec["granularity"], "per_token", eos_id=None, max_len=max_len,
+                        gpu_memory_utilization=spec["gpu_memory_utilization"], max_num_seqs=max(spec["batch"]))
+    engine.load_weights(model)
+    syncs = []
+    for _ in range(spec["repeats"]):
+        engine.load_weights(model)
+        syncs.append(engine.last_sync_s)
+    out = {"start_s": engine.build_s, "sync_ms": min(syncs) * 1e3, "tok_s": {}}
+    for B in spec["batch"]:
+        run = engine_runner(engine, make_prompts(model.config.vocab_size, B, spec["prompt_len"]), spec["new_tokens"])
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # vLLM's
+        out["tok_s"][B] = best_tokens_per_s({"r": run}, spec["repeats"], device)["r"]
+    return out
+
+
+def run_vllm(args, rows: dict, syncs: dict, notes: list[str]) -> None:
+    for precision, granularity in vllm_variants():
+        if precision not in args.precisions:
+            continue
+        name = f"vllm | {precision}" + (f" {granularity}" if precision == "fp8_e4m3" else "")
+        spec = dict(precision=precision, granularity=granularity, preset=args.preset, layers=args.layers,
+                    batch=args.batch, new_tokens=args.new_tokens, prompt_len=args.prompt_len, threads=args.threads,
+                    repeats=args.repeats, gpu_memory_utilization=args.gpu_memory_utilization)
+        proc = subprocess.run([sys.executable, "-m", "bench.benchmarks.rollout", "--vllm-child", json.dumps(spec)],
+                              capture_output=True, text=True)
+        result = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        if proc.returncode or not result:
+            notes.append(f"{name}: failed ({proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode})")
+            continue
+        res = json.loads(result[-1][len("RESULT "):])
+        rows[name] = {int(B): v for B, v in res["tok_s"].items()}
+        syncs[name] = f"{res['sync_ms']:.1f}"
+        notes.append(f"{name}: engine start {res['start_s']:.1f} s")
+
+
+def run_embedded(args, rows: dict, syncs: dict) -> None:
+    device = resolve_device(args.device)
+    model = build_model(args.preset, args.layers, args.prompt_len + args.new_tokens + 1).to(device)
+    model_bf16 = copy.deepcopy(model).to(torch.bfloat16) if args.hf else None
+    precisions = [p for p in EMBEDDED_PRECISIONS if p in args.precisions]
+    for B in args.batch:
+        prompts = make_prompts(model.config.vocab_size, B, args.prompt_len).to(device)
+        runs = {}
+        for prec in precisions:
+            engine = EmbeddedEngine(prec)
+            engine.load_weights(model)
+            runs[f"embedded | {prec}"] = engine_runner(engine, prompts, args.new_tokens)
+        if args.hf:
+            runs["hf_generate | fp32"] = hf_runner(model, prompts, args.new_tokens)
+            runs["hf_generate | bf16"] = hf_runner(model_bf16, prompts, args.new_tokens)
+        for name, tok_s in best_tokens_per_s(runs, args.repeats, device).items():
+            rows.setdefault(name, {})[B] = tok_s
+        del runs
+        gc.collect()
+    for prec in precisions:
+        syncs[f"embedded | {prec}"] = f"{sync_ms(model, prec, args.repeats):.1f}"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model-size", choices=tuple(SIZES), default="1m")
+    ap.add_argument("--engines", nargs="+", choices=ENGINES, default=["embedded"])
+    ap.add_argument("--preset", "--model-size", dest="preset", choices=tuple(PRESETS), default="1m")
+    ap.add_argument("--layers", type=int, default=None, help="cut the preset's depth (CPU runs of big shapes)")
     ap.add_argument("--batch", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="auto", help="embedded engine: auto (cuda when available) | cpu | cuda")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    ap.add_argument("--precisions", nargs="+", choices=EMBEDDED_PRECISIONS, default=list(EMBEDDED_PRECISIONS))
+    ap.add_argument("--hf", action="store_true", help="add HF generate rows (fp32, bf16)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.6,
+                    help="vLLM's share of the GPU (the trainer's bf16 copy needs the rest: 16 GB for 8B)")
+    ap.add_argument("--vllm-child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.vllm_child:
+        print("RESULT " + json.dumps(vllm_child(json.loads(args.vllm_child))), flush=True)
+        return
     torch.set_num_threads(args.threads)
 
-    model = build_model(args.model_size)
-    model_bf16 = copy.deepcopy(model).to(torch.bfloat16)
     rows: dict[str, dict[int, float]] = {}
-    for B in args.batch:
-        prompts = torch.randint(1, model.config.vocab_size, (B, args.prompt_len),
-                                generator=torch.Generator().manual_seed(B))
-        runs = {f"embedded | {prec}": engine_runner(model, prec, prompts, args.new_tokens) for prec in args.precisions}
-        runs["hf_generate | fp32"] = hf_runner(model, prompts, args.new_tokens)
-        runs["hf_generate | bf16"] = hf_runner(model_bf16, prompts, args.new_tokens)
-        for name, tok_s in best_tokens_per_s(runs, args.repeats).items():
-            rows.setdefault(name, {})[B] = tok_s
+    syncs: dict[str, str] = {}
+    notes: list[str] = []
+    if "embedded" in args.engines:
+        run_embedded(args, rows, syncs)
+    if "vllm" in args.engines:
+        run_vllm(args, rows, syncs, notes)
 
-    syncs = {f"embedded | {prec}": f"{sync_ms(model, prec, args.repeats):.1f}" for prec in args.precisions}
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"## Rollout throughput: {args.model_size} ({n_params / 1e6:.2f}M params), prompt {args.prompt_len}, "
-          f"{args.new_tokens} new tokens, {args.threads} threads, best of {args.repeats}\n")
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"CPU capability {torch.backends.cpu.get_cpu_capability()}, fast int8 _int_mm (VNNI): {fast_int_mm()}, "
-          f"native bf16 matmul: {native_bf16_matmul()}\n")
-    ref = rows["hf_generate | fp32"]
-    header = "| engine | precision | " + " | ".join(f"B={B} tok/s | B={B} vs HF fp32" for B in args.batch)
-    print(header + " | weight sync ms |")
+    shape = build_model(args.preset, args.layers, 8, device="meta")
+    n_params = sum(p.numel() for p in shape.parameters())
+    cuda = torch.cuda.is_available()
+    device = torch.cuda.get_device_name() if cuda else (platform.processor() or platform.machine())
+    print(f"## Rollout throughput: {args.preset}{f' cut to {args.layers} layers' if args.layers else ''} "
+          f"({n_params / 1e6:.1f}M params), prompt {args.prompt_len}, {args.new_tokens} new tokens, "
+          f"{args.threads} threads, best of {args.repeats}\n")
+    print(f"torch {torch.__version__}, {device}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+          f"fast int8 _int_mm (VNNI): {fast_int_mm()}, native bf16 matmul: {native_bf16_matmul()}\n")
+    if not native_bf16_matmul() or "embedded" in args.engines:
+        print("CPU rows: bf16 / fp8 / int8 without native hardware are EMULATED here; their speed is the "
+              "emulation's, not a speed-up claim (measure low-precision speed on a GPU).\n")
+    header = "| engine | precision | " + " | ".join(f"B={B} tok/s | B={B} vs bf16" for B in args.batch)
+    print(header + " | sync ms |")
     print("|" + "---|" * (3 + 2 * len(args.batch)))
     for name, by_batch in rows.items():
-        cells = " | ".join(f"{by_batch[B]:.0f} | {by_batch[B] / ref[B]:.2f}x" for B in args.batch)
-        print(f"| {name} | {cells} | {syncs.get(name, '-')} |")
+        engine, precision = name.split(" | ")
+        ref = rows.get(f"{engine} | bf16", {})
+        cells = " | ".join(
+            f"{by_batch[B]:.0f} | " + (f"{by_batch[B] / ref[B]:.2f}x" if B in ref else "-") for B in args.batch
+        )
+        print(f"| {engine} | {precision} | {cells} | {syncs.get(name, '-')} |")
+    for note in notes:
+        print(f"\n- {note}", end="")
+    print()
 
 
 if __name__ == "__main__":

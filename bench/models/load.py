@@ -4,13 +4,19 @@ The built-in tiny model (`model.path: null`) is warm-started and cached (bench/m
 directory is an ordinary HF model directory, so from there on it goes through exactly the code that loads a
 user's model (a local directory or a hub id). Runs are offline, so a model that is neither a local directory
 nor in the HF cache must fail at once with a message naming it, not with a network stack trace.
+
+The model presets (conf/model/<name>.yaml: qwen2.5-0.5b-instruct, qwen3-8b, ...) are ModelConfigs whose `path` is
+a hub id; `model.path=/local/copy` points the same preset at a downloaded copy (a directory holding config.json,
+the weights and the tokenizer, e.g. `huggingface-cli download <id> --local-dir /local/copy`), through the same
+code. The settings that differ between real models are here: the trainer's weight dtype, the context length
+(`max_length`), whether prompts go through the chat template, and extra stop tokens.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -39,18 +45,75 @@ class ModelConfig:
     warmstart_batch: int = 16  # small batches: at this size progress is per update, not per example
     warmstart_target_acc: Optional[float] = 0.45  # stop SFT once greedy accuracy on train examples reaches it
     cache_dir: str = "${oc.env:QRL_BENCH_CACHE,'~/.cache/qrl-bench'}"
+    # any model (built-in or loaded):
+    dtype: str = "fp32"  # the trainer's weights: fp32 (master weights; bf16 compute is train.dtype) | bf16 (half the memory, no fp32 master copy)
+    max_length: Optional[int] = None  # prompt + response tokens (KV cache, positions); null: config.max_position_embeddings
+    chat_template: Optional[bool] = None  # prompts through the tokenizer's chat template; null: when it has one
+    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)  # e.g. {enable_thinking: false} for Qwen3
+    stop_tokens: List[str] = field(default_factory=list)  # tokens that end a response besides the model's EOS ids
+
+    def check(self) -> None:
+        if self.dtype not in LOAD_DTYPES:
+            raise ValueError(f"model.dtype={self.dtype!r} is not valid; choose one of: {', '.join(LOAD_DTYPES)}")
+        if self.max_length is not None and self.max_length < 2:
+            raise ValueError(f"model.max_length={self.max_length} must be at least 2 (a prompt token and a response token)")
+        if self.path is None and self.chat_template:
+            raise ValueError("model.chat_template=true, but the built-in model (model.path=null) uses a character "
+                             "tokenizer without a chat template; leave it null or false")
+        if self.path is None and self.stop_tokens:
+            raise ValueError(f"model.stop_tokens={list(self.stop_tokens)} is for loaded models; the built-in model stops at <eos>")
+        if not all(isinstance(t, str) and t for t in self.stop_tokens):
+            raise ValueError(f"model.stop_tokens must be non-empty token strings, got {list(self.stop_tokens)}")
+
+
+#: model.dtype -> the torch dtype the trainer's weights are loaded and kept in
+LOAD_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def load_policy(model_cfg: Any, task: Task) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """(fp32 model in eval mode, tokenizer) for `model_cfg`; the caller switches to train mode.
+    """(model in eval mode, tokenizer) for `model_cfg`; the caller switches to train mode.
 
-    fp32 because the trainer keeps fp32 master weights (bf16 is an autocast choice, not a storage one).
+    fp32 by default because the trainer keeps fp32 master weights (bf16 is an autocast choice, not a storage
+    one); `model.dtype=bf16` keeps the weights themselves in bf16. `model.stop_tokens` are added to the model's
+    generation_config eos ids, where every engine reads its stop tokens (bench.models.tokenizer.stop_token_ids).
     """
+    dtype = getattr(model_cfg, "dtype", "fp32")
     if model_cfg.path is None:
         from bench.models.warmstart import warm_start_dir
 
-        return load_pretrained(str(warm_start_dir(model_cfg, task)))
-    return load_pretrained(str(model_cfg.path))
+        model, tokenizer = load_pretrained(str(warm_start_dir(model_cfg, task)), dtype)
+    else:
+        model, tokenizer = load_pretrained(str(model_cfg.path), dtype)
+    add_stop_tokens(model, tokenizer, list(getattr(model_cfg, "stop_tokens", None) or []))
+    context_length(model_cfg, model)  # fails now, naming the key, if model.max_length exceeds the model
+    return model, tokenizer
+
+
+def add_stop_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tokens: list[str]) -> None:
+    """Append the ids of `tokens` (each one token of the vocabulary) to model.generation_config.eos_token_id."""
+    if not tokens:
+        return
+    vocab = tokenizer.get_vocab()
+    missing = [t for t in tokens if t not in vocab]
+    if missing:
+        raise ValueError(f"model.stop_tokens: {missing} are not tokens of the tokenizer of "
+                         f"{getattr(tokenizer, 'name_or_path', '?')!r} (each entry must be one vocabulary token)")
+    current = model.generation_config.eos_token_id
+    ids = [] if current is None else [current] if isinstance(current, int) else list(current)
+    ids += [vocab[t] for t in tokens if vocab[t] not in ids]
+    model.generation_config.eos_token_id = ids
+
+
+def context_length(model_cfg: Any, model: PreTrainedModel) -> int | None:
+    """Prompt + response tokens the model may use: `model.max_length`, else its max_position_embeddings."""
+    limit = getattr(model.config, "max_position_embeddings", None)
+    wanted = getattr(model_cfg, "max_length", None)
+    if wanted is None:
+        return limit
+    if limit is not None and wanted > limit:
+        raise ValueError(f"model.max_length={wanted} exceeds the model's max_position_embeddings={limit} "
+                         f"({getattr(model_cfg, 'path', None) or 'built-in model'})")
+    return int(wanted)
 
 
 def _looks_local(path: str) -> bool:
@@ -74,18 +137,21 @@ def _load_tokenizer(source: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(source)
 
 
-def load_pretrained(path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A causal LM + its tokenizer from a local directory or a hub id (the same calls for both).
+def load_pretrained(path: str, dtype: str = "fp32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A causal LM + its tokenizer from a local directory or a hub id (the same calls for both), its weights in
+    `dtype` (a LOAD_DTYPES name).
 
     The tokenizer's pad token falls back to EOS when it has none (GRPO batches need padding).
     """
+    if dtype not in LOAD_DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not valid; choose one of: {', '.join(LOAD_DTYPES)}")
     local = os.path.expanduser(path)
     if _looks_local(path) and not os.path.isdir(local):
         raise FileNotFoundError(f"model '{path}' not found: no such local directory ({os.path.abspath(local)})")
     source = local if os.path.isdir(local) else path
     try:
         tokenizer = _load_tokenizer(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=LOAD_DTYPES[dtype])
     except (OSError, ConnectionError) as e:  # ConnectionError is an OSError; named for the reader
         offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
         why = "the hub is offline (HF_HUB_OFFLINE=1)" if offline else "it could not be fetched from the hub"
@@ -95,4 +161,4 @@ def load_pretrained(path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase
         ) from e
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model.float().eval(), tokenizer
+    return model.to(LOAD_DTYPES[dtype]).eval(), tokenizer

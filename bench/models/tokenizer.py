@@ -5,14 +5,27 @@ character keeps the vocabulary (and so the embedding table) small and makes ever
 It is built locally with `tokenizers` (no download) and wrapped as a transformers fast tokenizer, so that it
 saves, reloads and serves exactly like a user's HF tokenizer (infra-notes section 5).
 
-`encode_prompts` / `decode_responses` are the single place where text becomes ids and back, for the
-built-in tokenizer and any HF tokenizer alike: prompts LEFT-padded (the rollout contract,
-bench/rollout/base.py), BOS prepended when the tokenizer has one, pad falling back to EOS when absent.
+`encode_prompts` / `decode_responses` are the single place where examples become ids and ids become text, for
+the built-in tokenizer and any HF tokenizer alike: prompts LEFT-padded (the rollout contract,
+bench/rollout/base.py), pad falling back to EOS when absent. A prompt is either
+
+* chat: the task's messages ([system,] user) through the tokenizer's chat template with the generation prompt
+  (`apply_chat_template(messages, add_generation_prompt=True)`, the way verl, TRL and the papers' recipes build
+  prompts); the template writes any BOS itself; or
+* plain: BOS (when the tokenizer has one) + the task's prompt text: the built-in character tokenizer, which has
+  no template, and any model run with `model.chat_template=false`.
+
+Either way the task's `response_prefix` (TinyZero's "Let me solve this step by step.\n<think>") follows, as
+text, so that a BPE tokenizer tokenizes the whole prompt in one piece. `PromptFormat` says which form a model
+uses; a task config's own `chat_template` (true/false) overrides the model's for that task.
 """
 
 from __future__ import annotations
 
 import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
@@ -60,34 +73,114 @@ def pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
     return tokenizer.eos_token_id
 
 
-def encode_prompts(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(prompt_ids [B, P] long, prompt_mask [B, P] bool): BOS + text, LEFT-padded with the pad id.
+@dataclass(frozen=True)
+class PromptFormat:
+    """How one model wants its prompts: `chat_template` true / false / None (= use the tokenizer's template when
+    it has one), and extra keyword arguments for the template (e.g. Qwen3's {"enable_thinking": False})."""
 
-    Special tokens are added here rather than by the tokenizer's template, so that every tokenizer gets
-    exactly one BOS (if it has one) and never a trailing EOS, whatever its post-processor does.
-    """
-    rows = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    if tokenizer.bos_token_id is not None:
-        rows = [[tokenizer.bos_token_id] + r for r in rows]
+    chat_template: Optional[bool] = None
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, model_cfg: Any) -> "PromptFormat":
+        """The format a `model.*` config asks for (`chat_template`, `chat_template_kwargs`)."""
+        kwargs = getattr(model_cfg, "chat_template_kwargs", None) or {}
+        return cls(getattr(model_cfg, "chat_template", None), dict(kwargs))
+
+
+def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def uses_chat_template(tokenizer: PreTrainedTokenizerBase, task: Any, fmt: PromptFormat) -> bool:
+    """Whether `task`'s prompts go through the chat template: the task config's `chat_template` if set, else
+    the model's, else whether the tokenizer has a template. Asking for a template the tokenizer lacks is an error."""
+    wanted = getattr(getattr(task, "cfg", None), "chat_template", None)
+    source = "task.chat_template"
+    if wanted is None:
+        wanted, source = fmt.chat_template, "model.chat_template"
+    if wanted is None:
+        return has_chat_template(tokenizer)
+    if wanted and not has_chat_template(tokenizer):
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise ValueError(f"{source}=true but the tokenizer of {name!r} has no chat template; set {source}=false "
+                         f"(plain prompts) or use a model whose tokenizer_config.json has a chat_template")
+    return bool(wanted)
+
+
+def prompt_text(tokenizer: PreTrainedTokenizerBase, task: Any, ex: dict, fmt: PromptFormat = PromptFormat()) -> tuple[str, bool]:
+    """(prompt text, whether it came from the chat template) of one example, response prefix included."""
+    prefix = getattr(task, "response_prefix", "") or ""
+    if uses_chat_template(tokenizer, task, fmt):
+        text = tokenizer.apply_chat_template(task.messages(ex), tokenize=False, add_generation_prompt=True,
+                                             **dict(fmt.template_kwargs))
+        return text + prefix, True
+    text = task.prompt(ex)
+    return (f"{text}\n{prefix}" if prefix else text), False
+
+
+def prompt_token_rows(
+    tokenizer: PreTrainedTokenizerBase, task: Any, examples: Sequence[dict], fmt: PromptFormat = PromptFormat()
+) -> list[list[int]]:
+    """Unpadded prompt ids per example. Special tokens are never added by the tokenizer's post-processor: a chat
+    template writes its own, a plain prompt gets exactly one BOS (if the tokenizer has one), never an EOS."""
+    rows = []
+    for ex in examples:
+        text, templated = prompt_text(tokenizer, task, ex, fmt)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not templated and tokenizer.bos_token_id is not None:
+            ids = [tokenizer.bos_token_id] + ids
+        rows.append(ids)
+    return rows
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids [B, P] long, mask [B, P] bool) of `rows`, LEFT-padded with `pad` to the longest row."""
     width = max((len(r) for r in rows), default=0)
-    ids = torch.full((len(rows), width), pad_id(tokenizer), dtype=torch.long)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.bool)
     for i, r in enumerate(rows):
         if r:
-            ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            ids[i, width - len(r) :] = torch.tensor(list(r), dtype=torch.long)
             mask[i, width - len(r) :] = True
     return ids, mask
 
 
+def encode_prompts(
+    tokenizer: PreTrainedTokenizerBase, task: Any, examples: Sequence[dict], fmt: PromptFormat = PromptFormat()
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompt_ids [B, P] long, prompt_mask [B, P] bool) of `examples` of `task`: the one way examples become
+    prompt ids (trainer, evaluation, warm start)."""
+    return left_pad(prompt_token_rows(tokenizer, task, examples, fmt), pad_id(tokenizer))
+
+
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase | None, model: Any = None) -> list[int]:
+    """Every token id that ends a response: the tokenizer's EOS, then the model's generation_config and config
+    eos ids (an int or a list: Qwen2.5-Instruct stops at <|im_end|> and <|endoftext|>, Llama 3 at three ids).
+    `model.stop_tokens` of the config are merged into generation_config by bench.models.load."""
+    found: list[int] = []
+    sources = [getattr(tokenizer, "eos_token_id", None)]
+    for holder in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        sources.append(getattr(holder, "eos_token_id", None))
+    for value in sources:
+        for i in ([] if value is None else [value] if isinstance(value, int) else list(value)):
+            if int(i) not in found:
+                found.append(int(i))
+    return found
+
+
 def decode_responses(
-    tokenizer: PreTrainedTokenizerBase, response_ids: torch.Tensor, response_mask: torch.Tensor
+    tokenizer: PreTrainedTokenizerBase, response_ids: torch.Tensor, response_mask: torch.Tensor,
+    stop_ids: Sequence[int] | None = None,
 ) -> list[str]:
-    """Completion text of each row: the masked-in tokens up to the first EOS, special tokens skipped."""
-    eos = tokenizer.eos_token_id
+    """Completion text of each row: the masked-in tokens up to the first stop token (default: the tokenizer's
+    EOS), special tokens skipped."""
+    stops = set(stop_ids) if stop_ids is not None else ({tokenizer.eos_token_id} - {None})
     out = []
     for ids, mask in zip(response_ids.tolist(), response_mask.tolist()):
         kept = [t for t, m in zip(ids, mask) if m]
-        if eos is not None and eos in kept:
-            kept = kept[: kept.index(eos)]
+        cut = next((i for i, t in enumerate(kept) if t in stops), None)
+        if cut is not None:
+            kept = kept[:cut]
         out.append(tokenizer.decode(kept, skip_special_tokens=True))
     return out

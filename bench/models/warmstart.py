@@ -36,7 +36,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from bench.models.tiny import build_tiny_model
 from bench.evaluation import greedy_eval
-from bench.models.tokenizer import build_char_tokenizer, pad_id
+from bench.models.tokenizer import build_char_tokenizer, pad_id, prompt_token_rows
 from bench.tasks.base import Task, config_to_dict, stable_seed
 
 CODE_VERSION = "warmstart-v2"  # v2: small-batch cosine recipe + accuracy stopping rule
@@ -44,8 +44,9 @@ INFO_FILE = "warmstart.json"
 WARMUP_STEPS = 50
 EVAL_EVERY = 50  # steps between accuracy checks of the stopping rule
 EVAL_EXAMPLES = 128  # train examples in each check (~0.2 s)
-# ModelConfig keys that do not change the weights (labels and locations).
-_NOT_IN_KEY = ("name", "path", "cache_dir")
+# ModelConfig keys that do not change the warm-started weights (labels, locations, how the result is loaded and
+# prompted: the built-in model always has plain prompts), so that adding such a key keeps existing caches valid.
+_NOT_IN_KEY = ("name", "path", "cache_dir", "dtype", "max_length", "chat_template", "chat_template_kwargs", "stop_tokens")
 
 
 def resolve_cache_dir(cache_dir: str) -> Path:
@@ -143,10 +144,9 @@ def _train_warm_start(
 
 def _sft_rows(task: Task, tokenizer: PreTrainedTokenizerBase) -> list[tuple[list[int], int]]:
     """(BOS + prompt + target + EOS ids, number of prompt ids incl. BOS) for every train example."""
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    examples = task.examples("train")
     rows = []
-    for ex in task.examples("train"):
-        p = bos + tokenizer(task.prompt(ex), add_special_tokens=False)["input_ids"]
+    for ex, p in zip(examples, prompt_token_rows(tokenizer, task, examples)):
         c = tokenizer(task.target(ex), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         rows.append((p + c, len(p)))
     return rows

@@ -7,6 +7,14 @@ GEMM over K-chunks of at most 1024 codes, where every partial sum (|.| <= 1024*1
 integer, chunks summed in fp64. Both give the same int32 accumulator bit for bit; "auto" takes `_int_mm` only
 where it is fast (without VNNI torch's `_int_mm` is a scalar loop, ~25x slower than fp32). Activations around
 the GEMMs stay fp32 (perf-notes 3a: bf16 around them is slower on CPU and adds mismatch).
+
+On a CUDA GPU "auto" takes `_int_mm` (cuBLASLt int8 tensor cores) for layers whose dims are multiples of 8. Its
+constraints, met here on every device so that the CPU tests run the same code: the second operand is a
+row-major [K, N] int8 matrix (cuBLAS silently returns wrong results for a transposed view; torchao's
+safe_int_mm), so the weight codes are stored as [out, in] *views* of a contiguous [in, out] tensor; and the first
+operand needs more than 16 rows, so a CUDA call pads small decode batches with zero rows (`pad_rows`). The
+emulation relies on exact fp32 GEMMs: on a GPU keep TF32 off (torch's default,
+torch.backends.cuda.matmul.allow_tf32 = False), or it is no longer exact.
 """
 
 from __future__ import annotations
@@ -14,13 +22,41 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bench.quant.linear import QuantLinear, fast_int_mm
+from bench.quant.linear import QuantLinear, fast_int_mm, pad_rows
 from bench.quant.quantizers import FORMATS, Format, Quantizer, amax_scale, check_choice, quantize, work_dtype
 
 INT8_QMAX = 127.0
 INT8_KERNELS = ("auto", "int_mm", "emulated")
 #: Largest K for which an fp32 GEMM over int8 codes is exact (|partial sums| <= 1024 * 128 * 128 = 2^24).
 EXACT_FP32_K = 1024
+#: torch._int_mm on CUDA: more than 16 rows; K and N multiples of 8 (cuda/Blas.cpp _int_mm_out_cuda).
+INT_MM_MIN_ROWS = 17
+INT_MM_ALIGN = 8
+
+
+def int_mm_problem(weight_shape: tuple[int, int], device: torch.device) -> str | None:
+    """Why `torch._int_mm` cannot serve a weight [N, K] on `device`, or None."""
+    n, k = weight_shape
+    if device.type == "cuda" and (n % INT_MM_ALIGN or k % INT_MM_ALIGN):
+        return f"weight {n}x{k}: torch._int_mm on CUDA needs both dims to be multiples of {INT_MM_ALIGN}"
+    return None
+
+
+def resolve_int8_kernel(kernel: str, weight_shape: tuple[int, int], device: torch.device) -> str:
+    """"int_mm" or "emulated": auto = the real kernel on CUDA and on a CPU with VNNI, else the emulation."""
+    check_choice("int8 kernel", kernel, INT8_KERNELS)
+    problem = int_mm_problem(weight_shape, device)
+    if kernel == "int_mm" and problem is not None:
+        raise ValueError(f"int8_kernel='int_mm' cannot run this layer: {problem}")
+    if kernel == "auto":
+        fast = device.type == "cuda" or (device.type == "cpu" and fast_int_mm())
+        return "int_mm" if fast and problem is None else "emulated"
+    return kernel
+
+
+def int_mm_weight(codes: torch.Tensor) -> torch.Tensor:
+    """int8 weight codes [N, K] stored so that `.t()` is the contiguous [K, N] operand torch._int_mm needs."""
+    return codes.to(torch.int8).t().contiguous().t()
 
 
 def int8_matmul(a: torch.Tensor, b_t: torch.Tensor, kernel: str = "auto") -> torch.Tensor:
@@ -30,13 +66,19 @@ def int8_matmul(a: torch.Tensor, b_t: torch.Tensor, kernel: str = "auto") -> tor
     kernel converts what it needs. The result equals `torch._int_mm(a, b_t.T).float()` exactly.
     """
     check_choice("int8 kernel", kernel, INT8_KERNELS)
-    if kernel == "int_mm" or (kernel == "auto" and fast_int_mm()):
-        return torch._int_mm(a.to(torch.int8), b_t.to(torch.int8).t()).float()
+    if kernel == "auto":
+        kernel = resolve_int8_kernel(kernel, tuple(b_t.shape), a.device)
+    if kernel == "int_mm":
+        rows = a.shape[0]
+        b = b_t.to(torch.int8).t()
+        b = b if b.is_contiguous() else b.contiguous()  # stored by int_mm_weight: already contiguous
+        a8 = pad_rows(a.to(torch.int8), INT_MM_MIN_ROWS if a.is_cuda else 1)
+        return torch._int_mm(a8.contiguous(), b)[:rows].float()
     a, b_t = a.float(), b_t.float()
     K = a.shape[-1]
     if K <= EXACT_FP32_K:
         return a @ b_t.t()
-    acc = torch.zeros(a.shape[0], b_t.shape[0], dtype=torch.float64)
+    acc = torch.zeros(a.shape[0], b_t.shape[0], dtype=torch.float64, device=a.device)
     for k in range(0, K, EXACT_FP32_K):
         acc += (a[:, k : k + EXACT_FP32_K] @ b_t[:, k : k + EXACT_FP32_K].t()).double()
     return acc.float()
@@ -61,10 +103,10 @@ class Int8Linear(QuantLinear):
             raise ValueError(f"Int8Linear needs format int8, got {quantizer.format!r}")
         check_choice("int8 kernel", kernel, INT8_KERNELS)
         self.quantizer = quantizer
-        self.kernel = ("int_mm" if fast_int_mm() else "emulated") if kernel == "auto" else kernel
+        self.kernel = resolve_int8_kernel(kernel, tuple(weight.shape), weight.device)
         codes, scale = quantizer.quantize_weight(weight.detach().float())
-        code_dtype = torch.int8 if self.kernel == "int_mm" else torch.float32
-        self.register_buffer("weight_codes", codes.to(code_dtype))  # [out, in]
+        # [out, in]; for the kernel an int8 view of a contiguous [in, out] tensor (see the module docstring)
+        self.register_buffer("weight_codes", int_mm_weight(codes) if self.kernel == "int_mm" else codes)
         self.register_buffer("weight_scale", scale)  # [out, 1] per channel, [] per tensor
         self.register_buffer("bias", None if bias is None else bias.detach().to(out_dtype).float())
 

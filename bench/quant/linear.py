@@ -37,6 +37,21 @@ def fast_int_mm() -> bool:
     return _cpu_has("vnni") or _cpu_has("amx_tile")
 
 
+def cuda_capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA device: 8.0 A100, 8.9 L4/L40/RTX 40xx, 9.0 H100/H200."""
+    return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
+
+
+def pad_rows(x: torch.Tensor, min_rows: int) -> torch.Tensor:
+    """x [M, K] with zero rows appended up to `min_rows` (unchanged when M >= min_rows).
+
+    The CUDA int8/FP8 GEMMs want more than 16 rows (torch._int_mm refuses M <= 16; vLLM pads FP8 GEMMs to 17);
+    a decode step of a small batch has fewer. The caller slices the first M rows of the result.
+    """
+    missing = min_rows - x.shape[0]
+    return x if missing <= 0 else torch.cat([x, x.new_zeros(missing, *x.shape[1:])])
+
+
 class QuantLinear(nn.Module):
     """Shared shape bookkeeping of the engine's linears: [..., in] -> [..., out] in `out_dtype`."""
 

@@ -7,9 +7,10 @@ never branches on the engine or the precision.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from bench.rollout.base import ENGINES, Rollout, RolloutConfig, RolloutEngine, SamplingParams
+from bench.rollout.base import ENGINES, Rollout, RolloutConfig, RolloutEngine, SamplingParams, token_ids
 
 __all__ = ["ENGINES", "Rollout", "RolloutConfig", "RolloutEngine", "SamplingParams", "build_engine"]
 
@@ -19,7 +20,7 @@ def build_engine(
     tokenizer: Any = None,
     model: Any = None,
     *,
-    eos_id: int | None = None,
+    eos_id: int | Sequence[int] | None = None,
     pad_id: int | None = None,
     max_len: int | None = None,
     **overrides: Any,
@@ -27,16 +28,21 @@ def build_engine(
     """The engine a `rollout` config (dataclass or DictConfig) describes; `overrides` replace config keys
     (e.g. precision="fp32" for the evaluation engine).
 
-    EOS/pad ids come from `tokenizer.eos_token_id` / `tokenizer.pad_token_id` unless given explicitly; pad
-    falls back to EOS, then 0. `max_len` (prompt + new tokens) defaults to the model's
-    `config.max_position_embeddings` when a model is given.
+    Stop ids (`eos_id`: one id or several) come from the tokenizer and the model's generation config
+    (bench.models.tokenizer.stop_token_ids: every EOS id the model may emit) unless given explicitly; the pad
+    id from `tokenizer.pad_token_id`, falling back to the first stop id, then 0. `max_len` (prompt + new
+    tokens) defaults to the model's `config.max_position_embeddings` when a model is given.
     """
-    if eos_id is None and tokenizer is not None:
-        eos_id = getattr(tokenizer, "eos_token_id", None)
+    if eos_id is None and (tokenizer is not None or model is not None):
+        from bench.models.tokenizer import stop_token_ids
+
+        stops = stop_token_ids(tokenizer, model)
+        eos_id = stops[0] if len(stops) == 1 else (stops or None)
     if pad_id is None and tokenizer is not None:
         pad_id = getattr(tokenizer, "pad_token_id", None)
     if pad_id is None:
-        pad_id = eos_id if eos_id is not None else 0
+        stops = token_ids(eos_id)
+        pad_id = stops[0] if stops else 0
     if max_len is None and model is not None:
         max_len = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     cls = ENGINES.get(rollout_cfg.engine)

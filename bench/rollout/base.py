@@ -8,6 +8,7 @@ token was actually drawn from (temperature applied), because every correction in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Optional, Protocol
 
@@ -49,11 +50,40 @@ ENGINES: Registry[Any] = Registry("rollout engine", "bench.rollout")
 
 @dataclass
 class SamplingParams:
-    """How to sample. `greedy=True` takes the argmax (evaluation); log-probs are then those of T=1."""
+    """How to sample. `greedy=True` takes the argmax (evaluation); log-probs are then those of T=1.
+
+    `top_p` < 1 samples from the nucleus (the smallest set of most likely tokens whose probability reaches
+    top_p), renormalized; the log-probs returned are then those of that truncated distribution. The trainer's
+    log pi is not truncated, so training rollouts keep top_p = 1 (methods.md section 0); top-p is for
+    evaluation (`eval.top_p`).
+    """
 
     max_new_tokens: int
     temperature: float = 1.0
     greedy: bool = False
+    top_p: float = 1.0
+
+
+def token_ids(ids: int | Sequence[int] | None) -> tuple[int, ...]:
+    """One id, several or none, as a tuple (stop ids are given either way)."""
+    if ids is None:
+        return ()
+    if isinstance(ids, int):
+        return (ids,)
+    return tuple(int(i) for i in ids)
+
+
+def response_budget(max_new_tokens: int, prompt_len: int, engine: Any) -> int:
+    """New tokens a batch may generate: `max_new_tokens`, cut so that prompt + response fits the engine's
+    `max_len` (the model's context, `model.max_length`). A prompt that leaves no room is an error naming both."""
+    max_len = getattr(engine, "max_len", None)
+    if max_len is None:
+        return max_new_tokens
+    room = int(max_len) - prompt_len
+    if room < 1:
+        raise ValueError(f"a prompt of {prompt_len} tokens leaves no room for a response within the model's "
+                         f"{max_len} tokens (model.max_length); shorten the prompts or raise model.max_length")
+    return min(max_new_tokens, room)
 
 
 @dataclass
@@ -79,6 +109,10 @@ class Rollout:
 
     def select(self, idx: torch.Tensor | slice) -> "Rollout":
         return Rollout(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+
+    def to(self, device: torch.device | str) -> "Rollout":
+        """The same rollout with every tensor on `device` (the trainer's; engines may return them elsewhere)."""
+        return Rollout(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
     def num_tokens(self) -> int:
         return int(self.response_mask.sum())

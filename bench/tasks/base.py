@@ -156,6 +156,15 @@ class Task(ABC):
     def prompt(self, ex: Example) -> str:
         """The prompt text (without BOS: the tokenizer helper adds it)."""
 
+    def messages(self, ex: Example) -> list[dict[str, str]]:
+        """The prompt as chat messages, for models whose prompts go through a chat template (one user turn)."""
+        return [{"role": "user", "content": self.prompt(ex)}]
+
+    @property
+    def response_prefix(self) -> str:
+        """Text every response starts with, placed after the prompt (after the chat template's generation prompt)."""
+        return ""
+
     @abstractmethod
     def target(self, ex: Example) -> str:
         """A reference completion in the exact answer format (without EOS); used for the SFT warm start."""

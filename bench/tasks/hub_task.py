@@ -16,7 +16,8 @@ every RL seed trains and evaluates on the same problems.
 Prompts: `messages(ex)` is the chat form ([system,] user), `prompt(ex)` the user text alone. The text is the
 task's default for its reward (the formats the papers use) unless `prompt_template` overrides it; templates
 use named placeholders ({problem} for math; {nums} and {target} for Countdown) and every other brace is
-literal, so "\\boxed{}" needs no escaping. Running them through a tokenizer's chat template is the caller's job.
+literal, so "\\boxed{}" needs no escaping. Running them through a tokenizer's chat template is the caller's job
+(bench/models/tokenizer.py `encode_prompts`); `task.chat_template` overrides the model's choice for this task.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class HubTaskConfig(TaskConfig):
     data_seed: int = 1234
     prompt_template: Optional[str] = None  # null: the task's default for its reward
     system_prompt: Optional[str] = None
+    chat_template: Optional[bool] = None  # null: the model's setting (model.chat_template); false: plain text
     reward: str = "math_verify"  # a bench.rewards.SCORERS name
     format_weight: float = 0.0  # reward of a wrong but well-formatted answer (bench/rewards.py)
     reward_time_limit_s: float = 5.0  # per completion; bench/timelimit.py

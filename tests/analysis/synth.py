@@ -54,19 +54,27 @@ ARM_INFO = {
     "acr_uaq": {"color": "#009E73", "order": 45, "diagnostics": {"frac_acr_active": "ACR active frac. (ρ>C)"}},
     "ess": {"color": "#CC79A7", "order": 50, "diagnostics": {"ess_factor": "P3O ESS factor"}},
     "ais": {"color": "#8C510A", "order": 60, "diagnostics": {"alpha": "AIS α"}},
+    "fp16": {"color": "#332288", "order": 5, "diagnostics": {}},
 }
 PRECISION_INFO = {
     "bf16": {"name": "bf16", "label": "BF16", "weight_bits": 16, "act_bits": None},
     "fp8_e4m3": {"name": "fp8_e4m3", "label": "FP8", "weight_bits": 8, "act_bits": 8},
     "int8": {"name": "int8", "label": "INT8", "weight_bits": 8, "act_bits": 8},
+    "int4": {"name": "int4", "label": "INT4", "weight_bits": 4, "act_bits": None},
+    "fp16": {"name": "fp16", "label": "FP16", "weight_bits": 16, "act_bits": None},
 }
 VERSIONS = {"python": "3.11.9", "torch": "2.13.0", "transformers": "4.57.1"}
+# Where the runs computed, as the trainer records it in run.json (bench/train.py runtime_info): all on a CPU,
+# so every quantized row of the throughput table is "emulated".
+RUNTIME = {"engine": "embedded", "device": "cpu", "device_name": "cpu (AVX2)", "trainer_dtype": "bf16"}
 
 
-def _config(method: str, task: str, seed: int, steps: int = STEPS) -> dict[str, Any]:
+def _config(method: str, task: str, seed: int, steps: int = STEPS, precision: str | None = None,
+            rollout: dict[str, Any] | None = None) -> dict[str, Any]:
+    precision = precision or PRECISION.get(method, "fp8_e4m3")
     return {
         "method": {"name": method, "precision": PRECISION.get(method, "fp8_e4m3"), "is_cap_C": 2.0},
-        "rollout": {"engine": "embedded", "precision": PRECISION.get(method, "fp8_e4m3"), "act_granularity": "per_token"},
+        "rollout": {"engine": "embedded", "precision": precision, "act_granularity": "per_token", **(rollout or {})},
         "task": {"name": task, "max_new_tokens": 6},
         "model": {"name": MODEL, "path": None, "hidden_size": 128},
         "train": {"steps": steps, "batch_size": 64, "group_size": 8, "lr": 2e-4},
@@ -132,21 +140,31 @@ def write_run(
     steps_logged: int | None = None,
     final_acc: float | None = None,
     steps_planned: int = STEPS,
+    precision: str | None = None,
+    rollout: dict[str, Any] | None = None,
+    kl: float | None = None,
+    eval_values: list[float] | None = None,
 ) -> Path:
-    """Write one run directory; returns it. `steps_logged` < planned makes a short (diverged/incomplete) run."""
-    precision = PRECISION.get(method, "fp8_e4m3")
+    """Write one run directory; returns it. `steps_logged` < planned makes a short (diverged/incomplete) run.
+
+    For the severity sweep: `precision` / `rollout` override the rollout precision and add rollout options,
+    `kl` makes mismatch/kl_k3 that constant at every step, `eval_values` are the eval accuracies (and rewards)
+    at EVAL_STEPS. Left at None, the run is exactly the one the other tests were written against.
+    """
+    precision = precision or PRECISION.get(method, "fp8_e4m3")
     run_dir = root / method / task / MODEL / f"seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng([METHODS.index(method) if method in METHODS else 99, TASKS.index(task), seed])
     n = steps_planned if steps_logged is None else steps_logged
-    final = FINAL_ACC[method][task][seed] if final_acc is None else final_acc
+    final = (eval_values[-1] if eval_values else FINAL_ACC[method][task][seed]) if final_acc is None else final_acc
     init = INITIAL_ACC[task]
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(_config(method, task, seed, steps_planned), sort_keys=False))
+    config = _config(method, task, seed, steps_planned, precision, rollout)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     with open(run_dir / "metrics.jsonl", "w") as f:
         for step in range(n):
             frac = (step + 1) / steps_planned
             acc_now = init + (final - init) * (1 - math.exp(-3 * frac)) / (1 - math.exp(-3))
-            tps = WARMUP_TPS if step == 0 else TOKENS_PER_S[precision]
+            tps = WARMUP_TPS if step == 0 else TOKENS_PER_S.get(precision, 1200.0)
             rollout_s = TOKENS_PER_STEP / tps
             rec: dict[str, Any] = {
                 "step": step,
@@ -166,6 +184,8 @@ def write_run(
                 "time/rollout_tokens_per_s": tps,
             }
             rec.update(_mismatch(method, precision, step, rng))
+            if kl is not None:
+                rec["mismatch/kl_k3"] = kl
             rec.update(_method_keys(method, step, rng))
             if method in ("fp8", "acr_uaq"):
                 rec.update(_quant_keys(method, step, rng))
@@ -176,6 +196,8 @@ def write_run(
             acc = init + (final - init) * (1 - math.exp(-3 * frac)) / (1 - math.exp(-3))
             if step == n:
                 acc = final
+            if eval_values is not None:
+                acc = eval_values[EVAL_STEPS.index(step)]
             f.write(json.dumps({"step": step, "eval/accuracy": acc, "eval/reward_mean": acc, "eval/response_length": 5.0}) + "\n")
     info = {
         "status": status,
@@ -195,6 +217,7 @@ def write_run(
         info["arm"] = ARM_INFO[method]
     if precision in PRECISION_INFO:
         info["precision"] = PRECISION_INFO[precision]
+    info["runtime"] = RUNTIME
     (run_dir / "run.json").write_text(json.dumps(info, indent=1))
     return run_dir
 
@@ -247,6 +270,41 @@ def add_broken_runs(root: Path) -> dict[str, str]:
     d = write_run(root, "ess", "countdown", 3, final_acc=0.99)
     (d / "config.yaml").unlink()
     return dict(BROKEN)
+
+
+# ------------------------------------------------------------------ severity sweep
+# One task (arithmetic), seeds 0-2 unless listed. Per (severity dir, method): rollout precision, extra rollout
+# options, final accuracies per seed (fractions) and the base KL (each seed logs KL = base * (0.9, 1.0, 1.1)[seed],
+# so the mean over seeds is the base). Chosen for hand-computable cells:
+#   bf16 at bf16: mean 62.0 %
+#   fp8_e4m3:   fp8 61.0, tis 62.0  -> naive gap 1.0 pp, its CI contains 0 -> recovered n/a (within noise)
+#   int4:       fp8 32.0, tis 47.0  -> naive gap 30 pp, tis gap -15 pp, recovered (47-32)/(62-32) = 0.5
+#   int8 + w=per_tensor + kv=fp8_e4m3: one seed each -> no CI, recovered n/a (fewer than 2 seeds)
+#   fp16 at fp16: no naive run there -> recovered n/a (no fp8 run at this severity)
+# fp8 at int4 seed 2 collapses (eval below its step-0 value at steps 4, 8, 12: collapse step 4 for k <= 3); seed 1
+# is below at steps 8 and 12 only (collapses for k <= 2, at step 8).
+SEVERITY_TASK = "arithmetic"
+SEVERITY_RUNS: list[tuple[str, str, str, dict[str, Any], list[float], float]] = [
+    ("sev_bf16", "bf16", "bf16", {}, [0.60, 0.62, 0.64], 1e-5),
+    ("sev_fp8", "fp8", "fp8_e4m3", {}, [0.60, 0.61, 0.62], 1e-3),
+    ("sev_fp8", "tis", "fp8_e4m3", {}, [0.61, 0.62, 0.63], 1.1e-3),
+    ("sev_int4", "fp8", "int4", {"act_granularity": "none"}, [0.30, 0.32, 0.34], 0.1),
+    ("sev_int4", "tis", "int4", {"act_granularity": "none"}, [0.45, 0.47, 0.49], 0.09),
+    ("sev_int8kv", "fp8", "int8", {"weight_granularity": "per_tensor", "kv_cache_dtype": "fp8_e4m3"}, [0.50], 0.01),
+    ("sev_int8kv", "tis", "int8", {"weight_granularity": "per_tensor", "kv_cache_dtype": "fp8_e4m3"}, [0.55], 0.01),
+    ("sev_fp16", "fp16", "fp16", {}, [0.61, 0.63], 2e-6),
+]
+SEVERITY_EVALS = {("sev_int4", "fp8", 1): [0.40, 0.42, 0.35, 0.32], ("sev_int4", "fp8", 2): [0.40, 0.35, 0.30, 0.34]}
+
+
+def make_severity_sweep(root: Path) -> Path:
+    """A severity sweep (SEVERITY_RUNS): one sub-directory per severity, as separate sweeps would write it."""
+    for sev, method, precision, rollout, finals, kl in SEVERITY_RUNS:
+        for seed, final in enumerate(finals):
+            evals = SEVERITY_EVALS.get((sev, method, seed))
+            write_run(root / sev, method, SEVERITY_TASK, seed, precision=precision, rollout=rollout,
+                      kl=kl * (0.9, 1.0, 1.1)[seed], final_acc=None if evals else final, eval_values=evals)
+    return root
 
 
 def write_paper_run(

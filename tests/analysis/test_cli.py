@@ -16,8 +16,8 @@ from analysis.plots import plot_diagnostics, plot_quant
 from .conftest import CliResult
 from .synth import BROKEN, GIT_SHA, TASKS, VERSIONS, add_broken_runs, write_run
 
-FIGURES = (
-    [f"{kind}_{task}_tiny" for kind in ("curves", "mismatch", "diagnostics", "quant") for task in TASKS]
+FIGURES = (  # the synthetic sweep spans three rollout precisions (bf16, fp8_e4m3, int8): it has severity figures
+    [f"{kind}_{task}_tiny" for kind in ("severity", "curves", "mismatch", "diagnostics", "quant") for task in TASKS]
     + ["throughput_tiny"]
 )
 
@@ -38,7 +38,7 @@ def test_every_figure_exists_as_png_and_pdf(cli_run: CliResult):
 
 
 def test_tables_are_written_in_three_formats(cli_run: CliResult):
-    for name in ("results", "accuracy", "throughput"):
+    for name in ("severity", "results", "accuracy", "throughput"):
         for ext in ("csv", "md", "tex"):
             assert (cli_run.out / "tables" / f"{name}.{ext}").stat().st_size > 0
     assert len((cli_run.out / "tables" / "runs.csv").read_text().splitlines()) == 1 + 36

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis import arms
 from analysis.load import Run, Sweep, load_sweeps
 from analysis.tables import (
     accuracy_table,
@@ -88,6 +89,72 @@ def test_throughput_excludes_warmup_and_gives_speedup_vs_bf16(sweep: Sweep):
     assert math.isclose(fp8.rollout_s + fp8.sync_s + fp8.recompute_s + fp8.train_s, fp8.step_s)
     with_warmup = _cell(throughput_table(sweep, warmup=0).data, method="tis")
     assert math.isclose(with_warmup.tokens_per_s_mean, (100.0 + 11 * 1600.0) / 12)
+
+
+def test_throughput_rows_split_the_step_and_call_cpu_low_precision_emulated(sweep: Sweep):
+    t = throughput_table(sweep)
+    assert list(t.display.columns) == ["Method", "Rollout", "Engine", "Rollout tok/s", "Rollout speed-up", "generation s",
+                                       "sync + requant s", "recompute s", "train s", "step s", "Step speed-up"]
+    fp8 = _cell(t.display, Method="fp8")
+    # synth: 2000 tokens at 1600 tok/s = 1.25 s of generation; sync 0.1, recompute 0.2, train 0.5 -> step 2.05 s
+    assert (fp8["Rollout"], fp8["Engine"]) == ("FP8 (emulated)", "embedded (cpu)")
+    assert [fp8[c] for c in ("generation s", "sync + requant s", "recompute s", "train s", "step s")] == [
+        "1.250", "0.100", "0.200", "0.500", "2.050"]
+    assert _cell(t.display, Method="acr_uaq")["Rollout"] == "INT8 (emulated)"
+    assert _cell(t.display, Method="bf16")["Rollout"] == "BF16"  # not quantized: nothing to emulate
+    assert bool(_cell(t.data, method="fp8").emulated) and not bool(_cell(t.data, method="bf16").emulated)
+
+
+def _timed_run(method, precision, engine, device, tps, parts, info_runtime=True, task="a") -> Run:
+    """A run with constant time/* parts (after a slow step 0) on `engine`/`device`, declared as the trainer does."""
+    rollout_s, sync_s, rec_s, train_s = parts
+    steps = [0, 1, 2]
+    metrics = pd.DataFrame({"step": steps, "time/rollout_tokens_per_s": [1.0, tps, tps],
+                            "time/rollout_s": [9.0, rollout_s, rollout_s], "time/sync_s": [9.0, sync_s, sync_s],
+                            "time/recompute_s": [9.0, rec_s, rec_s], "time/train_s": [9.0, train_s, train_s],
+                            "time/step_s": [36.0] + [rollout_s + sync_s + rec_s + train_s] * 2})
+    bits = {"bf16": 16, "fp8_e4m3": 8}[precision]
+    info = {"precision": {"name": precision, "label": {"bf16": "BF16", "fp8_e4m3": "FP8"}[precision],
+                          "weight_bits": bits, "act_bits": None if bits == 16 else 8}}
+    if info_runtime:
+        info["runtime"] = {"engine": engine, "device": device}
+    arms.learn(method, info)
+    config = {"rollout": {"engine": engine}}
+    return Run(f"{method}-{engine}-{device}", Path("."), method, precision, task, "m", 0, "completed", None, config,
+               info, metrics, pd.DataFrame(columns=["step"]))
+
+
+def test_throughput_compares_arms_only_on_the_same_engine_and_device():
+    sweep = Sweep([
+        _timed_run("bf16", "bf16", "embedded", "cuda", 1000.0, (2.0, 0.1, 0.3, 0.6)),
+        _timed_run("fp8", "fp8_e4m3", "embedded", "cuda", 1600.0, (1.25, 0.15, 0.3, 0.6)),
+        _timed_run("fp8", "fp8_e4m3", "vllm", "cuda", 4000.0, (0.5, 0.05, 0.3, 0.6)),
+        _timed_run("fp8", "fp8_e4m3", "embedded", "cpu", 50.0, (40.0, 0.2, 1.0, 2.0)),
+    ], [])
+    t = throughput_table(sweep)
+    gpu = _cell(t.data, method="fp8", engine="embedded", device="cuda")
+    assert math.isclose(gpu.rollout_speedup, 1600 / 1000)
+    assert math.isclose(gpu.step_speedup, (2.0 + 0.1 + 0.3 + 0.6) / (1.25 + 0.15 + 0.3 + 0.6))
+    assert not gpu.emulated and math.isclose(gpu.sync_s, 0.15) and math.isclose(gpu.other_s, 0.0)
+    vllm = _cell(t.data, method="fp8", engine="vllm")
+    assert np.isnan(vllm.rollout_speedup) and np.isnan(vllm.step_speedup)  # no bf16 run on vllm: no speed-up
+    cpu = _cell(t.data, method="fp8", device="cpu")
+    assert bool(cpu.emulated) and np.isnan(cpu.rollout_speedup)  # never against the GPU's bf16
+    rows = t.display.set_index("Engine")
+    assert rows.loc["vllm (cuda)", "Rollout"] == "FP8" and rows.loc["vllm (cuda)", "Rollout speed-up"] == "–"
+    assert rows.loc["embedded (cpu)", "Rollout"] == "FP8 (emulated)"
+    assert _cell(t.display, Engine="embedded (cuda)", Method="fp8")["Rollout speed-up"] == "1.60×"
+
+
+def test_throughput_reads_runs_of_older_trainers():
+    """No run.json runtime: the config's engine and the CPU (the only device then). Their time/train_s included
+    the recompute pass (step = sync + rollout + train): the train part is corrected to the optimizer steps."""
+    old = _timed_run("bf16", "bf16", "embedded", "cpu", 100.0, (2.0, 0.1, 0.3, 0.9), info_runtime=False)
+    old.metrics["time/step_s"] = old.metrics["time/rollout_s"] + old.metrics["time/sync_s"] + old.metrics["time/train_s"]
+    row = _cell(throughput_table(Sweep([old], [])).data, method="bf16")
+    assert (row.engine, row.device) == ("embedded", "cpu")
+    assert math.isclose(row.train_s, 0.9 - 0.3) and math.isclose(row.recompute_s, 0.3)
+    assert math.isclose(row.rollout_s + row.sync_s + row.recompute_s + row.train_s, row.step_s)
 
 
 def _run(method: str, precision: str, task: str, tps: float, step_s: float) -> Run:

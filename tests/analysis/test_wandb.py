@@ -97,7 +97,8 @@ class _FakeRun:
                        "model.name": "tiny", "seed": seed, "train.steps": 2,
                        # what the trainer attaches for the analysis (bench/train.py -> tracking run_info)
                        "run_info": {"arm": {"color": "#D55E00", "order": 10, "diagnostics": {}},
-                                    "precision": {"name": "fp8_e4m3", "label": "FP8", "weight_bits": 8, "act_bits": 8}}}
+                                    "precision": {"name": "fp8_e4m3", "label": "FP8", "weight_bits": 8, "act_bits": 8},
+                                    "runtime": {"engine": "vllm", "device": "cuda", "device_name": "NVIDIA H100"}}}
         self.metadata = {"git": {"commit": "cafe"}, "python": "3.11.9", "host": "gpu7"}
         self.created_at = "2025-02-01T00:00:00"
         self.scans = 0
@@ -137,6 +138,7 @@ def test_fetch_fills_the_cache_and_reuses_final_runs(tmp_path: Path, fake_wandb:
     assert by_seed[1].status == "diverged" and by_seed[1].reason == "nan"
     assert by_seed[0].info["git_sha"] == "cafe"
     assert by_seed[0].info["arm"]["color"] == "#D55E00" and by_seed[0].info["precision"]["label"] == "FP8"
+    assert (by_seed[0].engine, by_seed[0].device) == ("vllm", "cuda")  # throughput rows: not an emulated CPU row
     assert "run_info" not in by_seed[0].config  # moved into run.json, as the trainer's own run dirs have it
     assert by_seed[0].evals["eval/accuracy"].tolist() == [0.1, 0.4]
     assert [s.reason for s in sweep.skipped] == ["status=running at step 1"]

@@ -22,6 +22,10 @@ OWN_KEYS = {
     "acr_uaq": ["frac_acr_active", "acr_upper_mean", "clipfrac_pos", "clipfrac_neg", "rho_max"],
     "ess": ["ess_factor", "kl_behavioral", "approx_kl", "pi_loss", "clipfrac"],
     "ais": ["alpha", "R", "B", "V", "c_mean", "c_var", "n"],
+    "icepop": ["masked_frac", "is_mean", "is_ess", "clipfrac"],
+    "seq_mis": ["seq_masked_frac", "geo_mean", "geo_min", "geo_max", "clipfrac"],
+    "opsm": ["seq_masked_frac", "seq_log_ratio_mean", "clipfrac"],
+    "fp16": ["clipfrac", "ppo_kl"],
 }
 
 
@@ -42,8 +46,10 @@ def test_arm_runs_with_complete_finite_metrics(tmp_path, arm):
         assert run.info()["setup"]["uaq_scale"] == 1.5  # invariant scaling applied once, before training
     if arm == "ais":
         assert all(0.0 <= r["method/ais/alpha"] <= 1.0 for r in rows)
-    if arm != "bf16":
-        assert "fp8_e4m3" in (run.path / "config.yaml").read_text()
+    assert f"precision: {cfg.method.precision}" in (run.path / "config.yaml").read_text()
+    if arm == "fp16":  # the arm trains in fp16 too (its yaml sets train.dtype)
+        assert cfg.rollout.precision == "fp16" and cfg.train.dtype == "fp16"
+        assert all(r["train/grad_scale"] == 2.0**16 and r["train/skipped_steps"] == 0 for r in rows)  # no overflow
 
 
 def test_precision_of_an_arm_is_overridable(tmp_path):

@@ -55,7 +55,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(algo, tmp_path):
     ckpt = run.load_checkpoint()
     assert ckpt is not None and 3 <= ckpt["step"] < STEPS
     if algo == "ppo":
-        assert set(ckpt["advantage"]["critic"]) == {"model", "optimizer"}
+        assert set(ckpt["advantage"]["critic"]) == {"model", "optimizer", "grad_scaler"}
         assert ckpt["advantage"]["critic"]["optimizer"]["state"]  # Adam moments, not a fresh optimizer
 
     second = subprocess.run(bench_cmd(*args, f"out_root={out}"), cwd=REPO, env=env(), capture_output=True,

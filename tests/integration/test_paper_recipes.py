@@ -89,6 +89,9 @@ def test_every_mini_variant_runs_to_completion(name, tmp_path, monkeypatch):
         else:
             assert "train/loss" in keys
         assert run.info()["precision"]["name"] == cfg.rollout.precision
+        for name in cfg.eval.sets:  # the recipe's evaluation mode on every eval set
+            metric = {"avg@k": f"avg@{cfg.eval.k}", "pass@k": f"pass@{cfg.eval.k}", "greedy": "accuracy"}[cfg.eval.mode]
+            assert f"eval/{name}/{metric}" in evals[-1], (name, evals[-1])
 
 
 @pytest.mark.slow

@@ -161,6 +161,32 @@ def test_queued_jobs_keep_the_code_and_config_of_submission(slurm, cleanup, tmp_
     assert "#SBATCH --signal=USR1@120" in sbatch and f"cd {snapshot}" in sbatch
 
 
+# ---------------------------------------------------------------- a GPU request
+
+
+def test_gpu_request_reaches_the_sbatch_script(slurm, cleanup, tmp_path):
+    """`hydra.launcher.gpus_per_node=1` becomes `#SBATCH --gpus-per-node=1` in the job's script (SLURM then gives
+    the job CUDA_VISIBLE_DEVICES, and train.device=auto takes the GPU). This cluster has no GPU, so sbatch refuses
+    the job: the test reads the script submitit wrote before calling sbatch, and checks the refusal is about the
+    GPU (gres) and nothing else."""
+    cmd = [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", "method=bf16,tis", *QUICK,
+           f"out_root={tmp_path}", "hydra.launcher.gpus_per_node=1", "hydra.launcher.cpus_per_task=4",
+           "train.threads=4", "+hydra.launcher.additional_parameters.hold=true"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # a cluster with GPUs queued it (held): the script is there all the same
+        proc.kill()
+        out, _ = proc.communicate()
+    scripts = list(tmp_path.glob("default/.submitit/*/.submission_file_*.sh"))
+    assert scripts, out[-3000:]
+    text = scripts[0].read_text()
+    assert "#SBATCH --gpus-per-node=1" in text and "#SBATCH --cpus-per-task=4" in text, text
+    assert "#SBATCH --array=0-1" in text  # both runs of the sweep, one GPU each
+    if proc.returncode:
+        assert "Invalid generic resource (gres) specification" in out, out[-3000:]
+
+
 # ---------------------------------------------------------------- the benchmark itself through SLURM
 
 

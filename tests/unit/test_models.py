@@ -28,6 +28,20 @@ def tok():
     return build_char_tokenizer(model_max_length=128)
 
 
+ARITH = build_task(ArithmeticTaskConfig(n_train=10, n_test=10))
+
+
+def arith(*texts: str) -> list[dict]:
+    """Arithmetic examples whose prompts are `texts` ("37+5=" -> a=37, op=+, b=5)."""
+    out = []
+    for t in texts:
+        op = "+" if "+" in t else "-"
+        a, b = t.rstrip("=").split(op)
+        out.append({"a": int(a), "op": op, "b": int(b), "answer": 0})
+    assert [ARITH.prompt(ex) for ex in out] == list(texts)
+    return out
+
+
 @pytest.fixture(scope="module", params=["qwen2", "llama"])
 def saved_tiny(request, tmp_path_factory, tok):
     """A tiny model saved with its tokenizer like a user's model directory."""
@@ -60,7 +74,7 @@ def test_unknown_characters_map_to_unk(tok):
 
 
 def test_encode_prompts_left_pads_and_prepends_bos(tok):
-    ids, mask = encode_prompts(tok, ["37+5=", "1+1="])
+    ids, mask = encode_prompts(tok, ARITH, arith("37+5=", "1+1="))
     assert ids.dtype == torch.long and mask.dtype == torch.bool and ids.shape == mask.shape == (2, 6)
     assert ids[0].tolist() == [1] + tok("37+5=", add_special_tokens=False)["input_ids"]
     assert ids[1, 0].item() == tok.pad_token_id and not mask[1, 0] and mask[1, 1:].all()
@@ -82,9 +96,9 @@ def test_helpers_work_with_a_tokenizer_without_pad_or_bos(tmp_path, tok):
     bare = PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, eos_token="<eos>")
     assert bare.pad_token_id is None and bare.bos_token_id is None
     assert pad_id(bare) == bare.eos_token_id
-    ids, mask = encode_prompts(bare, ["12", "1"])
-    assert ids[1, 0].item() == bare.eos_token_id and mask.tolist() == [[True, True], [False, True]]
-    assert decode_responses(bare, ids, mask) == ["12", "1"]
+    ids, mask = encode_prompts(bare, ARITH, arith("10+2=", "1-1="))
+    assert ids[1, 0].item() == bare.eos_token_id and mask.tolist() == [[True] * 5, [False] + [True] * 4]
+    assert decode_responses(bare, ids, mask) == ["10+2=", "1-1="]
 
 
 # ---- tiny model --------------------------------------------------------------------------------------
@@ -113,10 +127,14 @@ def test_save_and_reload_offline_gives_identical_logits(saved_tiny, tok):
     d, model = saved_tiny
     loaded, loaded_tok = load_pretrained(str(d))
     assert type(loaded) is type(model) and loaded.dtype == torch.float32 and not loaded.training
-    prompts = ["37+5=", "1 2 3>6:", "a\nb"]  # spaces and newlines: see load._load_tokenizer
-    ids, mask = encode_prompts(loaded_tok, prompts)
-    assert torch.equal(ids, encode_prompts(tok, prompts)[0])
-    assert loaded_tok.decode(ids[1], skip_special_tokens=True) == "1 2 3>6:"
+    from bench.tasks.countdown import CountdownTaskConfig
+
+    countdown = build_task(CountdownTaskConfig(n_train=10, n_test=10))  # spaces in prompts: see load._load_tokenizer
+    exs = countdown.examples("test")[:3]
+    ids, mask = encode_prompts(loaded_tok, countdown, exs)
+    assert torch.equal(ids, encode_prompts(tok, countdown, exs)[0])
+    assert loaded_tok.decode(ids[1], skip_special_tokens=True) == countdown.prompt(exs[1])
+    assert " " in countdown.prompt(exs[1])
     with torch.no_grad():
         a = model.eval()(input_ids=ids, attention_mask=mask.long()).logits
         b = loaded(input_ids=ids, attention_mask=mask.long()).logits
@@ -172,13 +190,13 @@ def test_tiny_model_generates_from_left_padded_prompts(tok):
 
     model = build_tiny_model(ModelConfig(num_layers=1), tok, seed=0).eval()
     task = build_task(ArithmeticTaskConfig(n_train=10, n_test=10))
-    prompts = [task.prompt(ex) for ex in task.examples("test")[:4]]
-    assert len({len(p) for p in prompts}) > 1  # rows of different lengths: some are left-padded
+    examples = task.examples("test")[:4]
+    assert len({len(task.prompt(ex)) for ex in examples}) > 1  # rows of different lengths: some are left-padded
     engine = EmbeddedEngine("fp32", eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
     engine.load_weights(model)
 
-    def greedy(texts):
-        r = engine.generate(*encode_prompts(tok, texts), 1, SamplingParams(max_new_tokens=4, greedy=True))
+    def greedy(exs):
+        r = engine.generate(*encode_prompts(tok, task, exs), 1, SamplingParams(max_new_tokens=4, greedy=True))
         return decode_responses(tok, r.response_ids, r.response_mask)
 
-    assert greedy(prompts) == [greedy([p])[0] for p in prompts]
+    assert greedy(examples) == [greedy([ex])[0] for ex in examples]

@@ -1,0 +1,400 @@
+"""The severity analysis: accuracy against the measured mismatch, the gap to the baseline at each rollout severity,
+and the fraction of the naive arm's gap each correction recovers (issue 12, item 5).
+
+A severity sweep runs the arms at several rollout precisions (a ladder bf16 -> fp8 -> int8 -> 4-bit formats).
+This module turns it into the headline figure (one line per method, final accuracy and AUC against the measured
+KL(mu || pi_old)) and the gap table. Every number is one of these definitions, computed from metrics.jsonl,
+eval.jsonl, config.yaml and run.json, so a reader can reproduce any cell:
+
+severity        a run's rollout precision plus the rollout options that change its numerics (weight / activation
+                granularity, activation dtype, KV-cache dtype, quantized lm_head / embeddings):
+                `analysis.load.severity_key`. Labelled by the precision and the options set explicitly in the
+                config or varying between runs of that precision; ordered by the mean mismatch of its runs.
+mismatch        per run: the mean over its training steps of `mismatch/kl_k3`, the k3 estimate of the per-token
+                KL(mu || pi_old) (`mismatch/kl_k1` for a run without k3).
+final accuracy  per run: its last eval/accuracy, in %.
+AUC             per run: the trapezoid area under its eval/accuracy curve divided by the step span, i.e. the
+                time-averaged accuracy in % (it credits learning early and charges a late collapse).
+gap             mean final accuracy of a method at severity s minus that of the baseline method (`--baseline`,
+                default bf16) at s, or at the baseline's only severity when it ran at one (the usual case: the
+                bf16 arm rolls out in bf16), in percentage points.
+recovered       (acc_arm - acc_naive) / (acc_base - acc_naive), the naive method (`--naive`, default fp8) at the
+                same severity s: 1 = the arm closes the naive gap, 0 = no better than naive, < 0 = worse. Not
+                reported, with the reason, when the naive gap's CI contains 0 ("naive gap within noise"), when the
+                naive arm is better than the baseline beyond its CI ("naive better than baseline": no gap to
+                recover), when a group has fewer than 2 seeds, or when no naive or baseline run exists at s.
+collapse        a run collapses when its eval reward (eval/reward_mean, or eval/accuracy when absent) is below its
+                step-0 value at k consecutive evaluations after step 0 (`--collapse-k`, default 3); its collapse
+                step is the first of them. A run without a step-0 evaluation cannot be judged and is not counted.
+CIs             95 % percentile bootstrap over seeds (2000 resamples, RNG seed 0: analysis.stats), each group
+                resampled independently; a CI from fewer than 2 seeds is not shown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .arms import arm_color, method_sort_key
+from .load import SEVERITY_OPTIONS, Run, Sweep, get
+from .stats import Interval, bootstrap_diff_ci, bootstrap_mean_interval, bootstrap_recovery_ci
+from .tables import MISSING, Table, eval_curve
+
+KL_METRICS = ("mismatch/kl_k3", "mismatch/kl_k1")
+REWARD_METRICS = ("eval/reward_mean", "eval/accuracy")
+NO_NAIVE_GAP = "naive gap within noise"
+NAIVE_BETTER = "naive better than baseline"
+
+
+@dataclass(frozen=True)
+class SeverityOptions:
+    """Which method is the naive form and which the baseline, and the collapse rule's k."""
+
+    naive: str = "fp8"
+    baseline: str = "bf16"
+    collapse_k: int = 3
+
+
+# --------------------------------------------------------------------------------------------- per run
+def eval_auc(steps: Sequence[float], values: Sequence[float]) -> float:
+    """Trapezoid area under (steps, values) divided by the step span: the time-average (one point: its value)."""
+    s, v = np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
+    if s.size == 0:
+        return float("nan")
+    if s.size == 1 or s[-1] == s[0]:
+        return float(v[-1])
+    return float(np.sum((v[1:] + v[:-1]) / 2 * np.diff(s)) / (s[-1] - s[0]))
+
+
+def collapse_step(steps: Sequence[float], values: Sequence[float], k: int) -> int | None:
+    """The first eval step of the first k consecutive evaluations after step 0 whose value is below the step-0
+    value; None when there is none, or no step-0 evaluation to compare with."""
+    s, v = list(steps), list(values)
+    if not s or s[0] != 0 or k < 1:
+        return None
+    start = 0
+    run = 0
+    for i in range(1, len(s)):
+        if v[i] < v[0]:
+            start = i if run == 0 else start
+            run += 1
+            if run >= k:
+                return int(s[start])
+        else:
+            run = 0
+    return None
+
+
+def run_mismatch(run: Run) -> float:
+    """Mean over the run's steps of its KL(mu || pi_old) estimate (k3, else k1); NaN when neither was logged."""
+    for key in KL_METRICS:
+        if key in run.metrics and run.metrics[key].notna().any():
+            return float(run.metrics[key].mean())
+    return float("nan")
+
+
+def run_rows(sweep: Sweep, k: int = 3) -> pd.DataFrame:
+    """One row per run with an eval: identity, severity, mismatch, final accuracy, AUC (%) and collapse."""
+    rows = []
+    for r in sweep.runs:
+        e = eval_curve(r)
+        if e is None:
+            continue
+        reward = next((m for m in REWARD_METRICS if m in e and e[m].notna().all()), "eval/accuracy")
+        step = collapse_step(e["step"].tolist(), e[reward].tolist(), k)
+        rows.append({
+            "run_id": r.run_id, "model": r.model, "task": r.task, "method": r.method, "precision": r.precision,
+            "severity": r.severity, "seed": r.seed, "status": r.status, "kl": run_mismatch(r),
+            "final_acc": 100 * float(e["eval/accuracy"].iloc[-1]),
+            "auc": 100 * eval_auc(e["step"].tolist(), e["eval/accuracy"].tolist()),
+            "collapsed": step is not None, "collapse_step": step,
+        })
+    cols = ["run_id", "model", "task", "method", "precision", "severity", "seed", "status", "kl", "final_acc", "auc",
+            "collapsed", "collapse_step"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+# --------------------------------------------------------------------------------------------- severity labels
+def _options(key: str) -> tuple[str, dict[str, str]]:
+    precision, *parts = key.split(";")
+    return precision, dict(p.split("=", 1) for p in parts)
+
+
+def _explicit(run: Run) -> set[str]:
+    """The severity options this run's config sets away from the engine's default (null / false)."""
+    out = set()
+    for short, (config_key, _) in SEVERITY_OPTIONS.items():
+        value = get(run.config, config_key)
+        if value not in (None, False) and not (isinstance(value, str) and "${" in value):
+            out.add(short)
+    return out
+
+
+def severity_labels(runs: Iterable[Run]) -> dict[str, str]:
+    """severity key -> readable label: the precision, plus each option that the runs set explicitly or that
+    varies between the sweep's severities of the same precision ("int8 (w=per_tensor, a=per_tensor)")."""
+    runs = list(runs)
+    explicit: dict[str, set[str]] = {}
+    for r in runs:
+        explicit.setdefault(r.severity, set()).update(_explicit(r))
+    parsed = {key: _options(key) for key in explicit}
+    labels: dict[str, str] = {}
+    for key, (precision, opts) in parsed.items():
+        siblings = [o for p, o in parsed.values() if p == precision]
+        shown = []
+        for short in SEVERITY_OPTIONS:
+            value = opts.get(short, "None")
+            varies = len({o.get(short) for o in siblings}) > 1
+            if value in ("None", "False") or not (varies or short in explicit[key]):
+                continue
+            shown.append(short if value == "True" else f"{short}={value}")
+        labels[key] = precision + (f" ({', '.join(shown)})" if shown else "")
+    if len(set(labels.values())) < len(labels):  # two severities that no option tells apart: show the keys
+        return {key: key for key in labels}
+    return labels
+
+
+def has_severity_axis(sweep: Sweep) -> bool:
+    """True when the sweep's runs span at least two severities (then the report has a severity section)."""
+    return len({r.severity for r in sweep.runs}) >= 2
+
+
+# --------------------------------------------------------------------------------------------- summary
+def _interval_columns(prefix: str, iv: Interval) -> dict[str, float]:
+    return {prefix: iv.value, f"{prefix}_lo": iv.lo, f"{prefix}_hi": iv.hi}
+
+
+def _baseline_group(g: pd.DataFrame, severity: str, baseline: str) -> tuple[pd.DataFrame, str | None]:
+    """The baseline's runs for a cell at `severity`: at that severity, else at its only severity; or a reason."""
+    base = g[g["method"] == baseline]
+    if base.empty:
+        return base, f"no {baseline} run"
+    same = base[base["severity"] == severity]
+    if not same.empty:
+        return same, None
+    if base["severity"].nunique() == 1:
+        return base, None
+    return base.iloc[0:0], f"{baseline} ran at several severities, not this one"
+
+
+def severity_summary(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> pd.DataFrame:
+    """Per (model, task, severity, method): seeds, mismatch, final accuracy and AUC with CIs, the gap to the
+    baseline and the recovered fraction of the naive gap with CIs (and why not, where undefined), collapses."""
+    runs = run_rows(sweep, opts.collapse_k)
+    labels = severity_labels(sweep.runs)
+    rows: list[dict[str, Any]] = []
+    for (model, task), g in runs.groupby(["model", "task"], sort=True):
+        order = g.groupby("severity")["kl"].mean().sort_values(kind="stable")
+        for severity in order.index:
+            cell = g[g["severity"] == severity]
+            base, base_note = _baseline_group(g, severity, opts.baseline)
+            naive = cell[cell["method"] == opts.naive]
+            naive_gap = bootstrap_diff_ci(base["final_acc"], naive["final_acc"])
+            for method in sorted(cell["method"].unique(), key=method_sort_key):
+                a = cell[cell["method"] == method]
+                is_base = method == opts.baseline and a["severity"].iloc[0] in set(base["severity"])
+                gap = Interval(np.nan, np.nan, np.nan) if is_base else bootstrap_diff_ci(a["final_acc"], base["final_acc"])
+                rec, note = _recovered(a, naive, base, naive_gap, method, is_base, base_note, opts)
+                steps = sorted(int(s) for s in a["collapse_step"].dropna())
+                rows.append({
+                    "model": model, "task": task, "severity": severity, "severity_label": labels.get(severity, severity),
+                    "precision": a["precision"].iloc[0], "method": method, "n_seeds": len(a),
+                    "seeds": " ".join(str(s) for s in sorted(a["seed"])),
+                    **_interval_columns("kl", bootstrap_mean_interval(a["kl"])),
+                    **_interval_columns("acc", bootstrap_mean_interval(a["final_acc"])),
+                    **_interval_columns("auc", bootstrap_mean_interval(a["auc"])),
+                    **_interval_columns(f"gap_to_{opts.baseline}", gap),
+                    **_interval_columns("recovered", rec), "recovered_note": note,
+                    "naive_gap": naive_gap.value, "naive_gap_lo": naive_gap.lo, "naive_gap_hi": naive_gap.hi,
+                    "n_collapsed": int(a["collapsed"].sum()), "collapse_steps": " ".join(map(str, steps)),
+                })
+    return pd.DataFrame(rows)
+
+
+def _recovered(a: pd.DataFrame, naive: pd.DataFrame, base: pd.DataFrame, naive_gap: Interval, method: str,
+               is_base: bool, base_note: str | None, opts: SeverityOptions) -> tuple[Interval, str]:
+    """The recovered fraction for one cell, or NaN with the reason it is not defined."""
+    nan = Interval(np.nan, np.nan, np.nan)
+    if is_base or method == opts.naive:
+        return nan, ""  # 1 and 0 by definition
+    if base_note:
+        return nan, base_note
+    if naive.empty:
+        return nan, f"no {opts.naive} run at this severity"
+    if min(len(a), len(naive), len(base)) < 2:
+        return nan, "fewer than 2 seeds"
+    if naive_gap.contains(0.0):
+        return nan, NO_NAIVE_GAP
+    if naive_gap.hi < 0:
+        return nan, NAIVE_BETTER  # there is no gap to recover: the ratio would read backwards
+    return bootstrap_recovery_ci(a["final_acc"], naive["final_acc"], base["final_acc"]), ""
+
+
+# --------------------------------------------------------------------------------------------- table
+def _fmt_ci(iv_value: float, lo: float, hi: float, digits: int = 1, signed: bool = False, scale: float = 1.0) -> str:
+    if not np.isfinite(iv_value):
+        return MISSING
+
+    def f(x: float) -> str:
+        v = round(scale * x, digits) + 0.0  # + 0.0: no "-0"
+        return f"{v:+.{digits}f}" if signed else f"{v:.{digits}f}"
+
+    return f(iv_value) + (f" [{f(lo)}, {f(hi)}]" if np.isfinite(lo) and np.isfinite(hi) else "")
+
+
+def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> Table:
+    """The gap-to-baseline table across severities, with the recovered fraction of the naive gap and collapses."""
+    data = severity_summary(sweep, opts)
+    multi_model = data["model"].nunique() > 1 if not data.empty else False
+    gap = f"gap_to_{opts.baseline}"
+    rows, prev = [], None
+    for r in data.itertuples(index=False):
+        d = r._asdict()
+        key = (r.model, r.task, r.severity)
+        if r.method == opts.naive or (r.method == opts.baseline and not np.isfinite(d[gap])):
+            recovered = MISSING
+        elif np.isfinite(r.recovered):
+            recovered = _fmt_ci(r.recovered, r.recovered_lo, r.recovered_hi, digits=0, scale=100) + " %"
+        else:
+            recovered = f"n/a ({r.recovered_note})" if r.recovered_note else MISSING
+        collapsed = f"{r.n_collapsed}/{r.n_seeds}" + (f" (step {r.collapse_steps})" if r.n_collapsed else "")
+        new_block = prev is None or key[:2] != prev[:2]
+        row = {
+            "Task": r.task if new_block else "",
+            "Model": r.model if new_block else "",
+            "Severity": r.severity_label if key != prev else "",
+            "Method": r.method,
+            "KL(μ‖π_old)": f"{r.kl:.2e}" if np.isfinite(r.kl) else MISSING,
+            "Accuracy (%)": _fmt_ci(r.acc, r.acc_lo, r.acc_hi),
+            "AUC (%)": _fmt_ci(r.auc, r.auc_lo, r.auc_hi),
+            f"Δ vs {opts.baseline} (pp)": _fmt_ci(d[gap], d[f"{gap}_lo"], d[f"{gap}_hi"], signed=True),
+            f"Recovered ({opts.naive} gap)": recovered,
+            "Collapsed": collapsed,
+            "Seeds": str(r.n_seeds),
+        }
+        if not multi_model:
+            row.pop("Model")
+        rows.append(row)
+        prev = key
+    caption = (
+        f"Per severity (rollout precision and options, ordered by measured mismatch): mean KL(μ‖π_old) per token (k3, "
+        f"mean over steps and seeds), final eval accuracy and AUC (time-averaged eval accuracy), the gap to "
+        f"{opts.baseline} and the fraction of the {opts.naive} arm's gap to {opts.baseline} each method recovers "
+        f"((acc − acc_{opts.naive}) / (acc_{opts.baseline} − acc_{opts.naive})); [95 % bootstrap CI over seeds]; "
+        f"'n/a ({NO_NAIVE_GAP})' where the {opts.naive} gap's CI contains 0 ('{NAIVE_BETTER}' where it lies below 0). "
+        f"Collapsed: seeds whose eval reward stays "
+        f"below its step-0 value for {opts.collapse_k} consecutive evals (first such step)."
+    )
+    return Table("severity", data, pd.DataFrame(rows), caption)
+
+
+# --------------------------------------------------------------------------------------------- figure
+def plot_severity(sweep: Sweep, task: str, model: str, out_dir: Path, opts: SeverityOptions = SeverityOptions(),
+                  formats: Sequence[str] = ("png", "pdf")):
+    """The headline figure: final accuracy and AUC against the measured mismatch, one line per method across the
+    severities it ran, 95 % bootstrap CIs on both axes; the baseline as a horizontal band; collapses marked."""
+    from matplotlib.lines import Line2D
+
+    from .plots import FULL_WIDTH, FigureFile, _save, plt, safe_name
+
+    data = severity_summary(sweep, opts)
+    data = data[(data["task"] == task) & (data["model"] == model)] if not data.empty else data
+    if data.empty or data["severity"].nunique() < 2 or not np.isfinite(data["kl"]).any():
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(FULL_WIDTH, 2.7), layout="constrained")
+    methods = sorted(data["method"].unique(), key=method_sort_key)
+    kl = data["kl"].to_numpy(dtype=float)
+    for ax, (col, title) in zip(axes, (("acc", "final eval accuracy"), ("auc", "AUC (time-averaged eval accuracy)"))):
+        for method in methods:
+            d = data[data["method"] == method].sort_values("kl")
+            color = arm_color(method)
+            x, y = d["kl"].to_numpy(float), d[col].to_numpy(float)
+            xerr = _err(x, d["kl_lo"], d["kl_hi"])
+            yerr = _err(y, d[f"{col}_lo"], d[f"{col}_hi"])
+            ax.errorbar(x, y, xerr=xerr, yerr=yerr, color=color, marker="o", ms=3.5, lw=1.2, elinewidth=0.7, capsize=2)
+            hit = d["n_collapsed"].to_numpy() > 0
+            if hit.any():
+                ax.plot(x[hit], y[hit], ls="none", marker="x", color="0.15", ms=7, mew=1.4, zorder=5)
+            if method == opts.baseline and d["severity"].nunique() == 1:
+                ax.axhline(y[0], color=color, lw=0.8, ls="--", zorder=0)
+                lo, hi = d[f"{col}_lo"].iloc[0], d[f"{col}_hi"].iloc[0]
+                if np.isfinite(lo) and np.isfinite(hi):
+                    ax.axhspan(lo, hi, color=color, alpha=0.08, lw=0, zorder=0)
+        _kl_axis(ax, kl)
+        ax.margins(x=0.08, y=0.12)
+        _label_severities(ax, data, col, opts.naive)
+        ax.set_title(f"{title} vs mismatch")
+        ax.set_xlabel("mean KL(μ‖π_old) per token (k3)")
+        ax.set_ylabel(f"{'accuracy' if col == 'acc' else 'AUC'} (%)")
+    handles = [Line2D([], [], color=arm_color(m), marker="o", ms=3.5, lw=1.2) for m in methods]
+    names = list(methods)
+    if (data["n_collapsed"] > 0).any():
+        handles.append(Line2D([], [], ls="none", marker="x", color="0.15", ms=7, mew=1.4))
+        names.append(f"≥1 seed collapsed (k={opts.collapse_k})")
+    fig.legend(handles, names, loc="outside upper center", ncol=min(len(names), 7), frameon=False)
+    name = safe_name("severity", task, model)
+    caption = (
+        f"{task} / {model}: final eval accuracy (left) and AUC (right) against the measured rollout–training mismatch "
+        f"(mean over steps of the per-token KL(μ‖π_old), k3), one line per method across the severities it ran "
+        f"(labelled at the {opts.naive} points); 95 % bootstrap CIs over seeds on both axes; dashed line and band: "
+        f"{opts.baseline}. × marks a severity where at least one seed collapsed."
+    )
+    return FigureFile(name, "severity", f"Accuracy against mismatch — {task} / {model}", caption,
+                      _save(fig, out_dir, name, formats))
+
+
+def _label_severities(ax, data: pd.DataFrame, col: str, naive: str) -> None:
+    """Name the severities at the naive method's points (every severity's first point when the sweep has no naive
+    run; a severity without one, e.g. the baseline's own, is named by its method): the precision on the first
+    line, its options below; right-aligned in the right half of the axes so the label stays inside."""
+    points = data[data["method"] == naive]
+    if points.empty:
+        points = data.drop_duplicates("severity")
+    x_mid = np.mean(ax.get_xlim()) if ax.get_xscale() == "linear" else np.exp(np.mean(np.log(ax.get_xlim())))
+    for r in points.itertuples(index=False):
+        x, y = r.kl, getattr(r, col)
+        if not (np.isfinite(x) and np.isfinite(y)):
+            continue
+        text = r.severity_label.replace(" (", "\n(", 1)
+        right = x > x_mid
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(-4 if right else 4, -4), ha="right" if right else "left",
+                    va="top", fontsize=5.5, color="0.35", annotation_clip=True)
+
+
+def _err(center: np.ndarray, lo: pd.Series, hi: pd.Series) -> np.ndarray | None:
+    """Asymmetric error bars [2, n] from CI bounds (0 where undefined); None when no CI is defined."""
+    lo_, hi_ = lo.to_numpy(float), hi.to_numpy(float)
+    if not (np.isfinite(lo_) | np.isfinite(hi_)).any():
+        return None
+    return np.vstack([np.nan_to_num(center - lo_, nan=0.0).clip(min=0), np.nan_to_num(hi_ - center, nan=0.0).clip(min=0)])
+
+
+def _kl_axis(ax, kl: np.ndarray) -> None:
+    """Log x when every mismatch is positive (they span decades: bf16 ~1e-5, 4-bit ~1e-1), else symlog around 0."""
+    v = kl[np.isfinite(kl)]
+    if v.size and (v > 0).all():
+        ax.set_xscale("log")
+    elif v.size and (v > 0).any():
+        ax.set_xscale("symlog", linthresh=float(v[v > 0].min()))
+
+
+def severity_figures(sweep: Sweep, out_dir: Path, opts: SeverityOptions = SeverityOptions(),
+                     formats: Sequence[str] = ("png", "pdf")) -> list:
+    """The severity figure of every (task, model) whose runs span two severities or more."""
+    from .plots import PAPER_STYLE, plt
+
+    out = []
+    with plt.rc_context(PAPER_STYLE):
+        for task, model in sorted({(r.task, r.model) for r in sweep.runs}):
+            f = plot_severity(sweep, task, model, out_dir, opts, formats)
+            if f is not None:
+                out.append(f)
+    return out
+
+
+__all__ = ["SeverityOptions", "collapse_step", "eval_auc", "has_severity_axis", "plot_severity", "run_mismatch",
+           "run_rows", "severity_figures", "severity_labels", "severity_summary", "severity_table"]

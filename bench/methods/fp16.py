@@ -1,0 +1,41 @@
+"""FP16 everywhere: trainer and rollout engine both in IEEE float16, uncorrected loss (Qi, Liu, Zhou et al.,
+"Defeating the Training-Inference Mismatch via FP16" (Precision-RL), arXiv 2510.26788).
+
+L = agg( psi(r, A) ) [+ beta_ref * agg(k3_ref)],   r = exp(LR(ltheta - lold)),   lmu unused   (the B0/B1(a) loss)
+
+The arm changes precisions, not the loss: the paper's claim is that BF16's 8-bit significand, not the algorithm,
+is the source of the training-inference mismatch, and that reverting both sides to FP16 (10-bit significand,
+8x finer rounding, with loss scaling for its narrower range) removes most of it, so that even uncorrected
+policy gradient trains stably. Here:
+* rollout: `precision: fp16` (bench/quant/plain.py): fp16 weights, activations, KV cache and lm_head, fp32
+  accumulation in the GEMMs;
+* trainer: `train.dtype: fp16`, set by the arm's yaml (conf/method/fp16.yaml is in Hydra's global package for
+  that; `train.dtype=...` on the command line still wins): fp32 master weights, fp16 autocast on CUDA,
+  fp16-rounded weights over fp32 arithmetic on CPU, dynamic loss scaling with skipped overflow steps
+  (bench/compute.py; logged as train/grad_scale and train/skipped_steps).
+Compare it with the bf16 arm (the same loss with BF16 on both sides) and the fp8 arm (naive low precision).
+
+verl preset: no rollout_correction preset (it is a precision setting): verl's FP16 support (PR #4036, after the
+Precision-RL patch) runs it as `actor_rollout_ref.actor.dtype=float16 actor_rollout_ref.ref.dtype=float16
+actor_rollout_ref.rollout.dtype=float16`, with a ShardedGradScaler for the actor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bench.methods.base import METHODS, MethodConfig
+from bench.methods.naive import Naive
+
+
+@dataclass
+class FP16Config(MethodConfig):
+    precision: str = "fp16"  # the trainer's fp16 is train.dtype, set in conf/method/fp16.yaml
+
+
+@METHODS.register("fp16", schema=FP16Config, color="#332288", order=5)
+class FP16(Naive):
+    """The uncorrected recompute loss with an fp16 trainer and an fp16 rollout engine."""
+
+
+__all__ = ["FP16", "FP16Config"]

@@ -1,0 +1,67 @@
+"""IcePop: token-level double-sided masking of the trainer/engine ratio (Ling team, "Every Step Evolves:
+Scaling Reinforcement Learning for Trillion-Scale Thinking Model" (Ring-1T), arXiv 2510.18855, IcePop section).
+
+rho[i,t] = exp(LR(lold - lmu))                                   pi_old / mu, constant (prepare)
+w[i,t]   = M(rho; alpha, beta) = rho if alpha <= rho <= beta else 0,   alpha = 0.5, beta = 5   (the paper's values)
+L        = agg( w * psi(r, A) ) [+ beta_ref * agg(k3_ref)],      r = exp(LR(ltheta - lold))
+
+Inside the band the token keeps its importance weight rho (not 1): the paper's masking function is
+M(k) = k on [alpha, beta] and 0 outside, and every implementation we checked applies rho there (OpenRLHF
+`--vllm_is_correction_type icepop`, openrlhf/models/loss.py: `vllm_is * mask`; NeMo-RL
+`truncated_importance_sampling_type: icepop`, ratio 0.5..5: "set weights outside [min, max] to zero"). A masked
+token carries weight 0 but stays in the token-mean denominator (agg over the step's valid tokens), as in those
+implementations. It is TIS's mask mode (`tis is_mode=mask`) with IcePop's two-sided band; unlike truncation,
+a token far outside the band contributes nothing instead of a capped weight.
+
+verl preset: none. The same loss is `algorithm.rollout_correction` with rollout_is="token",
+rollout_is_threshold=5.0 (min(rho, 5) = rho inside the band) plus token rejection rollout_rs="token_k1" on the
+band, except that verl removes rejected tokens from the token-mean denominator. Mind the sign: verl's code
+(verl/trainer/ppo/rollout_corr_helper.py, commit b178a3cd) tests -log rho against [log lo, log hi], so the band
+rho in [0.5, 5] is rollout_rs_threshold="0.2_2.0" there (its docs read the thresholds as bounds on rho).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from bench.methods.base import METHODS, Batch, MethodConfig
+from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio, truncated_weights, weight_stats
+
+
+@dataclass
+class IcePopConfig(MethodConfig):
+    precision: str = "fp8_e4m3"
+    icepop_alpha: float = 0.5  # lower edge of the kept band of pi_old/mu (Ring-1T)
+    icepop_beta: float = 5.0  # upper edge (Ring-1T)
+
+    def check(self) -> None:
+        if not 0.0 <= self.icepop_alpha < 1.0 < self.icepop_beta:
+            raise ValueError(f"method.icepop_alpha={self.icepop_alpha}, method.icepop_beta={self.icepop_beta}: "
+                             "need 0 <= alpha < 1 < beta (the band must contain rho = 1, no mismatch)")
+
+
+@METHODS.register("icepop", schema=IcePopConfig, color="#882255", order=32)
+class IcePop(ConstantWeightMethod):
+    """Recompute PPO loss, each token weighted by rho = pi_old/mu inside [alpha, beta] and dropped outside."""
+
+    diagnostics = {"masked_frac": "IcePop masked frac. (ρ∉[α,β])"}
+
+    @torch.no_grad()
+    def prepare(self, batch: Batch) -> dict[str, Any]:
+        cfg = self.cfg
+        mask = batch.mask.bool()
+        rho = torch.exp(behaviour_log_ratio(batch, self.algo.log_ratio_clamp))
+        w = truncated_weights(rho, cfg.icepop_beta, "mask", cfg.icepop_alpha) * mask
+        stats: dict[str, Any] = weight_stats(w, rho, mask, cfg.icepop_beta)
+        n = max(int(mask.sum()), 1)
+        low = int(((rho < cfg.icepop_alpha) & mask).sum())
+        high = int(((rho > cfg.icepop_beta) & mask).sum())
+        stats.update({"masked_frac": (low + high) / n, "masked_frac_low": low / n, "masked_frac_high": high / n,
+                      "is_weights": w.detach()})
+        return stats
+
+
+__all__ = ["IcePop", "IcePopConfig"]

@@ -1,0 +1,208 @@
+"""The severity analysis on a synthetic ladder (synth.SEVERITY_RUNS) whose cells are computed by hand."""
+
+from __future__ import annotations
+
+import io
+import math
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis.cli import main
+from analysis.load import load_sweeps
+from analysis.severity import (
+    NAIVE_BETTER,
+    NO_NAIVE_GAP,
+    SeverityOptions,
+    collapse_step,
+    eval_auc,
+    has_severity_axis,
+    run_rows,
+    severity_labels,
+    severity_summary,
+    severity_table,
+)
+from analysis.stats import bootstrap_diff_ci, bootstrap_mean_interval, bootstrap_recovery_ci
+
+from .synth import make_severity_sweep, write_run
+
+
+@pytest.fixture
+def sev_sweep(tmp_path: Path):
+    return load_sweeps([make_severity_sweep(tmp_path / "ladder")])
+
+
+def cell(summary, severity_prefix: str, method: str):
+    rows = summary[summary["severity"].str.startswith(severity_prefix + ";") & (summary["method"] == method)]
+    assert len(rows) == 1, (severity_prefix, method)
+    return rows.iloc[0]
+
+
+# --------------------------------------------------------------------------------------------- per run
+def test_auc_is_the_time_averaged_curve():
+    # steps 0, 4, 8, 12 and 0.40, 0.35, 0.30, 0.34: 4 * (0.375 + 0.325 + 0.32) / 12 = 0.34
+    assert math.isclose(eval_auc([0, 4, 8, 12], [0.40, 0.35, 0.30, 0.34]), 0.34)
+    assert math.isclose(eval_auc([0, 10], [0.2, 0.6]), 0.4)
+    assert eval_auc([5], [0.7]) == 0.7 and math.isnan(eval_auc([], []))
+
+
+def test_collapse_needs_k_consecutive_evals_below_step_0():
+    steps = [0, 4, 8, 12, 16]
+    assert collapse_step(steps, [0.40, 0.35, 0.30, 0.34, 0.5], 3) == 4
+    assert collapse_step(steps, [0.40, 0.42, 0.35, 0.32, 0.5], 3) is None  # only 2 in a row
+    assert collapse_step(steps, [0.40, 0.42, 0.35, 0.32, 0.5], 2) == 8
+    assert collapse_step(steps, [0.40, 0.35, 0.41, 0.35, 0.30], 2) == 12  # a recovery restarts the count
+    assert collapse_step(steps, [0.40, 0.40, 0.40, 0.40, 0.40], 1) is None  # equal is not below
+    assert collapse_step([4, 8, 12, 16], [0.4, 0.3, 0.2, 0.1], 2) is None  # no step-0 value to compare with
+
+
+def test_run_rows_hold_hand_values(sev_sweep):
+    rows = run_rows(sev_sweep, k=3)
+    r = rows[(rows["method"] == "fp8") & (rows["precision"] == "int4") & (rows["seed"] == 2)].iloc[0]
+    assert math.isclose(r["auc"], 34.0) and math.isclose(r["final_acc"], 34.0)
+    assert r["collapsed"] and r["collapse_step"] == 4
+    assert math.isclose(r["kl"], 0.1 * 1.1)  # kl_k3 logged constant at every step
+    assert not rows[(rows["method"] == "fp8") & (rows["precision"] == "int4") & (rows["seed"] == 1)].iloc[0]["collapsed"]
+
+
+# --------------------------------------------------------------------------------------------- severities
+def test_severity_identity_and_labels(sev_sweep, tmp_path):
+    assert len(sev_sweep.runs) == 19 and not sev_sweep.skipped
+    assert has_severity_axis(sev_sweep)
+    labels = set(severity_labels(sev_sweep.runs).values())
+    assert labels == {"bf16 (a=per_token)", "fp8_e4m3 (a=per_token)", "int4 (a=none)", "fp16 (a=per_token)",
+                      "int8 (w=per_tensor, a=per_token, kv=fp8_e4m3)"}
+    # the same method, task and seed at two severities that differ only by an option are two runs, not duplicates
+    write_run(tmp_path / "kv", "tis", "arithmetic", 0, precision="int8", rollout={"weight_granularity": "per_tensor"})
+    sweep = load_sweeps([tmp_path / "ladder", tmp_path / "kv"])
+    assert len(sweep.runs) == 20 and not sweep.skipped
+    labels = severity_labels(sweep.runs)
+    int8 = sorted(v for v in labels.values() if v.startswith("int8"))
+    assert int8 == ["int8 (w=per_tensor, a=per_token)", "int8 (w=per_tensor, a=per_token, kv=fp8_e4m3)"]
+
+
+def test_one_severity_is_no_severity_axis(tmp_path):
+    for seed in (0, 1):
+        write_run(tmp_path / "one", "fp8", "arithmetic", seed)
+        write_run(tmp_path / "one", "tis", "arithmetic", seed)
+    assert not has_severity_axis(load_sweeps([tmp_path / "one"]))
+
+
+# --------------------------------------------------------------------------------------------- summary cells
+def test_summary_means_gaps_and_order(sev_sweep):
+    s = severity_summary(sev_sweep)
+    # severities in order of measured mismatch (mean KL of their runs)
+    assert [k.split(";")[0] for k in s.drop_duplicates("severity")["severity"]] == ["fp16", "bf16", "fp8_e4m3", "int8", "int4"]
+    for sev, method, acc, gap, kl in [("bf16", "bf16", 62.0, np.nan, 1e-5), ("fp8_e4m3", "fp8", 61.0, -1.0, 1e-3),
+                                      ("fp8_e4m3", "tis", 62.0, 0.0, 1.1e-3), ("int4", "fp8", 32.0, -30.0, 0.1),
+                                      ("int4", "tis", 47.0, -15.0, 0.09), ("fp16", "fp16", 62.0, 0.0, 2e-6 * 0.95)]:
+        c = cell(s, sev, method)
+        assert math.isclose(c["acc"], acc), (sev, method)
+        assert (math.isnan(gap) and math.isnan(c["gap_to_bf16"])) or math.isclose(c["gap_to_bf16"], gap, abs_tol=1e-9)
+        assert math.isclose(c["kl"], kl, rel_tol=1e-9), (sev, method, c["kl"])
+    # fp16 ran 2 seeds: KL = 2e-6 * (0.9 + 1.0) / 2
+    # tis at int4: gap -15 pp; every resample of 3 seeds lies in [45 - 64, 49 - 60] = [-19, -11]
+    c = cell(s, "int4", "tis")
+    assert -19 <= c["gap_to_bf16_lo"] < -15 < c["gap_to_bf16_hi"] <= -11
+    # accuracy CI of a 3-seed cell lies within the seeds' range
+    assert 45 <= c["acc_lo"] < 47 < c["acc_hi"] <= 49
+
+
+def test_recovered_share_of_the_naive_gap(sev_sweep):
+    s = severity_summary(sev_sweep)
+    # int4: naive gap 62 - 32 = 30 pp, resolved (every resample >= 60 - 34 = 26 > 0); tis recovers (47-32)/30 = 0.5,
+    # and every resample lies in [(45-34)/(64-30), (49-30)/(60-34)] = [11/34, 19/26]
+    c = cell(s, "int4", "tis")
+    assert math.isclose(c["naive_gap"], 30.0) and c["naive_gap_lo"] >= 26
+    assert math.isclose(c["recovered"], 0.5)
+    assert 11 / 34 <= c["recovered_lo"] < 0.5 < c["recovered_hi"] <= 19 / 26
+    assert c["recovered_note"] == ""
+    # fp8_e4m3: naive gap 1 pp, its CI [62 .. 64 - 60 .. 62] contains 0 -> not reported
+    c = cell(s, "fp8_e4m3", "tis")
+    assert c["naive_gap_lo"] <= 0 <= c["naive_gap_hi"]
+    assert math.isnan(c["recovered"]) and c["recovered_note"] == NO_NAIVE_GAP
+    assert math.isnan(cell(s, "int8", "tis")["recovered"]) and cell(s, "int8", "tis")["recovered_note"] == "fewer than 2 seeds"
+    assert math.isnan(cell(s, "int8", "tis")["acc_lo"])  # one seed: no CI
+    assert cell(s, "fp16", "fp16")["recovered_note"] == "no fp8 run at this severity"
+    # the naive and the baseline rows carry no recovered share (0 and 1 by definition)
+    assert math.isnan(cell(s, "int4", "fp8")["recovered"]) and cell(s, "int4", "fp8")["recovered_note"] == ""
+    # the naive method is configurable: with tis as "naive" at int4, fp8 recovers (32-47)/(62-47) = -1
+    s2 = severity_summary(sev_sweep, SeverityOptions(naive="tis"))
+    assert math.isclose(cell(s2, "int4", "fp8")["recovered"], -1.0)
+
+
+def test_no_recovered_share_when_the_naive_arm_is_better(tmp_path):
+    root = make_severity_sweep(tmp_path / "ladder")
+    for seed, acc in ((0, 0.40), (1, 0.42)):
+        write_run(root / "sev_int4", "icepop", "arithmetic", seed, precision="int4", rollout={"act_granularity": "none"},
+                  kl=0.09, final_acc=acc)
+    sweep = load_sweeps([root])
+    # default: icepop at int4 recovers (41 - 32) / (62 - 32) = 0.3
+    assert math.isclose(cell(severity_summary(sweep), "int4", "icepop")["recovered"], 0.3)
+    # with fp8 as the baseline and tis as "naive", naive is 15 pp *better* (CI within [-19, -11]): nothing to recover
+    c = cell(severity_summary(sweep, SeverityOptions(naive="tis", baseline="fp8")), "int4", "icepop")
+    assert c["naive_gap_hi"] < 0 and math.isnan(c["recovered"]) and c["recovered_note"] == NAIVE_BETTER
+
+
+def test_collapse_counts_follow_k(sev_sweep):
+    c = cell(severity_summary(sev_sweep), "int4", "fp8")
+    assert c["n_collapsed"] == 1 and c["collapse_steps"] == "4"
+    c = cell(severity_summary(sev_sweep, SeverityOptions(collapse_k=2)), "int4", "fp8")
+    assert c["n_collapsed"] == 2 and c["collapse_steps"] == "4 8"
+
+
+def test_baseline_missing_at_several_severities_is_named(sev_sweep, tmp_path):
+    for seed in (0, 1):  # the int4 rung's severity includes its act_granularity=none
+        write_run(tmp_path / "extra", "bf16", "arithmetic", seed, precision="int4", rollout={"act_granularity": "none"},
+                  final_acc=0.5)
+    sweep = load_sweeps([tmp_path / "ladder", tmp_path / "extra"])
+    s = severity_summary(sweep)
+    # at int4 the baseline method itself ran: it is the baseline there (gap of tis = 47 - 50)
+    assert math.isclose(cell(s, "int4", "tis")["gap_to_bf16"], -3.0)
+    # at fp8_e4m3 it did not, and it ran at two severities: no gap, the reason is given
+    c = cell(s, "fp8_e4m3", "tis")
+    assert math.isnan(c["gap_to_bf16"]) and "several severities" in c["recovered_note"]
+
+
+# --------------------------------------------------------------------------------------------- table, CLI
+def test_table_cells(sev_sweep):
+    t = severity_table(sev_sweep)
+    d = t.display
+    tis_int4 = d[(d["Method"] == "tis")].iloc[-1]
+    assert tis_int4["Accuracy (%)"].startswith("47.0 [") and tis_int4["Δ vs bf16 (pp)"].startswith("-15.0 [")
+    assert tis_int4["Recovered (fp8 gap)"].startswith("50 [") and tis_int4["Recovered (fp8 gap)"].endswith("] %")
+    fp8_int4 = d[(d["Method"] == "fp8")].iloc[-1]
+    assert fp8_int4["Collapsed"] == "1/3 (step 4)" and fp8_int4["Recovered (fp8 gap)"] == "–"
+    assert (d["Recovered (fp8 gap)"] == f"n/a ({NO_NAIVE_GAP})").sum() == 1
+    assert d[d["Method"] == "bf16"].iloc[0]["Δ vs bf16 (pp)"] == "–"
+
+
+def test_stats_helpers_on_hand_cases():
+    iv = bootstrap_diff_ci([0.6, 0.7, 0.8], [0.2, 0.3, 0.4])
+    assert math.isclose(iv.value, 0.4) and 0.2 <= iv.lo < 0.4 < iv.hi <= 0.6 and not iv.contains(0.0)
+    assert math.isnan(bootstrap_diff_ci([0.5], [0.1, 0.2]).lo)  # one seed: no CI ...
+    assert bootstrap_diff_ci([0.5], [0.1, 0.2]).contains(0.0)  # ... so nothing is resolved
+    assert bootstrap_diff_ci([0.5, 0.5], [0.5, 0.5]).contains(0.0)
+    r = bootstrap_recovery_ci([0.5, 0.5], [0.2, 0.2], [0.8, 0.8])  # (0.5-0.2)/(0.8-0.2) = 0.5, no spread
+    assert (r.value, r.lo, r.hi) == pytest.approx((0.5, 0.5, 0.5))
+    assert math.isnan(bootstrap_recovery_ci([0.5, 0.5], [0.3, 0.3], [0.3, 0.3]).value)  # no naive gap at all
+    m = bootstrap_mean_interval([1.0, 2.0, 3.0])
+    assert m.value == 2.0 and 1.0 <= m.lo < 2.0 < m.hi <= 3.0
+    assert bootstrap_mean_interval([1.0, 2.0, 3.0]) == m  # fixed RNG seed
+
+
+def test_cli_report_has_the_severity_section(tmp_path):
+    root = make_severity_sweep(tmp_path / "ladder")
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = main([str(root), "--naive", "fp8", "--baseline", "bf16", "--collapse-k", "2", "--formats", "png"])
+    assert rc == 0, err.getvalue()
+    report = (root / "report" / "report.md").read_text()
+    assert "## Severity ladder: gap to bf16 and the recovered share of the naive gap" in report
+    assert "## Accuracy against mismatch across severities" in report
+    assert "![Accuracy against mismatch — arithmetic / tiny](figures/severity_arithmetic_tiny.png)" in report
+    assert "naive=fp8, collapse_k=2" in report
+    assert "| 2/3 (step 4 8) |" in report  # k = 2 reached the table
+    assert (root / "report" / "tables" / "severity.csv").read_text().count("\n") == 1 + 8

@@ -1,0 +1,161 @@
+"""The real low-precision GEMM paths of the engine (FP8 torch._scaled_mm, INT8 torch._int_mm) run on the CPU.
+
+Both kernels exist on the CPU (slow fallbacks), so everything of the CUDA path but the CUDA kernel itself runs
+here: the operand layouts the CUDA kernels require (column-major FP8 weights, a contiguous [K, N] int8 weight,
+row padding to > 16 rows), the scale operands, the kernel choice by device. On the CPU torch._scaled_mm
+dequantizes and runs an fp32 GEMM, so it must equal the fake-quant emulation bit for bit; that pins the codes,
+scales and bias handling of the kernel path to the emulation's. tests/unit/test_gpu_kernels.py repeats the
+comparison against the CUDA kernels where a GPU is present.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as tr
+
+from bench.quant import fp8 as fp8_mod
+from bench.quant.fp8 import Fp8ScaledMMLinear, choose_fp8_kernel, fp8_gemm, scaled_mm_scales
+from bench.quant.int8 import Int8Linear, int8_matmul, int_mm_weight, resolve_int8_kernel
+from bench.quant.linear import FakeQuantLinear, make_linear, pad_rows
+from bench.quant.quantizers import Quantizer
+from bench.rollout import SamplingParams
+from bench.rollout.embedded import EmbeddedEngine
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # a device object only: nothing is allocated on it
+GRANULARITIES = [("per_channel", "per_token"), ("per_tensor", "per_token"), ("per_channel", "per_tensor"),
+                 ("per_tensor", "per_tensor")]
+
+
+def _layer_inputs(n=48, k=64, rows=(2, 3), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.05
+    w[3] *= 20  # an outlier channel: per-channel and per-tensor scales differ
+    bias = torch.randn(n, generator=g) * 0.1
+    x = torch.randn(*rows, k, generator=g)
+    x[..., 5] *= 30  # an outlier feature
+    return w, bias, x
+
+
+@pytest.mark.parametrize("wg, ag", GRANULARITIES)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_scaled_mm_layer_equals_the_emulation_bit_for_bit_on_cpu(wg, ag, out_dtype):
+    w, bias, x = _layer_inputs()
+    q = Quantizer("fp8_e4m3", wg, ag)
+    emulated = FakeQuantLinear(w, bias, q, out_dtype)
+    kernel = Fp8ScaledMMLinear(w, bias, q, out_dtype)
+    assert kernel.weight_fp8.dtype == torch.float8_e4m3fn and kernel.weight_fp8.t().stride() == (1, 64)  # col-major
+    assert torch.equal(kernel.dequantized_weight(), emulated.dequantized_weight())
+    y = kernel(x)
+    assert y.shape == (2, 3, 48) and y.dtype == out_dtype
+    assert torch.equal(y, emulated(x))
+    kernel.min_rows = 17  # the CUDA padding of a 6-row decode batch: same rows out
+    assert torch.equal(kernel(x), y)
+    if (wg, ag) != ("per_tensor", "per_tensor"):  # the unfused form (GPUs without row-wise FP8 kernels)
+        kernel.fused_rowwise = False
+        torch.testing.assert_close(kernel(x).float(), y.float(), rtol=2**-7 if out_dtype == torch.bfloat16 else 1e-6,
+                                   atol=1e-6)
+
+
+def test_scale_operands_have_the_layouts_the_kernel_accepts():
+    s_tok, s_chan = torch.rand(5, 1) + 0.1, torch.rand(48, 1) + 0.1
+    s_tensor = torch.tensor(0.5)
+    a, b = scaled_mm_scales(s_tensor, torch.tensor(0.25), 5, 48)
+    assert a.shape == b.shape == () and a.dtype == b.dtype == torch.float32  # tensor-wise
+    a, b = scaled_mm_scales(s_tok, s_chan, 5, 48)
+    assert a.shape == (5, 1) and b.shape == (1, 48) and a.is_contiguous() and b.is_contiguous()  # row-wise
+    assert torch.equal(b[0], s_chan[:, 0])
+    a, b = scaled_mm_scales(s_tok, s_tensor, 5, 48)  # per-token x per-tensor: the per-tensor side broadcast
+    assert b.shape == (1, 48) and torch.equal(b, torch.full((1, 48), 0.5))
+    a, b = scaled_mm_scales(s_tensor, s_chan, 5, 48)
+    assert a.shape == (5, 1) and torch.equal(a, torch.full((5, 1), 0.5))
+    # the kernel itself refuses the mixed form the helper avoids (the CPU op applies the CUDA op's scale checks)
+    codes = torch.ones(5, 64).to(torch.float8_e4m3fn)
+    w = torch.ones(48, 64).to(torch.float8_e4m3fn)
+    with pytest.raises((RuntimeError, ValueError), match="Invalid scaling configuration"):
+        torch._scaled_mm(codes, w.t(), scale_a=s_tok, scale_b=s_tensor, out_dtype=torch.bfloat16)
+    y = fp8_gemm(codes, w, *scaled_mm_scales(s_tok, s_tensor, 5, 48), bias=None, out_dtype=torch.float32)
+    torch.testing.assert_close(y, 64 * 0.5 * s_tok.expand(5, 48), rtol=1e-6, atol=0)
+
+
+def test_fp8_kernel_choice_by_device_and_layer():
+    q = Quantizer("fp8_e4m3")
+    assert choose_fp8_kernel("auto", q, (48, 64), CPU) == "emulated"  # the CPU keeps its exact emulation
+    assert choose_fp8_kernel("scaled_mm", q, (48, 64), CPU) == "scaled_mm"
+    assert choose_fp8_kernel("emulated", q, (48, 64), CUDA) == "emulated"
+    assert choose_fp8_kernel("auto", q, (48, 24), CUDA) == "emulated"  # K = 24: not a multiple of 16
+    for quantizer, shape, why in [(Quantizer("fp8_e5m2"), (48, 64), "e5m2 x e5m2"),
+                                  (Quantizer("fp8_e4m3", act_granularity="none"), (48, 64), "weight-only"),
+                                  (q, (40, 64), "multiples of 16")]:
+        assert choose_fp8_kernel("auto", quantizer, shape, CPU) == "emulated"
+        with pytest.raises(ValueError, match=f"fp8_kernel='scaled_mm' cannot run this layer: .*{why}"):
+            choose_fp8_kernel("scaled_mm", quantizer, shape, CPU)
+    with pytest.raises(ValueError, match="unknown fp8 kernel 'cutlass'"):
+        choose_fp8_kernel("cutlass", q, (48, 64), CPU)
+    w, bias, _ = _layer_inputs()
+    assert isinstance(make_linear(w, bias, q, torch.bfloat16), FakeQuantLinear)  # auto on a CPU weight
+
+
+def test_engine_on_the_scaled_mm_path_samples_what_the_emulation_samples(monkeypatch):
+    """The whole FP8 engine with every linear on torch._scaled_mm (forced, on the CPU) returns the tokens and
+    log mu of the emulated engine exactly."""
+    torch.manual_seed(0)
+    model = tr.Qwen2ForCausalLM(tr.Qwen2Config(vocab_size=128, hidden_size=64, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                                               tie_word_embeddings=True)).eval()
+    ids = torch.randint(1, 128, (3, 7), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(3, 7, dtype=torch.bool)
+
+    def run():
+        engine = EmbeddedEngine("fp8_e4m3")
+        engine.load_weights(model)
+        kinds = {type(m).__name__ for m in engine.decoder.modules()}
+        return kinds, engine.generate(ids, mask, 2, SamplingParams(12), torch.Generator().manual_seed(2))
+
+    kinds, emulated = run()
+    assert "FakeQuantLinear" in kinds and "Fp8ScaledMMLinear" not in kinds
+    monkeypatch.setattr(fp8_mod, "choose_fp8_kernel", lambda kernel, q, shape, device: "scaled_mm")
+    kinds, real = run()
+    assert "Fp8ScaledMMLinear" in kinds and "FakeQuantLinear" not in kinds
+    assert torch.equal(real.response_ids, emulated.response_ids)
+    assert torch.equal(real.logp_mu, emulated.logp_mu)
+
+
+# ------------------------------------------------------------------------------------------------ INT8
+def test_int8_weight_layout_and_row_padding():
+    codes = torch.randint(-128, 128, (48, 64)).float()
+    w = int_mm_weight(codes)
+    assert w.shape == (48, 64) and w.dtype == torch.int8 and torch.equal(w.float(), codes)
+    assert w.t().is_contiguous()  # the row-major [K, N] second operand cuBLAS needs
+    x = torch.randn(5, 64)
+    padded = pad_rows(x, 17)
+    assert padded.shape == (17, 64) and torch.equal(padded[:5], x) and not padded[5:].any()
+    assert pad_rows(x, 3) is x
+
+
+@pytest.mark.parametrize("rows, k", [(5, 64), (40, 64), (6, 2048)])
+def test_int_mm_path_equals_the_exact_emulation(rows, k):
+    g = torch.Generator().manual_seed(k)
+    a = torch.randint(-128, 128, (rows, k), generator=g).float()
+    b = torch.randint(-128, 128, (48, k), generator=g).float()
+    expected = int8_matmul(a, b, "emulated")
+    assert torch.equal(int8_matmul(a, int_mm_weight(b), "int_mm"), expected)
+    assert torch.equal(int8_matmul(a, b, "int_mm"), expected)  # a plain [N, K] weight is made contiguous first
+    assert torch.equal(torch._int_mm(pad_rows(a.to(torch.int8), 17), int_mm_weight(b).t())[:rows].float(), expected)
+
+
+def test_int8_kernel_choice_by_device_and_layer(monkeypatch):
+    assert resolve_int8_kernel("auto", (48, 64), CUDA) == "int_mm"  # a GPU always has int8 tensor cores here
+    assert resolve_int8_kernel("auto", (44, 64), CUDA) == "emulated"  # N = 44: not a multiple of 8
+    with pytest.raises(ValueError, match="int8_kernel='int_mm' cannot run this layer: .*multiples of 8"):
+        resolve_int8_kernel("int_mm", (44, 64), CUDA)
+    assert resolve_int8_kernel("int_mm", (44, 64), CPU) == "int_mm"  # the CPU kernel takes any shape
+    import bench.quant.int8 as int8_mod
+
+    for fast in (True, False):
+        monkeypatch.setattr(int8_mod, "fast_int_mm", lambda fast=fast: fast)
+        assert resolve_int8_kernel("auto", (48, 64), CPU) == ("int_mm" if fast else "emulated")
+    w, bias, x = _layer_inputs()
+    layer = Int8Linear(w, bias, Quantizer("int8"), kernel="int_mm")
+    assert layer.weight_codes.dtype == torch.int8 and layer.weight_codes.t().is_contiguous()
+    assert torch.equal(layer(x), Int8Linear(w, bias, Quantizer("int8"), kernel="emulated")(x))

@@ -1,0 +1,178 @@
+"""On a CUDA GPU: the real FP8/INT8 kernels against the CPU emulation, the engine and the trainer on the device.
+
+Every test here is marked `cuda` and skips, saying why, where torch sees no GPU (tests/conftest.py). The same code
+paths, down to the kernel call, run on the CPU in test_gemm_kernels.py and test_compute.py.
+
+Tolerances, and why:
+* INT8 (torch._int_mm): exact. The int32 accumulator of integer codes is exact on both sides and the fp32
+  rescale is the same elementwise arithmetic, so CUDA and the CPU emulation agree bit for bit.
+* FP8 (torch._scaled_mm, bf16 out): the kernel and the emulation round the same real number, a sum of exact
+  e4m3 x e4m3 products scaled by fp32 scales, to bf16; only the fp32 summation order (and the scaling's
+  rounding, ~1e-7 relative) differs, so they are at most one bf16 ulp apart (2^-8 relative) except where a
+  tiny result comes from cancellation. Asserted: |y_cuda - y_cpu| <= 2^-7 |y_cpu| + 2^-12 max|y_cpu|.
+* The engine: first-step log-probs of the CUDA FP8 engine vs the CPU-emulated one differ by rounding in bf16
+  activations, which must be far below the FP8 quantization effect itself: mean |dlogp(cuda, cpu)| < 0.1 x mean
+  |dlogp(fp8, fp32)|.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import transformers as tr
+
+from bench.compute import TrainerCompute
+from bench.quant.fp8 import Fp8ScaledMMLinear
+from bench.quant.int8 import Int8Linear
+from bench.quant.linear import FakeQuantLinear, cuda_capability, make_linear
+from bench.quant.quantizers import Quantizer
+from bench.rollout import SamplingParams
+from bench.rollout.embedded import EmbeddedEngine
+from tests.unit.test_compute import _batch
+from tests.unit.test_gemm_kernels import GRANULARITIES
+
+pytestmark = pytest.mark.cuda
+GPU = torch.device("cuda")
+
+
+def _needs_fp8() -> None:
+    if cuda_capability(GPU) < (8, 9):
+        pytest.skip(f"compute capability {cuda_capability(GPU)} has no FP8 tensor cores (needs >= 8.9)")
+
+
+def _weights(n=256, k=512, rows=33, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.05
+    w[7] *= 20
+    x = torch.randn(rows, k, generator=g)
+    x[:, 3] *= 30
+    return w, torch.randn(n, generator=g) * 0.1, x
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = tr.Qwen2Config(vocab_size=256, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=256, max_position_embeddings=256,
+                         tie_word_embeddings=True)
+    return tr.Qwen2ForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("wg, ag", GRANULARITIES)
+@pytest.mark.parametrize("rows", [5, 33])  # 5: the padded decode path
+def test_fp8_scaled_mm_on_cuda_matches_the_cpu_emulation(wg, ag, rows):
+    _needs_fp8()
+    w, bias, x = _weights(rows=rows)
+    q = Quantizer("fp8_e4m3", wg, ag)
+    layer = make_linear(w.to(GPU), bias.to(GPU), q, torch.bfloat16)
+    assert isinstance(layer, Fp8ScaledMMLinear)  # auto on a capable GPU: the real kernel
+    y = layer(x.to(GPU)).float().cpu()
+    ref = FakeQuantLinear(w, bias, q, torch.bfloat16)(x).float()
+    assert torch.equal(layer.dequantized_weight().cpu(), FakeQuantLinear(w, bias, q, torch.bfloat16).dequantized_weight())
+    bound = 2**-7 * ref.abs() + 2**-12 * ref.abs().max()
+    assert ((y - ref).abs() <= bound).all(), f"max excess {((y - ref).abs() - bound).max():.3g}"
+
+
+@pytest.mark.parametrize("rows", [5, 40])
+@pytest.mark.parametrize("k", [512, 2048])  # 2048: past the emulation's exact-fp32 K of 1024 (chunked)
+def test_int8_int_mm_on_cuda_is_bit_exact(rows, k):
+    w, bias, x = _weights(k=k, rows=rows)
+    q = Quantizer("int8")
+    layer = Int8Linear(w.to(GPU), bias.to(GPU), q)
+    assert layer.kernel == "int_mm"
+    ref = Int8Linear(w, bias, q, kernel="emulated")(x)
+    assert torch.equal(layer(x.to(GPU)).cpu(), ref)
+
+
+def test_fp32_engine_on_cuda_reproduces_the_teacher_forced_logprobs():
+    model = _model().to(GPU)
+    engine = EmbeddedEngine("fp32")
+    engine.load_weights(model)
+    assert all(b.device.type == "cuda" for b in engine.decoder.buffers())
+    ids = torch.randint(1, 256, (4, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(4, 9, dtype=torch.bool)
+    mask[1, :4] = False
+    r = engine.generate(ids.masked_fill(~mask, 0), mask, 3, SamplingParams(16, 0.7), torch.Generator(GPU).manual_seed(0))
+    assert r.response_ids.device.type == "cuda"
+    logp, _ = TrainerCompute(GPU, "fp32", 0.7).logprobs(model, r)
+    assert (logp - r.logp_mu)[r.response_mask].abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("precision", ["fp8_e4m3", "int8"])
+def test_quantized_engine_on_cuda_agrees_with_the_cpu_emulation(precision):
+    if precision == "fp8_e4m3":
+        _needs_fp8()
+    model = _model()
+    ids = torch.randint(1, 256, (24, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(24, 9, dtype=torch.bool)
+
+    def first_logp(engine_precision, m):
+        engine = EmbeddedEngine(engine_precision)
+        engine.load_weights(m)
+        device = engine.decoder.device
+        with torch.no_grad():
+            return torch.log_softmax(engine.decoder.start(ids.to(device), mask.to(device), 4).float(), -1).cpu()
+
+    cpu, ref = first_logp(precision, model), first_logp("fp32", model)
+    gpu_model = copy.deepcopy(model).to(GPU)
+    gpu = first_logp(precision, gpu_model)
+    engine = EmbeddedEngine(precision)
+    engine.load_weights(gpu_model)
+    expected = Fp8ScaledMMLinear if precision == "fp8_e4m3" else Int8Linear
+    assert isinstance(engine.decoder.layers[0].qkv, expected)
+    assert (gpu - cpu).abs().mean() < 0.1 * (cpu - ref).abs().mean()
+
+
+def test_trainer_step_on_cuda_and_resume_on_cpu(tmp_path):
+    from bench.store import RunDir
+    from bench.train import build, checkpoint, restore, train_step
+    from tests.helpers import make_cfg
+
+    cfg = make_cfg(tmp_path, "method=fp8", "train.device=cuda", "train.micro_batch_size=4",
+                   "train.gradient_checkpointing=true")
+    p = build(cfg)
+    assert all(t.device.type == "cuda" for t in p.policy.parameters())
+    row = train_step(p, 0)
+    assert all(s.device.type == "cuda" for st in p.optimizer.state.values() for s in st.values() if torch.is_tensor(s)
+               and s.dim() > 0)
+    assert all(torch.isfinite(torch.tensor(v)) for v in row.values())
+    run = RunDir.of(cfg)
+    run.save_checkpoint(checkpoint(p, 1))
+    ckpt = run.load_checkpoint()
+    assert ckpt["generator_device"] == "cuda" and next(iter(ckpt["policy"].values())).device.type == "cpu"
+    q = build(make_cfg(tmp_path / "cpu", "method=fp8", "train.device=cpu"))
+    with pytest.warns(UserWarning, match="checkpoint written on cuda, resumed on cpu"):
+        assert restore(q, ckpt) == 1
+    for a, b in zip(p.policy.parameters(), q.policy.parameters()):
+        assert torch.equal(a.cpu(), b)
+    assert all(torch.isfinite(torch.tensor(v)) for v in train_step(q, 1).values())  # and trains on
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_autocast_micro_batches_on_cuda(dtype):
+    """bf16/fp16 autocast on the GPU: micro-batches give the big-batch gradient up to low-precision rounding
+    (2 % of the largest entry), and fp16 scales the loss."""
+    from bench.methods.base import make_method
+    from tests.unit.test_compute import SMALL
+
+    torch.manual_seed(0)
+    model = tr.Qwen2ForCausalLM(tr.Qwen2Config(**SMALL)).eval().to(GPU)
+    engine = EmbeddedEngine("bf16", eos_id=5)
+    engine.load_weights(model)
+    ids = torch.randint(1, 128, (3, 7), generator=torch.Generator().manual_seed(1))
+    r = engine.generate(ids, torch.ones(3, 7, dtype=torch.bool), 4, SamplingParams(9), torch.Generator(GPU).manual_seed(0))
+    batch = _batch(model, r)
+    method = make_method("tis")
+    stats = method.prepare(batch)
+    grads = []
+    for micro in (None, 3):
+        m = copy.deepcopy(model)
+        compute = TrainerCompute(GPU, dtype, 1.0, micro)
+        compute.backward(m, r, lambda lp: method.loss(lp, batch, stats), 0)
+        scale = compute.scaler.get_scale() if compute.scaler.is_enabled() else 1.0
+        assert (scale == 2.0**16) == (dtype == "fp16")
+        grads.append({n: p.grad.float() / scale for n, p in m.named_parameters()})
+    top = max(g.abs().max().item() for g in grads[0].values())
+    for n in grads[0]:
+        assert (grads[0][n] - grads[1][n]).abs().max() <= 0.02 * top, n
