@@ -151,7 +151,7 @@ class Timer(dict):
 
 
 def train_step(p: Parts, step: int) -> dict[str, float]:
-    cfg, t = p.cfg, Timer()
+    t = Timer()
     with t("sync"):
         p.engine.load_weights(p.policy)
     sample = collect(p, step, t)
