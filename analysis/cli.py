@@ -1,5 +1,8 @@
 """`qrl-analyze SWEEP_DIR... [--wandb ENTITY/PROJECT --group G] [--out DIR]` — a sweep to a report.
 
+`qrl-analyze RESULTS --paper NAME` instead writes one table, a paper's layout with our numbers beside the paper's
+(analysis/paper.py), as tables/paper_NAME.{md,csv,tex} under --out, and prints its Markdown.
+
 Progress goes to stderr; stdout carries only the path of report.md, so a script can do
 `report=$(qrl-analyze results/smoke)`. Exit status: 0 with a report, 1 when no run was usable (the report
 listing what was found is still written), 2 for a usage error (missing directory, W&B unreachable with no
@@ -45,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=1,
                    help="steps excluded from throughput averages as warm-up (default: 1)")
     p.add_argument("--formats", default="png,pdf", help="figure formats, comma-separated (default: png,pdf)")
+    p.add_argument("--paper", metavar="NAME", default=None,
+                   help="only the table of a paper recipe (conf/experiment/paper/NAME.reference.csv, or a CSV path) "
+                        "with our numbers beside the paper's; prints its Markdown")
     return p
 
 
@@ -79,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     if "png" not in formats:
         formats.insert(0, "png")  # the report embeds PNGs
     out = args.out or _default_out(args)
+    if args.paper:
+        if args.wandb or not args.sweep_dirs:
+            parser.error("--paper reads run directories: give RESULTS directories (no --wandb)")
+        return paper_main(args.paper, args.sweep_dirs, out)
     command = "qrl-analyze " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
 
     try:
@@ -116,6 +126,23 @@ def main(argv: list[str] | None = None) -> int:
     log(f"report: {report}")
     print(report)
     return 0 if sweep.runs else 1
+
+
+def paper_main(name: str, roots: list[Path], out: Path) -> int:
+    """The paper table: written under out/tables/, its Markdown on stdout. 1 when no run matched any row."""
+    from .paper import load_runs, paper_table
+    from .tables import render, write_table
+
+    try:
+        runs = load_runs(roots, exclude=[out])
+        table = paper_table(name, runs)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"qrl-analyze: error: {e}", file=sys.stderr)
+        return 2
+    paths = write_table(table, out / "tables")
+    log(f"{len(runs)} finished run(s) read; wrote " + ", ".join(str(p) for p in paths.values()))
+    print(render(table.display, "md", caption=table.caption), end="")
+    return 0 if not table.data.empty and (table.data["n_runs"] > 0).any() else 1
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from bench.budget import BudgetConfig
 from bench.evaluation import EvalConfig
 from bench.grpo import AlgoConfig
 from bench.identity import run_path
@@ -47,6 +48,7 @@ class Config:
     rollout: Any = MISSING  # the engine's schema (bench/rollout/<engine>.py)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)  # the dry run's GPU-hours estimate (bench/budget.py)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = MISSING
     seed: int = 0
@@ -87,12 +89,27 @@ def _as_object(node: DictConfig, schema: type, where: str) -> Any:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Every schema's `check()`: raises ValueError naming the bad value, before any work."""
+    """Every schema's `check()`, then the checks across sections: raises ValueError naming the bad value."""
     parts = [("method", group_schema("method", cfg.method.name)), ("task", group_schema("task", cfg.task.name)),
              ("rollout", group_schema("rollout", cfg.rollout.engine)), ("algo", AlgoConfig), ("train", TrainConfig),
-             ("tracking", TrackingConfig), ("model", ModelConfig), ("eval", EvalConfig)]
+             ("tracking", TrackingConfig), ("model", ModelConfig), ("eval", EvalConfig), ("budget", BudgetConfig)]
     for key, schema in parts:
         obj = _as_object(cfg[key], schema, key)
         check = getattr(obj, "check", None)
         if check is not None:
             check()
+    check_across(cfg)
+
+
+def check_across(cfg: DictConfig) -> None:
+    """Checks that need two sections: the advantage estimator and DAPO's knobs against train.* and task.*."""
+    algo, train = cfg.algo, cfg.train
+    if algo.advantage == "grpo" and train.group_size < 2:
+        raise ValueError(f"train.group_size={train.group_size} is too small for algo.advantage=grpo: group-normalized "
+                         "advantages need at least 2 responses per prompt (algo.advantage=gae works with 1)")
+    if algo.dynamic_sampling and train.group_size < 2:
+        raise ValueError(f"algo.dynamic_sampling drops groups of equal rewards: train.group_size={train.group_size} "
+                         "must be at least 2")
+    if algo.overlong_penalty and algo.overlong_buffer_len > cfg.task.max_new_tokens:
+        raise ValueError(f"algo.overlong_buffer_len={algo.overlong_buffer_len} must be <= task.max_new_tokens="
+                         f"{cfg.task.max_new_tokens} (the penalty ramps over the last buffer_len tokens of the limit)")

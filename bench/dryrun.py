@@ -1,6 +1,10 @@
 """`qrl-bench -m ... --dry-run`: list the jobs a sweep would launch, and which would be skipped as done,
-without launching anything (no SLURM submission, no training). Expands the sweep exactly as Hydra's basic
-sweeper does: `hydra.sweeper.params` of the composed config plus the command-line overrides.
+without launching anything (no SLURM submission, no training). Expands the sweep exactly as its sweeper does:
+the rows of `hydra/sweeper=rows` (bench/sweeper.py) crossed with `hydra.sweeper.params` and the command-line
+overrides (with no rows: Hydra's basic sweeper).
+
+Where a job's config sets `budget.params_b` (the paper recipes), its line ends with the estimated GPU-hours
+(bench/budget.py) and the summary gives the total and the assumptions behind it.
 """
 
 from __future__ import annotations
@@ -11,26 +15,30 @@ from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from bench.budget import describe, estimate
 from bench.config import CONF_DIR, register_configs
+from bench.methods.base import METHODS
 from bench.store import RunDir
+from bench.sweeper import expand_rows
 
 register_configs()
 
 
 def expand(overrides: list[str]) -> list[list[str]]:
-    """Every job's override list, in Hydra's order."""
+    """Every job's override list, in the sweeper's order."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         base = [o for o in overrides if "," not in o.split("=", 1)[-1]]
         cfg = compose("config", overrides=base, return_hydra_config=True)
-        params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.params or {}).items()]
+        params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.get("params") or {}).items()]
+        rows = list(cfg.hydra.sweeper.get("rows") or [])
         parsed = OverridesParser.create().parse_overrides(params + overrides)
-        batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
-    return [job for batch in batches for job in batch]
+        jobs = BasicSweeper.split_arguments(parsed, max_batch_size=None)[0]
+    return expand_rows(rows, jobs)
 
 
 def dry_run(overrides: list[str]) -> int:
     jobs = expand(overrides)
-    todo = 0
+    todo, gpu_hours, assumptions = 0, 0.0, set()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for job in jobs:
             cfg = compose("config", overrides=job)
@@ -38,6 +46,16 @@ def dry_run(overrides: list[str]) -> int:
             status = run.status or "new"
             action = "skip" if status == "completed" else ("resume" if run.ckpt_file.exists() else "run")
             todo += action != "skip"
-            print(f"{action:6s} {status:10s} {RunDir.name_of(cfg):40s} {run.path}")
+            est = estimate(cfg, METHODS.get(cfg.method.name).needs_recompute)
+            cost = ""
+            if est is not None:
+                gpu_hours += est.gpu_hours
+                assumptions.add(describe(cfg))
+                cost = f"  ~{est.gpu_hours:,.1f} GPU-h ({est.generated_per_step:,.0f} generated + {est.trained_per_step:,.0f} trained tokens/step)"
+            print(f"{action:6s} {status:10s} {RunDir.name_of(cfg):40s} {run.path}{cost}")
     print(f"{len(jobs)} jobs: {todo} to launch, {len(jobs) - todo} already completed", file=sys.stderr)
+    if assumptions:
+        print(f"estimated GPU-hours (all jobs): ~{gpu_hours:,.0f}", file=sys.stderr)
+        for line in sorted(assumptions):
+            print(f"  assuming {line}", file=sys.stderr)
     return 0

@@ -15,12 +15,14 @@ from typing import Optional
 import torch
 
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+ADVANTAGES = ("grpo", "gae")
 
 
 @dataclass
 class AlgoConfig:
-    """`algo.*`: the policy-gradient knobs every arm shares (methods.md section 9.1). The arms' own knobs
-    live in their schemas (bench/methods/<arm>.py)."""
+    """`algo.*`: the policy-gradient knobs every arm shares (methods.md section 9.1), the advantage estimator
+    (GRPO or PPO's critic + GAE) and DAPO's data-side knobs. The arms' own knobs live in their schemas
+    (bench/methods/<arm>.py); checks that need `train.*` or `task.*` too are in bench/config.py `check_across`."""
 
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2  # DAPO clip-higher: 0.28
@@ -30,6 +32,21 @@ class AlgoConfig:
     norm_adv_by_std: bool = True  # False: Dr.GRPO
     kl_ref_beta: float = 0.0  # KL(pi_theta || pi_ref) coefficient; 0 = no reference model
     log_ratio_clamp: float = 20.0  # |log ratio| clamp before every exp (verl SAFETY_BOUND)
+    # advantage estimator (bench/advantages.py): grpo = group-normalized [B]; gae = PPO critic + GAE [B, T]
+    advantage: str = "grpo"
+    gamma: float = 1.0  # gae: discount (verl algorithm.gamma)
+    lam: float = 1.0  # gae: GAE lambda (verl algorithm.lam)
+    whiten_advantages: bool = True  # gae: whiten advantages over the rollout batch (verl)
+    value_clip: Optional[float] = 0.5  # gae: critic clip range around the old values; null = unclipped (verl 0.5)
+    critic_lr: float = 1e-5  # gae: the critic's own AdamW (verl critic.optim.lr)
+    critic_path: Optional[str] = None  # gae: null = a copy of the policy backbone; else a model dir / hub id
+    # DAPO data-side knobs (bench/dapo.py, bench/sampling.py); clip-higher is clip_eps_high, token-level is loss_agg
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal, refill from further prompts
+    dynamic_sampling_max_rounds: int = 10  # generation rounds per step at most (verl max_num_gen_batches)
+    overlong_filter: bool = False  # truncated responses (no EOS) leave the loss
+    overlong_penalty: bool = False  # DAPO soft overlong punishment (Eq. 13) added to the reward
+    overlong_buffer_len: int = 4096  # L_cache of the penalty; L_max is task.max_new_tokens
+    overlong_penalty_factor: float = 1.0
 
     def check(self) -> None:
         if self.loss_agg not in LOSS_AGGS:
@@ -44,6 +61,19 @@ class AlgoConfig:
             raise ValueError(f"algo.kl_ref_beta={self.kl_ref_beta} must be >= 0")
         if not self.log_ratio_clamp > 0.0:
             raise ValueError(f"algo.log_ratio_clamp={self.log_ratio_clamp} must be positive")
+        if self.advantage not in ADVANTAGES:
+            raise ValueError(f"algo.advantage={self.advantage!r} is not valid; choose one of: {', '.join(ADVANTAGES)}")
+        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"algo.gamma={self.gamma} and algo.lam={self.lam} must be in [0, 1]")
+        if self.value_clip is not None and not self.value_clip > 0.0:
+            raise ValueError(f"algo.value_clip={self.value_clip} must be positive (or null for an unclipped value loss)")
+        if not self.critic_lr > 0.0:
+            raise ValueError(f"algo.critic_lr={self.critic_lr} must be positive")
+        if self.dynamic_sampling_max_rounds < 1:
+            raise ValueError(f"algo.dynamic_sampling_max_rounds={self.dynamic_sampling_max_rounds} must be at least 1")
+        if self.overlong_buffer_len < 0 or not self.overlong_penalty_factor >= 0.0:
+            raise ValueError(f"algo.overlong_buffer_len={self.overlong_buffer_len} and algo.overlong_penalty_factor="
+                             f"{self.overlong_penalty_factor} must be >= 0")
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -209,6 +239,7 @@ def kl_ref_penalty(
 
 
 __all__ = [
+    "ADVANTAGES",
     "LOSS_AGGS",
     "agg_loss",
     "clip_bounds",

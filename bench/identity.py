@@ -60,7 +60,8 @@ FINISHED_STATUSES = ("completed", "diverged")
 #:   quant/*    QuRL weight-update / quant error     time/*      wall-clock seconds and throughput
 #:   eval/*     greedy test evaluation (eval/accuracy); eval sets: eval/<set>/<metric> (pass@k, avg@k, ...)
 #:   final/*    run.json summary of a completed run
-NAMESPACES = ("reward", "train", "mismatch", "method", "quant", "time", "eval", "final")
+#:   critic/*   PPO's value model (algo.advantage=gae)  sampling/*  DAPO dynamic sampling / overlong counts
+NAMESPACES = ("reward", "train", "mismatch", "method", "quant", "time", "eval", "final", "critic", "sampling")
 #: Wall-clock keys: the only metrics that differ between two runs of the same config.
 TIME_KEYS = ("time/rollout_s", "time/sync_s", "time/recompute_s", "time/train_s", "time/step_s",
              "time/rollout_tokens_per_s")

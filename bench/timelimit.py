@@ -10,7 +10,7 @@ around the whole scoring call here. verl does the same for a different reason
 
 Two mechanisms, picked per call by `call_with_time_limit(..., mode="auto")`:
 
-* Main thread (how the trainer scores, bench/train.py `score`): a POSIX interval timer (`setitimer`, so the
+* Main thread (how the trainer scores, bench/sampling.py `score`): a POSIX interval timer (`setitimer`, so the
   limit can be fractional) whose handler raises `ScoreTimeout`. `ScoreTimeout` derives from BaseException,
   like KeyboardInterrupt, so the `except Exception` blocks inside math-verify and sympy do not swallow it;
   and the handler re-arms itself every 50 ms until the call has unwound, so even a bare `except:` that

@@ -1,11 +1,12 @@
 """One GRPO run with a low-precision rollout engine: the training loop.
 
     engine.load_weights(policy)   sync: the rollout copy is re-quantized with fresh scales
-    rollout = engine.generate()   tokens, response mask, log mu of every sampled token
-    rewards -> advantages         GRPO group-normalized (bench/grpo.py)
+    sample = collect()            engine.generate round(s) + rewards (+ DAPO's knobs, bench/sampling.py)
     lold = policy.logprobs()      recompute pass, only for methods that need pi_old
+    adv = estimator.estimate()    GRPO group-normalized [B], or the critic's values + GAE [B, T] (bench/advantages.py)
     stats = method.prepare()      per-batch constants (IS weights, alpha, ...), detached
     for minibatch: loss = method.loss(policy.logprobs(mb)); step
+    estimator.update()            the critic's own optimizer steps (GAE; nothing for GRPO)
     metrics -> run dir (+ W&B mirror); every k steps: eval, checkpoint
 
 Everything that differs between arms is behind `Method` (bench/methods) and everything that differs between
@@ -26,22 +27,23 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from bench.advantages import AdvantageEstimator, build_estimator
 from bench.compute import Diverged, TrainerCompute, enable_gradient_checkpointing
 from bench.device import DEVICES, describe, make_generator, resolve_device, restore_rng, rng_state
 from bench.evaluation import build_eval_sets, evaluate_policy
-from bench.grpo import group_advantages
 from bench.methods.base import Batch, Method, arm_info, build_method, select_stats
 from bench.mismatch import mismatch_metrics, sanitize
 from bench.models.load import context_length, load_policy
 from bench.models.logprobs import TRAINER_DTYPES
-from bench.models.tokenizer import PromptFormat, decode_responses, encode_prompts, uses_chat_template
+from bench.models.tokenizer import PromptFormat, uses_chat_template
 from bench.preempt import PreemptionGuard
 from bench.quant import diagnostics
 from bench.quant.quantizers import Quantizer
 from bench.rollout import build_engine
 from bench.rewards import scorer_metrics
-from bench.rollout.base import Rollout, RolloutEngine, SamplingParams, response_budget
+from bench.rollout.base import Rollout, RolloutEngine
 from bench.rollout.embedded import EmbeddedRolloutConfig
+from bench.sampling import Sample, collect
 from bench.store import RunDir
 from bench.tasks.base import Task, build_task
 from bench.tracking import start_tracking
@@ -70,8 +72,8 @@ class TrainConfig:
     keep_checkpoint: bool = False  # keep ckpt/last.pt after completion (it is always kept while resumable)
 
     def check(self) -> None:
-        if self.group_size < 2:
-            raise ValueError(f"train.group_size={self.group_size} is too small: GRPO needs at least 2 responses per prompt")
+        if self.group_size < 1:  # GRPO needs 2 or more: bench.config.check_across
+            raise ValueError(f"train.group_size={self.group_size} must be at least 1")
         if self.batch_size <= 0 or self.batch_size % self.group_size:
             raise ValueError(f"train.batch_size={self.batch_size} is not divisible by train.group_size={self.group_size}")
         if self.minibatches < 1 or (self.batch_size // self.group_size) % self.minibatches:
@@ -105,6 +107,7 @@ class Parts:
     optimizer: torch.optim.Optimizer
     generator: torch.Generator
     compute: TrainerCompute
+    advantage: AdvantageEstimator
     prompt_format: PromptFormat = PromptFormat()
     eval_sets: dict[str, Task] = field(default_factory=dict)
     ref_policy: torch.nn.Module | None = None
@@ -134,6 +137,7 @@ def build(cfg: DictConfig) -> Parts:
         generator=make_generator(device, cfg.seed),
         compute=TrainerCompute(device, cfg.train.dtype, cfg.rollout.temperature, cfg.train.micro_batch_size,
                                micro_batch_tokens=cfg.train.micro_batch_tokens),
+        advantage=build_estimator(cfg, policy),
         prompt_format=prompt_format, eval_sets=eval_sets,
     )
 
@@ -146,40 +150,32 @@ class Timer(dict):
         self[name] = self.get(name, 0.0) + time.perf_counter() - t0
 
 
-def score(p: Parts, examples: list[dict], rollout: Rollout, n: int) -> torch.Tensor:
-    completions = decode_responses(p.tokenizer, rollout.response_ids, rollout.response_mask)
-    rewards = [p.task.reward(ex, c) for ex, c in zip((e for e in examples for _ in range(n)), completions)]
-    return torch.tensor(rewards, device=p.compute.device)
-
-
 def train_step(p: Parts, step: int) -> dict[str, float]:
-    cfg, t = p.cfg, Timer()
-    G, T = cfg.train.group_size, cfg.rollout.temperature
+    t = Timer()
     with t("sync"):
         p.engine.load_weights(p.policy)
-    examples = p.task.sample(step, cfg.train.batch_size // G, cfg.seed)
-    prompt_ids, prompt_mask = encode_prompts(p.tokenizer, p.task, examples, p.prompt_format)
-    sampling = SamplingParams(response_budget(cfg.task.max_new_tokens, prompt_ids.shape[1], p.engine), T)
-    with t("rollout"):
-        rollout = p.engine.generate(prompt_ids, prompt_mask, G, sampling, p.generator)
-    rollout = rollout.to(p.compute.device)
-    rewards = score(p, examples, rollout, G)
-    adv = group_advantages(rewards, G, eps=cfg.algo.adv_eps, norm_by_std=cfg.algo.norm_adv_by_std)
+    sample = collect(p, step, t)
+    if sample.rollout is None:  # dynamic sampling kept no group within its round cap: no update this step
+        return {"step": step} | sample.metrics | time_metrics(t, sample.generated_tokens)
+    rollout = sample.rollout
 
     with t("recompute"):
         logp_old = p.compute.logprobs(p.policy, rollout)[0] if p.method.needs_recompute else None
         logp_ref = p.compute.logprobs(p.ref_policy, rollout)[0] if p.ref_policy else None
+        adv, measured = p.advantage.estimate(rollout, sample.rewards)
     mask, frac_nonfinite = sanitize(logp_old if logp_old is not None else rollout.logp_mu, rollout.logp_mu, rollout.response_mask)
+    mask = sample.loss_mask(mask)
     batch = Batch(logp_old, rollout.logp_mu, adv, mask, max(1.0, float(mask.sum())), logp_ref)
     before = diagnostics.snapshot(p.policy)
     with t("train"):
         stats = p.method.prepare(batch)
         logs, logp_theta0 = update(p, rollout, batch, stats, step)
+        measured |= p.advantage.update(rollout, mask, step)
     # bypass arms have no pi_old: their mismatch uses log pi_theta at theta_old (methods.md section 11)
-    measured = mismatch_metrics(logp_old if logp_old is not None else logp_theta0, rollout.logp_mu, mask)
+    measured |= mismatch_metrics(logp_old if logp_old is not None else logp_theta0, rollout.logp_mu, mask)
     measured |= {"mismatch/frac_nonfinite_logprob": frac_nonfinite}
     measured |= diagnostics.weight_update(before, p.policy) | p.engine.quant_metrics() | scorer_metrics(p.task, "reward")
-    return step_metrics(p, step, rollout, rewards, logs, stats, measured, t)
+    return step_metrics(p, step, sample, logs, stats, measured, t)
 
 
 def update(p: Parts, rollout: Rollout, batch: Batch, stats: dict, step: int) -> tuple[dict[str, float], torch.Tensor]:
@@ -208,14 +204,14 @@ COMPUTE_KEYS = ("grad_scale", "skipped_steps")  # fp16 loss scaling (bench/compu
 TRAIN_KEYS = ("loss", "grad_norm", "entropy", "clipfrac", "ppo_kl", *COMPUTE_KEYS)
 
 
-def step_metrics(p: Parts, step: int, rollout: Rollout, rewards: torch.Tensor, logs: dict[str, float],
+def step_metrics(p: Parts, step: int, sample: Sample, logs: dict[str, float],
                  stats: dict[str, Any], measured: dict[str, float], t: Timer) -> dict[str, float]:
-    """The metrics row of one step, in the namespaces of bench/identity.py; `measured` holds the mismatch/*
-    and quant/* metrics, already named."""
-    arm = p.method.name
+    """The metrics row of one step, in the namespaces of bench/identity.py; `measured` holds the mismatch/*,
+    quant/* and critic/* metrics, already named."""
+    arm, rollout, rewards = p.method.name, sample.rollout, sample.rewards
     row: dict[str, float] = {"step": step}
     row |= {"reward/mean": rewards.mean().item(), "reward/std": rewards.std().item(),
-            "reward/accuracy": (rewards >= 1.0).float().mean().item(),
+            "reward/accuracy": (sample.scores >= 1.0).float().mean().item(),
             "reward/response_length": rollout.response_mask.sum(1).float().mean().item()}
     row |= {f"train/{k}": v for k, v in logs.items() if k in TRAIN_KEYS}
     row["train/lr"] = p.optimizer.param_groups[0]["lr"]
@@ -223,12 +219,16 @@ def step_metrics(p: Parts, step: int, rollout: Rollout, rewards: torch.Tensor, l
     row |= {f"method/{arm}/{k}": v for k, v in stats.items() if isinstance(v, (int, float))}
     row |= {f"method/{arm}/{k}": v for k, v in logs.items() if k not in ("loss", "grad_norm", "entropy", *COMPUTE_KEYS)}
     row |= {k: v for k, v in measured.items() if not k.startswith("mismatch/")}
-    n_tok = rollout.response_mask.sum().item()
-    # disjoint parts: generation, weight sync (+ re-quantization), recompute pass, optimizer steps
-    row |= {"time/rollout_s": t["rollout"], "time/sync_s": t["sync"], "time/recompute_s": t["recompute"],
+    return row | sample.metrics | time_metrics(t, sample.generated_tokens)
+
+
+def time_metrics(t: Timer, generated_tokens: int) -> dict[str, float]:
+    """time/*: disjoint parts (generation, weight sync + re-quantization, recompute pass, optimizer steps) and
+    rollout throughput over every token generated in the step (all of dynamic sampling's rounds)."""
+    t = Timer({"sync": 0.0, "rollout": 0.0, "recompute": 0.0, "train": 0.0} | t)
+    return {"time/rollout_s": t["rollout"], "time/sync_s": t["sync"], "time/recompute_s": t["recompute"],
             "time/train_s": t["train"], "time/step_s": sum(t[k] for k in ("sync", "rollout", "recompute", "train")),
-            "time/rollout_tokens_per_s": n_tok / max(t["rollout"], 1e-9)}
-    return row
+            "time/rollout_tokens_per_s": generated_tokens / max(t["rollout"], 1e-9)}
 
 
 def evaluate(p: Parts, step: int) -> dict[str, float]:
@@ -252,7 +252,8 @@ def runtime_info(p: Parts) -> dict[str, Any]:
 def checkpoint(p: Parts, next_step: int) -> dict[str, Any]:
     return {"step": next_step, "policy": p.policy.state_dict(), "optimizer": p.optimizer.state_dict(),
             **rng_state(p.generator), "grad_scaler": p.compute.state_dict(),
-            "ref_policy": p.ref_policy.state_dict() if p.ref_policy else None}
+            "ref_policy": p.ref_policy.state_dict() if p.ref_policy else None,
+            "advantage": p.advantage.state_dict()}
 
 
 def restore(p: Parts, ckpt: dict[str, Any]) -> int:
@@ -263,6 +264,7 @@ def restore(p: Parts, ckpt: dict[str, Any]) -> int:
     p.compute.load_state_dict(ckpt.get("grad_scaler") or {})
     if p.ref_policy is not None and ckpt["ref_policy"] is not None:
         p.ref_policy.load_state_dict(ckpt["ref_policy"])
+    p.advantage.load_state_dict(ckpt.get("advantage") or {})
     return int(ckpt["step"])
 
 
@@ -291,7 +293,8 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str) -> str:
                 row = train_step(p, step)
                 run.append_metrics(row)
                 tracker.log(row, step)
-                bar.set_postfix(reward=f"{row['reward/mean']:.3f}", kl=f"{row['mismatch/kl_k3']:.1e}", refresh=False)
+                bar.set_postfix(reward=f"{row.get('reward/mean', float('nan')):.3f}",
+                                kl=f"{row.get('mismatch/kl_k3', float('nan')):.1e}", refresh=False)
                 if (step + 1) % every.checkpoint_every == 0 or guard.requested:
                     run.save_checkpoint(checkpoint(p, step + 1))
                 if guard.requested and step + 1 < every.steps:

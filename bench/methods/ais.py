@@ -12,7 +12,8 @@ w[i,t]       = (1 - alpha) + alpha * rho_bar[i,t]                     alpha in [
 L            = agg( m * w * psi(r, A) ) [+ beta * agg(k3_ref)],     r = exp(LR(ltheta - lold))
 
 alpha is computed once per rollout batch in `prepare` (pi_old fixed) from S = {i: n_i > 0, |A_i| > ais_adv_eps}:
-c_i = A_i * mean_t (rho_bar - 1), c_mean, c_var (Bessel), R = (sum rho_bar)^2 / (N_S sum rho_bar^2),
+c_i = A_i * mean_t (rho_bar - 1) (per-token advantages, GAE: mean_t A_it (rho_bar - 1), S = rows with some
+|A_it| > eps), c_mean, c_var (Bessel), R = (sum rho_bar)^2 / (N_S sum rho_bar^2),
 B = max(0, c_mean^2 - c_var/n), V = c_var / (R n), alpha = B / (B + V) (0 if B + V = 0 or n < 2): a plug-in of the
 oracle alpha* = mu_D^2 / (mu_D^2 + Var(D)) of a surrogate MSE between the uncorrected and IS estimates.
 """
@@ -63,10 +64,16 @@ def ais_alpha(
     rb = torch.where(m, rho_bar.to(torch.float64), torch.zeros((), dtype=torch.float64, device=rho_bar.device))
     a = adv.to(torch.float64)
     n_i = m.sum(-1)
-    in_s = (n_i > 0) & (a.abs() > adv_eps)
+    excess = torch.where(m, rb - 1.0, torch.zeros_like(rb))
+    if a.dim() == 1:  # sequence advantages (GRPO): c_i = A_i * mean_t (rho_bar - 1)
+        in_s = (n_i > 0) & (a.abs() > adv_eps)
+        c_all = a * (excess.sum(-1) / n_i.clamp(min=1))
+    else:  # per-token advantages (GAE) [ours]: c_i = mean_t A_it (rho_bar - 1); S = rows with a token |A| > eps
+        in_s = (n_i > 0) & (m & (a.abs() > adv_eps)).any(-1)
+        c_all = (a * excess).sum(-1) / n_i.clamp(min=1)
     n = int(in_s.sum())
 
-    c = (a * (torch.where(m, rb - 1.0, torch.zeros_like(rb)).sum(-1) / n_i.clamp(min=1)))[in_s]
+    c = c_all[in_s]
     c_mean = float(c.mean()) if n > 0 else 0.0
     c_var = float(c.var(unbiased=True)) if n >= 2 else 0.0
 

@@ -57,7 +57,8 @@ class Batch:
 
     logp_old  [B, T] log pi_old from the recompute pass, or None for methods that skip it
     logp_mu   [B, T] log mu returned by the rollout engine
-    adv       [B]    sequence advantages (GRPO group-normalized), broadcast over tokens by the method
+    adv       [B]    sequence advantages (GRPO group-normalized), broadcast over tokens by the method, or
+              [B, T] per-token advantages (PPO's critic + GAE); methods read it through `token_advantages`
     mask      [B, T] bool, trained-on response tokens (non-finite log-probs already removed)
     n_tokens  token-mean denominator: valid tokens of the whole optimizer step (>= 1)
     logp_ref  [B, T] reference-model log-probs, only when algo.kl_ref_beta > 0
@@ -82,6 +83,18 @@ class Batch:
         }
         sub["n_tokens"] = max(1.0, float(sub["mask"].sum()))
         return Batch(**sub)
+
+
+def token_advantages(adv: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The [B, T] advantage of every token: sequence advantages [B] broadcast over the tokens (GRPO), per-token
+    advantages [B, T] as they are (GAE). Detached, in `like`'s dtype. The arms apply their corrections to the
+    policy loss the same way whichever estimator made the advantages."""
+    a = adv.detach().to(like.dtype)
+    if a.dim() == 1:
+        return a[:, None].expand_as(like)
+    if a.shape != like.shape:
+        raise ValueError(f"per-token advantages {tuple(a.shape)} do not match the log-probs {tuple(like.shape)}")
+    return a
 
 
 def select_stats(stats: dict[str, Any], idx: torch.Tensor | slice, batch_size: int) -> dict[str, Any]:
@@ -144,4 +157,5 @@ def make_method(name: str, **knobs: Any) -> Method:
     return build_method(cfg, algo)
 
 
-__all__ = ["Batch", "METHODS", "Method", "MethodConfig", "arm_info", "build_method", "make_method", "select_stats"]
+__all__ = ["Batch", "METHODS", "Method", "MethodConfig", "arm_info", "build_method", "make_method", "select_stats",
+           "token_advantages"]

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from bench.grpo import agg_loss, compute_dtype, masked_mean, safe_log_ratio
-from bench.methods.base import METHODS, Batch, Method, MethodConfig
+from bench.methods.base import METHODS, Batch, Method, MethodConfig, token_advantages
 from bench.methods.ppo_clip import add_kl_ref
 
 
@@ -87,7 +87,7 @@ class ESS(Method):
         lt = logp.to(dt)
         mask = batch.mask.bool()
         lmu = batch.logp_mu.detach().to(dt)
-        adv = batch.adv.detach().to(dt)[:, None].expand_as(lt)
+        adv = token_advantages(batch.adv, lt)
         zero = torch.zeros((), dtype=dt, device=lt.device)
 
         w, rho, ess = p3o_weights(lt, lmu, mask, self.algo.log_ratio_clamp, cfg.p3o_ess_eps)

@@ -59,11 +59,15 @@ class OPSMConfig(MethodConfig):
 def opsm_keep(
     logp: torch.Tensor, logp_b: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, delta: float, clamp: float = 20.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(keep [B] bool, D [B]): M_i = 0 where A_i < 0 and mean_t(l_b - ltheta) > delta."""
+    """(keep [B] bool, D [B]): M_i = 0 where A_i < 0 and mean_t(l_b - ltheta) > delta.
+
+    Per-token advantages [B, T] (PPO's GAE) give keep [B, T]: the tokens with A_t < 0 of a drifted sequence [ours].
+    """
     m = mask.bool()
     d_tok = safe_log_ratio(logp_b.detach().to(logp.dtype), logp.detach(), m, clamp)
     d = d_tok.sum(-1) / m.sum(-1).clamp(min=1)
-    keep = ~((adv.to(d.dtype) < 0) & (d > delta))
+    drifted = d > delta
+    keep = ~((adv.to(d.dtype) < 0) & (drifted if adv.dim() == 1 else drifted[:, None]))
     return keep, d
 
 
@@ -80,15 +84,17 @@ class OPSM(PPOClipMethod):
         loss, metrics = super().loss(logp, batch, {**stats, "opsm_keep": keep})
         rows = mask.any(-1)
         n_rows = max(int(rows.sum()), 1)
+        masked = ~keep if keep.dim() == 1 else (~keep & mask).any(-1)
         metrics.update({
-            "seq_masked_frac": float((~keep & rows).sum()) / n_rows,
+            "seq_masked_frac": float((masked & rows).sum()) / n_rows,
             "seq_log_ratio_mean": float(d[rows].double().mean()) if rows.any() else 0.0,
             "seq_log_ratio_max": float(d[rows].max()) if rows.any() else 0.0,
         })
         return loss, metrics
 
     def weights(self, batch: Batch, stats: dict[str, Any]) -> torch.Tensor:
-        return stats["opsm_keep"][:, None].expand_as(batch.mask) & batch.mask.bool()
+        keep = stats["opsm_keep"]
+        return (keep[:, None].expand_as(batch.mask) if keep.dim() == 1 else keep) & batch.mask.bool()
 
 
 __all__ = ["OPSM", "OPSMConfig", "opsm_keep"]

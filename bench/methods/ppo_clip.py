@@ -21,7 +21,7 @@ from bench.grpo import (
     masked_mean,
     safe_log_ratio,
 )
-from bench.methods.base import Batch, Method
+from bench.methods.base import Batch, Method, token_advantages
 
 
 class PPOClipMethod(Method):
@@ -56,7 +56,7 @@ class PPOClipMethod(Method):
         lt = logp.to(dt)
         mask = batch.mask.bool()
         lprox = self.prox_logp(batch).detach().to(dt)
-        adv = batch.adv.detach().to(dt)[:, None].expand_as(lt)
+        adv = token_advantages(batch.adv, lt)
 
         ratio = torch.exp(safe_log_ratio(lt, lprox, mask, algo.log_ratio_clamp))
         lower, upper = 1.0 - algo.clip_eps_low, self.upper(batch, stats)

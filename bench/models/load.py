@@ -31,7 +31,7 @@ class ModelConfig:
 
     name: str = "tiny"
     path: Optional[str] = None
-    arch: str = "qwen2"  # built-in only: qwen2 | llama
+    arch: str = "qwen2"  # built-in only: qwen2 | llama | qwen3
     hidden_size: int = 128
     num_layers: int = 4
     num_heads: int = 4

@@ -1,5 +1,6 @@
 """The built-in tiny policy: a real Qwen2 (default) or Llama model from `transformers`, built from config.
 
+Qwen3 (q/k norms, no qkv bias) is there for the paper recipes' mini variants (Qwen3-8B's family).
 A real HF architecture rather than a toy module, so that the trainer, the rollout engines (including vLLM)
 and the quantizers exercise exactly the code path a user's model takes; only the size is tiny, so that a
 benchmark run fits on a CPU in minutes (perf-notes: ~1M params is what the full sweep can afford).
@@ -7,6 +8,8 @@ benchmark run fits on a CPU in minutes (perf-notes: ~1M params is what the full 
 Presets (conf/model/*.yaml), with the 100-token character tokenizer in a vocab of 128:
   tiny   (~1.0M params): hidden 128, 4 layers, 4 heads / 2 kv heads (head dim 32), intermediate 512
   tiny10m (~9.5M params): hidden 256, 6 layers, 4 heads / 2 kv heads (head dim 64), intermediate 1792
+  mini_qwen2 / mini_qwen3 (~0.1M params, random init: no warm-start steps): hidden 64, 2 layers, 4 / 2 heads,
+          intermediate 128, 1024 positions (the paper recipes' CPU variants)
 Embeddings are tied (at this size the output matrix would otherwise be a large share of the parameters).
 """
 
@@ -15,11 +18,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 from bench.models.tokenizer import pad_id
 
-ARCHS = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
+ARCHS = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM),
+         "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
 
 
 def tiny_config(model_cfg: Any, tokenizer: PreTrainedTokenizerBase):
@@ -29,7 +34,10 @@ def tiny_config(model_cfg: Any, tokenizer: PreTrainedTokenizerBase):
     if len(tokenizer) > model_cfg.vocab_size:
         raise ValueError(f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer ({len(tokenizer)} tokens)")
     config_cls, _ = ARCHS[model_cfg.arch]
+    # Qwen3 sets head_dim on its own (default 128); the others derive it as hidden / heads
+    extra = {"head_dim": model_cfg.hidden_size // model_cfg.num_heads} if model_cfg.arch == "qwen3" else {}
     return config_cls(
+        **extra,
         vocab_size=model_cfg.vocab_size,
         hidden_size=model_cfg.hidden_size,
         intermediate_size=model_cfg.intermediate_size,

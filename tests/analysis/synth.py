@@ -307,6 +307,39 @@ def make_severity_sweep(root: Path) -> Path:
     return root
 
 
+def write_paper_run(
+    root: Path,
+    method: str,
+    precision: str,
+    task: str,
+    seed: int,
+    evals: dict[int, dict[str, float]],
+    *,
+    config: dict[str, Any] | None = None,
+    status: str = "completed",
+    model: str = "qwen2.5-0.5b-instruct",
+    steps: int = 2,
+) -> Path:
+    """A run of a paper recipe with literal evaluations ({step: {metric: value}}) and extra config settings
+    (nested dicts merged into the config, e.g. {"train": {"lr": 1.5e-6}}), under root/<precision>/... as the
+    recipes write them. Metrics are two plain rows: the paper tables read only evaluations."""
+    run_dir = root / precision / method / task / model / f"seed{seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = _config(method, task, seed, steps)
+    cfg["method"]["precision"] = cfg["rollout"]["precision"] = precision
+    cfg["model"]["name"] = model
+    for section, values in (config or {}).items():
+        cfg.setdefault(section, {}).update(values)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": k, "reward/mean": 0.5}) + "\n" for k in range(steps)))
+    (run_dir / "eval.jsonl").write_text("".join(json.dumps({"step": k, **v}) + "\n" for k, v in sorted(evals.items())))
+    info = {"status": status, "reason": None, "step": steps - 1, "run_name": f"{method}-{task}-{model}-s{seed}",
+            "git_sha": GIT_SHA, "versions": VERSIONS, "arm": ARM_INFO.get(method, {}),
+            "precision": PRECISION_INFO[precision]}
+    (run_dir / "run.json").write_text(json.dumps(info, indent=1))
+    return run_dir
+
+
 if __name__ == "__main__":
     out = Path(sys.argv[1])
     make_sweep(out)

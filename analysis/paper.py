@@ -1,0 +1,178 @@
+"""`qrl-analyze RESULTS --paper NAME`: a paper's table with our numbers beside the paper's, and the difference.
+
+The layout comes from the recipe's reference CSV (conf/experiment/paper/<NAME>.reference.csv, or any CSV path):
+one line per (table row, benchmark) with
+
+    method, bitwidth   which of our runs fill the row: the arm (method.name) at a rollout precision whose
+                       Bitwidth cell (analysis.arms.bitwidth: "BF16", "INT8 W8A8", ...) is this one
+    benchmark          the column
+    value              the paper's number (empty: the paper shows it only as a figure)
+    paper_label        the row's label in the paper ("RL", "FlashRL", "QuRL (Ours)")
+    unit               the paper's unit; our fractions are shown in percent
+    metric             our eval key (eval/accuracy, eval/aime24/avg@32, ...); `a+b+c` = the mean of several;
+                       `mean` = the mean of this row's other columns (Table 3's "Avg")
+    task, config       optional filters: the run's task.name, and space-separated `key=value` settings of its
+                       config (QuRL Table 4's learning rates, P3O's clip ranges)
+
+Our cell is the metric at the run's last evaluation, averaged over the matching runs (seeds): mean ± std over
+seeds and the number of runs. Method `base` (QuRL Table 3's "Base") is the bf16 runs' evaluation at step 0,
+before any RL. Δ = ours - paper, in the paper's unit (percentage points). Every run directory under RESULTS is
+read (not de-duplicated by arm: a recipe's rows may share an arm and differ in a setting); runs that did not
+finish are left out, as in the other tables. No torch import: the analysis runs anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .arms import bitwidth
+from .load import Run, RunError, discover, get, load_run, log
+from .tables import MISSING, Table, fmt_num, fmt_pm
+
+PAPER_DIR = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "paper"
+REQUIRED = ("method", "bitwidth", "benchmark", "value", "paper_label", "metric")
+BASELINE = "bf16"  # the arm whose step-0 evaluation is the "base" row
+
+
+def reference_path(name: str) -> Path:
+    """NAME (a recipe of conf/experiment/paper/) or a path to a reference CSV."""
+    path = Path(name)
+    if path.suffix == ".csv":
+        if not path.exists():
+            raise FileNotFoundError(f"reference CSV {path} does not exist")
+        return path
+    path = PAPER_DIR / f"{name}.reference.csv"
+    if not path.exists():
+        known = sorted(p.name.removesuffix(".reference.csv") for p in PAPER_DIR.glob("*.reference.csv"))
+        raise FileNotFoundError(f"no reference table for paper {name!r}; known: {', '.join(known)} (or give a .csv path)")
+    return path
+
+
+def load_reference(path: Path) -> pd.DataFrame:
+    ref = pd.read_csv(path, dtype=str, keep_default_na=False)
+    missing = [c for c in REQUIRED if c not in ref.columns]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}")
+    for col in ("task", "config", "unit", "source"):
+        if col not in ref.columns:
+            ref[col] = ""
+    ref["value"] = pd.to_numeric(ref["value"].replace("", np.nan), errors="coerce")
+    return ref
+
+
+def load_runs(roots: list[Path], exclude: list[Path] | None = None) -> list[Run]:
+    """Every finished run under the roots; unusable directories are logged and left out."""
+    runs = []
+    for root in roots:
+        if not Path(root).is_dir():
+            raise FileNotFoundError(f"results directory {root} does not exist")
+        for d in discover(Path(root), exclude or []):
+            try:
+                runs.append(load_run(d, Path(root)))
+            except RunError as e:
+                log(f"  left out {d}: {e}")
+    return runs
+
+
+def _same(actual: Any, wanted: str) -> bool:
+    """A config value equals a `key=value` setting: numerically when both are numbers, else as text."""
+    try:
+        return math.isclose(float(actual), float(wanted), rel_tol=1e-9)
+    except (TypeError, ValueError):
+        return str(actual) == wanted
+
+
+def matches(run: Run, method: str, bits: str, task: str, config: str) -> bool:
+    method = BASELINE if method == "base" else method
+    if run.method != method or bitwidth(run.precision, get(run.config, "rollout.act_granularity")) != bits:
+        return False
+    if task and run.task != task:
+        return False
+    for setting in config.split():
+        key, _, value = setting.partition("=")
+        if not _same(get(run.config, key), value):
+            return False
+    return True
+
+
+def run_value(run: Run, metric: str, at_start: bool) -> float:
+    """The metric (or the mean of `a+b+c`) at the run's last evaluation, or at step 0; NaN when absent."""
+    e = run.evals
+    if e.empty:
+        return np.nan
+    e = e.sort_values("step")
+    row = e[e["step"] == 0] if at_start else e.iloc[[-1]]
+    if row.empty:
+        return np.nan
+    keys = metric.split("+")
+    values = [float(row[k].iloc[0]) if k in row and pd.notna(row[k].iloc[0]) else np.nan for k in keys]
+    return float(np.mean(values)) if all(np.isfinite(values)) else np.nan
+
+
+@dataclass
+class Cell:
+    mean: float
+    std: float
+    n: int
+
+
+def our_cell(runs: list[Run], line: pd.Series, scale: float) -> Cell:
+    picked = [r for r in runs if matches(r, line["method"], line["bitwidth"], line["task"], line["config"])]
+    values = [scale * v for r in picked if np.isfinite(v := run_value(r, line["metric"], line["method"] == "base"))]
+    if not values:
+        return Cell(np.nan, np.nan, 0)
+    return Cell(float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else np.nan, len(values))
+
+
+def paper_table(name: str, runs: list[Run]) -> Table:
+    """The paper's layout: one row per (paper label, method, bitwidth, config), per benchmark ours | paper | Δ."""
+    ref = load_reference(reference_path(name))
+    benchmarks = list(dict.fromkeys(ref["benchmark"]))
+    rows: list[dict[str, Any]] = []
+    data: list[dict[str, Any]] = []
+    order = list(dict.fromkeys(tuple(r) for r in ref[["paper_label", "method", "bitwidth", "config"]].itertuples(index=False)))
+    for label, method, bits, config in order:
+        lines = ref[(ref.paper_label == label) & (ref.method == method) & (ref.bitwidth == bits) & (ref.config == config)]
+        shown = {"Bitwidth": bits, "Method": f"{label} [{method}]"}
+        cells: dict[str, Cell] = {}
+        for _, line in lines.iterrows():
+            if line["metric"] == "mean":
+                continue
+            cells[line["benchmark"]] = our_cell(runs, line, 100.0)
+        for _, line in lines.iterrows():
+            if line["metric"] == "mean":  # the row's average over its other columns (computed, not matched)
+                others = [c.mean for b, c in cells.items()]
+                n = min((c.n for c in cells.values()), default=0)
+                cells[line["benchmark"]] = Cell(float(np.mean(others)) if others and all(np.isfinite(others)) else np.nan,
+                                                np.nan, n)
+        for bench in benchmarks:
+            line = lines[lines.benchmark == bench]
+            if line.empty:
+                shown |= {f"{bench} ours": "", f"{bench} paper": "", f"{bench} Δ": ""}
+                continue
+            ours, paper = cells[bench], float(line["value"].iloc[0])
+            diff = ours.mean - paper if np.isfinite(ours.mean) and np.isfinite(paper) else np.nan
+            shown |= {f"{bench} ours": fmt_pm(ours.mean, ours.std, 2), f"{bench} paper": fmt_num(paper, 2),
+                      f"{bench} Δ": fmt_num(diff, 2, signed=True)}
+            data.append({"paper_label": label, "method": method, "bitwidth": bits, "config": config,
+                         "task": line["task"].iloc[0], "benchmark": bench, "metric": line["metric"].iloc[0],
+                         "ours_mean": ours.mean, "ours_std": ours.std, "n_runs": ours.n, "paper": paper, "delta": diff,
+                         "unit": line["unit"].iloc[0], "source": line["source"].iloc[0]})
+        runs_n = [c.n for c in cells.values()]
+        shown["Runs"] = str(min(runs_n)) if runs_n and min(runs_n) == max(runs_n) else "/".join(map(str, runs_n))
+        rows.append(shown)
+    display = pd.DataFrame(rows).fillna("")
+    sources = ", ".join(sorted(set(ref["source"]) - {""}))
+    caption = (f"{name}: our final-evaluation numbers (%, mean ± std over seeds; Runs = seeds per cell) beside the "
+               f"paper's ({sources}); Δ = ours - paper. 'base' = the bf16 run at step 0. {MISSING} = no run or no "
+               "paper number.")
+    return Table(f"paper_{Path(name).stem.removesuffix('.reference')}", pd.DataFrame(data), display, caption)
+
+
+__all__ = ["load_reference", "load_runs", "paper_table", "reference_path"]

@@ -1,0 +1,126 @@
+"""GPU-hours of a run, estimated from its composed config (`qrl-bench -m +experiment=... --dry-run`).
+
+Per training step (B = train.batch_size sequences, L_p / L_r = the mean prompt / response length in tokens):
+
+    generated tokens   B * L_r / keep_rate          keep_rate < 1 only with algo.dynamic_sampling (refill rounds)
+    trained tokens     B * (L_p + L_r) * epochs      forward + backward: the policy, and the critic too with GAE
+    forward tokens     B * (L_p + L_r) * passes      passes = recompute (arms that need pi_old) + reference model
+                                                     (algo.kl_ref_beta > 0) + critic values (algo.advantage=gae)
+
+    seconds = generated / gen_tokens_per_s + trained / train_tokens_per_s + forward / forward_tokens_per_s
+
+plus `eval_tokens` generated at every evaluation (step 0, every train.eval_every steps, and the final one).
+GPU-hours are GPU-seconds / 3600, whatever the number of GPUs per job; `gpus` only turns them into wall-clock.
+
+Throughputs are per GPU. A recipe either states them (measured or cited; `source` says where), or gives the
+model's size and they follow from its FLOPs: 2 N per generated or forward token, 6 N per trained token, at
+`gen_mfu` / `train_mfu` of `peak_tflops` (989 TFLOP/s: an H100 SXM's dense BF16 peak, NVIDIA's datasheet). The
+utilisations are ours (0.10 for generation, which is memory-bound; 0.30 for FSDP training); no overhead (weight
+sync, scoring, checkpoints) is counted. The measured anchor we cite is verl's quickstart log
+(docs/start/quickstart.rst: PPO on GSM8K with Qwen2.5-0.5B-Instruct, 256 prompts x 1 response, one GPU of unstated
+type): step 0 shows timing/gen 21.47 s for 256 x 239.1 generated tokens (2,851 tokens/s), timing/update_actor
+20.31 s for 256 x (104.9 + 239.1) tokens (4,335 tokens/s forward + backward) and timing/values 5.80 s for the same
+tokens (15,184 tokens/s forward). A small model is far below its FLOPs bound (the FLOPs model would give it
+~100k tokens/s), which is why the 0.5B recipes state the measurement instead. No estimate (the CPU configs) when
+neither the throughputs nor `params_b` are set.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+VERL_QUICKSTART = ("measured: verl quickstart log (docs/start/quickstart.rst), Qwen2.5-0.5B-Instruct PPO on GSM8K, "
+                   "one GPU of unstated type, step 0")
+FLOPS_MODEL = "FLOPs model (ours): 2N / 6N FLOPs per generated / trained token at the stated utilisation"
+
+
+@dataclass
+class BudgetConfig:
+    """`budget.*`: what the dry run's GPU-hours estimate assumes (module docstring)."""
+
+    params_b: Optional[float] = None  # the policy's parameters, in billions (the FLOPs model)
+    prompt_tokens: float = 0.0  # mean prompt length L_p
+    response_tokens: float = 0.0  # mean response length L_r
+    keep_rate: float = 1.0  # dynamic sampling: fraction of generated groups kept
+    eval_tokens: float = 0.0  # tokens generated per evaluation (every eval set and sample)
+    gen_tokens_per_s: Optional[float] = None  # per GPU; null: from the FLOPs model
+    train_tokens_per_s: Optional[float] = None  # forward + backward, per GPU; null: from the FLOPs model
+    forward_tokens_per_s: Optional[float] = None  # per GPU; null: from the FLOPs model
+    peak_tflops: float = 989.0  # H100 SXM dense BF16 (NVIDIA datasheet)
+    gen_mfu: float = 0.10  # ours
+    train_mfu: float = 0.30  # ours
+    source: str = FLOPS_MODEL
+    gpus: int = 1  # GPUs per job (wall-clock hours = GPU-hours / gpus)
+
+    def check(self) -> None:
+        if self.params_b is not None and not self.params_b > 0:
+            raise ValueError(f"budget.params_b={self.params_b} must be positive (or null)")
+        if not 0.0 < self.keep_rate <= 1.0:
+            raise ValueError(f"budget.keep_rate={self.keep_rate} must be in (0, 1]")
+        for key in ("gen_tokens_per_s", "train_tokens_per_s", "forward_tokens_per_s"):
+            if getattr(self, key) is not None and not getattr(self, key) > 0:
+                raise ValueError(f"budget.{key}={getattr(self, key)} must be positive (or null: the FLOPs model)")
+        for key in ("peak_tflops", "gen_mfu", "train_mfu"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"budget.{key}={getattr(self, key)} must be positive")
+        if self.gpus < 1:
+            raise ValueError(f"budget.gpus={self.gpus} must be at least 1")
+
+
+def throughputs(b: Any) -> tuple[float, float, float] | None:
+    """(generated, trained, forward) tokens/s per GPU: stated, else from FLOPs; None when neither is possible."""
+    stated = (b.gen_tokens_per_s, b.train_tokens_per_s, b.forward_tokens_per_s)
+    if b.params_b is None and None in stated:
+        return None
+    flops = b.peak_tflops * 1e12
+    n = (b.params_b or 0.0) * 1e9
+    derived = (flops * b.gen_mfu / (2 * n) if n else None, flops * b.train_mfu / (6 * n) if n else None,
+               flops * b.train_mfu / (2 * n) if n else None)
+    return tuple(s if s is not None else d for s, d in zip(stated, derived))  # type: ignore[return-value]
+
+
+@dataclass
+class Estimate:
+    """Tokens per step and the GPU-hours of one run."""
+
+    generated_per_step: float
+    trained_per_step: float
+    forward_per_step: float
+    evals: int
+    gpu_hours: float
+    wall_hours: float
+
+
+def estimate(cfg: Any, needs_recompute: bool) -> Estimate | None:
+    """The estimate for one composed run config, or None when the config sets no throughput."""
+    b, train, algo = cfg.budget, cfg.train, cfg.algo
+    rates = throughputs(b)
+    if rates is None:
+        return None
+    gen_tps, train_tps, fwd_tps = rates
+    seqs, length = train.batch_size, b.prompt_tokens + b.response_tokens
+    gae = algo.advantage == "gae"
+    generated = seqs * b.response_tokens / (b.keep_rate if algo.dynamic_sampling else 1.0)
+    trained = seqs * length * train.epochs * (2 if gae else 1)
+    forward = seqs * length * (int(needs_recompute) + int(algo.kl_ref_beta > 0) + int(gae))
+    step_s = generated / gen_tps + trained / train_tps + forward / fwd_tps
+    evals = math.ceil(train.steps / train.eval_every) + 1 if b.eval_tokens else 0
+    gpu_hours = (train.steps * step_s + evals * b.eval_tokens / gen_tps) / 3600.0
+    return Estimate(generated, trained, forward, evals, gpu_hours, gpu_hours / b.gpus)
+
+
+def describe(cfg: Any) -> str:
+    """One line: the assumptions behind the estimate (for the dry run's summary)."""
+    b = cfg.budget
+    gen, trained, fwd = throughputs(b)  # type: ignore[misc]
+    how = b.source if b.source != FLOPS_MODEL else (
+        f"{FLOPS_MODEL} (generation {b.gen_mfu:g}, training {b.train_mfu:g} of {b.peak_tflops:g} TFLOP/s, "
+        f"{b.params_b:g}B parameters)")
+    return (f"L_p {b.prompt_tokens:g} / L_r {b.response_tokens:g} tokens, keep rate {b.keep_rate:g}, "
+            f"{b.eval_tokens:,.0f} tokens per evaluation; per GPU {gen:,.0f} generated / {trained:,.0f} trained / "
+            f"{fwd:,.0f} forward tokens/s: {how}")
+
+
+__all__ = ["BudgetConfig", "Estimate", "FLOPS_MODEL", "VERL_QUICKSTART", "describe", "estimate", "throughputs"]

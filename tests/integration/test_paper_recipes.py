@@ -1,0 +1,107 @@
+"""The paper recipes (conf/experiment/paper/): every recipe dry-runs with a GPU-hours estimate, every recipe has a
+CPU `_mini` variant and a reference CSV, and every mini runs to completion through the real trainer.
+
+The recipe list comes from conf/ itself, so a new recipe is covered without editing this file.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from bench.cli import CONF_DIR, execute
+from bench.dryrun import dry_run, expand
+from bench.store import RunDir
+from tests.helpers import REPO, cli
+
+PAPER = CONF_DIR / "experiment" / "paper"
+RECIPES = sorted(p.stem for p in PAPER.glob("*.yaml") if not p.stem.endswith("_mini"))
+# rows x seeds of each recipe (the tables' rows; RECIPES.md gives each)
+JOBS = {"qurl_table1": 7, "qurl_table2": 9, "qurl_table3": 5, "qurl_table4": 5, "ais_table3": 12,
+        "flashrl_gsm8k": 5, "p3o_fp8": 4}
+
+
+def test_the_recipes_are_the_papers_tables():
+    assert set(RECIPES) == set(JOBS)
+    for name in RECIPES:
+        assert (PAPER / f"{name}_mini.yaml").exists(), f"{name} has no _mini variant"
+        assert (PAPER / f"{name}.reference.csv").exists(), f"{name} has no reference CSV"
+
+
+@pytest.mark.slow  # composing a job takes ~1 s
+@pytest.mark.parametrize("name", RECIPES)
+def test_every_recipe_dry_runs_with_a_gpu_hours_estimate(name, tmp_path, capsys):
+    assert dry_run([f"+experiment=paper/{name}", f"out_root={tmp_path}"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert len(lines) == JOBS[name]
+    assert all(re.search(r"~[\d,.]+ GPU-h \(", line) for line in lines), out
+    assert len({line.split()[3] for line in lines}) == len(lines), "two jobs share a run directory"
+    total = float(re.search(r"estimated GPU-hours \(all jobs\): ~([\d,]+)", err).group(1).replace(",", ""))
+    per_job = [float(re.search(r"~([\d,.]+) GPU-h", line).group(1).replace(",", "")) for line in lines]
+    assert total == pytest.approx(sum(per_job), abs=1.0)
+    assert "assuming L_p" in err and "tokens/s" in err
+    assert not list(tmp_path.rglob("run.json"))  # nothing launched
+
+
+@pytest.mark.slow
+def test_qurl_table1_estimate_by_hand(tmp_path, capsys):
+    """7 jobs of 11.302 GPU-hours (tests/unit/test_budget.py computes one by hand)."""
+    dry_run(["+experiment=paper/qurl_table1", f"out_root={tmp_path}"])
+    out, err = capsys.readouterr()
+    assert out.count("~11.3 GPU-h") == 7 and "estimated GPU-hours (all jobs): ~79" in err
+    assert "per GPU 2,851 generated / 4,335 trained / 15,184 forward tokens/s: measured: verl quickstart" in err
+
+
+@pytest.mark.slow
+def test_mini_variants_have_no_gpu_estimate(tmp_path, capsys):
+    dry_run(["+experiment=paper/qurl_table1_mini", f"out_root={tmp_path}"])
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 7 and "GPU-h" not in out + err
+
+
+def compose_job(job: list[str]):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=job)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", RECIPES)
+def test_every_mini_variant_runs_to_completion(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)  # the minis read tests/fixtures/data relative to the repository root
+    jobs = expand([f"+experiment=paper/{name}_mini", f"out_root={tmp_path}"])
+    assert len(jobs) == JOBS[name]
+    for job in jobs:
+        cfg = compose_job(job)
+        assert execute(cfg) == "completed", job
+        run = RunDir.of(cfg)
+        rows, evals = run.metrics(), run.evals()
+        assert [r["step"] for r in rows] == list(range(cfg.train.steps))
+        assert [e["step"] for e in evals] == [0, cfg.train.steps]
+        keys = set().union(*rows)
+        if cfg.algo.advantage == "gae":
+            assert {"critic/vf_loss", "critic/values_mean"} <= keys
+        if cfg.algo.dynamic_sampling:
+            assert {"sampling/generated", "sampling/kept", "sampling/rounds"} <= keys
+        else:
+            assert "train/loss" in keys
+        assert run.info()["precision"]["name"] == cfg.rollout.precision
+        for name in cfg.eval.sets:  # the recipe's evaluation mode on every eval set
+            metric = {"avg@k": f"avg@{cfg.eval.k}", "pass@k": f"pass@{cfg.eval.k}", "greedy": "accuracy"}[cfg.eval.mode]
+            assert f"eval/{name}/{metric}" in evals[-1], (name, evals[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_mini_through_the_cli_row_sweeper_and_local_launcher(tmp_path):
+    """The real multirun path: Hydra instantiates the row sweeper, the local launcher runs the jobs (in-process:
+    n_jobs=1, so the test pays one interpreter start, not one per job)."""
+    proc = cli("-m", "+experiment=paper/p3o_fp8_mini", f"out_root={tmp_path}", "hydra.launcher.n_jobs=1", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    done = sorted(str(p.parent.relative_to(tmp_path)) for p in tmp_path.rglob("run.json"))
+    assert done == [f"p3o_fp8_mini/fp8_e4m3/eps{e}/{m}/deepscaler/mini_qwen2/seed0"
+                    for e, m in (("0.2", "ess"), ("0.2", "fp8_ppo_is"), ("0.4", "fp8_ppo_is"), ("0.6", "fp8_ppo_is"))]
+    assert (tmp_path / "p3o_fp8_mini" / "multirun.yaml").exists()

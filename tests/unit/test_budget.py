@@ -1,0 +1,83 @@
+"""The dry run's GPU-hours estimate (bench/budget.py) on hand-computed cases, and the row sweeper's expansion."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from bench.budget import BudgetConfig, estimate, throughputs
+from bench.grpo import AlgoConfig
+from bench.sweeper import expand_rows
+from bench.train import TrainConfig
+
+
+def cfg(budget: dict, algo: dict | None = None, train: dict | None = None):
+    return OmegaConf.create({"budget": OmegaConf.structured(BudgetConfig(**budget)),
+                             "algo": OmegaConf.structured(AlgoConfig(**(algo or {}))),
+                             "train": OmegaConf.structured(TrainConfig(**(train or {})))})
+
+
+def test_no_throughput_and_no_model_size_means_no_estimate():
+    assert estimate(cfg({}), needs_recompute=True) is None
+
+
+def test_stated_throughputs_ppo_step_by_hand():
+    """QuRL Table 1's numbers: 256 x 1 sequences, L_p 105, L_r 300, PPO (critic), recompute arm, 435 steps.
+
+    generated 256 * 300 = 76,800 -> / 2,851 = 26.938 s
+    trained   256 * 405 * 2 (actor + critic) = 207,360 -> / 4,335 = 47.834 s
+    forward   256 * 405 * 2 (recompute + values) = 207,360 -> / 15,184 = 13.657 s   => 88.429 s per step
+    evals     ceil(435 / 29) + 1 = 16, each 395,700 / 2,851 = 138.79 s             => 2,220.7 s
+    total     (435 * 88.429 + 2,220.7) / 3600 = 11.302 GPU-hours
+    """
+    c = cfg({"params_b": 0.494, "prompt_tokens": 105, "response_tokens": 300, "eval_tokens": 395700,
+             "gen_tokens_per_s": 2851, "train_tokens_per_s": 4335, "forward_tokens_per_s": 15184},
+            {"advantage": "gae"}, {"steps": 435, "batch_size": 256, "group_size": 1, "eval_every": 29})
+    e = estimate(c, needs_recompute=True)
+    assert (e.generated_per_step, e.trained_per_step, e.forward_per_step, e.evals) == (76800, 207360, 207360, 16)
+    assert e.gpu_hours == pytest.approx(11.302, abs=1e-3)
+    assert e.wall_hours == e.gpu_hours
+
+
+def test_flops_model_grpo_with_dynamic_sampling_by_hand():
+    """7.62B at 989 TFLOP/s: generation 0.1 * 989e12 / (2 * 7.62e9) = 6,489.5 tokens/s; training
+    0.3 * 989e12 / (6 * 7.62e9) = 6,489.5; forward 19,468.5. 8,192 sequences, L 200 + 1,500, keep rate 0.6:
+    generated 8,192 * 1,500 / 0.6 = 20,480,000 (3,155.9 s); trained 13,926,400 (2,146.0 s); forward (recompute
+    only, no KL, no critic) 13,926,400 (715.3 s) => 6,017.2 s per step; 200 steps = 334.29 GPU-h, no evaluation;
+    8 GPUs => 41.79 h wall-clock."""
+    c = cfg({"params_b": 7.62, "prompt_tokens": 200, "response_tokens": 1500, "keep_rate": 0.6, "gpus": 8},
+            {"dynamic_sampling": True}, {"steps": 200, "batch_size": 8192, "group_size": 16})
+    gen, trained, fwd = throughputs(c.budget)
+    assert gen == pytest.approx(6489.5, abs=0.1) and trained == pytest.approx(6489.5, abs=0.1)
+    assert fwd == pytest.approx(19468.5, abs=0.1)
+    e = estimate(c, needs_recompute=True)
+    assert e.generated_per_step == pytest.approx(20_480_000)
+    assert e.gpu_hours == pytest.approx(334.29, abs=0.01) and e.wall_hours == pytest.approx(41.79, abs=0.01)
+    # without dynamic sampling the keep rate does not apply; a bypass arm has no recompute pass
+    c.algo.dynamic_sampling = False
+    e2 = estimate(c, needs_recompute=False)
+    assert e2.generated_per_step == 8192 * 1500 and e2.forward_per_step == 0
+
+
+def test_kl_reference_adds_a_forward_pass():
+    c = cfg({"params_b": 1.0, "prompt_tokens": 10, "response_tokens": 10}, {"kl_ref_beta": 1e-3},
+            {"batch_size": 16, "group_size": 8})
+    assert estimate(c, needs_recompute=True).forward_per_step == 16 * 20 * 2
+
+
+@pytest.mark.parametrize("bad", [{"keep_rate": 0.0}, {"gpus": 0}, {"gen_mfu": 0.0}, {"params_b": -1.0},
+                                 {"train_tokens_per_s": 0.0}])
+def test_budget_checks_name_the_key(bad):
+    key = next(iter(bad))
+    with pytest.raises(ValueError, match=f"budget.{key}"):
+        BudgetConfig(**bad).check()
+
+
+def test_rows_cross_the_cartesian_part_and_the_command_line_wins():
+    jobs = expand_rows(["method=bf16", "method=fp8 rollout.precision=int8"], [["seed=0"], ["seed=1"]])
+    assert jobs == [["method=bf16", "seed=0"], ["method=bf16", "seed=1"],
+                    ["method=fp8", "rollout.precision=int8", "seed=0"], ["method=fp8", "rollout.precision=int8", "seed=1"]]
+    assert expand_rows([], [["a=1"], ["a=2"]]) == [["a=1"], ["a=2"]]
+    # a job override of a key the row sets replaces it (here the precision)
+    assert expand_rows(["method=fp8 rollout.precision=int8"], [["rollout.precision=fp8_e4m3"]]) == [
+        ["method=fp8", "rollout.precision=fp8_e4m3"]]
