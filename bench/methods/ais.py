@@ -15,6 +15,8 @@ alpha is computed once per rollout batch in `prepare` (pi_old fixed) from S = {i
 c_i = A_i * mean_t (rho_bar - 1), c_mean, c_var (Bessel), R = (sum rho_bar)^2 / (N_S sum rho_bar^2),
 B = max(0, c_mean^2 - c_var/n), V = c_var / (R n), alpha = B / (B + V) (0 if B + V = 0 or n < 2): a plug-in of the
 oracle alpha* = mu_D^2 / (mu_D^2 + Var(D)) of a surrogate MSE between the uncorrected and IS estimates.
+When n < max(2, ais_n_min) forces alpha to 0 (c_var undefined), B and V are reported as 0 too (ours): with one
+response B = c_mean^2 and V = 0 would read as "all bias, alpha should be 1" for a batch alpha ignores.
 """
 
 from __future__ import annotations
@@ -56,8 +58,8 @@ def ais_alpha(
 ) -> dict[str, float]:
     """alpha and its diagnostics (alpha, R, B, V, c_mean, c_var, n) in fp64, as Python floats (methods.md M4.2).
 
-    Degenerate batches: with n < max(2, n_min) (c_var undefined) alpha = 0; with no valid token in S, R = 1.
-    The final alpha is clamped to alpha_range.
+    Degenerate batches: with n < max(2, n_min) (c_var undefined) alpha = 0 and B = V = 0; with no valid token
+    in S, R = 1. The final alpha is clamped to alpha_range.
     """
     m = mask.bool()
     rb = torch.where(m, rho_bar.to(torch.float64), torch.zeros((), dtype=torch.float64, device=rho_bar.device))
@@ -79,7 +81,7 @@ def ais_alpha(
     var = c_var / (reliability * n) if n > 0 and reliability > 0 else 0.0
     alpha = bias2 / (bias2 + var) if bias2 + var > 0 else 0.0
     if n < max(2, n_min):
-        alpha = 0.0
+        alpha, bias2, var = 0.0, 0.0, 0.0  # forced: the diagnostics say so too
     alpha = min(max(alpha, alpha_range[0]), alpha_range[1])
     return {"alpha": alpha, "R": reliability, "B": bias2, "V": var, "c_mean": c_mean, "c_var": c_var, "n": float(n)}
 

@@ -83,6 +83,16 @@ class Batch:
         sub["n_tokens"] = max(1.0, float(sub["mask"].sum()))
         return Batch(**sub)
 
+    def drop_nonfinite(self, logp: torch.Tensor) -> "Batch":
+        """This batch without the tokens whose log pi_theta (`logp`, the trainer's forward) is non-finite
+        (methods.md section 0: like non-finite log pi_old / log mu, they leave the mask and the token-mean
+        denominator). Returns `self` when every valid token is finite."""
+        keep = torch.isfinite(logp.detach())
+        if bool(keep[self.mask.bool()].all()):
+            return self
+        mask = self.mask.bool() & keep
+        return dataclasses.replace(self, mask=mask, n_tokens=max(1.0, float(mask.sum())))
+
 
 def select_stats(stats: dict[str, Any], idx: torch.Tensor | slice, batch_size: int) -> dict[str, Any]:
     """Slice the per-row tensors of `prepare`'s output for a minibatch; keep scalars as they are."""
