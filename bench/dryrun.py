@@ -12,6 +12,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from bench.config import CONF_DIR, register_configs
+from bench.resume import preview
 from bench.store import RunDir
 
 register_configs()
@@ -30,14 +31,17 @@ def expand(overrides: list[str]) -> list[list[str]]:
 
 def dry_run(overrides: list[str]) -> int:
     jobs = expand(overrides)
-    todo = 0
+    counts: dict[str, int] = {}
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for job in jobs:
             cfg = compose("config", overrides=job)
             run = RunDir.of(cfg)
             status = run.status or "new"
-            action = "skip" if status == "completed" else ("resume" if run.ckpt_file.exists() else "run")
-            todo += action != "skip"
-            print(f"{action:6s} {status:10s} {RunDir.name_of(cfg):40s} {run.path}")
-    print(f"{len(jobs)} jobs: {todo} to launch, {len(jobs) - todo} already completed", file=sys.stderr)
+            action = preview(run, cfg)  # what the launch will decide under the run's lock (bench/resume.py)
+            counts[action] = counts.get(action, 0) + 1
+            print(f"{action:7s} {status:10s} {RunDir.name_of(cfg):40s} {run.path}")
+    todo = len(jobs) - counts.get("skip", 0) - counts.get("refuse", 0)
+    refused = (f", {counts['refuse']} refused (results but no checkpoint; train.overwrite=true restarts them)"
+               if counts.get("refuse") else "")
+    print(f"{len(jobs)} jobs: {todo} to launch, {counts.get('skip', 0)} already finished{refused}", file=sys.stderr)
     return 0

@@ -274,26 +274,29 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
                 results = super().launch(job_overrides, initial_job_idx)
             finally:
                 monitor.stop()
-        for job, ret in zip(jobs, results):
+        for job, ret, sub in zip(jobs, results, monitor.submitted):
             job.state = "done"
-            value = ret._return_value
-            job.outcome = sweep_report.outcome_of(value, job.name)
+            job.outcome = sweep_report.outcome_of(ret._return_value, job.name)
+            job.log = _submitit_log(sub)
         sweep_report.finish(line)
         return _job_returns(jobs, overrides, self.config)
 
     def __call__(self, sweep_overrides: List[str], job_dir_key: str, job_num: int, job_id: str,
                  singleton_state: Dict[type, Singleton]) -> JobReturn:
         """Runs inside the SLURM job (started in the snapshot): back to the submission directory, then the stock
-        job, its output appended to the run directory's run.log (submitit's own lines stay in its log files)."""
-        from bench.sweep_pool import _output_to
-
+        job. Its output stays in submitit's log files (<sweep>/.submitit/<time>/<job id>_log.{out,err}), where
+        SLURM users look; the sweep's summary names them."""
         if self.submit_cwd is not None:
             os.chdir(self.submit_cwd)
-        assert self.hydra_context is not None and self.config is not None
-        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(sweep_overrides))
-        log = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir) / "run.log"
-        with _output_to(log):
-            return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+        return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+
+
+def _submitit_log(job: Any) -> Path | None:
+    """The stderr file of a submitted job (where its traceback and progress are)."""
+    try:
+        return Path(job.paths.stderr)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 class _SafeJob:

@@ -143,6 +143,20 @@ def decide(run: RunDir, cfg: Any) -> Plan:
     return Plan("resume", f"resuming from step {start} ({source})", checkpoint=ckpt, start=start, notes=notes)
 
 
+def preview(run: RunDir, cfg: Any) -> str:
+    """What `decide` would do, without touching anything (for --dry-run): run | resume | skip | refuse | restart.
+
+    It does not open checkpoints: an unreadable one shows as `resume` here and is refused at launch.
+    """
+    if bool(cfg.train.get("overwrite", False)):
+        return "restart" if run.has_rows() or run.info_file.exists() else "run"
+    if run.status in FINAL_STATUSES:
+        return "skip"
+    if run.ckpt_file.exists() or run.prev_ckpt_file.exists():
+        return "resume"
+    return "refuse" if run.has_rows() else "run"
+
+
 def _unreadable(run: RunDir, err: CheckpointError, resume_from: str) -> str:
     """The refusal for an unreadable checkpoint: the file, the cause, and the two ways on."""
     ways = [f"{OVERWRITE_HINT} restarts the run from step 0"]
@@ -155,4 +169,4 @@ def _unreadable(run: RunDir, err: CheckpointError, resume_from: str) -> str:
     return f"{err}; " + "; ".join(ways)
 
 
-__all__ = ["FINAL_STATUSES", "RESUME_FROM", "Plan", "final_status", "decide", "missing_steps"]
+__all__ = ["FINAL_STATUSES", "RESUME_FROM", "Plan", "decide", "final_status", "missing_steps", "preview"]

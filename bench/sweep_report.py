@@ -47,10 +47,10 @@ class JobView:
     state: str = "pending"  # pending | running | done
     outcome: dict[str, Any] | None = None
     started: float | None = None
+    log: Path | None = None  # the job's own output; default <run dir>/run.log (local launcher)
 
-    @property
-    def log(self) -> Path:
-        return self.run_dir / "run.log"
+    def __post_init__(self) -> None:
+        self.log = self.log or self.run_dir / "run.log"
 
     def progress(self) -> float:
         """Fraction of its steps done: 1 when done, rows of metrics.jsonl / steps while running."""
@@ -164,7 +164,7 @@ def finish(line: LiveLine, stopped_by: int | None = None) -> int:
     for j in bad:
         o = j.outcome or {"outcome": "not started", "reason": "the sweep stopped before it started"}
         reason = o.get("reason") or ""
-        log = f"; log: {j.log}" if j.log.exists() else ""
+        log = f"; log: {j.log}" if j.log is not None and j.log.exists() else ""
         line.message(f"  {o['outcome']:<12s} {j.name}: {reason}{log}")
     if stopped_by:
         code = 128 + stopped_by

@@ -179,3 +179,20 @@ def test_failed_atomic_write_leaves_no_temporary(run, monkeypatch):
         run.save_checkpoint({"step": 1})
     monkeypatch.undo()
     assert list(run.path.rglob("*.tmp*")) == []
+
+
+def test_preview_says_what_decide_will_do_without_touching_anything(run):
+    from bench.resume import preview
+
+    run.path.mkdir(parents=True)
+    assert preview(run, cfg()) == "run"
+    write_rows(run, range(3), [0, 2])
+    (run.path / "ckpt").mkdir()
+    (run.path / "ckpt" / "last.pt.tmp1").write_bytes(b"x")
+    before = sorted(p.name for p in run.path.rglob("*"))
+    assert preview(run, cfg()) == "refuse" and decide(run, cfg()).action == "refuse"
+    save(run, 2)
+    assert preview(run, cfg()) == "resume"
+    run.update_info(status="diverged")
+    assert preview(run, cfg()) == "skip" and preview(run, cfg(overwrite=True)) == "restart"
+    assert "last.pt.tmp1" in before  # preview removed nothing (decide did, above)
