@@ -4,10 +4,14 @@
 # Finished runs are skipped on a second call, interrupted ones resumed. Extra arguments go to qrl-bench.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SECONDS=0
 bash scripts/install.sh
+echo "[quickstart] install: ${SECONDS}s" >&2
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export WANDB_MODE=${WANDB_MODE:-offline} WANDB_SILENT=true
-SECONDS=0
+t=$SECONDS
 .venv/bin/qrl-bench -m +experiment=smoke_short "$@"
-echo "[quickstart] sweep finished in ${SECONDS}s" >&2
+echo "[quickstart] sweep: $((SECONDS - t))s" >&2
+t=$SECONDS
 .venv/bin/qrl-analyze results/smoke_short --out results/smoke_short/report
+echo "[quickstart] report: $((SECONDS - t))s; total ${SECONDS}s" >&2
