@@ -83,18 +83,34 @@ def fmt_duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def eta(jobs: list[JobView], elapsed: float) -> str:
-    """Remaining time from the fraction of steps done so far (jobs skipped as completed do not count)."""
+def steps_done(jobs: list[JobView]) -> tuple[float, float]:
+    """(training steps done, steps left) over the jobs that do work (jobs skipped as completed do not count)."""
     work = [j for j in jobs if (j.outcome or {}).get("outcome") != "skipped"]
-    if not work:
-        return "0s"
-    frac = sum(j.progress() for j in work) / len(work)
-    if frac <= 0.0 or elapsed <= 0:
-        return "?"
-    return fmt_duration(elapsed * (1.0 - frac) / frac)
+    done = sum(j.progress() * j.steps for j in work)
+    return done, sum(j.steps for j in work) - done
 
 
-def status_line(sweep: str, jobs: list[JobView], elapsed: float, extra: str = "") -> str:
+@dataclass
+class Rate:
+    """Training steps per second over the last `window` seconds: a sweep's first minutes go to warm starts
+    (no steps), so an average since the start would promise hours; a recent rate does not."""
+
+    window: float = 180.0
+    samples: list[tuple[float, float]] = field(default_factory=list)
+
+    def eta(self, now: float, done: float, left: float) -> str:
+        self.samples.append((now, done))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= self.window:
+            self.samples.pop(0)
+        t0, d0 = self.samples[0]
+        if left <= 0:
+            return "0s"
+        if now - t0 < 5.0 or done - d0 <= 0:
+            return "?"
+        return fmt_duration(left * (now - t0) / (done - d0))
+
+
+def status_line(sweep: str, jobs: list[JobView], elapsed: float, extra: str = "", eta_text: str = "?") -> str:
     c = counts(jobs)
     parts = [f"{c['done']}/{len(jobs)} done", f"{c['running']} running", f"{c['failed']} failed",
              f"{c['skipped']} skipped"]
@@ -103,7 +119,7 @@ def status_line(sweep: str, jobs: list[JobView], elapsed: float, extra: str = ""
     if extra:
         parts.append(extra)
     remaining = c["running"] + c["pending"]
-    parts.append(f"ETA {eta(jobs, elapsed)}" if remaining else f"took {fmt_duration(elapsed)}")
+    parts.append(f"ETA {eta_text}" if remaining else f"took {fmt_duration(elapsed)}")
     return f"[sweep {sweep}] " + " · ".join(parts)
 
 
@@ -118,6 +134,7 @@ class LiveLine:
     _last: str = ""
     _last_t: float = 0.0
     _width: int = 0
+    _rate: Rate = field(default_factory=Rate)
 
     @property
     def tty(self) -> bool:
@@ -125,7 +142,7 @@ class LiveLine:
 
     def refresh(self, extra: str = "", force: bool = False) -> None:
         now = time.monotonic()
-        line = status_line(self.sweep, self.jobs, now - self.t0, extra)
+        line = status_line(self.sweep, self.jobs, now - self.t0, extra, self._rate.eta(now, *steps_done(self.jobs)))
         changed = _without_eta(line) != _without_eta(self._last)
         if self.tty:
             if force or changed or now - self._last_t >= 1.0:
@@ -147,7 +164,7 @@ class LiveLine:
         self.stream.flush()
 
     def close(self) -> None:
-        self.refresh(force=True)
+        self.refresh(force=self.tty)
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
