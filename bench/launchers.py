@@ -211,7 +211,7 @@ class SnapshotLocalLauncher(_Snapshotting, Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         import cloudpickle
 
-        from bench.sweep_pool import run_pool
+        from bench.sweep_pool import WorkerPool
 
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
@@ -219,21 +219,29 @@ class SnapshotLocalLauncher(_Snapshotting, Launcher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         code = str(self._snapshot())
-        self._freeze_configs(job_overrides)
-        loader = self.hydra_context.config_loader
-        jobs, overrides = job_views(loader, self.config, job_overrides, initial_job_idx)
-        line = LiveLine(str(self.config.get("sweep", sweep_dir.name)), jobs)
         n_workers = self.n_jobs if self.n_jobs > 0 else max(1, (os.cpu_count() or 1) + 1 + self.n_jobs)
-        n_workers = min(n_workers, len(jobs))
-        log.info(f"Launching {len(jobs)} jobs on {n_workers} local worker processes; sweep output dir: {sweep_dir}; "
-                 f"each run's output goes to <run dir>/run.log")
-        if self._stopped_by is None:
-            sys.path.insert(0, code)  # spawned workers get this sys.path
+        n_workers = min(n_workers, len(job_overrides))
+        if self._stopped_by is not None:  # an earlier batch of this sweep was stopped: start nothing more
+            self._freeze_configs(job_overrides)
+            jobs, overrides = job_views(self.hydra_context.config_loader, self.config, job_overrides, initial_job_idx)
+            sweep_report.finish(LiveLine(str(self.config.get("sweep", sweep_dir.name)), jobs), self._stopped_by)
+            return _job_returns(jobs, overrides, self.config)
+        sys.path.insert(0, code)  # spawned workers get this sys.path: they import `bench` from the snapshot
+        try:
+            pool = WorkerPool(n_workers)  # started now: their imports overlap the config composition below
             try:
+                self._freeze_configs(job_overrides)
+                jobs, overrides = job_views(self.hydra_context.config_loader, self.config, job_overrides,
+                                            initial_job_idx)
+                line = LiveLine(str(self.config.get("sweep", sweep_dir.name)), jobs)
+                log.info(f"Launching {len(jobs)} jobs on {n_workers} local worker processes; sweep output dir: "
+                         f"{sweep_dir}; each run's output goes to <run dir>/run.log")
                 payload = cloudpickle.dumps((self.hydra_context, self.config, self.task_function, Singleton.get_state()))
-                self._stopped_by = run_pool(payload, jobs, overrides, n_workers, line, sweep_dir)
+                self._stopped_by = pool.run(payload, jobs, overrides, line, sweep_dir)
             finally:
-                sys.path.remove(code)
+                pool.close()
+        finally:
+            sys.path.remove(code)
         sweep_report.finish(line, self._stopped_by)
         return _job_returns(jobs, overrides, self.config)
 

@@ -141,8 +141,10 @@ def _remove_empty(path: Path, stop: Path) -> None:
         path = path.parent
 
 
-def worker_main(payload: bytes, conn: Connection, parent_pid: int) -> None:
-    """A worker: jobs from `conn` until told to stop (None, a signal, the parent gone)."""
+def worker_main(conn: Connection, parent_pid: int) -> None:
+    """A worker: the sweep's setup, then jobs from `conn` until told to stop (None, a signal, the parent gone).
+
+    It imports the trainer's modules first, while the parent is still composing the sweep's configs."""
     os.setpgid(0, 0)
     _die_with_parent()
     state = _WorkerState()
@@ -152,18 +154,24 @@ def worker_main(payload: bytes, conn: Connection, parent_pid: int) -> None:
         return
     import cloudpickle
 
-    setup = cloudpickle.loads(payload)
+    import bench.cli  # noqa: F401  (the slow imports: torch, transformers, hydra)
+
+    setup = None
     while not state.stop:
         try:
             if not conn.poll(0.5):
                 if os.getppid() != parent_pid:
                     break
                 continue
-            job = conn.recv()
+            msg = conn.recv()
         except (EOFError, OSError):
             break
-        if job is None:
+        if msg is None:
             break
+        if isinstance(msg, bytes):  # the sweep's setup (hydra context, config, task function), once
+            setup = cloudpickle.loads(msg)
+            continue
+        job = msg
         outcome = _run_one(state, setup, job)
         try:
             conn.send(("result", job["idx"], outcome))
@@ -202,94 +210,108 @@ def _started_training(job: JobView, t0: float) -> bool:
         return False
 
 
-def run_pool(payload: bytes, jobs: list[JobView], overrides: dict[int, list[str]], n_workers: int,
-             line: LiveLine, sweep_dir: Path) -> int | None:
-    """Run `jobs` on up to `n_workers` worker processes; returns the signal that stopped the sweep, if any.
-    Every job ends with `outcome` set (or stays pending when the sweep was stopped before it started)."""
-    ctx = mp.get_context("spawn")
-    workers: list[_Worker] = []
-    pending = list(jobs)
-    stopping: list[int] = []
-    reached: list[int] = []  # running jobs when each signal came (the message is printed later, not in the handler)
-    t0 = time.time()
+class WorkerPool:
+    """`n_workers` worker processes, started at once (their imports overlap the parent's config composition);
+    `run` hands them the sweep. Signals to this process are passed on to the workers from `__init__` on."""
 
-    def on_signal(signum: int, frame: Any) -> None:
-        stopping.append(signum)
-        reached.append(sum(1 for w in workers if w.job is not None and w.process.is_alive()))
-        for w in workers:
+    def __init__(self, n_workers: int) -> None:
+        self.n_workers = n_workers
+        self.ctx = mp.get_context("spawn")
+        self.workers: list[_Worker] = []
+        self.stopping: list[int] = []
+        self.reached: list[int] = []  # running jobs when each signal came (printed later, not in the handler)
+        self.payload: bytes | None = None
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._on_signal) for sig in FORWARDED}
+        for _ in range(n_workers):
+            self._spawn()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.stopping.append(signum)
+        self.reached.append(sum(1 for w in self.workers if w.job is not None and w.process.is_alive()))
+        for w in self.workers:
             if w.process.is_alive():
                 try:
                     os.kill(w.process.pid, signum)
                 except ProcessLookupError:
                     pass
 
-    def spawn() -> None:
-        parent_conn, child_conn = ctx.Pipe()
-        proc = ctx.Process(target=worker_main, args=(payload, child_conn, os.getpid()),
-                           name=f"qrl-sweep-worker-{len(workers)}")
+    def _spawn(self) -> None:
+        parent_conn, child_conn = self.ctx.Pipe()
+        proc = self.ctx.Process(target=worker_main, args=(child_conn, os.getpid()),
+                                name=f"qrl-sweep-worker-{len(self.workers)}")
         proc.start()
         child_conn.close()
-        workers.append(_Worker(proc, parent_conn))
+        if self.payload is not None:
+            parent_conn.send(self.payload)
+        self.workers.append(_Worker(proc, parent_conn))
 
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, on_signal) for sig in FORWARDED}
-    announced = [0]
-
-    def announce() -> None:
-        if len(stopping) > announced[0]:
-            announced[0] = len(stopping)
-            running = reached[len(stopping) - 1]
-            name = signal.Signals(stopping[-1]).name
-            again = " (again: they stop without waiting for the current step)" if announced[0] == 1 else ""
-            line.message(f"[sweep {line.sweep}] caught {name}: passed to {running} running job(s); waiting for "
-                         f"their checkpoints{again}")
-
-    try:
-        for _ in range(min(n_workers, len(pending))):
-            spawn()
-        while True:
-            announce()
-            if not stopping:
-                for w in workers:
-                    if w.job is None and pending and w.process.is_alive():
-                        job = next_job(pending, jobs, t0)
-                        pending.remove(job)
-                        w.conn.send({"idx": job.idx, "overrides": overrides[job.idx], "run_dir": str(job.run_dir),
-                                     "name": job.name, "sweep_dir": str(sweep_dir)})
-                        job.state, job.started, w.job = "running", time.monotonic(), job
-            if not any(w.job for w in workers) and (stopping or not pending):
-                break
-            ready = wait([w.conn for w in workers] + [w.process.sentinel for w in workers], timeout=1.0)
-            for w in list(workers):
-                _drain(w)
-                if w.process.sentinel in ready or not w.process.is_alive():
-                    w.process.join(timeout=5)
-                    if w.process.exitcode is None:
-                        continue
+    def run(self, payload: bytes, jobs: list[JobView], overrides: dict[int, list[str]], line: LiveLine,
+            sweep_dir: Path) -> int | None:
+        """Run `jobs`; returns the signal that stopped the sweep, if any. Every job ends with `outcome` set (or
+        stays pending when the sweep was stopped before it started)."""
+        self.payload = payload
+        for w in self.workers:
+            w.conn.send(payload)
+        pending = list(jobs)
+        t0 = time.time()
+        announced = 0
+        try:
+            while True:
+                if len(self.stopping) > announced:
+                    announced = len(self.stopping)
+                    name = signal.Signals(self.stopping[-1]).name
+                    again = " (again: they stop without waiting for the current step)" if announced == 1 else ""
+                    line.message(f"[sweep {line.sweep}] caught {name}: passed to {self.reached[announced - 1]} "
+                                 f"running job(s); waiting for their checkpoints{again}")
+                if not self.stopping:
+                    for w in self.workers:
+                        if w.job is None and pending and w.process.is_alive():
+                            job = next_job(pending, jobs, t0)
+                            pending.remove(job)
+                            w.conn.send({"idx": job.idx, "overrides": overrides[job.idx], "run_dir": str(job.run_dir),
+                                         "name": job.name, "sweep_dir": str(sweep_dir)})
+                            job.state, job.started, w.job = "running", time.monotonic(), job
+                if not any(w.job for w in self.workers) and (self.stopping or not pending):
+                    if len(self.stopping) == announced:
+                        break
+                    continue  # announce the last signal first
+                ready = wait([w.conn for w in self.workers] + [w.process.sentinel for w in self.workers], timeout=1.0)
+                for w in list(self.workers):
                     _drain(w)
-                    if w.job is not None:  # died inside a job
-                        w.job.state = "done"
-                        w.job.outcome = _death_outcome(w)
-                    workers.remove(w)
-                    if not stopping and pending and len(workers) < n_workers:
-                        spawn()
-            announce()
-            line.refresh()
-    finally:
-        for w in workers:
+                    if w.process.sentinel in ready or not w.process.is_alive():
+                        w.process.join(timeout=5)
+                        if w.process.exitcode is None:
+                            continue
+                        _drain(w)
+                        if w.job is not None:  # died inside a job
+                            w.job.state = "done"
+                            w.job.outcome = _death_outcome(w)
+                        self.workers.remove(w)
+                        if not self.stopping and pending and len(self.workers) < self.n_workers:
+                            self._spawn()
+                line.refresh()
+        finally:
+            self.close()
+        return self.stopping[0] if self.stopping else None
+
+    def close(self) -> None:
+        """Tell idle workers to exit, wait for all of them, and give the signals back."""
+        for w in self.workers:
             try:
                 w.conn.send(None)
             except (BrokenPipeError, OSError):
                 pass
-        for w in workers:
+        for w in self.workers:
             w.process.join(timeout=30)
             if w.process.is_alive():
                 w.process.terminate()
                 w.process.join(timeout=10)
-        for sig, handler in previous.items():
+        self.workers = []
+        for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-    return stopping[0] if stopping else None
+        self._previous = {}
 
 
 def _drain(w: _Worker) -> None:
@@ -310,4 +332,4 @@ def _death_outcome(w: _Worker) -> dict[str, Any]:
             "reason": f"worker process {w.process.pid} died ({how}) during the job; relaunch the sweep to resume it"}
 
 
-__all__ = ["next_job", "run_pool", "worker_main"]
+__all__ = ["WorkerPool", "next_job", "worker_main"]

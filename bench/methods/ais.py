@@ -42,6 +42,10 @@ class AISConfig(MethodConfig):
     def check(self) -> None:
         if not self.is_cap_C > 0:
             raise ValueError(f"method.is_cap_C={self.is_cap_C} must be positive")
+        if not self.ais_adv_eps >= 0.0:
+            raise ValueError(f"method.ais_adv_eps={self.ais_adv_eps} must be >= 0")
+        if self.ais_n_min < 2:
+            raise ValueError(f"method.ais_n_min={self.ais_n_min} must be at least 2 (alpha needs a variance)")
         if not 0.0 <= self.ais_alpha_min <= self.ais_alpha_max <= 1.0:
             raise ValueError(f"method.ais_alpha_min/max=({self.ais_alpha_min}, {self.ais_alpha_max}) must satisfy "
                              "0 <= min <= max <= 1")

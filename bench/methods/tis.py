@@ -44,6 +44,9 @@ class TISConfig(MethodConfig):
             raise ValueError(f"method.is_level={self.is_level!r} is not valid; choose one of: {', '.join(IS_LEVELS)}")
         if self.is_mode not in IS_MODES:
             raise ValueError(f"method.is_mode={self.is_mode!r} is not valid; choose one of: {', '.join(IS_MODES)}")
+        if self.is_cap_low is not None and not 0.0 <= self.is_cap_low <= self.is_cap_C:
+            raise ValueError(f"method.is_cap_low={self.is_cap_low} must be in [0, method.is_cap_C={self.is_cap_C}] "
+                             "(or null: no lower bound)")
 
 
 @METHODS.register("tis", schema=TISConfig, color="#0072B2", order=30)
