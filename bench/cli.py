@@ -202,8 +202,13 @@ def _stopped(run: RunDir, name: str, err: Stopped) -> Outcome:
         run.clean_temporaries()
         run.finish("preempted", reason=f"stopped by {sig} before a checkpoint of the current step")
     info = run.info()
-    if info.get("status") != "preempted":  # the signal came after the run ended (final evaluation)
-        return Outcome(info.get("status") or "failed", info.get("reason"), run.path, signum=err.signum)
+    status = info.get("status")
+    if status is None:  # before the run started (deciding, starting W&B): nothing of it was written
+        say(name, f"stopped by {sig} before training started -> {run.path}")
+        return Outcome("interrupted", f"stopped by {sig} before training started", run.path, signum=err.signum)
+    if status != "preempted":  # the signal came after the run ended (final evaluation)
+        say(name, f"{status} -> {run.path}")
+        return Outcome(status, info.get("reason"), run.path, signum=err.signum)
     steps = len(run.metrics())
     how = "checkpointed" if err.checkpointed else "not checkpointed (resumes from its last checkpoint)"
     say(name, f"stopped by {sig} after {steps} step(s), {how}; run.json 'preempted'; "

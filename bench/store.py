@@ -133,7 +133,6 @@ class RunDir:
         self.info_file = self.path / INFO_FILE
         self.ckpt_file = self.path / CKPT_DIR / "last.pt"
         self.prev_ckpt_file = self.path / CKPT_DIR / "prev.pt"
-        self.log_file = self.path / "run.log"
 
     @classmethod
     def of(cls, cfg: Any) -> "RunDir":
@@ -254,19 +253,19 @@ class RunDir:
         moved = []
         for file in (self.metrics_file, self.eval_file):
             read = read_jsonl(file)
-            bad = list(read.bad)
+            bad = [n for n, _ in read.bad]
             keep = []
             for lineno, row in zip(read.linenos, read.rows):
-                (keep.append(row) if _step_of(row) is not None else bad.append((lineno, json.dumps(row))))
+                (keep.append(row) if _step_of(row) is not None else bad.append(lineno))
             if not bad:
                 continue
-            bad.sort()
+            raw = file.read_bytes().split(b"\n")  # the lines as they are, bytes included (read.bad is abridged)
             stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
             aside = file.with_name(f"{file.name}.bad-{stamp}")
-            with open(aside, "a") as f:
-                f.write("".join(f"{text}\n" for _, text in bad))
+            with open(aside, "ab") as f:
+                f.write(b"".join(raw[n - 1] + b"\n" for n in sorted(bad)))
             _atomic_write(file, "".join(json.dumps(r) + "\n" for r in keep).encode())
-            moved.append((file, aside, [n for n, _ in bad]))
+            moved.append((file, aside, sorted(bad)))
         return moved
 
     def has_rows(self) -> bool:

@@ -108,13 +108,16 @@ def test_unreadable_line_is_set_aside_and_recomputed_from_the_previous_checkpoin
 
 
 def test_unrecoverable_missing_step_goes_on_and_ends_incomplete(run):
-    write_rows(run, range(9), [0, 2, 4, 6], bad={1: "\x00\x00garbage"})
+    torn = '{"step": 1, "x": "' + "y" * 5000  # a long torn line is set aside whole, not abridged
+    write_rows(run, range(9), [0, 2, 4, 6], bad={1: torn})
     run.update_info(status="preempted")
     save(run, 4)
     save(run, 7)
     plan = decide(run, cfg())
     assert (plan.action, plan.start) == ("resume", 7)
     assert [r["step"] for r in run.metrics()] == [0, 2, 3, 4, 5, 6]  # every readable row is kept
+    [aside] = run.path.glob("metrics.jsonl.bad-*")
+    assert aside.read_text() == torn + "\n"
     assert any("lacks step 1" in n and "end 'incomplete'" in n for n in plan.notes), plan.notes
     status, reason = final_status(run, steps=7, eval_every=2)
     assert status == "incomplete" and "metrics.jsonl lacks step 1" in reason and "eval.jsonl lacks step 7" in reason
