@@ -399,7 +399,7 @@ def load_run(run_dir: Path, root: Path | None = None, run_id: str | None = None)
     if status == "completed" and isinstance(planned, int) and logged < planned:
         raise RunError(f"incomplete: status=completed but only {logged} of {planned} steps in metrics.jsonl")
     missing_steps = sorted(set(range(logged)) - set(metrics["step"].tolist()))
-    if status == "completed" and missing_steps:
+    if missing_steps:  # a completed or diverged run must have every step up to its last one
         shown = ", ".join(map(str, missing_steps[:10])) + (", ..." if len(missing_steps) > 10 else "")
         raise RunError(f"incomplete: metrics.jsonl lacks {len(missing_steps)} step(s): {shown}")
     if status == "completed" and isinstance(info.get("step"), int) and info["step"] + 1 > logged:

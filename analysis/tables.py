@@ -284,6 +284,7 @@ def results_table(sweep: Sweep, baseline: str = "bf16") -> Table:
                 cell = d[d.task == t]
                 num[f"{t}_mean"] = float(cell["acc_mean"].iloc[0]) if len(cell) else np.nan
                 num[f"{t}_std"] = float(cell["acc_std"].iloc[0]) if len(cell) else np.nan
+                num[f"{t}_n_diverged"] = int(cell["n_diverged"].iloc[0]) if len(cell) else 0
             block_num.append(num)
         for num in block_num:
             means = [num[f"{t}_mean"] for t in tasks]
@@ -298,7 +299,8 @@ def results_table(sweep: Sweep, baseline: str = "bf16") -> Table:
             disp = {"Model": model, "Method": num["method"], "Bitwidth": num["bitwidth"]}
             flags = {"Model": False, "Method": False, "Bitwidth": False}
             for t in tasks:
-                disp[t] = fmt_pm(num[f"{t}_mean"], num[f"{t}_std"])
+                n_div = num.get(f"{t}_n_diverged", 0)
+                disp[t] = fmt_pm(num[f"{t}_mean"], num[f"{t}_std"]) + (f" ({n_div} div.)" if n_div else "")
                 flags[t] = bool(not is_ref and np.isfinite(num[f"{t}_mean"]) and num[f"{t}_mean"] == best[f"{t}_mean"])
             if len(tasks) > 1:  # with one task the average would repeat its column
                 disp["Avg."] = fmt_num(num["avg"])
@@ -314,7 +316,8 @@ def results_table(sweep: Sweep, baseline: str = "bf16") -> Table:
     bold = pd.DataFrame(bold_rows, columns=display.columns) if rows_disp else None
     caption = (
         "Final eval accuracy (%) per task, mean ± std over seeds; Avg. = mean over tasks of the per-task means; "
-        f"best arm per column in bold; '{baseline} @ step 0' = accuracy before RL."
+        f"best arm per column in bold; '{baseline} @ step 0' = accuracy before RL; 'div.' = seeds that diverged "
+        "(their last eval before diverging is used)."
     )
     return Table("results", data_out, display, caption, bold)
 

@@ -6,72 +6,225 @@
     qrl-bench -m +experiment=smoke hydra/launcher=slurm     the same sweep on SLURM (submitit)
     qrl-bench -m +experiment=smoke --dry-run   list the jobs (and which would be skipped as done)
 
-Exit codes of a single run: 0 completed (or already completed), 1 failed (traceback printed), 2 bad
-configuration, 3 diverged, 4 the run directory is in use by another process.
+Exit codes of a single run (every non-zero one comes with a one-line cause on stderr):
+    0    completed, or already completed (skipped)
+    1    failed: an error during the run (run.json `failed` with the cause; a traceback for unexpected errors)
+    2    bad configuration or input, found before any work (nothing written)
+    3    diverged: a non-finite loss or gradient (run.json `diverged`; metrics kept); also a relaunch of one
+    4    the run directory is in use by another process (its lock is held)
+    5    refused: the run directory holds results that no checkpoint can resume (a completed run without
+         run.json, a run killed before its first checkpoint) or an unreadable checkpoint; the message names
+         the option that goes on (train.overwrite=true, train.resume_from=previous)
+    6    incomplete: trained to the end, but steps are missing from metrics.jsonl that no checkpoint could
+         recompute (their lines were unreadable); also a relaunch of such a run
+    128+N  stopped by signal N (SIGINT 130, SIGUSR1 138, SIGTERM 143) after checkpointing: run.json
+         `preempted`; the same command resumes it
+A sweep (-m) exits 0 when every job completed or was skipped as completed; otherwise with the code its failed
+jobs share, 1 when they differ, 128+N when the sweep itself was stopped by signal N; it lists every job that
+did not complete, with its reason and log.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
+import signal
 import sys
+import traceback
+from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from bench import sweep_report
 from bench.config import CONF_DIR, GROUP_REGISTRIES, register_configs, validate
 from bench.grpo import AlgoConfig
-from bench.store import RunDir, RunLocked
+from bench.preempt import Stopped, stop_on_signals
+from bench.store import RunDir, RunLocked, root_os_error
 
-EXIT = {"completed": 0, "skipped": 0, "failed": 1, "bad_config": 2, "diverged": 3, "locked": 4}
+EXIT = {"completed": 0, "skipped": 0, "failed": 1, "bad_config": 2, "diverged": 3, "locked": 4, "refused": 5,
+        "incomplete": 6, "preempted": 128 + signal.SIGTERM, "interrupted": 128 + signal.SIGTERM}
+#: outcomes ended by a signal: their exit code is 128 + that signal
+SIGNAL_OUTCOMES = ("preempted", "interrupted")
+#: errno values that name an environment problem in one line (no traceback)
+ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
 
 register_configs()
 
 
-def execute(cfg: DictConfig) -> str:
-    """Run one job to an outcome in EXIT; never raises for bad config, divergence or a busy run dir."""
+class Outcome(str):
+    """A job's outcome (a key of EXIT), with what a sweep's summary shows: the reason and the run directory."""
+
+    def __new__(cls, name: str, reason: str | None = None, run_dir: Path | None = None,
+                signum: int | None = None) -> "Outcome":
+        obj = super().__new__(cls, name)
+        obj.reason, obj.run_dir, obj.signum = reason, run_dir, signum
+        return obj
+
+    def __reduce__(self) -> tuple:
+        return (Outcome, (str(self), self.reason, self.run_dir, self.signum))
+
+    @property
+    def code(self) -> int:
+        if str(self) in SIGNAL_OUTCOMES and self.signum:
+            return 128 + self.signum
+        return EXIT[str(self)]
+
+    def as_dict(self, name: str) -> dict[str, Any]:
+        return {"name": name, "outcome": str(self), "code": self.code, "reason": self.reason,
+                "run_dir": None if self.run_dir is None else str(self.run_dir), "signal": self.signum}
+
+
+def say(name: str, message: str) -> None:
+    print(f"qrl-bench: {name}: {message}", file=sys.stderr, flush=True)
+
+
+def execute(cfg: DictConfig, overrides: list[str] | None = None) -> Outcome:
+    """Run one job to an outcome in EXIT; never raises for bad input, divergence, a busy or finished run
+    directory, a signal or an error during the run (it reports each in one line)."""
+    name = RunDir.name_of(cfg)
+    with stop_on_signals():
+        try:
+            return _execute(cfg, name, overrides)
+        except Stopped as e:  # before the run directory was taken: nothing was written
+            sig = signal.Signals(e.signum).name
+            say(name, f"stopped by {sig} before training started; nothing was written")
+            return Outcome("interrupted", f"stopped by {sig} before training started", signum=e.signum)
+
+
+def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome:
     try:
         validate(cfg)
     except ValueError as e:
-        print(f"qrl-bench: error: {e}", file=sys.stderr)
-        return "bad_config"
+        return _bad_input(cfg, name, e)
     run = RunDir.of(cfg)
-    name = RunDir.name_of(cfg)
-    if run.status == "completed":
-        print(f"qrl-bench: {name}: already completed in {run.path}, skipping", file=sys.stderr)
-        return "skipped"
+    if run.status == "completed" and not cfg.train.overwrite:  # cheap early exit; decided again under the lock
+        say(name, f"already completed in {run.path}, skipping")
+        return Outcome("skipped", "already completed", run.path)
     if cfg.train.threads > 0:
         import torch
 
         torch.set_num_threads(cfg.train.threads)
+    from bench.preflight import check_inputs
+    from bench.resume import decide
     from bench.train import build, train
 
     try:
         parts = build(cfg)  # before touching the run dir: bad input leaves nothing behind
+        check_inputs(parts)
     except (ValueError, OSError) as e:
-        print(f"qrl-bench: error: {e}", file=sys.stderr)
-        return "bad_config"
+        return _bad_input(cfg, name, e)
     try:
         with run.lock():
+            plan = decide(run, cfg)
+            for note in plan.notes:
+                say(name, f"note: {note}")
+            if plan.action == "skip":
+                say(name, plan.message)
+                return Outcome(plan.outcome or "skipped", plan.message, run.path)
+            if plan.action == "refuse":
+                print(f"qrl-bench: error: {name}: {plan.message}", file=sys.stderr, flush=True)
+                return Outcome("refused", plan.message, run.path)
+            if plan.action == "resume":
+                say(name, f"{plan.message} in {run.path}")
             try:
-                status = train(parts, run, OmegaConf.to_yaml(cfg, resolve=True), name)
-            except Exception as e:
-                run.finish("failed", reason=f"{type(e).__name__}: {e}")
-                raise
+                status = train(parts, run, OmegaConf.to_yaml(cfg, resolve=True), name, plan, overrides)
+            except Stopped as e:
+                return _stopped(run, name, e)
+            except Exception as e:  # noqa: BLE001 -- reported in one line, recorded in run.json
+                return _failed(run, name, e)
     except RunLocked as e:
-        print(f"qrl-bench: {e}; not starting a second writer", file=sys.stderr)
-        return "locked"
-    print(f"qrl-bench: {name}: {status} -> {run.path}", file=sys.stderr)
-    return status
+        print(f"qrl-bench: error: {e}; not starting a second writer", file=sys.stderr)
+        return Outcome("locked", str(e), run.path)
+    reason = run.info().get("reason")
+    say(name, f"{status} -> {run.path}" + (f" ({reason})" if reason else ""))
+    return Outcome(status, reason, run.path)
+
+
+def _bad_input(cfg: DictConfig, name: str, err: BaseException) -> Outcome:
+    """Bad configuration or input: one line, and no (empty) run directory left behind."""
+    print(f"qrl-bench: error: {err}", file=sys.stderr, flush=True)
+    try:
+        path = RunDir.of(cfg).path
+        root = Path(path).parents[4]  # <out_root>/<sweep>/<method>/<task>/<model>/seed<k>
+        remove_empty_dirs(path, root)
+    except Exception:  # noqa: BLE001 -- the config may be too broken to name its directory
+        pass
+    return Outcome("bad_config", str(err))
+
+
+def remove_empty_dirs(path: Path, stop: Path) -> None:
+    """rmdir `path` and its parents while they are empty, up to (not including) `stop`."""
+    path, stop = Path(path).absolute(), Path(stop).absolute()
+    while path != stop and stop in path.parents:
+        try:
+            path.rmdir()
+        except OSError:
+            return
+        path = path.parent
+
+
+def describe_error(err: BaseException) -> str:
+    """One line naming the cause: the OS error with its file when there is one, else type and message."""
+    os_err = root_os_error(err)
+    if os_err is not None and os_err.errno in ENVIRONMENT_ERRNOS:
+        where = f" writing {os_err.filename}" if os_err.filename else ""
+        return f"{os_err.strerror or os.strerror(os_err.errno)}{where}"
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"
+
+
+def _failed(run: RunDir, name: str, err: Exception) -> Outcome:
+    cause = describe_error(err)
+    os_err = root_os_error(err)
+    if os_err is None or os_err.errno not in ENVIRONMENT_ERRNOS:
+        traceback.print_exc()  # an unexpected error: the traceback is for the bug report
+    run.clean_temporaries()  # a partial checkpoint of a full disk must not stay
+    try:
+        run.finish("failed", reason=cause)
+    except OSError:
+        pass
+    full = os_err is not None and os_err.errno in (errno.ENOSPC, errno.EDQUOT)
+    then = "free some space, then relaunch" if full else "relaunch"
+    print(f"qrl-bench: error: {name} failed: {cause} (run directory {run.path}; run.json 'failed'; "
+          f"{then} the same command to resume from its last checkpoint)", file=sys.stderr, flush=True)
+    return Outcome("failed", cause, run.path)
+
+
+def _stopped(run: RunDir, name: str, err: Stopped) -> Outcome:
+    """A signal ended the job inside the lock: report the run the way a preemption does."""
+    sig = signal.Signals(err.signum).name
+    if run.status == "running":  # stopped before the loop could checkpoint (a second Ctrl-C, setup)
+        run.clean_temporaries()
+        run.finish("preempted", reason=f"stopped by {sig} before a checkpoint of the current step")
+    info = run.info()
+    status = info.get("status")
+    if status is None:  # before the run started (deciding, starting W&B): nothing of it was written
+        say(name, f"stopped by {sig} before training started -> {run.path}")
+        return Outcome("interrupted", f"stopped by {sig} before training started", run.path, signum=err.signum)
+    if status != "preempted":  # the signal came after the run ended (final evaluation)
+        say(name, f"{status} -> {run.path}")
+        return Outcome(status, info.get("reason"), run.path, signum=err.signum)
+    steps = len(run.metrics())
+    how = "checkpointed" if err.checkpointed else "not checkpointed (resumes from its last checkpoint)"
+    say(name, f"stopped by {sig} after {steps} step(s), {how}; run.json 'preempted'; "
+              f"relaunch the same command to resume -> {run.path}")
+    return Outcome("preempted", info.get("reason"), run.path, signum=err.signum)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def hydra_main(cfg: DictConfig) -> int:
-    code = EXIT[execute(cfg)]
-    if HydraConfig.get().mode == RunMode.RUN and code:
-        sys.exit(code)
-    return code
+def hydra_main(cfg: DictConfig) -> Any:
+    hc = HydraConfig.get()
+    outcome = execute(cfg, overrides=list(hc.overrides.task))
+    if hc.mode == RunMode.RUN:
+        if outcome.code:
+            sys.exit(outcome.code)
+        return 0
+    return outcome.as_dict(RunDir.name_of(cfg))  # to the sweep launcher's summary (bench/sweep_report.py)
 
 
 def check_group_overrides(args: list[str]) -> str | None:
@@ -116,9 +269,34 @@ def _default_choices() -> dict[str, str]:
     return out
 
 
+def unwritable_out_root(args: list[str]) -> str | None:
+    """The error when the results directory (out_root=..., default from conf/config.yaml) cannot be written:
+    Hydra would otherwise fail creating its output directory with a long logging traceback."""
+    values = [a.split("=", 1)[1] for a in args if a.lstrip("+").startswith("out_root=")]
+    out_root = Path(values[-1] if values else str(OmegaConf.load(CONF_DIR / "config.yaml").out_root)).expanduser()
+    if "${" in str(out_root):
+        return None  # an interpolation: Hydra resolves it
+    existing = out_root.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"results directory {out_root}: {existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        why = "read-only file system" if _read_only_fs(existing) else "permission denied"
+        return f"results directory {out_root} is not writable ({why}: {existing}); choose another with out_root=DIR"
+    return None
+
+
+def _read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def main() -> None:
     args = sys.argv[1:]
-    error = check_group_overrides([a for a in args if not a.startswith("-")])
+    error = check_group_overrides([a for a in args if not a.startswith("-")]) or unwritable_out_root(args)
     if error:
         print(f"qrl-bench: error: {error}", file=sys.stderr)
         sys.exit(EXIT["bad_config"])
@@ -127,6 +305,9 @@ def main() -> None:
 
         sys.exit(dry_run([a for a in args if a not in ("--dry-run", "-m", "--multirun")]))
     hydra_main()
+    code = sweep_report.exit_code()  # a sweep: its launcher recorded the jobs' outcomes (None for one run)
+    if code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from bench.budget import describe, estimate
 from bench.config import CONF_DIR, register_configs
 from bench.methods.base import METHODS
+from bench.resume import preview
 from bench.store import RunDir
 from bench.sweeper import expand_rows
 
@@ -38,22 +39,26 @@ def expand(overrides: list[str]) -> list[list[str]]:
 
 def dry_run(overrides: list[str]) -> int:
     jobs = expand(overrides)
-    todo, gpu_hours, assumptions = 0, 0.0, set()
+    counts: dict[str, int] = {}
+    gpu_hours, assumptions = 0.0, set()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for job in jobs:
             cfg = compose("config", overrides=job)
             run = RunDir.of(cfg)
             status = run.status or "new"
-            action = "skip" if status == "completed" else ("resume" if run.ckpt_file.exists() else "run")
-            todo += action != "skip"
+            action = preview(run, cfg)  # what the launch will decide under the run's lock (bench/resume.py)
+            counts[action] = counts.get(action, 0) + 1
             est = estimate(cfg, METHODS.get(cfg.method.name).needs_recompute)
             cost = ""
             if est is not None:
                 gpu_hours += est.gpu_hours
                 assumptions.add(describe(cfg))
                 cost = f"  ~{est.gpu_hours:,.1f} GPU-h ({est.generated_per_step:,.0f} generated + {est.trained_per_step:,.0f} trained tokens/step)"
-            print(f"{action:6s} {status:10s} {RunDir.name_of(cfg):40s} {run.path}{cost}")
-    print(f"{len(jobs)} jobs: {todo} to launch, {len(jobs) - todo} already completed", file=sys.stderr)
+            print(f"{action:7s} {status:10s} {RunDir.name_of(cfg):40s} {run.path}{cost}")
+    todo = len(jobs) - counts.get("skip", 0) - counts.get("refuse", 0)
+    refused = (f", {counts['refuse']} refused (results but no checkpoint; train.overwrite=true restarts them)"
+               if counts.get("refuse") else "")
+    print(f"{len(jobs)} jobs: {todo} to launch, {counts.get('skip', 0)} already finished{refused}", file=sys.stderr)
     if assumptions:
         print(f"estimated GPU-hours (all jobs): ~{gpu_hours:,.0f}", file=sys.stderr)
         for line in sorted(assumptions):

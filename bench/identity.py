@@ -6,7 +6,7 @@ A run is identified by (sweep, method, task, model, seed); everything else follo
                                                                          a relaunched sweep finds its runs)
     run name   <method>-<task>-<model>-s<seed>                          (W&B name, progress bars, logs)
     files      config.yaml run.json metrics.jsonl eval.jsonl ckpt/last.pt
-    statuses   running completed failed diverged preempted
+    statuses   running completed failed diverged preempted incomplete
     metrics    <namespace>/<name>, one vocabulary for metrics.jsonl, W&B, plots and tables
 
 Hydra's own run directory (conf/config.yaml) is computed by `run_path` through the `qrl_run_dir` resolver.
@@ -49,8 +49,10 @@ def run_name(method: str, task: str, model: str, seed: int) -> str:
 
 # ---------------------------------------------------------------------------------------------- statuses
 #: Every state a run.json can hold. A diverged run is a result (an arm that collapses is a finding), so
-#: analysis keeps it; running / failed / preempted runs have no final result.
-STATUSES = ("running", "completed", "failed", "diverged", "preempted")
+#: analysis keeps it; running / failed / preempted runs have no final result. `incomplete`: trained to the
+#: end, but steps are missing from metrics.jsonl that no checkpoint could recompute (unreadable lines, set
+#: aside in metrics.jsonl.bad-<time>); analysis leaves it out, `train.overwrite=true` reruns it.
+STATUSES = ("running", "completed", "failed", "diverged", "preempted", "incomplete")
 FINISHED_STATUSES = ("completed", "diverged")
 
 # ----------------------------------------------------------------------------------------------- metrics
@@ -84,6 +86,7 @@ class JsonlRead:
     rows: list[dict[str, Any]] = field(default_factory=list)
     bad: list[tuple[int, str]] = field(default_factory=list)
     n_lines: int = 0
+    linenos: list[int] = field(default_factory=list)  # the line number of each row
 
     @property
     def torn_tail_only(self) -> bool:
@@ -115,4 +118,5 @@ def read_jsonl(path: Path) -> JsonlRead:
             out.bad.append((lineno, raw.decode("utf-8", errors="replace")[:200]))
             continue
         out.rows.append(obj)
+        out.linenos.append(lineno)
     return out

@@ -10,14 +10,17 @@ made after submitting silently changes jobs submitted before it. Here, at submis
      first on sys.path, ahead of the checkout and of an editable install, so `bench` and this launcher
      (both unpickled by reference) come from the copy; PYTHONPATH points there too, for subprocesses.
      The job then chdirs back to the submission directory, so relative paths (out_root) keep their meaning.
-   - local: the snapshot goes first on sys.path while the worker processes are spawned (loky hands the
-     parent's sys.path to its workers), so the workers import `bench` from it. (With n_jobs=1 joblib runs
-     the jobs in the launching process, which imported `bench` from the checkout: only the config is frozen.)
+   - local: the snapshot goes first on sys.path while the worker processes are spawned (multiprocessing's
+     `spawn` hands the parent's sys.path to its children), so the workers import `bench` from it
+     (bench/sweep_pool.py: the worker pool, signals passed on, one log per run).
 2. config: every job's config is composed in the submitting process and shipped with the job; the job's
    Hydra ConfigLoader is wrapped so that its `load_sweep_config` returns that frozen config instead of
    re-reading conf/ (both stock launchers call it inside the job).
 3. SLURM preemption: submitit's signal is set to `preempt_signal` (USR1) both in `#SBATCH --signal` and in
    the job (SUBMITIT_PREEMPT_SIGNAL): SIGUSR1 -> bench.preempt checkpoints -> submitit requeues the job.
+4. While the sweep runs, both launchers show one live line (runs done / running / failed / skipped, ETA;
+   for SLURM also the array's queue state) and at the end list the jobs that did not complete, with reason
+   and log, and set the sweep's exit code (bench/sweep_report.py).
 
 Hydra only instantiates launchers from the `hydra_plugins` namespace: the classes that conf/hydra/launcher/
 *.yaml name are thin subclasses in hydra_plugins/qrl_bench/launchers.py.
@@ -33,16 +36,21 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn
-from hydra.types import HydraContext
-from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+
+from bench import sweep_report
+from bench.identity import run_name
+from bench.sweep_report import JobView, LiveLine
 
 log = logging.getLogger(__name__)
 
@@ -155,21 +163,87 @@ class _Snapshotting:
                                           callbacks=self.hydra_context.callbacks)
 
 
-class SnapshotJoblibLauncher(_Snapshotting, JoblibLauncher):
-    """hydra-joblib-launcher (parallel local worker processes) + code/config snapshot."""
+def job_views(loader: FrozenConfigLoader, master: DictConfig, job_overrides: Sequence[Sequence[str]],
+              initial_job_idx: int) -> tuple[list[JobView], dict[int, list[str]]]:
+    """The sweep's jobs as the live line sees them (name, run directory, steps, warm-start key), from the
+    configs composed at submission; and each job's overrides by index."""
+    views, overrides = [], {}
+    for i, ov in enumerate(job_overrides):
+        idx = initial_job_idx + i
+        cfg = loader.load_sweep_config(master, list(ov))
+        run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+        try:
+            name = run_name(cfg.method.name, cfg.task.name, cfg.model.name, cfg.seed)
+            key = (str(cfg.task.name), OmegaConf.to_yaml(cfg.task), OmegaConf.to_yaml(cfg.model))
+            steps = int(cfg.train.steps)
+        except Exception:  # noqa: BLE001 -- another Hydra app (the launcher tests' probe)
+            name, key, steps = " ".join(filter_overrides(ov)) or f"job{idx}", (), 1
+        views.append(JobView(idx, name, run_dir.absolute(), steps, key))
+        overrides[idx] = list(ov)
+    return views, overrides
 
-    def __init__(self, code_dir: str | None = None, **joblib: Any) -> None:
-        super().__init__(**joblib)
+
+def _job_returns(jobs: list[JobView], overrides: dict[int, list[str]], config: DictConfig) -> list[JobReturn]:
+    """Hydra's JobReturn per job, each holding its outcome dict (a job never started: 'not started')."""
+    out = []
+    for j in jobs:
+        value = j.outcome or {"name": j.name, "outcome": "not started", "code": 1,
+                              "reason": "the sweep stopped before it started"}
+        out.append(JobReturn(overrides=overrides[j.idx], cfg=None, hydra_cfg=config, working_dir=str(j.run_dir),
+                             task_name=j.name, status=JobStatus.COMPLETED, _return_value=value))
+    return out
+
+
+class SnapshotLocalLauncher(_Snapshotting, Launcher):
+    """Parallel local worker processes (bench/sweep_pool.py) + code/config snapshot + the sweep's live line."""
+
+    def __init__(self, n_jobs: int = -1, code_dir: str | None = None) -> None:
+        self.n_jobs = int(n_jobs)
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.task_function: TaskFunction | None = None
         self._init_snapshotting(code_dir)
+        self._stopped_by: int | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        import cloudpickle
+
+        from bench.sweep_pool import WorkerPool
+
+        assert self.config is not None and self.hydra_context is not None
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
+        sweep_dir.mkdir(parents=True, exist_ok=True)
         code = str(self._snapshot())
-        self._freeze_configs(job_overrides)
-        sys.path.insert(0, code)  # workers spawned now get this sys.path
+        n_workers = self.n_jobs if self.n_jobs > 0 else max(1, (os.cpu_count() or 1) + 1 + self.n_jobs)
+        n_workers = min(n_workers, len(job_overrides))
+        if self._stopped_by is not None:  # an earlier batch of this sweep was stopped: start nothing more
+            self._freeze_configs(job_overrides)
+            jobs, overrides = job_views(self.hydra_context.config_loader, self.config, job_overrides, initial_job_idx)
+            sweep_report.finish(LiveLine(str(self.config.get("sweep", sweep_dir.name)), jobs), self._stopped_by)
+            return _job_returns(jobs, overrides, self.config)
+        sys.path.insert(0, code)  # spawned workers get this sys.path: they import `bench` from the snapshot
         try:
-            return super().launch(job_overrides, initial_job_idx)
+            pool = WorkerPool(n_workers)  # started now: their imports overlap the config composition below
+            try:
+                self._freeze_configs(job_overrides)
+                jobs, overrides = job_views(self.hydra_context.config_loader, self.config, job_overrides,
+                                            initial_job_idx)
+                line = LiveLine(str(self.config.get("sweep", sweep_dir.name)), jobs)
+                log.info(f"Launching {len(jobs)} jobs on {n_workers} local worker processes; sweep output dir: "
+                         f"{sweep_dir}; each run's output goes to <run dir>/run.log")
+                payload = cloudpickle.dumps((self.hydra_context, self.config, self.task_function, Singleton.get_state()))
+                self._stopped_by = pool.run(payload, jobs, overrides, line, sweep_dir)
+            finally:
+                pool.close()
         finally:
             sys.path.remove(code)
+        sweep_report.finish(line, self._stopped_by)
+        return _job_returns(jobs, overrides, self.config)
 
 
 def check_gpu_request(params: Dict[str, Any]) -> list[str]:
@@ -222,11 +296,129 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
             "signal": f"{sig}@{self.params.get('signal_delay_s', 120)}",
             **self._user_sbatch,
         }
-        return super().launch(job_overrides, initial_job_idx)
+        assert self.config is not None and self.hydra_context is not None
+        jobs, overrides = job_views(self.hydra_context.config_loader, self.config, job_overrides, initial_job_idx)
+        line = LiveLine(str(self.config.get("sweep", "sweep")), jobs)
+        monitor = SlurmMonitor(jobs, line)
+        with _submitted_jobs(monitor.submitted):
+            monitor.start()
+            try:
+                results = super().launch(job_overrides, initial_job_idx)
+            finally:
+                monitor.stop()
+        for job, ret, sub in zip(jobs, results, monitor.submitted):
+            job.state = "done"
+            job.outcome = sweep_report.outcome_of(ret._return_value, job.name)
+            job.log = _submitit_log(sub)
+        sweep_report.finish(line)
+        return _job_returns(jobs, overrides, self.config)
 
     def __call__(self, sweep_overrides: List[str], job_dir_key: str, job_num: int, job_id: str,
                  singleton_state: Dict[type, Singleton]) -> JobReturn:
-        """Runs inside the SLURM job (started in the snapshot): back to the submission directory, then the stock job."""
+        """Runs inside the SLURM job (started in the snapshot): back to the submission directory, then the stock
+        job. Its output stays in submitit's log files (<sweep>/.submitit/<time>/<job id>_log.{out,err}), where
+        SLURM users look; the sweep's summary names them."""
         if self.submit_cwd is not None:
             os.chdir(self.submit_cwd)
         return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+
+
+def _submitit_log(job: Any) -> Path | None:
+    """The stderr file of a submitted job (where its traceback and progress are)."""
+    try:
+        return Path(job.paths.stderr)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+class _SafeJob:
+    """A submitit job whose `results()` returns a failed JobReturn instead of raising (a job that SLURM
+    killed, or one whose requeues ran out), so that one lost job does not hide the results of the others."""
+
+    def __init__(self, job: Any) -> None:
+        self._job = job
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._job, name)
+
+    def results(self) -> list[JobReturn]:
+        try:
+            return self._job.results()
+        except Exception as e:  # noqa: BLE001 -- reported in the sweep's summary
+            return [JobReturn(status=JobStatus.FAILED, _return_value=e)]
+
+
+class _submitted_jobs:
+    """While active, submitit's executors hand their submitted jobs (wrapped in _SafeJob) to `sink` too."""
+
+    def __init__(self, sink: list) -> None:
+        self.sink = sink
+
+    def __enter__(self) -> None:
+        import submitit
+
+        self._original = original = submitit.AutoExecutor.map_array
+        sink = self.sink
+
+        def map_array(executor: Any, fn: Any, *iterables: Any) -> list:
+            jobs = [_SafeJob(j) for j in original(executor, fn, *iterables)]
+            sink.extend(jobs)
+            return jobs
+
+        submitit.AutoExecutor.map_array = map_array
+
+    def __exit__(self, *exc: object) -> None:
+        import submitit
+
+        submitit.AutoExecutor.map_array = self._original
+
+
+class SlurmMonitor:
+    """A thread that redraws the sweep's line while the submitit launcher waits: the array's queue state
+    (`squeue`) and each run's own state (its run.json, rows of metrics.jsonl)."""
+
+    def __init__(self, jobs: list[JobView], line: LiveLine, every: float = 5.0) -> None:
+        self.jobs, self.line, self.every = jobs, line, every
+        self.submitted: list[Any] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="qrl-slurm-monitor", daemon=True)
+        self._t0 = time.time()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                queue = self._queue_states()
+                for view, sub in zip(self.jobs, self.submitted):
+                    self._update(view, queue.get(str(sub.job_id)))
+                pend = sum(1 for s in queue.values() if s == "PENDING")
+                self.line.refresh(extra=f"queue: {pend} waiting, {len(queue) - pend} active" if queue else "")
+            except Exception:  # noqa: BLE001 -- the monitor is a view; the launcher's wait decides
+                pass
+
+    def _queue_states(self) -> dict[str, str]:
+        ids = sorted({str(j.job_id).split("_")[0] for j in self.submitted})
+        if not ids:
+            return {}
+        out = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T", "-j", ",".join(ids)], capture_output=True,
+                             text=True, timeout=30)
+        return dict(line.split(None, 1) for line in out.stdout.splitlines() if " " in line)
+
+    def _update(self, view: JobView, queue_state: str | None) -> None:
+        info_file = view.run_dir / "run.json"
+        fresh = info_file.exists() and info_file.stat().st_mtime >= self._t0
+        status = json.loads(info_file.read_text()).get("status") if fresh else None
+        if queue_state == "PENDING":
+            view.state = "pending"
+        elif queue_state is not None:
+            view.state = "running"
+        elif status in ("completed", "diverged", "failed", "incomplete"):
+            view.state = "done"
+            view.outcome = {"outcome": status, "reason": None}
+

@@ -75,11 +75,20 @@ def mismatch_metrics(
 ) -> dict[str, float]:
     """The methods.md section 11 table for delta = lold - lmu on valid tokens, rho = exp(LR(delta)).
 
-    k1/k2/log-prob gaps and the chi2_seq sequence sum use the raw delta; rho, k3 and chi2_token use the
-    +-20-clamped delta (k3 with the clamped delta in both terms stays >= 0). IS-ESS uses w = clamp(rho, 1/C, C)
-    (verl rollout_is_eff_sample_size). ratio_std is the population std (verl). frac_high: rho > C; frac_low:
-    rho < 1/C. Sequence-level quantities average over sequences with at least one valid token. Non-finite
-    log-probs are masked out first (sanitize).
+    k1/k2/log-prob gaps and the chi2_seq sequence sum use the raw delta; rho and chi2_token use the
+    +-20-clamped delta.
+
+    kl_k3 = mean(rho - delta - 1) with the clamp on rho only (methods.md section 11 as written; verl's k3_kl
+    clamps nothing): for delta < -20 it is the exact k3 up to e^-20 (1 - delta - 1 + e^delta ~ -delta), for
+    delta > 20 it is e^20 - delta - 1, finite and still >= 0 for any delta below e^20 - 1 (~4.9e8). Clamping
+    delta in both terms instead would report 19 for every token with delta <= -20, hiding how far mu is off.
+
+    is_ess = (sum w)^2 / (N sum w^2) with w = clamp(rho, 1/C, C), the two-sided clamp of verl before 0.8.0
+    (rollout_is_eff_sample_size). verl >= 0.8.0 computes its ESS from min(rho, C) without the lower clamp:
+    tokens with rho < 1/C then count with their small weight and its ESS comes out lower than ours when mu
+    overshoots pi_old; compare the two only where ratio_frac_low is 0. ratio_std is the population std
+    (verl). frac_high: rho > C; frac_low: rho < 1/C. Sequence-level quantities average over sequences with
+    at least one valid token. Non-finite log-probs are masked out first (sanitize).
     """
     lold = logp_old.detach().to(torch.float64)
     lmu = logp_mu.detach().to(torch.float64)
@@ -118,7 +127,7 @@ def mismatch_metrics(
 
     return {
         "mismatch/kl_k1": mean_m(-delta),
-        "mismatch/kl_k3": mean_m(rho - delta_c - 1.0),
+        "mismatch/kl_k3": mean_m(rho - delta - 1.0),
         "mismatch/kl_k2": mean_m(0.5 * delta * delta),
         "mismatch/ppl_train": mean_seq(torch.exp((-mean_lold).clamp(max=LOG_PPL_CAP)), 1.0),
         "mismatch/ppl_rollout": mean_seq(torch.exp((-mean_lmu).clamp(max=LOG_PPL_CAP)), 1.0),

@@ -1,4 +1,4 @@
-"""Preemption: turn SIGUSR1 / SIGTERM into "finish this step, checkpoint, exit so the job is requeued".
+"""Preemption: turn SIGUSR1 / SIGTERM / SIGINT into "finish this step, checkpoint, exit so the job is requeued".
 
 A signal can arrive in the middle of an optimizer step; checkpointing from inside the handler would save
 a half-updated model. So the handler only records the request, and the training loop polls
@@ -11,8 +11,13 @@ Who requeues the job:
   once our checkpoint is safe, so the requeued job resumes from it.
 - for SIGTERM submitit only logs ("bypass"): SLURM itself requeues a job it preempts (PreemptMode=REQUEUE)
   and a `scancel` must not be undone, so we just exit.
-- outside submitit there is nobody to chain to: we exit with 128 + signal number (the shell's convention for
-  "killed by that signal"), so a caller sees a non-zero status and relaunching the same command resumes.
+- outside submitit, bench.cli installs `stop_on_signals` around the whole job: its handler raises `Stopped`,
+  so the previous handler we chain to turns into a clean unwind to bench.cli, which reports the run and exits
+  with 128 + signal number (the shell's convention for "killed by that signal"); relaunching resumes. The
+  same `Stopped` ends a job stopped outside the training loop (during the warm start, the final eval), and
+  tells a sweep worker (bench/sweep_pool.py) to exit after its job.
+- Ctrl-C (SIGINT) is a preemption too; a second Ctrl-C stops at once (`Stopped`, without a new checkpoint:
+  the run resumes from its last one).
 
     with PreemptionGuard() as guard:
         for step in ...:
@@ -28,12 +33,47 @@ import os
 import signal
 import sys
 import threading
+from contextlib import contextmanager
 from types import FrameType
-from typing import Any, Callable, NoReturn, Union
+from typing import Any, Callable, Iterator, NoReturn, Union
 
 Handler = Union[Callable[[int, Union[FrameType, None]], Any], int, None]
 
-DEFAULT_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+DEFAULT_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+
+
+class Stopped(BaseException):
+    """A stop signal that unwinds the job (a BaseException, like KeyboardInterrupt: `except Exception` in the
+    training code must not swallow it). `checkpointed`: the training loop wrote its checkpoint first."""
+
+    def __init__(self, signum: int, checkpointed: bool = False) -> None:
+        self.signum = int(signum)
+        self.checkpointed = checkpointed
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
+def _raise_stopped(signum: int, frame: FrameType | None) -> None:
+    raise Stopped(signum)
+
+
+@contextmanager
+def stop_on_signals(signals: tuple[int, ...] = DEFAULT_SIGNALS) -> Iterator[None]:
+    """While active, each of `signals` that still has its default disposition raises `Stopped`.
+
+    Signals someone already handles (submitit's requeue handler in a SLURM job) are left alone. Main thread
+    only (elsewhere it installs nothing).
+    """
+    installed: dict[int, Handler] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in signals:
+            current = signal.getsignal(sig)
+            if current in (signal.SIG_DFL, signal.default_int_handler, None):
+                installed[sig] = signal.signal(sig, _raise_stopped)
+    try:
+        yield
+    finally:
+        for sig, handler in installed.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def submitit_preempt_signal() -> signal.Signals | None:
@@ -68,6 +108,8 @@ class PreemptionGuard:
         self._previous: dict[signal.Signals, Handler] = {}
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested and signum == signal.SIGINT == self._signum:
+            raise Stopped(signum)  # a second Ctrl-C: stop now, the last checkpoint is the resume point
         # keep the first signal: it decides who requeues (a later SIGTERM must not hide submitit's USR1)
         if not self.requested:
             self.requested = True
@@ -95,14 +137,18 @@ class PreemptionGuard:
 
         submitit's requeue handler ends in sys.exit(-1) after `scontrol requeue` (or raises its
         UncompletedJobError when it refuses to requeue, which submitit reports as the job's result);
-        either way it propagates from here. Handlers that return (submitit's SIGTERM "bypass") fall
-        through to our own exit.
+        either way it propagates from here. bench.cli's handler (`stop_on_signals`) raises `Stopped`,
+        marked as checkpointed. Handlers that return (submitit's SIGTERM "bypass") fall through to our own exit.
         """
         signum = self._signum if self._signum is not None else signal.SIGTERM
         previous = self._previous.get(signal.Signals(signum))
         self._restore()
         if callable(previous):
-            previous(signum, None)
+            try:
+                previous(signum, None)
+            except Stopped as e:
+                e.checkpointed = True
+                raise
         sys.stdout.flush()
         sys.stderr.flush()
         sys.exit(128 + signum)

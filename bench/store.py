@@ -3,18 +3,23 @@
     <out_root>/<sweep>/<method>/<task>/<model>/seed<k>/
         config.yaml    resolved config            run.json     status, reason, versions, host, git sha, wandb id
         metrics.jsonl  one line per training step eval.jsonl   one line per evaluation
-        ckpt/last.pt   model + optimizer + RNG + step (for resume)
+        ckpt/last.pt   model + optimizer + RNG + step (for resume); ckpt/prev.pt the one before it
         .lock          held while a process owns the run (two processes never write one run dir)
+        run.log        a sweep job's own output (bench/sweep_pool.py)
 
 Every write is append-only or atomic (write to a temp file, then rename), so a crash never loses metrics
-already written and never leaves a half-written checkpoint.
+already written and never leaves a half-written checkpoint. A write that fails (full disk) removes its
+temporary file; temporaries left by a killed process are removed by `clean_temporaries` on the next start.
+Nothing here deletes a readable row: unreadable lines are moved to `<file>.bad-<time>` (`set_aside_bad_lines`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -42,8 +47,20 @@ from bench.identity import (
 TRACKED_PACKAGES = ("torch", "transformers", "datasets", "hydra-core", "omegaconf", "submitit", "wandb", "qrl-bench")
 
 
+#: temporaries of `_atomic_write` and `save_checkpoint`: <name>.tmp<pid>
+TMP_SUFFIX = re.compile(r"\.tmp\d+$")
+
+
 class RunLocked(RuntimeError):
     """Another process owns this run directory."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file exists but cannot be read (truncated, empty, corrupt)."""
+
+    def __init__(self, path: Path, cause: BaseException) -> None:
+        super().__init__(f"checkpoint {path} is unreadable ({type(cause).__name__}: {cause})")
+        self.path = path
 
 
 def now() -> str:
@@ -83,12 +100,29 @@ def versions() -> dict[str, str]:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary file, then rename it over `path`; a failed write leaves no temporary."""
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _overwrite_in_place(path: Path, data: bytes) -> None:
+    """Rewrite an existing file without a temporary: on a full disk this reuses the file's own blocks.
+
+    Not atomic (a crash mid-write tears the file), so only the fallback of `update_info` when the disk is full.
+    """
+    with open(path, "r+b" if path.exists() else "wb") as f:
         f.write(data)
+        f.truncate()
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class RunDir:
@@ -98,6 +132,7 @@ class RunDir:
         self.eval_file = self.path / EVAL_FILE
         self.info_file = self.path / INFO_FILE
         self.ckpt_file = self.path / CKPT_DIR / "last.pt"
+        self.prev_ckpt_file = self.path / CKPT_DIR / "prev.pt"
 
     @classmethod
     def of(cls, cfg: Any) -> "RunDir":
@@ -140,9 +175,17 @@ class RunDir:
         return self.info().get("status")
 
     def update_info(self, **fields: Any) -> dict[str, Any]:
+        """Merge `fields` into run.json. On a full disk it still lands (rewritten in place), so that a run
+        that fails for lack of space is not left `running`."""
         info = self.info()
         info.update(fields, updated_at=now())
-        _atomic_write(self.info_file, (json.dumps(info, indent=2, default=str) + "\n").encode())
+        data = (json.dumps(info, indent=2, default=str) + "\n").encode()
+        try:
+            _atomic_write(self.info_file, data)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            _overwrite_in_place(self.info_file, data)
         return info
 
     def start(self, config_yaml: str, run_name: str, overrides: list[str] | None = None) -> dict[str, Any]:
@@ -167,10 +210,18 @@ class RunDir:
 
     # ---------------------------------------------------------------- metrics
     def append(self, file: Path, row: dict[str, Any]) -> None:
-        with open(file, "a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(file, "a+b") as f:
+                # a line torn by a killed writer must stay a line of its own, not swallow this row
+                f.seek(0, os.SEEK_END)
+                torn = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"
+                f.write(("\n" if torn else "").encode() + (json.dumps(row) + "\n").encode())
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            if e.filename is None:  # a failed write() names no file: name it
+                raise OSError(e.errno, e.strerror, str(file)) from e
+            raise
 
     def append_metrics(self, row: dict[str, Any]) -> None:
         self.append(self.metrics_file, row)
@@ -185,23 +236,109 @@ class RunDir:
         return read_jsonl(self.eval_file).rows
 
     def truncate_to(self, step: int) -> None:
-        """Drop rows at or after `step` (written after the checkpoint we resume from; they are redone)."""
+        """Drop rows at or after `step` (written after the checkpoint we resume from; they are redone).
+
+        Every readable row before `step` is kept; call `set_aside_bad_lines` first, or unreadable lines
+        (which have no step) are dropped here.
+        """
         for file in (self.metrics_file, self.eval_file):
-            rows = [r for r in read_jsonl(file).rows if r["step"] < step]
+            if not file.exists():
+                continue
+            rows = [r for r in read_jsonl(file).rows if _step_of(r) is not None and _step_of(r) < step]
             _atomic_write(file, "".join(json.dumps(r) + "\n" for r in rows).encode())
+
+    def set_aside_bad_lines(self) -> list[tuple[Path, Path, list[int]]]:
+        """Move unreadable lines (and rows without an integer step) of metrics.jsonl / eval.jsonl to
+        `<file>.bad-<time>`, keeping every readable row in place. Returns (file, bad file, line numbers)."""
+        moved = []
+        for file in (self.metrics_file, self.eval_file):
+            read = read_jsonl(file)
+            bad = [n for n, _ in read.bad]
+            keep = []
+            for lineno, row in zip(read.linenos, read.rows):
+                (keep.append(row) if _step_of(row) is not None else bad.append(lineno))
+            if not bad:
+                continue
+            raw = file.read_bytes().split(b"\n")  # the lines as they are, bytes included (read.bad is abridged)
+            stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+            aside = file.with_name(f"{file.name}.bad-{stamp}")
+            with open(aside, "ab") as f:
+                f.write(b"".join(raw[n - 1] + b"\n" for n in sorted(bad)))
+            _atomic_write(file, "".join(json.dumps(r) + "\n" for r in keep).encode())
+            moved.append((file, aside, sorted(bad)))
+        return moved
+
+    def has_rows(self) -> bool:
+        """True when metrics.jsonl or eval.jsonl holds anything (the evidence of a run)."""
+        return any(f.exists() and f.stat().st_size > 0 for f in (self.metrics_file, self.eval_file))
+
+    def clean_temporaries(self) -> list[Path]:
+        """Remove `*.tmp<pid>` files a killed or failed writer left (checkpoint, run.json, metrics rewrite).
+        Call it only while holding the lock: then no other process is writing them."""
+        removed = []
+        for folder in (self.path, self.path / CKPT_DIR):
+            if folder.is_dir():
+                for f in folder.iterdir():
+                    if f.is_file() and TMP_SUFFIX.search(f.name):
+                        f.unlink(missing_ok=True)
+                        removed.append(f)
+        return removed
+
+    def reset(self) -> None:
+        """Forget the run (train.overwrite=true): metrics, evals, checkpoints and run.json go; the W&B
+        offline directories of earlier attempts stay (they are W&B runs of their own)."""
+        for f in (self.metrics_file, self.eval_file, self.info_file, self.ckpt_file, self.prev_ckpt_file):
+            f.unlink(missing_ok=True)
 
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self, state: dict[str, Any]) -> None:
+        """Write ckpt/last.pt atomically; the checkpoint it replaces becomes ckpt/prev.pt (the last two are
+        kept, so a damaged last.pt still leaves one to resume from). A failed write leaves no temporary."""
         self.ckpt_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.ckpt_file.with_name(f"last.pt.tmp{os.getpid()}")
-        torch.save(state, tmp)
-        os.replace(tmp, self.ckpt_file)
+        try:
+            with open(tmp, "wb") as f:  # a Python file: a full disk surfaces as OSError, not torch's "unexpected pos"
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            if self.ckpt_file.exists():
+                os.replace(self.ckpt_file, self.prev_ckpt_file)
+            os.replace(tmp, self.ckpt_file)
+        except BaseException as e:
+            tmp.unlink(missing_ok=True)
+            cause = root_os_error(e)
+            if cause is not None and (not isinstance(e, OSError) or e.filename is None):
+                raise OSError(cause.errno, cause.strerror or os.strerror(cause.errno), str(self.ckpt_file)) from e
+            raise
 
-    def load_checkpoint(self) -> dict[str, Any] | None:
-        if not self.ckpt_file.exists():
+    def load_checkpoint(self, path: Path | None = None) -> dict[str, Any] | None:
+        """The checkpoint at `path` (default ckpt/last.pt), None when there is none; CheckpointError when
+        the file exists but cannot be read."""
+        path = path or self.ckpt_file
+        if not path.exists():
             return None
-        # onto the CPU: a checkpoint written on a GPU must load anywhere; restore() moves tensors to the run's device
-        return torch.load(self.ckpt_file, map_location="cpu", weights_only=False)
+        try:  # onto the CPU: a checkpoint written on a GPU must load anywhere; restore() moves tensors to the run's device
+            return torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:  # noqa: BLE001 -- torch raises EOFError, UnpicklingError, RuntimeError...
+            raise CheckpointError(path, e) from e
 
     def drop_checkpoint(self) -> None:
         self.ckpt_file.unlink(missing_ok=True)
+        self.prev_ckpt_file.unlink(missing_ok=True)
+
+
+def root_os_error(err: BaseException | None) -> OSError | None:
+    """The OSError (with an errno) behind `err`, following its cause/context chain, if any."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError) and err.errno is not None:
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def _step_of(row: dict[str, Any]) -> int | None:
+    """The row's integer step, None when it has none (such a row is set aside as unreadable)."""
+    step = row.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None

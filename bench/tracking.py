@@ -12,6 +12,13 @@ Mode: cfg.tracking.mode (offline | online | disabled), overridden by the WANDB_M
 <run_dir>/wandb/ and can be uploaded later with `wandb sync <run_dir>/wandb/offline-run-*`.
 The W&B run id is stored by the caller in run.json and passed back as `resume_id` on restart, so a
 preempted-and-resumed run stays one W&B run.
+
+Resume replays history. An attempt's mirror can lose its last rows: W&B's service process dies with the job on
+a SLURM SIGTERM, and after a kill -9 the offline file lacks its last unflushed block. So on every resume the
+rows of metrics.jsonl / eval.jsonl before the resume step are logged again (`replay`), from the first step the
+resumed W&B run does not have yet (`run.step`: 0 for an offline run, which is a fresh file per attempt; the
+server's next step for an online one). The history read back after any interrupted run then equals the run
+directory's rows.
 """
 
 from __future__ import annotations
@@ -65,6 +72,10 @@ class Tracker:
     def log(self, row: dict[str, Any], step: int) -> None:
         pass
 
+    def replay(self, metrics: list[dict[str, Any]], evals: list[dict[str, Any]], below: int) -> int:
+        """Log again the rows with step < `below` that this W&B run lacks; returns how many steps were logged."""
+        return 0
+
     def mark_preempting(self) -> None:
         pass
 
@@ -99,6 +110,23 @@ class WandbTracker(Tracker):
             self._run.log(dict(row), step=step)
         except Exception as err:  # noqa: BLE001 -- W&B must never stop a run
             self._fail("log", err)
+
+    def replay(self, metrics: list[dict[str, Any]], evals: list[dict[str, Any]], below: int) -> int:
+        if self._run is None or below <= 0:
+            return 0
+        try:
+            first = int(self._run.step or 0)
+        except Exception:  # noqa: BLE001
+            first = 0
+        by_step: dict[int, list[dict[str, Any]]] = {}
+        for row in [*evals, *metrics]:  # an eval row precedes the training row of its step (as in the loop)
+            step = row.get("step")
+            if isinstance(step, int) and first <= step < below:
+                by_step.setdefault(step, []).append(row)
+        for step in sorted(by_step):
+            for row in by_step[step]:
+                self.log(row, step)
+        return len(by_step)
 
     def mark_preempting(self) -> None:
         """Tell W&B the process is about to exit for a requeue (shown as 'preempted', not 'crashed')."""

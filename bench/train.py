@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import random
+import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -41,6 +42,7 @@ from bench.quant import diagnostics
 from bench.quant.quantizers import Quantizer
 from bench.rollout import build_engine
 from bench.rewards import scorer_metrics
+from bench.resume import RESUME_FROM, Plan, decide, final_status
 from bench.rollout.base import Rollout, RolloutEngine
 from bench.rollout.embedded import EmbeddedRolloutConfig
 from bench.sampling import Sample, collect
@@ -70,6 +72,8 @@ class TrainConfig:
     checkpoint_every: int = 10
     threads: int = 0  # torch threads; 0 = leave torch's default (sweeps set 1 per job)
     keep_checkpoint: bool = False  # keep ckpt/last.pt after completion (it is always kept while resumable)
+    overwrite: bool = False  # restart from step 0 even if the run directory holds results (bench/resume.py)
+    resume_from: str = "last"  # last | previous: the checkpoint to resume from (previous = ckpt/prev.pt)
 
     def check(self) -> None:
         if self.group_size < 1:  # GRPO needs 2 or more: bench.config.check_across
@@ -93,6 +97,8 @@ class TrainConfig:
         if self.device not in DEVICES:
             raise ValueError(f"train.device={self.device!r} is not valid; choose one of: {', '.join(DEVICES)}")
         resolve_device(self.device)  # cuda without a usable GPU fails here, before any work, saying why
+        if self.resume_from not in RESUME_FROM:
+            raise ValueError(f"train.resume_from={self.resume_from!r} is not valid; choose one of: {', '.join(RESUME_FROM)}")
 
 
 @dataclass
@@ -188,7 +194,8 @@ def update(p: Parts, rollout: Rollout, batch: Batch, stats: dict, step: int) -> 
             mb, mb_stats = batch.select(idx), select_stats(stats, idx, B)
             p.optimizer.zero_grad(set_to_none=True)
             loss, metrics, logp, entropy = p.compute.backward(
-                p.policy, rollout.select(idx), lambda lp, mb=mb, st=mb_stats: p.method.loss(lp, mb, st), step)
+                p.policy, rollout.select(idx), lambda lp, mb=mb, st=mb_stats: p.method.loss(lp, mb.drop_nonfinite(lp), st), step)
+            # (a non-finite log pi_theta leaves the mask too: methods.md section 0)
             grad_norm = p.compute.step(p.policy, p.optimizer, cfg.grad_clip, step)  # None: fp16 overflow, skipped
             if epoch == 0:
                 logp_theta0[idx] = logp
@@ -268,19 +275,24 @@ def restore(p: Parts, ckpt: dict[str, Any]) -> int:
     return int(ckpt["step"])
 
 
-def train(p: Parts, run: RunDir, config_yaml: str, run_name: str) -> str:
-    """Run (or resume) training in `run`; returns the final status. The caller holds the run's lock."""
+def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | None = None,
+          overrides: list[str] | None = None) -> str:
+    """Run (or resume) training in `run`; returns the final status. The caller holds the run's lock and
+    has decided what to do with the directory (`plan`, bench/resume.py; made here when not given)."""
     cfg = p.cfg
-    ckpt = run.load_checkpoint()
+    plan = plan or decide(run, cfg)
+    if plan.action not in ("start", "resume"):
+        raise RuntimeError(f"{run_name}: {plan.message}")
+    ckpt = plan.checkpoint
     # UAQ and the like: once, before training, never again on resume (the checkpoint holds the result)
     setup = p.method.setup_model(p.policy) if ckpt is None else {}
     if cfg.algo.kl_ref_beta > 0:
         p.ref_policy = copy.deepcopy(p.policy).requires_grad_(False)
     start = restore(p, ckpt) if ckpt is not None else 0
-    run.truncate_to(start)  # rows written after the checkpoint are recomputed identically
-    info = run.start(config_yaml, run_name)
+    info = run.start(config_yaml, run_name, overrides)
     declared = {"arm": arm_info(p.method.name), "precision": precision_info(cfg), "runtime": runtime_info(p)}
     tracker = start_tracking(cfg, run.path, run_name, resume_id=info.get("wandb_id"), run_info=declared)
+    tracker.replay(run.metrics(), run.evals(), below=start)  # rows an earlier attempt's W&B mirror lost
     run.update_info(wandb_id=tracker.run_id, setup=setup, **declared)
     t0, every = time.perf_counter(), cfg.train
     bar = tqdm(range(start, every.steps), initial=start, total=every.steps, desc=run_name, mininterval=1.0, dynamic_ncols=True)
@@ -306,12 +318,18 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str) -> str:
             run.finish("diverged", reason=str(e), wall_s=time.perf_counter() - t0)
             tracker.finish(exit_code=1)
             return "diverged"
-    run.append_eval(ev := evaluate(p, every.steps))
-    tracker.log(ev, every.steps)
-    final = {"final/eval_accuracy": ev["eval/accuracy"], "final/wall_s": time.perf_counter() - t0}
-    run.finish("completed", **final)
-    tracker.finish(exit_code=0)
-    if not cfg.train.keep_checkpoint:
-        run.drop_checkpoint()
-    bar.close()
-    return "completed"
+        # the final evaluation is guarded too: a signal during it lets it finish, then ends the run cleanly
+        run.append_eval(ev := evaluate(p, every.steps))
+        tracker.log(ev, every.steps)
+        final = {"final/eval_accuracy": ev["eval/accuracy"], "final/wall_s": time.perf_counter() - t0}
+        status, reason = final_status(run, every.steps, every.eval_every)
+        run.finish(status, reason=reason, **final)
+        tracker.finish(exit_code=0)
+        if not cfg.train.keep_checkpoint:
+            run.drop_checkpoint()
+        bar.close()
+        if guard.requested:
+            print(f"qrl-bench: {run_name}: {guard.signal_name} arrived during the final evaluation; the run is {status}",
+                  file=sys.stderr, flush=True)
+            guard.exit_after_checkpoint()
+    return status

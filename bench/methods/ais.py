@@ -16,6 +16,8 @@ c_i = A_i * mean_t (rho_bar - 1) (per-token advantages, GAE: mean_t A_it (rho_ba
 |A_it| > eps), c_mean, c_var (Bessel), R = (sum rho_bar)^2 / (N_S sum rho_bar^2),
 B = max(0, c_mean^2 - c_var/n), V = c_var / (R n), alpha = B / (B + V) (0 if B + V = 0 or n < 2): a plug-in of the
 oracle alpha* = mu_D^2 / (mu_D^2 + Var(D)) of a surrogate MSE between the uncorrected and IS estimates.
+When n < max(2, ais_n_min) forces alpha to 0 (c_var undefined), B and V are reported as 0 too (ours): with one
+response B = c_mean^2 and V = 0 would read as "all bias, alpha should be 1" for a batch alpha ignores.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ class AISConfig(MethodConfig):
     def check(self) -> None:
         if not self.is_cap_C > 0:
             raise ValueError(f"method.is_cap_C={self.is_cap_C} must be positive")
+        if not self.ais_adv_eps >= 0.0:
+            raise ValueError(f"method.ais_adv_eps={self.ais_adv_eps} must be >= 0")
+        if self.ais_n_min < 2:
+            raise ValueError(f"method.ais_n_min={self.ais_n_min} must be at least 2 (alpha needs a variance)")
         if not 0.0 <= self.ais_alpha_min <= self.ais_alpha_max <= 1.0:
             raise ValueError(f"method.ais_alpha_min/max=({self.ais_alpha_min}, {self.ais_alpha_max}) must satisfy "
                              "0 <= min <= max <= 1")
@@ -57,8 +63,8 @@ def ais_alpha(
 ) -> dict[str, float]:
     """alpha and its diagnostics (alpha, R, B, V, c_mean, c_var, n) in fp64, as Python floats (methods.md M4.2).
 
-    Degenerate batches: with n < max(2, n_min) (c_var undefined) alpha = 0; with no valid token in S, R = 1.
-    The final alpha is clamped to alpha_range.
+    Degenerate batches: with n < max(2, n_min) (c_var undefined) alpha = 0 and B = V = 0; with no valid token
+    in S, R = 1. The final alpha is clamped to alpha_range.
     """
     m = mask.bool()
     rb = torch.where(m, rho_bar.to(torch.float64), torch.zeros((), dtype=torch.float64, device=rho_bar.device))
@@ -86,7 +92,7 @@ def ais_alpha(
     var = c_var / (reliability * n) if n > 0 and reliability > 0 else 0.0
     alpha = bias2 / (bias2 + var) if bias2 + var > 0 else 0.0
     if n < max(2, n_min):
-        alpha = 0.0
+        alpha, bias2, var = 0.0, 0.0, 0.0  # forced: the diagnostics say so too
     alpha = min(max(alpha, alpha_range[0]), alpha_range[1])
     return {"alpha": alpha, "R": reliability, "B": bias2, "V": var, "c_mean": c_mean, "c_var": c_var, "n": float(n)}
 

@@ -84,6 +84,16 @@ class Batch:
         sub["n_tokens"] = max(1.0, float(sub["mask"].sum()))
         return Batch(**sub)
 
+    def drop_nonfinite(self, logp: torch.Tensor) -> "Batch":
+        """This batch without the tokens whose log pi_theta (`logp`, the trainer's forward) is non-finite
+        (methods.md section 0: like non-finite log pi_old / log mu, they leave the mask and the token-mean
+        denominator). Returns `self` when every valid token is finite."""
+        keep = torch.isfinite(logp.detach())
+        if bool(keep[self.mask.bool()].all()):
+            return self
+        mask = self.mask.bool() & keep
+        return dataclasses.replace(self, mask=mask, n_tokens=max(1.0, float(mask.sum())))
+
 
 def token_advantages(adv: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """The [B, T] advantage of every token: sequence advantages [B] broadcast over the tokens (GRPO), per-token

@@ -5,6 +5,12 @@ L            = agg( rho_bar * psi(r, A) ) [+ beta * agg(k3_ref)],   r = exp(LR(l
 
 Variants from the config: is_level="sequence" (Seq-TIS: w_i = min(exp(LR(sum_t m*LR(lold - lmu))), C)
 broadcast over the sequence) and is_mode="mask" (MIS: weight rho if rho in [is_cap_low or 0, C] else 0).
+
+Metrics (`method/tis/*`, bench/methods/importance.weight_stats): is_mean/max/min/std/ess over the valid tokens'
+applied weights. is_frac_high / is_frac_low count where the ratio the weight is computed from leaves [1/C, C]:
+at token level the fraction of valid tokens whose rho = pi_old/mu does; at sequence level (Seq-TIS) the
+fraction of non-empty sequences whose sequence ratio does (verl's rollout_is_ratio_fraction_high/low at
+sequence level), not the token ratios inside them, which the weight never sees.
 No lower truncation. The KL-to-ref term is never weighted.
 verl preset: `algorithm.rollout_correction` with rollout_is="token", rollout_is_threshold=2.0.
 """
@@ -38,6 +44,9 @@ class TISConfig(MethodConfig):
             raise ValueError(f"method.is_level={self.is_level!r} is not valid; choose one of: {', '.join(IS_LEVELS)}")
         if self.is_mode not in IS_MODES:
             raise ValueError(f"method.is_mode={self.is_mode!r} is not valid; choose one of: {', '.join(IS_MODES)}")
+        if self.is_cap_low is not None and not 0.0 <= self.is_cap_low <= self.is_cap_C:
+            raise ValueError(f"method.is_cap_low={self.is_cap_low} must be in [0, method.is_cap_C={self.is_cap_C}] "
+                             "(or null: no lower bound)")
 
 
 @METHODS.register("tis", schema=TISConfig, color="#0072B2", order=30)
@@ -62,7 +71,9 @@ class TIS(ConstantWeightMethod):
         w = truncated_weights(rho, cfg.is_cap_C, cfg.is_mode, cfg.is_cap_low) * mask
         stats: dict[str, Any] = weight_stats(w, rho, mask, cfg.is_cap_C)  # seq level: per token of each row
         if cfg.is_level == "sequence":
-            stats.update(_seq_stats(_row_weight(w, mask)[mask.any(-1)]))
+            rows = mask.any(-1)
+            stats.update(_seq_stats(_row_weight(w, mask)[rows]))
+            stats.update(_seq_fractions(rho[:, 0][rows] if rho.shape[1] else rho.new_zeros(0), cfg.is_cap_C))
         stats["is_weights"] = w.detach()
         return stats
 
@@ -70,6 +81,15 @@ class TIS(ConstantWeightMethod):
 def _row_weight(w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The single weight of each row of a sequence-level weight tensor (0 for empty rows)."""
     return torch.where(mask, w, torch.zeros_like(w)).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+def _seq_fractions(seq_rho: torch.Tensor, cap: float) -> dict[str, float]:
+    """is_frac_high / is_frac_low of Seq-TIS: the fraction of non-empty sequences whose sequence ratio is above C
+    or below 1/C (0 when there is none)."""
+    if seq_rho.numel() == 0:
+        return {"is_frac_high": 0.0, "is_frac_low": 0.0}
+    v = seq_rho.to(torch.float64)
+    return {"is_frac_high": float((v > cap).double().mean()), "is_frac_low": float((v < 1.0 / cap).double().mean())}
 
 
 def _seq_stats(seq_w: torch.Tensor) -> dict[str, float]:

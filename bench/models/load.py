@@ -148,6 +148,10 @@ def load_pretrained(path: str, dtype: str = "fp32") -> tuple[PreTrainedModel, Pr
     local = os.path.expanduser(path)
     if _looks_local(path) and not os.path.isdir(local):
         raise FileNotFoundError(f"model '{path}' not found: no such local directory ({os.path.abspath(local)})")
+    if os.path.isdir(local) and not os.path.isfile(os.path.join(local, "config.json")):
+        what = "is empty" if not os.listdir(local) else "has no config.json"
+        raise FileNotFoundError(f"model directory {os.path.abspath(local)} {what}: a model directory holds "
+                                "config.json, the weights and the tokenizer (save_pretrained)")
     source = local if os.path.isdir(local) else path
     try:
         tokenizer = _load_tokenizer(source)

@@ -49,6 +49,36 @@ def _resolve(path: str, key: str) -> str:
     return full
 
 
+def check_jsonl(path: str, fields: tuple[str, ...]) -> None:
+    """ValueError naming the file (and line) for what the datasets loader reports badly or not at all: an
+    empty file, bytes that are not UTF-8, a line that is not a JSON object, a row without a required field."""
+    import json
+
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    n_rows = 0
+    for lineno, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path} line {lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} line {lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path} line {lineno}: expected a JSON object, got {type(row).__name__}")
+        missing = [k for k in fields if k not in row]
+        if missing:
+            raise ValueError(f"{path} line {lineno}: no field {', '.join(map(repr, missing))} (its fields: "
+                             f"{', '.join(map(repr, row))}; set task.question_field / task.answer_field)")
+        n_rows += 1
+    if n_rows == 0:
+        raise ValueError(f"{path}: empty JSONL file (no rows)")
+
+
 def _file_sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -83,12 +113,9 @@ class JsonlTask(Task):
         import datasets
 
         path = self.files[split]
-        ds = datasets.load_dataset("json", data_files={split: path}, split=split)
         qf, af = self.cfg.question_field, self.cfg.answer_field
-        missing = [f for f in (qf, af) if f not in ds.column_names]
-        if missing:
-            raise KeyError(f"{path}: field(s) {missing} not found; columns are {ds.column_names} "
-                           f"(set task.question_field / task.answer_field)")
+        check_jsonl(path, (qf, af))  # a clear message before datasets' own errors (StopIteration, KeyError)
+        ds = datasets.load_dataset("json", data_files={split: path}, split=split)
         rows = []
         for i, row in enumerate(ds):
             answer = canonical_answer(row[af])

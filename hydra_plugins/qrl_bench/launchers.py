@@ -4,8 +4,8 @@ bench/launchers.py (conf/hydra/launcher/local.yaml and slurm.yaml name these cla
 from bench import launchers
 
 
-class SnapshotJoblibLauncher(launchers.SnapshotJoblibLauncher):
-    """See bench.launchers.SnapshotJoblibLauncher."""
+class SnapshotLocalLauncher(launchers.SnapshotLocalLauncher):
+    """See bench.launchers.SnapshotLocalLauncher."""
 
 
 class SnapshotSlurmLauncher(launchers.SnapshotSlurmLauncher):

@@ -102,3 +102,26 @@ def test_same_run_in_two_sweep_dirs_is_a_listed_duplicate(clean_sweep: Path, tmp
 def test_missing_sweep_dir_is_an_error(tmp_path: Path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_sweeps([tmp_path / "nope"])
+
+
+def test_missing_steps_anywhere_are_detected_and_listed(clean_sweep: Path):
+    """Issue 13 item 2: a run whose rows lack a middle step (a lost line) is listed, not used; so is a run
+    the trainer itself marked `incomplete`, and a diverged run with a hole before its last step."""
+    gap = clean_sweep / "tis" / "arithmetic" / "tiny" / "seed0" / "metrics.jsonl"
+    lines = gap.read_text().splitlines()
+    gap.write_text("\n".join(lines[:4] + lines[5:]) + "\n")  # step 4 is gone; the last step is still there
+    marked = clean_sweep / "ais" / "countdown" / "tiny" / "seed1" / "run.json"
+    info = json.loads(marked.read_text())
+    info.update(status="incomplete", reason="metrics.jsonl lacks step 3 (lost lines)")
+    marked.write_text(json.dumps(info))
+    div = clean_sweep / "fp8" / "arithmetic" / "tiny" / "seed2" / "metrics.jsonl"  # the diverged run
+    lines = div.read_text().splitlines()
+    div.write_text("\n".join(lines[:1] + lines[2:]) + "\n")
+    sweep = load_sweeps([clean_sweep])
+    reasons = {s.name.split("/", 1)[1]: s.reason for s in sweep.skipped}
+    assert reasons == {
+        "tis/arithmetic/tiny/seed0": "incomplete: metrics.jsonl lacks 1 step(s): 4",
+        "ais/countdown/tiny/seed1": "status=incomplete (metrics.jsonl lacks step 3 (lost lines)) at step 11",
+        "fp8/arithmetic/tiny/seed2": "incomplete: metrics.jsonl lacks 1 step(s): 1",
+    }, reasons
+    assert len(sweep.runs) == len(METHODS) * len(TASKS) * len(SEEDS) - 3

@@ -79,6 +79,18 @@ def test_results_table_is_laid_out_like_the_papers(sweep: Sweep):
     assert sorted(bold_cells) == [("bf16", 2), ("bf16", 3), ("bf16", 4)]
 
 
+def test_results_table_marks_a_diverged_seed(sweep: Sweep):
+    # fp8/arithmetic has one seed that diverged: its cell is a mean over a run that stopped early, and says so
+    t = results_table(sweep)
+    fp8 = t.display[t.display.Method == "fp8"].iloc[0]
+    assert fp8["arithmetic"].endswith("(1 div.)") and "div." not in fp8["countdown"]
+    assert _cell(t.data, method="fp8").arithmetic_n_diverged == 1
+    assert "div." not in "".join(t.display[t.display.Method == "tis"].iloc[0].astype(str))
+    assert "'div.' = seeds that diverged" in t.caption
+    md = render(t.display, "md", bold=t.bold)
+    assert "(1 div.)" in md and "---:" in md.splitlines()[2 - 1]  # still a right-aligned numeric column
+
+
 def test_throughput_excludes_warmup_and_gives_speedup_vs_bf16(sweep: Sweep):
     data = throughput_table(sweep).data
     fp8 = _cell(data, method="fp8")

@@ -21,5 +21,5 @@ def test_dry_run_lists_jobs_and_skips_completed(tmp_path):
     skipped = [line for line in lines if line.startswith("skip")]
     assert len(skipped) == 1 and "tis-countdown-tiny-s1" in skipped[0]
     assert str(RunDir.of(done).path) in skipped[0]
-    assert "36 jobs: 35 to launch, 1 already completed" in proc.stderr
+    assert "36 jobs: 35 to launch, 1 already finished" in proc.stderr
     assert sum(1 for _ in tmp_path.rglob("run.json")) == 1  # nothing was launched

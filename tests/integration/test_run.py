@@ -101,13 +101,15 @@ def test_nan_loss_marks_run_diverged_and_keeps_metrics(tmp_path, monkeypatch):
         ("train.batch_size=10", "train.batch_size=10"),
         ("rollout.precision=fp4", "rollout.precision='fp4'"),
         ("model.path=/nonexistent/model", "/nonexistent/model"),
+        ("algo.clip_eps_low=1.5", "algo.clip_eps_low=1.5 must be in [0, 1)"),
     ],
 )
 def test_bad_input_fails_before_any_work(tmp_path, override, needle):
     proc = cli(f"out_root={tmp_path}", "tracking=disabled", override, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert needle in proc.stderr, proc.stderr[-2000:]
-    assert not any(tmp_path.rglob("metrics.jsonl"))
+    assert "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # not even an empty run directory (Hydra makes one; it is removed)
 
 
 def test_unknown_key_and_choice_are_named(tmp_path):

@@ -198,6 +198,7 @@ def test_small_sweep_through_slurm_completes_every_run(slurm, cleanup, tmp_path)
     proc = subprocess.run(cmd, cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=600)
     wall = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[sweep default] 2/2 done · 0 running · 0 failed · 0 skipped · took" in proc.stderr  # the sweep line
     runs = sorted(p.parent for p in tmp_path.glob("default/*/arithmetic/tiny/seed0/run.json"))
     assert [r.parts[-4] for r in runs] == ["bf16", "tis"], list(tmp_path.rglob("run.json"))
     steps = int(next(a for a in FAST if a.startswith("train.steps=")).split("=")[1])

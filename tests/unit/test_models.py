@@ -177,8 +177,8 @@ def test_jsonl_task_missing_file_names_it(tmp_path):
 def test_jsonl_task_missing_field_names_the_columns(tmp_path):
     (tmp_path / "t.jsonl").write_text('{"q": "1+1", "a": 2}\n')
     task = build_task(JsonlTaskConfig(train_file=str(tmp_path / "t.jsonl"), test_file=str(tmp_path / "t.jsonl")))
-    with pytest.raises(KeyError, match="question"):
-        task.examples("test")
+    with pytest.raises(ValueError, match=r"line 1: no field 'question', 'answer' \(its fields: 'q', 'a'"):
+        task.examples("test")  # a ValueError (exit 2 with one line), not a KeyError (exit 1, traceback)
 
 
 def test_tiny_model_generates_from_left_padded_prompts(tok):

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from bench.preempt import PreemptionGuard, submitit_preempt_signal
+from bench.preempt import PreemptionGuard, Stopped, stop_on_signals, submitit_preempt_signal
 
 
 def test_signal_is_recorded_not_acted_on_and_handlers_are_restored():
@@ -75,4 +75,41 @@ def test_submitit_preemption_signal_is_also_caught(monkeypatch):
     assert submitit_preempt_signal() == signal.SIGUSR2  # submitit's default
     assert signal.SIGUSR2 in PreemptionGuard().signals
     monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")  # what our SLURM launcher sets
-    assert PreemptionGuard().signals == (signal.SIGUSR1, signal.SIGTERM)
+    assert PreemptionGuard().signals == (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+
+
+def test_ctrl_c_is_a_preemption_and_a_second_one_stops_at_once():
+    with PreemptionGuard() as guard:
+        os.kill(os.getpid(), signal.SIGINT)  # would raise KeyboardInterrupt without the guard
+        assert guard.requested and guard.signal_name == "SIGINT"
+        with pytest.raises(Stopped) as exc:
+            os.kill(os.getpid(), signal.SIGINT)
+    assert exc.value.signum == signal.SIGINT and not exc.value.checkpointed
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_stop_on_signals_unwinds_the_job_and_marks_a_checkpointed_stop():
+    """bench.cli's handler around a job: a signal outside the training loop raises Stopped at once; inside
+    it, the guard hands over to it after the checkpoint, marked as checkpointed."""
+    with stop_on_signals():
+        with pytest.raises(Stopped) as outside:
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert outside.value.signum == signal.SIGTERM and not outside.value.checkpointed
+        with PreemptionGuard() as guard:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            with pytest.raises(Stopped) as inside:
+                guard.exit_after_checkpoint()
+        assert inside.value.signum == signal.SIGUSR1 and inside.value.checkpointed
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_stop_on_signals_leaves_handlers_someone_installed():
+    mine = lambda s, f: None  # noqa: E731  (submitit's requeue handler, say)
+    old = signal.signal(signal.SIGUSR1, mine)
+    try:
+        with stop_on_signals():
+            assert signal.getsignal(signal.SIGUSR1) is mine
+            assert signal.getsignal(signal.SIGUSR1) is not signal.getsignal(signal.SIGTERM)
+        assert signal.getsignal(signal.SIGUSR1) is mine
+    finally:
+        signal.signal(signal.SIGUSR1, old)

@@ -1,0 +1,172 @@
+"""What a launch does with the run directory it has just locked: skip it, refuse it, start it or resume it.
+
+`decide(run, cfg)` runs under the run directory's lock (bench.cli.execute), so the status it reads is final: a
+second launch that waited while the first finished sees `completed` and skips, instead of starting over.
+The rules, in order (issue 13):
+
+1. Temporaries a killed or failed writer left (`ckpt/last.pt.tmp<pid>`, `run.json.tmp<pid>`) are removed.
+2. `train.overwrite=true`: the run is reset (metrics, evals, checkpoints, run.json) and starts at step 0.
+   It is the only way rows are ever deleted without a checkpoint to recompute them from.
+3. A finished run (completed, diverged, incomplete) is skipped: its outcome is reported, nothing is written.
+4. The checkpoint: ckpt/last.pt, or ckpt/prev.pt when last.pt is missing (a crash between the two renames
+   of `save_checkpoint`) or when asked for (`train.resume_from=previous`). An unreadable checkpoint is
+   refused, naming the file and both ways on (resume from the previous one, or restart).
+5. No checkpoint but rows in metrics.jsonl / eval.jsonl (a completed run whose run.json was deleted, a run
+   killed before its first checkpoint): refused, naming the directory and `train.overwrite=true`. The rows
+   are the evidence of a run; only the user may decide to recompute them.
+6. Resume: unreadable lines are set aside (`metrics.jsonl.bad-<time>`, with a warning naming file and
+   lines) and every readable row is kept; rows at or after the checkpoint's step are dropped (they are
+   recomputed identically). A step missing before it is recomputed when ckpt/prev.pt precedes it; otherwise
+   the run goes on and ends `incomplete` (listed, not used, by qrl-analyze).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.store import CheckpointError, RunDir
+
+#: statuses a relaunch does not touch (train.overwrite=true reruns them)
+FINAL_STATUSES = ("completed", "diverged", "incomplete")
+RESUME_FROM = ("last", "previous")
+OVERWRITE_HINT = "train.overwrite=true"
+
+
+@dataclass
+class Plan:
+    """The decision for one launch. `action`: start | resume | skip | refuse."""
+
+    action: str
+    message: str = ""
+    outcome: str | None = None  # for skip / refuse: the outcome bench.cli reports
+    checkpoint: dict[str, Any] | None = None
+    start: int = 0
+    notes: list[str] = field(default_factory=list)  # warnings to print (set-aside lines, cleaned files)
+
+
+def expected_steps(start: int, eval_every: int) -> tuple[set[int], set[int]]:
+    """The metrics and eval steps a run that reached `start` must have written before it."""
+    return set(range(start)), {s for s in range(start) if s % eval_every == 0}
+
+
+def missing_steps(run: RunDir, start: int, eval_every: int) -> dict[str, list[int]]:
+    """{file name: steps below `start` without a row} for metrics.jsonl and eval.jsonl (empty when complete)."""
+    want_m, want_e = expected_steps(start, eval_every)
+    have_m = {r.get("step") for r in run.metrics()}
+    have_e = {r.get("step") for r in run.evals()}
+    out = {run.metrics_file.name: sorted(want_m - have_m), run.eval_file.name: sorted(want_e - have_e)}
+    return {k: v for k, v in out.items() if v}
+
+
+def describe_missing(missing: dict[str, list[int]]) -> str:
+    parts = []
+    for name, steps in missing.items():
+        shown = ", ".join(map(str, steps[:8])) + (", ..." if len(steps) > 8 else "")
+        parts.append(f"{name} lacks step{'s' if len(steps) > 1 else ''} {shown}")
+    return "; ".join(parts)
+
+
+def final_status(run: RunDir, steps: int, eval_every: int) -> tuple[str, str | None]:
+    """("completed", None), or ("incomplete", why) when rows are missing that nobody can recompute now."""
+    missing = missing_steps(run, steps, eval_every)
+    if not any(r.get("step") == steps for r in run.evals()):
+        missing.setdefault(run.eval_file.name, []).append(steps)
+    if not missing:
+        return "completed", None
+    return "incomplete", (f"{describe_missing(missing)} (lost lines; no checkpoint could recompute them; "
+                          f"{OVERWRITE_HINT} reruns the run)")
+
+
+def decide(run: RunDir, cfg: Any) -> Plan:
+    """Decide what this launch does with `run` (see the module docstring). Call it holding the run's lock."""
+    notes = [f"removed stale temporary {p.relative_to(run.path)}" for p in run.clean_temporaries()]
+    overwrite = bool(cfg.train.get("overwrite", False))
+    resume_from = str(cfg.train.get("resume_from", "last"))
+    if overwrite:
+        had = run.has_rows() or run.info_file.exists()
+        run.reset()
+        return Plan("start", notes=notes + ([f"{OVERWRITE_HINT}: the earlier results were deleted"] if had else []))
+
+    info = run.info()
+    status = info.get("status")
+    if status in FINAL_STATUSES:
+        what = {"completed": "already completed", "diverged": f"already diverged ({info.get('reason')})",
+                "incomplete": f"already ended incomplete ({info.get('reason')})"}[status]
+        return Plan("skip", f"{what} in {run.path}, skipping ({OVERWRITE_HINT} reruns it)",
+                    outcome="skipped" if status == "completed" else status, notes=notes)
+
+    ckpt_path = run.prev_ckpt_file if resume_from == "previous" else run.ckpt_file
+    if resume_from == "last" and not run.ckpt_file.exists() and run.prev_ckpt_file.exists():
+        ckpt_path = run.prev_ckpt_file
+        notes.append("ckpt/last.pt is missing (interrupted while being replaced): resuming from ckpt/prev.pt")
+    try:
+        ckpt = run.load_checkpoint(ckpt_path)
+    except CheckpointError as e:
+        return Plan("refuse", _unreadable(run, e, resume_from), outcome="refused", notes=notes)
+    if ckpt is None and resume_from == "previous":
+        return Plan("refuse", f"train.resume_from=previous: there is no {ckpt_path} to resume from "
+                              f"({OVERWRITE_HINT} restarts the run from step 0)", outcome="refused", notes=notes)
+
+    if ckpt is None:
+        if run.has_rows():
+            n = len(run.metrics())
+            return Plan("refuse", (
+                f"{run.path} holds the results of an earlier run ({n} metrics rows, status "
+                f"{status or 'unknown: no run.json'}) but no checkpoint to resume them from; refusing to "
+                f"overwrite them. Rerun with {OVERWRITE_HINT} to start it again from step 0"),
+                outcome="refused", notes=notes)
+        return Plan("start", notes=notes)
+
+    eval_every = int(cfg.train.eval_every)
+    for file, aside, lines in run.set_aside_bad_lines():
+        notes.append(f"{file}: unreadable line{'s' if len(lines) > 1 else ''} "
+                     f"{', '.join(map(str, lines))} moved to {aside.name}")
+    start = int(ckpt["step"])
+    run.truncate_to(start)
+    missing = missing_steps(run, start, eval_every)
+    if missing and run.prev_ckpt_file.exists() and ckpt_path != run.prev_ckpt_file:
+        earliest = min(s for steps in missing.values() for s in steps)
+        try:
+            prev = run.load_checkpoint(run.prev_ckpt_file)
+        except CheckpointError:
+            prev = None
+        if prev is not None and int(prev["step"]) <= earliest:
+            ckpt, start, ckpt_path = prev, int(prev["step"]), run.prev_ckpt_file
+            run.truncate_to(start)
+            notes.append(f"{describe_missing(missing)}: resuming from ckpt/prev.pt (step {start}) to recompute them")
+            missing = {}
+    if missing:
+        notes.append(f"{describe_missing(missing)} and no checkpoint precedes them: the run continues and "
+                     f"will end 'incomplete' ({OVERWRITE_HINT} restarts it from step 0)")
+    source = ckpt_path.relative_to(run.path)
+    return Plan("resume", f"resuming from step {start} ({source})", checkpoint=ckpt, start=start, notes=notes)
+
+
+def preview(run: RunDir, cfg: Any) -> str:
+    """What `decide` would do, without touching anything (for --dry-run): run | resume | skip | refuse | restart.
+
+    It does not open checkpoints: an unreadable one shows as `resume` here and is refused at launch.
+    """
+    if bool(cfg.train.get("overwrite", False)):
+        return "restart" if run.has_rows() or run.info_file.exists() else "run"
+    if run.status in FINAL_STATUSES:
+        return "skip"
+    if run.ckpt_file.exists() or run.prev_ckpt_file.exists():
+        return "resume"
+    return "refuse" if run.has_rows() else "run"
+
+
+def _unreadable(run: RunDir, err: CheckpointError, resume_from: str) -> str:
+    """The refusal for an unreadable checkpoint: the file, the cause, and the two ways on."""
+    ways = [f"{OVERWRITE_HINT} restarts the run from step 0"]
+    if resume_from == "last" and run.prev_ckpt_file.exists():
+        try:
+            prev = run.load_checkpoint(run.prev_ckpt_file)
+            ways.insert(0, f"train.resume_from=previous resumes from ckpt/prev.pt (step {int(prev['step'])})")
+        except CheckpointError:
+            ways.append("ckpt/prev.pt is unreadable too")
+    return f"{err}; " + "; ".join(ways)
+
+
+__all__ = ["FINAL_STATUSES", "RESUME_FROM", "Plan", "decide", "final_status", "missing_steps", "preview"]

@@ -1,0 +1,335 @@
+"""The local launcher's worker pool: a few long-lived worker processes, one sweep job at a time each.
+
+Why our own pool rather than joblib/loky: a sweep must stop when told to and show one readable line, and
+loky's workers get in the way of both (a SIGTERM to the sweep left its workers training to the end under
+init; a worker whose run was preempted stayed alive, idle; every worker's progress bar shared one terminal
+line). Here:
+
+- the parent hands each idle worker the next job (`next_job`: warm starts of different tasks are built
+  side by side, never one worker waiting on another's warm-start lock while a job that could run waits);
+- a SIGTERM / SIGINT / SIGUSR1 to the parent is passed on to every worker, once per signal; the parent stops
+  handing out jobs, waits for the running ones to checkpoint (bench.preempt), and the sweep exits 128+N;
+- a worker is its own process group, so a terminal's Ctrl-C reaches only the parent (which passes it on
+  once: a second Ctrl-C stops the runs at once); it asks the kernel for a SIGTERM when the parent dies
+  (PR_SET_PDEATHSIG), so even a kill -9 of the parent leaves no worker training under init;
+- a job ended by a signal (its run preempted and checkpointed) ends its worker too; while the sweep goes on,
+  the parent starts a new worker for the jobs left; a worker that dies (kill -9, out of memory) fails its
+  job with the exit status and is replaced;
+- each job's stdout and stderr (file descriptors 1 and 2: progress bar, warnings, W&B) are appended to its
+  run directory's run.log; the parent's terminal shows only the sweep's live line (bench/sweep_report.py).
+
+Workers are started with the `spawn` method while the launcher has the code snapshot first on sys.path, so
+they import `bench` from the snapshot (bench/launchers.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any, Iterator
+
+from bench.preempt import Stopped
+from bench.sweep_report import JobView, LiveLine, outcome_of
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+PR_SET_PDEATHSIG = 1
+
+
+# ------------------------------------------------------------------------------------------------ worker
+class _WorkerState:
+    stop: int | None = None  # the signal that asked this worker to stop
+    in_job = False
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        self.stop = self.stop or signum
+        if self.in_job:  # outside the training loop's own guard (build, warm start): unwind the job now
+            raise Stopped(signum)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux for a SIGTERM when the parent dies (no-op elsewhere)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+@contextmanager
+def _output_to(log: Path) -> Iterator[None]:
+    """Send file descriptors 1 and 2 (and Python's sys.stdout/stderr with them) to `log`, appending."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    saved = os.dup(1), os.dup(2)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+def _run_one(state: _WorkerState, setup: tuple, job: dict[str, Any]) -> dict[str, Any]:
+    """One sweep job through Hydra's `run_job`, as the stock launchers run it; its output goes to run.log."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.singleton import Singleton
+    from hydra.core.utils import run_job, setup_globals
+    from omegaconf import open_dict
+
+    hydra_context, config, task_function, singleton_state = setup
+    log = Path(job["run_dir"]) / "run.log"
+    new_log = not log.exists()
+    with _output_to(log):
+        print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} job #{job['idx']} {' '.join(job['overrides'])} "
+              f"(worker pid {os.getpid()})", flush=True)
+        state.in_job = True
+        try:
+            setup_globals()
+            Singleton.set_state(singleton_state)
+            cfg = hydra_context.config_loader.load_sweep_config(config, list(job["overrides"]))
+            with open_dict(cfg):
+                cfg.hydra.job.id = f"{cfg.hydra.job.name}_{job['idx']}"
+                cfg.hydra.job.num = job["idx"]
+            HydraConfig.instance().set_config(cfg)
+            ret = run_job(hydra_context=hydra_context, config=cfg, task_function=task_function,
+                          job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+            value = ret._return_value  # the public property re-raises a failed job's exception
+            if isinstance(value, BaseException):
+                traceback.print_exception(value)
+            outcome = outcome_of(value, job["name"])
+        except Stopped as e:
+            name = signal.Signals(e.signum).name
+            outcome = {"name": job["name"], "outcome": "interrupted", "code": 128 + e.signum, "signal": e.signum,
+                       "reason": f"stopped by {name} before training started"}
+        except BaseException as e:  # noqa: BLE001 -- reported as the job's failure, the worker goes on
+            traceback.print_exc()
+            outcome = outcome_of(e, job["name"])
+        finally:
+            state.in_job = False
+    if outcome.get("signal"):
+        state.stop = state.stop or int(outcome["signal"])
+    if outcome["outcome"] == "bad_config" and new_log:  # validation failed: leave no run directory behind
+        log.unlink(missing_ok=True)
+        _remove_empty(log.parent, Path(job["sweep_dir"]))
+    return outcome
+
+
+def _remove_empty(path: Path, stop: Path) -> None:
+    path, stop = path.absolute(), stop.absolute()
+    while path != stop and stop in path.parents:
+        try:
+            path.rmdir()
+        except OSError:
+            return
+        path = path.parent
+
+
+def worker_main(conn: Connection, parent_pid: int) -> None:
+    """A worker: the sweep's setup, then jobs from `conn` until told to stop (None, a signal, the parent gone).
+
+    It imports the trainer's modules first, while the parent is still composing the sweep's configs."""
+    os.setpgid(0, 0)
+    _die_with_parent()
+    state = _WorkerState()
+    for sig in FORWARDED:
+        signal.signal(sig, state.on_signal)
+    if os.getppid() != parent_pid:
+        return
+    import cloudpickle
+
+    import bench.cli  # noqa: F401  (the slow imports: torch, transformers, hydra)
+
+    setup = None
+    while not state.stop:
+        try:
+            if not conn.poll(0.5):
+                if os.getppid() != parent_pid:
+                    break
+                continue
+            msg = conn.recv()
+        except (EOFError, OSError):
+            break
+        if msg is None:
+            break
+        if isinstance(msg, bytes):  # the sweep's setup (hydra context, config, task function), once
+            setup = cloudpickle.loads(msg)
+            continue
+        job = msg
+        outcome = _run_one(state, setup, job)
+        try:
+            conn.send(("result", job["idx"], outcome))
+        except (BrokenPipeError, OSError):
+            break
+    conn.close()
+
+
+# ------------------------------------------------------------------------------------------------ parent
+@dataclass
+class _Worker:
+    process: Any
+    conn: Connection
+    job: JobView | None = None
+
+
+def next_job(pending: list[JobView], jobs: list[JobView], t0: float) -> JobView:
+    """The next job to start: the first whose warm start is ready or not being built by a running job.
+
+    A job's `key` names what its warm start depends on (task and model). A key is ready once one of its jobs
+    has started training in this sweep (its run.json was written after `t0`: the warm start exists); a key
+    is busy while one of its jobs runs. Starting a busy, unready key would only wait on the warm-start lock.
+    """
+    ready = {j.key for j in jobs if j.key and _started_training(j, t0)}
+    busy = {j.key for j in jobs if j.state == "running"}
+    for job in pending:
+        if job.key in ready or job.key not in busy:
+            return job
+    return pending[0]
+
+
+def _started_training(job: JobView, t0: float) -> bool:
+    try:
+        return (job.run_dir / "run.json").stat().st_mtime >= t0
+    except OSError:
+        return False
+
+
+class WorkerPool:
+    """`n_workers` worker processes, started at once (their imports overlap the parent's config composition);
+    `run` hands them the sweep. Signals to this process are passed on to the workers from `__init__` on."""
+
+    def __init__(self, n_workers: int) -> None:
+        self.n_workers = n_workers
+        self.ctx = mp.get_context("spawn")
+        self.workers: list[_Worker] = []
+        self.stopping: list[int] = []
+        self.reached: list[int] = []  # running jobs when each signal came (printed later, not in the handler)
+        self.payload: bytes | None = None
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._on_signal) for sig in FORWARDED}
+        for _ in range(n_workers):
+            self._spawn()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.stopping.append(signum)
+        self.reached.append(sum(1 for w in self.workers if w.job is not None and w.process.is_alive()))
+        for w in self.workers:
+            if w.process.is_alive():
+                try:
+                    os.kill(w.process.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def _spawn(self) -> None:
+        parent_conn, child_conn = self.ctx.Pipe()
+        proc = self.ctx.Process(target=worker_main, args=(child_conn, os.getpid()),
+                                name=f"qrl-sweep-worker-{len(self.workers)}")
+        proc.start()
+        child_conn.close()
+        if self.payload is not None:
+            parent_conn.send(self.payload)
+        self.workers.append(_Worker(proc, parent_conn))
+
+    def run(self, payload: bytes, jobs: list[JobView], overrides: dict[int, list[str]], line: LiveLine,
+            sweep_dir: Path) -> int | None:
+        """Run `jobs`; returns the signal that stopped the sweep, if any. Every job ends with `outcome` set (or
+        stays pending when the sweep was stopped before it started)."""
+        self.payload = payload
+        for w in self.workers:
+            w.conn.send(payload)
+        pending = list(jobs)
+        t0 = time.time()
+        announced = 0
+        try:
+            while True:
+                if len(self.stopping) > announced:
+                    announced = len(self.stopping)
+                    name = signal.Signals(self.stopping[-1]).name
+                    again = " (again: they stop without waiting for the current step)" if announced == 1 else ""
+                    line.message(f"[sweep {line.sweep}] caught {name}: passed to {self.reached[announced - 1]} "
+                                 f"running job(s); waiting for their checkpoints{again}")
+                if not self.stopping:
+                    for w in self.workers:
+                        if w.job is None and pending and w.process.is_alive():
+                            job = next_job(pending, jobs, t0)
+                            pending.remove(job)
+                            w.conn.send({"idx": job.idx, "overrides": overrides[job.idx], "run_dir": str(job.run_dir),
+                                         "name": job.name, "sweep_dir": str(sweep_dir)})
+                            job.state, job.started, w.job = "running", time.monotonic(), job
+                if not any(w.job for w in self.workers) and (self.stopping or not pending):
+                    if len(self.stopping) == announced:
+                        break
+                    continue  # announce the last signal first
+                ready = wait([w.conn for w in self.workers] + [w.process.sentinel for w in self.workers], timeout=1.0)
+                for w in list(self.workers):
+                    _drain(w)
+                    if w.process.sentinel in ready or not w.process.is_alive():
+                        w.process.join(timeout=5)
+                        if w.process.exitcode is None:
+                            continue
+                        _drain(w)
+                        if w.job is not None:  # died inside a job
+                            w.job.state = "done"
+                            w.job.outcome = _death_outcome(w)
+                        self.workers.remove(w)
+                        if not self.stopping and pending and len(self.workers) < self.n_workers:
+                            self._spawn()
+                line.refresh()
+        finally:
+            self.close()
+        return self.stopping[0] if self.stopping else None
+
+    def close(self) -> None:
+        """Tell idle workers to exit, wait for all of them, and give the signals back."""
+        for w in self.workers:
+            try:
+                w.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for w in self.workers:
+            w.process.join(timeout=30)
+            if w.process.is_alive():
+                w.process.terminate()
+                w.process.join(timeout=10)
+        self.workers = []
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+
+def _drain(w: _Worker) -> None:
+    """Read every message a worker has sent (a result can arrive just before the worker exits)."""
+    try:
+        while w.conn.poll():
+            kind, idx, outcome = w.conn.recv()
+            if kind == "result" and w.job is not None and w.job.idx == idx:
+                w.job.state, w.job.outcome, w.job = "done", outcome, None
+    except (EOFError, OSError):
+        pass
+
+
+def _death_outcome(w: _Worker) -> dict[str, Any]:
+    code = w.process.exitcode
+    how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit status {code}"
+    return {"name": w.job.name if w.job else "", "outcome": "failed", "code": 1,
+            "reason": f"worker process {w.process.pid} died ({how}) during the job; relaunch the sweep to resume it"}
+
+
+__all__ = ["WorkerPool", "next_job", "worker_main"]

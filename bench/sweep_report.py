@@ -1,0 +1,212 @@
+"""What a sweep shows while it runs and when it ends, for both launchers (bench/launchers.py).
+
+While it runs: one live line on stderr (a terminal gets it redrawn in place every second; a log file gets a
+line when a job starts or ends, and at most every 30 s otherwise):
+
+    [sweep smoke_short] 10/24 done · 2 running · 1 failed · 3 skipped · 8 pending · ETA 3m10s
+
+Each run's own output (progress bar, warnings) goes to its run directory's run.log, not here. When it ends:
+the counts, then every job that did not complete with its outcome, reason and log, and the sweep's exit
+code (`exit_code`, read by bench.cli.main):
+
+    0 every job completed or was skipped as completed; 128+N the sweep was stopped by signal N;
+    otherwise the exit code its failed jobs share (bench/cli.py), or 1 when they differ.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+_EXIT_CODE: int | None = None
+OK_OUTCOMES = ("completed", "skipped")
+
+
+def exit_code() -> int | None:
+    """The exit code of the last sweep launched in this process (None: no sweep was launched)."""
+    return _EXIT_CODE
+
+
+def set_exit_code(code: int | None) -> None:
+    global _EXIT_CODE
+    _EXIT_CODE = code
+
+
+@dataclass
+class JobView:
+    """One job as the sweep line sees it."""
+
+    idx: int
+    name: str
+    run_dir: Path
+    steps: int
+    key: tuple = ()  # what its warm start depends on (task, model): see bench/sweep_pool.order_jobs
+    state: str = "pending"  # pending | running | done
+    outcome: dict[str, Any] | None = None
+    started: float | None = None
+    log: Path | None = None  # the job's own output; default <run dir>/run.log (local launcher)
+
+    def __post_init__(self) -> None:
+        self.log = self.log or self.run_dir / "run.log"
+
+    def progress(self) -> float:
+        """Fraction of its steps done: 1 when done, rows of metrics.jsonl / steps while running."""
+        if self.state == "done":
+            return 1.0
+        if self.state != "running":
+            return 0.0
+        try:
+            rows = (self.run_dir / "metrics.jsonl").read_bytes().count(b"\n")
+        except OSError:
+            return 0.0
+        return min(1.0, rows / max(1, self.steps))
+
+
+def counts(jobs: list[JobView]) -> dict[str, int]:
+    out = {"done": 0, "running": 0, "failed": 0, "skipped": 0, "pending": 0}
+    for j in jobs:
+        if j.state == "done":
+            kind = (j.outcome or {}).get("outcome")
+            out["done" if kind == "completed" else "skipped" if kind == "skipped" else "failed"] += 1
+        else:
+            out[j.state] += 1
+    return out
+
+
+def fmt_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def steps_done(jobs: list[JobView]) -> tuple[float, float]:
+    """(training steps done, steps left) over the jobs that do work (jobs skipped as completed do not count)."""
+    work = [j for j in jobs if (j.outcome or {}).get("outcome") != "skipped"]
+    done = sum(j.progress() * j.steps for j in work)
+    return done, sum(j.steps for j in work) - done
+
+
+@dataclass
+class Rate:
+    """Training steps per second over the last `window` seconds: a sweep's first minutes go to warm starts
+    (no steps), so an average since the start would promise hours; a recent rate does not."""
+
+    window: float = 180.0
+    samples: list[tuple[float, float]] = field(default_factory=list)
+
+    def eta(self, now: float, done: float, left: float) -> str:
+        self.samples.append((now, done))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= self.window:
+            self.samples.pop(0)
+        t0, d0 = self.samples[0]
+        if left <= 0:
+            return "0s"
+        if now - t0 < 5.0 or done - d0 <= 0:
+            return "?"
+        return fmt_duration(left * (now - t0) / (done - d0))
+
+
+def status_line(sweep: str, jobs: list[JobView], elapsed: float, extra: str = "", eta_text: str = "?") -> str:
+    c = counts(jobs)
+    parts = [f"{c['done']}/{len(jobs)} done", f"{c['running']} running", f"{c['failed']} failed",
+             f"{c['skipped']} skipped"]
+    if c["pending"]:
+        parts.append(f"{c['pending']} pending")
+    if extra:
+        parts.append(extra)
+    remaining = c["running"] + c["pending"]
+    parts.append(f"ETA {eta_text}" if remaining else f"took {fmt_duration(elapsed)}")
+    return f"[sweep {sweep}] " + " · ".join(parts)
+
+
+@dataclass
+class LiveLine:
+    """The sweep's one status line on `stream` (redrawn in place on a terminal)."""
+
+    sweep: str
+    jobs: list[JobView]
+    stream: TextIO = field(default_factory=lambda: sys.stderr)
+    t0: float = field(default_factory=time.monotonic)
+    _last: str = ""
+    _last_t: float = 0.0
+    _width: int = 0
+    _rate: Rate = field(default_factory=Rate)
+
+    @property
+    def tty(self) -> bool:
+        return bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def refresh(self, extra: str = "", force: bool = False) -> None:
+        now = time.monotonic()
+        line = status_line(self.sweep, self.jobs, now - self.t0, extra, self._rate.eta(now, *steps_done(self.jobs)))
+        changed = _without_eta(line) != _without_eta(self._last)
+        if self.tty:
+            if force or changed or now - self._last_t >= 1.0:
+                pad = max(0, self._width - len(line))
+                self.stream.write("\r" + line + " " * pad)
+                self.stream.flush()
+                self._width, self._last, self._last_t = len(line), line, now
+        elif force or changed or now - self._last_t >= 30.0:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+            self._last, self._last_t = line, now
+
+    def message(self, text: str) -> None:
+        """A line of its own (above the live line on a terminal)."""
+        if self.tty and self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self._width = 0
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        self.refresh(force=self.tty)
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _without_eta(line: str) -> str:
+    return line.rsplit(" · ", 1)[0]
+
+
+def finish(line: LiveLine, stopped_by: int | None = None) -> int:
+    """Print the end of the sweep (counts, then each job that did not complete) and record the exit code."""
+    line.close()
+    bad = [j for j in line.jobs if (j.outcome or {}).get("outcome") not in OK_OUTCOMES]
+    for j in bad:
+        o = j.outcome or {"outcome": "not started", "reason": "the sweep stopped before it started"}
+        reason = o.get("reason") or ""
+        log = f"; log: {j.log}" if j.log is not None and j.log.exists() else ""
+        line.message(f"  {o['outcome']:<12s} {j.name}: {reason}{log}")
+    if stopped_by:
+        code = 128 + stopped_by
+    elif not bad:
+        code = 0
+    else:
+        codes = {int((j.outcome or {}).get("code") or 1) for j in bad}
+        codes.discard(0)
+        code = codes.pop() if len(codes) == 1 else 1
+    if bad or stopped_by:
+        line.message(f"[sweep {line.sweep}] {len(bad)} of {len(line.jobs)} job(s) did not complete "
+                     f"(exit code {code}); relaunch the same command to resume or retry them")
+    set_exit_code(code)
+    return code
+
+
+def outcome_of(value: Any, name: str) -> dict[str, Any]:
+    """A job's return value (bench.cli.hydra_main's dict) or the exception it raised, as an outcome dict."""
+    if isinstance(value, dict) and "outcome" in value:
+        return value
+    if isinstance(value, BaseException):
+        text = str(value).strip().splitlines()
+        return {"name": name, "outcome": "failed", "code": 1,
+                "reason": f"{type(value).__name__}: {text[0] if text else ''}"}
+    return {"name": name, "outcome": "failed", "code": 1, "reason": f"unexpected job result {value!r}"}
+
+
+__all__ = ["JobView", "LiveLine", "exit_code", "finish", "outcome_of", "status_line"]

@@ -1,0 +1,138 @@
+"""A local sweep (-m, bench/sweep_pool.py) you can watch and stop, with real worker processes and signals.
+
+- its exit code says when a job failed validation, could not take its lock or failed, and it lists which,
+  with the reason and the log; the terminal shows one sweep line, each run's output is in its run.log;
+- a SIGTERM to the sweep is passed to its workers, which checkpoint; the sweep exits 143 and no process of
+  it is left; a SIGTERM to one worker preempts its run and that worker exits; a kill -9 of the sweep process
+  still leaves no worker behind (they get SIGTERM from the kernel, checkpoint and exit).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from bench.store import RunDir
+from tests.helpers import FAST, REPO
+from tests.integration.test_faults import alive, descendants, env
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+SHORT = [a for a in FAST if not a.startswith("train.steps=")] + ["train.steps=3"]
+LONG = [a for a in FAST if not a.startswith(("train.steps=", "train.checkpoint_every="))] + [
+    "train.steps=200", "train.checkpoint_every=1000"]
+
+
+def sweep_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "bench", "-m", *args]
+
+
+def run_dir(out: Path, method: str = "bf16", seed: int = 0) -> RunDir:
+    return RunDir(out / "default" / method / "arithmetic" / "tiny" / f"seed{seed}")
+
+
+def test_sweep_exits_nonzero_and_lists_the_jobs_that_did_not_complete(tmp_path):
+    """4 jobs: (steps=3, seed 0) completes; (steps=3, seed 1) finds its run directory locked; the two jobs
+    with steps=0 fail validation."""
+    locked = run_dir(tmp_path, seed=1)
+    locked.path.mkdir(parents=True)
+    with FileLock(str(locked.path / ".lock")):
+        proc = subprocess.run(sweep_cmd(*[a for a in SHORT if not a.startswith("train.steps=")],
+                                        "train.steps=3,0", "seed=0,1", f"out_root={tmp_path}"),
+                              cwd=REPO, env=env(QRL_LOCAL_JOBS="2"), capture_output=True, text=True, timeout=600)
+    err = proc.stderr
+    assert proc.returncode == 1, err[-4000:]  # jobs failed with different codes (2 and 4)
+    assert run_dir(tmp_path).status == "completed"
+    summary = err[err.index("[sweep default] 3 of 4 job(s) did not complete") - 2000:]
+    assert "locked" in summary and f"run directory {locked.path} is in use by another process" in summary
+    assert summary.count("bad_config") == 2 and "train.steps=0 must be at least 1" in summary
+    assert f"log: {locked.path / 'run.log'}" in summary
+    # the terminal got the sweep's line, not the runs' progress bars; those are in each run's run.log
+    assert "[sweep default] " in err and "1/4 done" in err
+    assert "%|" not in err and "Loading weights" not in err  # no progress bar reached the terminal
+    log = (run_dir(tmp_path).path / "run.log").read_text()
+    assert "bf16-arithmetic-tiny-s0: 100%|" in log and "completed ->" in log
+
+
+def _start_sweep(tmp_path: Path, *args: str, jobs: int = 2) -> subprocess.Popen:
+    return subprocess.Popen(sweep_cmd(*LONG, *args, f"out_root={tmp_path}"), cwd=REPO, env=env(QRL_LOCAL_JOBS=str(jobs)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_rows(proc: subprocess.Popen, runs: list[RunDir], rows: int = 2) -> None:
+    deadline = time.monotonic() + 300
+    while not all(len(r.metrics()) >= rows for r in runs):
+        assert proc.poll() is None, proc.communicate()[1][-4000:]
+        assert time.monotonic() < deadline, "the sweep's runs did not start in time"
+        time.sleep(0.2)
+
+
+def _gone(pids: list[int], timeout: float = 120) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.5)
+    return [p for p in pids if alive(p)]
+
+
+def test_sigterm_to_the_sweep_preempts_every_run_and_leaves_no_process(tmp_path):
+    proc = _start_sweep(tmp_path, "method=bf16,tis")
+    runs = [run_dir(tmp_path, "bf16"), run_dir(tmp_path, "tis")]
+    try:
+        _wait_rows(proc, runs)
+        tree = descendants(proc.pid)
+        assert len(tree) >= 2  # two workers (and the resource tracker)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-4000:]
+    assert "caught SIGTERM: passed to 2 running job(s)" in err, err
+    for r in runs:
+        info = r.info()
+        assert info["status"] == "preempted" and "SIGTERM" in info["reason"], info
+        assert r.load_checkpoint()["step"] == len(r.metrics()) < 200
+    assert _gone(tree, timeout=30) == []
+
+
+def test_sigterm_to_a_worker_preempts_its_run_and_the_worker_exits(tmp_path):
+    proc = _start_sweep(tmp_path, "method=bf16,tis", "train.steps=40")
+    bf16, tis = run_dir(tmp_path, "bf16"), run_dir(tmp_path, "tis")
+    try:
+        _wait_rows(proc, [bf16, tis])
+        workers = [p for p in descendants(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+        assert len(workers) == 2
+        victim = next(w for w in workers if os.getpgid(w) == w)  # each worker leads its own process group
+        os.kill(victim, signal.SIGTERM)
+        assert _gone([victim], timeout=120) == []  # the worker exits after its run's checkpoint
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    statuses = sorted(r.status for r in (bf16, tis))
+    assert statuses == ["completed", "preempted"], err[-4000:]
+    assert proc.returncode == 128 + signal.SIGTERM  # the code of its one job that did not complete
+    assert "preempted" in err[err.index("did not complete") - 1500:]
+
+
+def test_kill_9_of_the_sweep_process_leaves_no_worker_training(tmp_path):
+    proc = _start_sweep(tmp_path, "method=bf16,tis")
+    runs = [run_dir(tmp_path, "bf16"), run_dir(tmp_path, "tis")]
+    try:
+        _wait_rows(proc, runs)
+        tree = descendants(proc.pid)
+        proc.kill()
+        proc.communicate(timeout=60)
+        assert _gone(tree, timeout=180) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    for r in runs:  # the kernel's SIGTERM (PR_SET_PDEATHSIG) preempted them properly
+        assert r.status == "preempted" and r.load_checkpoint()["step"] == len(r.metrics())

@@ -1,0 +1,201 @@
+"""bench/resume.py `decide` and the RunDir operations it relies on, on hand-made run directories.
+
+Each case is one of issue 13's faults: what the relaunch must do with the directory it has just locked.
+The end-to-end versions (real trainer, real processes) are in tests/integration/test_faults.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from bench.resume import decide, final_status
+from bench.store import RunDir
+
+
+def cfg(**train):
+    return OmegaConf.create({"train": {"overwrite": False, "resume_from": "last", "eval_every": 2, **train}})
+
+
+def write_rows(run: RunDir, steps, evals=(), bad: dict[int, str] | None = None) -> None:
+    """metrics rows for `steps` (a line of text replaces the row at the steps in `bad`), eval rows for `evals`."""
+    run.path.mkdir(parents=True, exist_ok=True)
+    bad = bad or {}
+    run.metrics_file.write_text("".join((bad[s] if s in bad else json.dumps({"step": s, "x": s})) + "\n" for s in steps))
+    run.eval_file.write_text("".join(json.dumps({"step": s, "eval/accuracy": 0.5}) + "\n" for s in evals))
+
+
+def save(run: RunDir, step: int) -> None:
+    run.save_checkpoint({"step": step, "weights": torch.arange(3.0) + step})
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> RunDir:
+    return RunDir(tmp_path / "sweep" / "bf16" / "arithmetic" / "tiny" / "seed0")
+
+
+def test_completed_and_other_finished_runs_are_skipped_untouched(run):
+    for status, outcome in [("completed", "skipped"), ("diverged", "diverged"), ("incomplete", "incomplete")]:
+        write_rows(run, range(4), [0, 2, 4])
+        run.update_info(status=status, reason="why")
+        before = run.metrics_file.read_bytes(), run.eval_file.read_bytes(), run.info_file.read_bytes()
+        plan = decide(run, cfg())
+        assert (plan.action, plan.outcome) == ("skip", outcome)
+        assert "train.overwrite=true" in plan.message
+        assert (run.metrics_file.read_bytes(), run.eval_file.read_bytes(), run.info_file.read_bytes()) == before
+
+
+def test_rows_without_a_checkpoint_are_refused_not_truncated(run):
+    # a completed run whose run.json was deleted (its checkpoint is dropped at completion)
+    write_rows(run, range(10), [0, 2, 4, 6, 8, 10])
+    before = run.metrics_file.read_bytes()
+    plan = decide(run, cfg())
+    assert (plan.action, plan.outcome) == ("refuse", "refused")
+    assert str(run.path) in plan.message and "train.overwrite=true" in plan.message
+    assert "10 metrics rows" in plan.message and "no run.json" in plan.message
+    assert run.metrics_file.read_bytes() == before
+    # a run killed before its first checkpoint: the same
+    run.update_info(status="running")
+    assert decide(run, cfg()).action == "refuse" and run.metrics_file.read_bytes() == before
+
+
+def test_overwrite_is_the_explicit_way_to_restart(run):
+    write_rows(run, range(10), [0, 2])
+    run.update_info(status="completed", wandb_id="abc")
+    save(run, 8)
+    plan = decide(run, cfg(overwrite=True))
+    assert plan.action == "start" and plan.checkpoint is None
+    assert not run.metrics_file.exists() and not run.info_file.exists() and not run.ckpt_file.exists()
+    assert any("deleted" in n for n in plan.notes)
+
+
+def test_empty_directory_starts(run):
+    run.path.mkdir(parents=True)
+    plan = decide(run, cfg())
+    assert plan.action == "start" and plan.start == 0 and plan.notes == []
+
+
+def test_resume_keeps_every_readable_row_and_drops_those_after_the_checkpoint(run):
+    write_rows(run, range(8), [0, 2, 4, 6])
+    run.update_info(status="preempted")
+    save(run, 6)
+    plan = decide(run, cfg())
+    assert (plan.action, plan.start, plan.checkpoint["step"]) == ("resume", 6, 6)
+    assert plan.message == "resuming from step 6 (ckpt/last.pt)"
+    assert [r["step"] for r in run.metrics()] == [0, 1, 2, 3, 4, 5]
+    assert [r["step"] for r in run.evals()] == [0, 2, 4]
+
+
+def test_unreadable_line_is_set_aside_and_recomputed_from_the_previous_checkpoint(run):
+    # torn line at step 5, checkpoints at 4 (prev) and 7 (last): resume from 4 recomputes 5 (and 6)
+    write_rows(run, range(9), [0, 2, 4, 6], bad={5: '{"step": 5, "x'})
+    run.update_info(status="preempted")
+    save(run, 4)
+    save(run, 7)
+    assert torch.load(run.prev_ckpt_file)["step"] == 4  # the last two are kept
+    plan = decide(run, cfg())
+    assert (plan.action, plan.start) == ("resume", 4)
+    assert plan.message == "resuming from step 4 (ckpt/prev.pt)"
+    [aside] = run.path.glob("metrics.jsonl.bad-*")
+    assert aside.read_text() == '{"step": 5, "x\n'
+    assert any("metrics.jsonl: unreadable line 6 moved to metrics.jsonl.bad-" in n for n in plan.notes), plan.notes
+    assert any("lacks step 5" in n and "ckpt/prev.pt (step 4)" in n for n in plan.notes), plan.notes
+    assert [r["step"] for r in run.metrics()] == [0, 1, 2, 3]
+
+
+def test_unrecoverable_missing_step_goes_on_and_ends_incomplete(run):
+    torn = '{"step": 1, "x": "' + "y" * 5000  # a long torn line is set aside whole, not abridged
+    write_rows(run, range(9), [0, 2, 4, 6], bad={1: torn})
+    run.update_info(status="preempted")
+    save(run, 4)
+    save(run, 7)
+    plan = decide(run, cfg())
+    assert (plan.action, plan.start) == ("resume", 7)
+    assert [r["step"] for r in run.metrics()] == [0, 2, 3, 4, 5, 6]  # every readable row is kept
+    [aside] = run.path.glob("metrics.jsonl.bad-*")
+    assert aside.read_text() == torn + "\n"
+    assert any("lacks step 1" in n and "end 'incomplete'" in n for n in plan.notes), plan.notes
+    status, reason = final_status(run, steps=7, eval_every=2)
+    assert status == "incomplete" and "metrics.jsonl lacks step 1" in reason and "eval.jsonl lacks step 7" in reason
+
+
+def test_unreadable_checkpoint_is_named_with_both_ways_on(run):
+    write_rows(run, range(9), [0, 2, 4, 6])
+    run.update_info(status="preempted")
+    save(run, 4)
+    save(run, 7)
+    run.ckpt_file.write_bytes(b"")  # empty: torch.load raises EOFError / RuntimeError
+    plan = decide(run, cfg())
+    assert (plan.action, plan.outcome) == ("refuse", "refused")
+    assert str(run.ckpt_file) in plan.message and "unreadable" in plan.message
+    assert "train.resume_from=previous resumes from ckpt/prev.pt (step 4)" in plan.message
+    assert "train.overwrite=true restarts the run from step 0" in plan.message
+    assert len(run.metrics()) == 9  # refused: nothing touched
+    plan = decide(run, cfg(resume_from="previous"))
+    assert (plan.action, plan.start) == ("resume", 4) and plan.message == "resuming from step 4 (ckpt/prev.pt)"
+
+
+def test_missing_last_checkpoint_falls_back_to_the_previous(run):
+    # a crash between the two renames of save_checkpoint: last.pt moved to prev.pt, the new one not in place
+    write_rows(run, range(6), [0, 2, 4])
+    run.update_info(status="running")
+    save(run, 2)
+    save(run, 4)
+    run.ckpt_file.unlink()
+    plan = decide(run, cfg())
+    assert (plan.action, plan.start) == ("resume", 2)
+    assert any("ckpt/last.pt is missing" in n for n in plan.notes)
+
+
+def test_stale_temporaries_are_removed(run):
+    write_rows(run, range(3), [0, 2])
+    save(run, 2)
+    (run.path / "ckpt" / "last.pt.tmp12345").write_bytes(b"partial")
+    (run.path / "run.json.tmp999").write_text("{")
+    (run.path / "keep.tmp").write_text("not ours")
+    plan = decide(run, cfg())
+    assert sorted(plan.notes)[:2] == ["removed stale temporary ckpt/last.pt.tmp12345",
+                                      "removed stale temporary run.json.tmp999"]
+    assert not (run.path / "ckpt" / "last.pt.tmp12345").exists() and (run.path / "keep.tmp").exists()
+
+
+def test_append_after_a_torn_line_keeps_the_new_row_whole(run):
+    run.path.mkdir(parents=True)
+    run.metrics_file.write_text('{"step": 0}\n{"step": 1, "x')  # a writer killed mid-line
+    run.append_metrics({"step": 1, "x": 2})
+    read = [json.loads(line) for line in run.metrics_file.read_text().splitlines() if line.endswith("}")]
+    assert read == [{"step": 0}, {"step": 1, "x": 2}]
+
+
+def test_failed_atomic_write_leaves_no_temporary(run, monkeypatch):
+    run.path.mkdir(parents=True)
+
+    def boom(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("bench.store.os.replace", boom)
+    with pytest.raises(OSError):
+        run.save_checkpoint({"step": 1})
+    monkeypatch.undo()
+    assert list(run.path.rglob("*.tmp*")) == []
+
+
+def test_preview_says_what_decide_will_do_without_touching_anything(run):
+    from bench.resume import preview
+
+    run.path.mkdir(parents=True)
+    assert preview(run, cfg()) == "run"
+    write_rows(run, range(3), [0, 2])
+    (run.path / "ckpt").mkdir()
+    (run.path / "ckpt" / "last.pt.tmp1").write_bytes(b"x")
+    before = sorted(p.name for p in run.path.rglob("*"))
+    assert preview(run, cfg()) == "refuse" and decide(run, cfg()).action == "refuse"
+    save(run, 2)
+    assert preview(run, cfg()) == "resume"
+    run.update_info(status="diverged")
+    assert preview(run, cfg()) == "skip" and preview(run, cfg(overwrite=True)) == "restart"
+    assert "last.pt.tmp1" in before  # preview removed nothing (decide did, above)
