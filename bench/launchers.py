@@ -224,7 +224,7 @@ class SnapshotLocalLauncher(_Snapshotting, Launcher):
         if self._stopped_by is not None:  # an earlier batch of this sweep was stopped: start nothing more
             self._freeze_configs(job_overrides)
             jobs, overrides = job_views(self.hydra_context.config_loader, self.config, job_overrides, initial_job_idx)
-            sweep_report.finish(LiveLine(str(self.config.get("sweep", sweep_dir.name)), jobs), self._stopped_by)
+            sweep_report.finish(LiveLine(sweep_dir.name, jobs), self._stopped_by)
             return _job_returns(jobs, overrides, self.config)
         sys.path.insert(0, code)  # spawned workers get this sys.path: they import `bench` from the snapshot
         try:
@@ -233,7 +233,7 @@ class SnapshotLocalLauncher(_Snapshotting, Launcher):
                 self._freeze_configs(job_overrides)
                 jobs, overrides = job_views(self.hydra_context.config_loader, self.config, job_overrides,
                                             initial_job_idx)
-                line = LiveLine(str(self.config.get("sweep", sweep_dir.name)), jobs)
+                line = LiveLine(sweep_dir.name, jobs)
                 log.info(f"Launching {len(jobs)} jobs on {n_workers} local worker processes; sweep output dir: "
                          f"{sweep_dir}; each run's output goes to <run dir>/run.log")
                 payload = cloudpickle.dumps((self.hydra_context, self.config, self.task_function, Singleton.get_state()))
@@ -298,7 +298,7 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
         }
         assert self.config is not None and self.hydra_context is not None
         jobs, overrides = job_views(self.hydra_context.config_loader, self.config, job_overrides, initial_job_idx)
-        line = LiveLine(str(self.config.get("sweep", "sweep")), jobs)
+        line = LiveLine(Path(str(self.config.hydra.sweep.dir)).name, jobs)
         monitor = SlurmMonitor(jobs, line)
         with _submitted_jobs(monitor.submitted):
             monitor.start()

@@ -83,6 +83,30 @@ def test_every_named_sweep_first_job_composes(name: str):
     build_task(cfg.task)
 
 
+@pytest.mark.parametrize("name", experiments())
+def test_every_job_of_a_named_sweep_has_its_own_run_directory(name: str):
+    """Two jobs with one run directory would resume (or skip) each other: e.g. one arm at two rollout
+    precisions in a severity ladder without the precision in the run path."""
+    from bench.store import RunDir
+
+    jobs = expand([f"+experiment={name}"])
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        paths = [RunDir.of(compose("config", overrides=job)).path for job in jobs]
+    clashes = {str(p) for p in paths if paths.count(p) > 1}
+    assert not clashes, f"experiment {name}: jobs share run directories {sorted(clashes)[:3]}"
+
+
+def test_severity_sweep_is_the_documented_ladder():
+    overrides = expand(["+experiment=severity"])
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        jobs = [compose("config", overrides=job) for job in overrides]
+    rungs = {(c.method.name, c.rollout.precision, c.rollout.weight_granularity) for c in jobs}
+    assert rungs == {("bf16", "bf16", None)} | {
+        (arm, precision, granularity) for arm in ("fp8", "tis")
+        for precision, granularity in (("fp8_e4m3", None), ("int8", "per_tensor"), ("fp8_e5m2", None), ("int4", None))}
+    assert len(jobs) == 27 and {c.task.name for c in jobs} == {"chain"} and {c.seed for c in jobs} == {0, 1, 2}
+
+
 def test_resolved_config_carries_only_its_own_arms_knobs():
     tis, bf16 = compose_cfg(["method=tis"]), compose_cfg(["method=bf16"])
     assert "is_cap_C" in tis.method and "is_cap_C" not in bf16.method
