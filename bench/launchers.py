@@ -49,7 +49,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import DictConfig, OmegaConf
 
 from bench import sweep_report
-from bench.identity import run_name
+from bench.identity import run_name, run_path
 from bench.sweep_report import JobView, LiveLine
 
 log = logging.getLogger(__name__)
@@ -171,14 +171,15 @@ def job_views(loader: FrozenConfigLoader, master: DictConfig, job_overrides: Seq
     for i, ov in enumerate(job_overrides):
         idx = initial_job_idx + i
         cfg = loader.load_sweep_config(master, list(ov))
-        run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
-        try:
+        try:  # the run's own directory (bench/identity.py), not Hydra's sweep dir/subdir: a job may set `sweep`
+            run_dir = run_path(cfg.out_root, cfg.sweep, cfg.method.name, cfg.task.name, cfg.model.name, cfg.seed)
             name = run_name(cfg.method.name, cfg.task.name, cfg.model.name, cfg.seed)
             key = (str(cfg.task.name), OmegaConf.to_yaml(cfg.task), OmegaConf.to_yaml(cfg.model))
             steps = int(cfg.train.steps)
         except Exception:  # noqa: BLE001 -- another Hydra app (the launcher tests' probe)
+            run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
             name, key, steps = " ".join(filter_overrides(ov)) or f"job{idx}", (), 1
-        views.append(JobView(idx, name, run_dir.absolute(), steps, key))
+        views.append(JobView(idx, name, run_dir.absolute(), steps, key, own_dir=bool(key)))
         overrides[idx] = list(ov)
     return views, overrides
 

@@ -108,8 +108,11 @@ def _run_one(state: _WorkerState, setup: tuple, job: dict[str, Any]) -> dict[str
                 cfg.hydra.job.id = f"{cfg.hydra.job.name}_{job['idx']}"
                 cfg.hydra.job.num = job["idx"]
             HydraConfig.instance().set_config(cfg)
+            # the job's output dir is its run directory (hydra.run.dir = bench/identity.py run_path), not
+            # <sweep dir>/<subdir>: a job may set its own `sweep` (a severity ladder's rungs), and Hydra creates it
             ret = run_job(hydra_context=hydra_context, config=cfg, task_function=task_function,
-                          job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+                          job_dir_key="hydra.run.dir" if job["own_dir"] else "hydra.sweep.dir",
+                          job_subdir_key=None if job["own_dir"] else "hydra.sweep.subdir")
             value = ret._return_value  # the public property re-raises a failed job's exception
             if isinstance(value, BaseException):
                 traceback.print_exception(value)
@@ -271,7 +274,8 @@ class WorkerPool:
                             job = next_job(pending, jobs, t0)
                             pending.remove(job)
                             w.conn.send({"idx": job.idx, "overrides": overrides[job.idx], "run_dir": str(job.run_dir),
-                                         "name": job.name, "sweep_dir": str(sweep_dir)})
+                                         "name": job.name, "sweep_dir": str(sweep_dir),
+                                         "own_dir": job.own_dir})
                             job.state, job.started, w.job = "running", time.monotonic(), job
                 if not any(w.job for w in self.workers) and (self.stopping or not pending):
                     if len(self.stopping) == announced:

@@ -48,6 +48,7 @@ class JobView:
     outcome: dict[str, Any] | None = None
     started: float | None = None
     log: Path | None = None  # the job's own output; default <run dir>/run.log (local launcher)
+    own_dir: bool = False  # run_dir is the qrl-bench run directory (hydra.run.dir); else Hydra's sweep subdir
 
     def __post_init__(self) -> None:
         self.log = self.log or self.run_dir / "run.log"

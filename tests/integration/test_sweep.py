@@ -61,6 +61,18 @@ def test_sweep_exits_nonzero_and_lists_the_jobs_that_did_not_complete(tmp_path):
     assert "bf16-arithmetic-tiny-s0: 100%|" in log and "completed ->" in log
 
 
+def test_each_runs_log_is_in_its_own_run_directory_when_jobs_set_the_sweep(tmp_path):
+    """A ladder's jobs set `sweep` per row (severity/<rung>); run.log follows the run, not Hydra's sweep subdir."""
+    proc = subprocess.run(sweep_cmd(*SHORT, "sweep=ladder/a,ladder/b", f"hydra.sweep.dir={tmp_path}/ladder",
+                                    f"out_root={tmp_path}"),
+                          cwd=REPO, env=env(QRL_LOCAL_JOBS="2"), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for rung in ("a", "b"):
+        run = RunDir(tmp_path / "ladder" / rung / "bf16" / "arithmetic" / "tiny" / "seed0")
+        assert run.status == "completed" and "completed ->" in (run.path / "run.log").read_text()
+    assert not (tmp_path / "ladder" / "bf16").exists()  # nothing at Hydra's <sweep dir>/<subdir>
+
+
 def _start_sweep(tmp_path: Path, *args: str, jobs: int = 2) -> subprocess.Popen:
     return subprocess.Popen(sweep_cmd(*LONG, *args, f"out_root={tmp_path}"), cwd=REPO, env=env(QRL_LOCAL_JOBS=str(jobs)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
