@@ -15,6 +15,7 @@ mismatch        per run: the mean over its training steps of `mismatch/kl_k3`, t
 final accuracy  per run: its last eval/accuracy, in %.
 AUC             per run: the trapezoid area under its eval/accuracy curve divided by the step span, i.e. the
                 time-averaged accuracy in % (it credits learning early and charges a late collapse).
+AUC gap         the same difference for AUC: less noisy than the final accuracy (it averages every evaluation).
 gap             mean final accuracy of a method at severity s minus that of the baseline method (`--baseline`,
                 default bf16) at s, or at the baseline's only severity when it ran at one (the usual case: the
                 bf16 arm rolls out in bf16), in percentage points.
@@ -197,7 +198,9 @@ def severity_summary(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) ->
             for method in sorted(cell["method"].unique(), key=method_sort_key):
                 a = cell[cell["method"] == method]
                 is_base = method == opts.baseline and a["severity"].iloc[0] in set(base["severity"])
-                gap = Interval(np.nan, np.nan, np.nan) if is_base else bootstrap_diff_ci(a["final_acc"], base["final_acc"])
+                nan = Interval(np.nan, np.nan, np.nan)
+                gap = nan if is_base else bootstrap_diff_ci(a["final_acc"], base["final_acc"])
+                auc_gap = nan if is_base else bootstrap_diff_ci(a["auc"], base["auc"])
                 rec, note = _recovered(a, naive, base, naive_gap, method, is_base, base_note, opts)
                 steps = sorted(int(s) for s in a["collapse_step"].dropna())
                 rows.append({
@@ -208,6 +211,7 @@ def severity_summary(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) ->
                     **_interval_columns("acc", bootstrap_mean_interval(a["final_acc"])),
                     **_interval_columns("auc", bootstrap_mean_interval(a["auc"])),
                     **_interval_columns(f"gap_to_{opts.baseline}", gap),
+                    **_interval_columns(f"auc_gap_to_{opts.baseline}", auc_gap),
                     **_interval_columns("recovered", rec), "recovered_note": note,
                     "naive_gap": naive_gap.value, "naive_gap_lo": naive_gap.lo, "naive_gap_hi": naive_gap.hi,
                     "n_collapsed": int(a["collapsed"].sum()), "collapse_steps": " ".join(map(str, steps)),
@@ -272,6 +276,7 @@ def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> T
             "Accuracy (%)": _fmt_ci(r.acc, r.acc_lo, r.acc_hi),
             "AUC (%)": _fmt_ci(r.auc, r.auc_lo, r.auc_hi),
             f"Δ vs {opts.baseline} (pp)": _fmt_ci(d[gap], d[f"{gap}_lo"], d[f"{gap}_hi"], signed=True),
+            f"AUC Δ vs {opts.baseline} (pp)": _fmt_ci(d[f"auc_{gap}"], d[f"auc_{gap}_lo"], d[f"auc_{gap}_hi"], signed=True),
             f"Recovered ({opts.naive} gap)": recovered,
             "Collapsed": collapsed,
             "Seeds": str(r.n_seeds),
@@ -282,7 +287,7 @@ def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> T
         prev = key
     caption = (
         f"Per severity (rollout precision and options, ordered by measured mismatch): mean KL(μ‖π_old) per token (k3, "
-        f"mean over steps and seeds), final eval accuracy and AUC (time-averaged eval accuracy), the gap to "
+        f"mean over steps and seeds), final eval accuracy and AUC (time-averaged eval accuracy), their gaps to "
         f"{opts.baseline} and the fraction of the {opts.naive} arm's gap to {opts.baseline} each method recovers "
         f"((acc − acc_{opts.naive}) / (acc_{opts.baseline} − acc_{opts.naive})); [95 % bootstrap CI over seeds]; "
         f"'n/a ({NO_NAIVE_GAP})' where the {opts.naive} gap's CI contains 0 ('{NAIVE_BETTER}' where it lies below 0). "

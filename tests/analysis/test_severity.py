@@ -105,6 +105,8 @@ def test_summary_means_gaps_and_order(sev_sweep):
     # fp16 ran 2 seeds: KL = 2e-6 * (0.9 + 1.0) / 2
     # tis at int4: gap -15 pp; every resample of 3 seeds lies in [45 - 64, 49 - 60] = [-19, -11]
     c = cell(s, "int4", "tis")
+    bf16 = cell(s, "bf16", "bf16")
+    assert math.isclose(c["auc_gap_to_bf16"], c["auc"] - bf16["auc"]) and math.isnan(bf16["auc_gap_to_bf16"])
     assert -19 <= c["gap_to_bf16_lo"] < -15 < c["gap_to_bf16_hi"] <= -11
     # accuracy CI of a 3-seed cell lies within the seeds' range
     assert 45 <= c["acc_lo"] < 47 < c["acc_hi"] <= 49
