@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.cli import execute, run_dir_of
+from bench.cli import execute
+from bench.store import RunDir
 from tests.helpers import make_cfg
 
 pytestmark = pytest.mark.slow
@@ -21,7 +22,7 @@ def test_chain_run_generates_long_answers(tmp_path):
                    f"model.cache_dir={tmp_path / 'cache'}", *QUICK_MODEL)
     assert cfg.model.max_position_embeddings == 512 and cfg.task.max_new_tokens == 120
     assert execute(cfg) == "completed"
-    rows = run_dir_of(cfg).metrics()
+    rows = RunDir.of(cfg).metrics()
     assert [r["step"] for r in rows] == [0, 1]
     # an untrained model rarely stops early: responses are far longer than the ~3 tokens of arithmetic
     assert all(r["reward/response_length"] > 20 for r in rows)
