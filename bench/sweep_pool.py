@@ -129,19 +129,11 @@ def _run_one(state: _WorkerState, setup: tuple, job: dict[str, Any]) -> dict[str
     if outcome.get("signal"):
         state.stop = state.stop or int(outcome["signal"])
     if outcome["outcome"] == "bad_config" and new_log:  # validation failed: leave no run directory behind
+        from bench.cli import remove_empty_dirs  # imported already: the worker's first import
+
         log.unlink(missing_ok=True)
-        _remove_empty(log.parent, Path(job["sweep_dir"]))
+        remove_empty_dirs(log.parent, Path(job["sweep_dir"]))
     return outcome
-
-
-def _remove_empty(path: Path, stop: Path) -> None:
-    path, stop = path.absolute(), stop.absolute()
-    while path != stop and stop in path.parents:
-        try:
-            path.rmdir()
-        except OSError:
-            return
-        path = path.parent
 
 
 def worker_main(conn: Connection, parent_pid: int) -> None:
