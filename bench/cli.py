@@ -295,6 +295,11 @@ def _read_only_fs(path: Path) -> bool:
 
 
 def main() -> None:
+    # A W&B service inherited from the launching process (wandb exports WANDB_SERVICE to its children) would
+    # carry this run's W&B stream: a resumed run then writes into the stream its killed attempt left open in
+    # that service, and its own offline run directory stays empty. Nothing in this process has started W&B
+    # yet, so any WANDB_SERVICE here is inherited: every qrl-bench process starts its own.
+    os.environ.pop("WANDB_SERVICE", None)
     args = sys.argv[1:]
     error = check_group_overrides([a for a in args if not a.startswith("-")]) or unwritable_out_root(args)
     if error:

@@ -10,7 +10,6 @@ import json
 import math
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +19,8 @@ _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 def inspect_records(run_dir: Path) -> list[dict[str, Any]]:
     """All records of one offline run directory (wandb/offline-run-*), via `wandb leet inspect --json`."""
-    for attempt in range(3):  # once seen failing in CI under load (exit 1, stderr not kept); not reproduced alone
-        proc = subprocess.run([WANDB_CLI, "leet", "inspect", "--json", str(run_dir)], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=120)
-        if proc.returncode == 0:
-            break
-        print(f"wandb leet inspect {run_dir} exited {proc.returncode} (try {attempt + 1}): {proc.stderr[-2000:]}",
-              file=sys.stderr)
-        time.sleep(2)
+    proc = subprocess.run([WANDB_CLI, "leet", "inspect", "--json", str(run_dir)], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=120)
     assert proc.returncode == 0, f"wandb leet inspect {run_dir} exited {proc.returncode}: {proc.stderr[-2000:]}"
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
