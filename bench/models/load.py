@@ -44,6 +44,7 @@ class ModelConfig:
     warmstart_lr: float = 1e-3
     warmstart_batch: int = 16  # small batches: at this size progress is per update, not per example
     warmstart_target_acc: Optional[float] = 0.45  # stop SFT once greedy accuracy on train examples reaches it
+    warmstart_threads: int = 1  # built-in only: torch threads of the SFT, fixed here (not the caller's) so the weights are too
     cache_dir: str = "${oc.env:QRL_BENCH_CACHE,'~/.cache/qrl-bench'}"
     # any model (built-in or loaded):
     dtype: str = "fp32"  # the trainer's weights: fp32 (master weights; bf16 compute is train.dtype) | bf16 (half the memory, no fp32 master copy)
@@ -55,6 +56,8 @@ class ModelConfig:
     def check(self) -> None:
         if self.dtype not in LOAD_DTYPES:
             raise ValueError(f"model.dtype={self.dtype!r} is not valid; choose one of: {', '.join(LOAD_DTYPES)}")
+        if self.warmstart_threads < 1:
+            raise ValueError(f"model.warmstart_threads={self.warmstart_threads} must be at least 1")
         if self.max_length is not None and self.max_length < 2:
             raise ValueError(f"model.max_length={self.max_length} must be at least 2 (a prompt token and a response token)")
         if self.path is None and self.chat_template:

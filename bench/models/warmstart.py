@@ -8,8 +8,8 @@ train examples reaches `model.warmstart_target_acc`, or after `model.warmstart_s
 Measured with the defaults (Qwen2, one thread, shared 2-core CPU): arithmetic runs all 1500 steps (45-52 s,
 13.5 % greedy test accuracy), countdown stops after 350 steps (16 s, 21 %).
 
-The result is deterministic for a given torch build (fixed init and data-order seeds, one thread) and cached
-under `model.cache_dir`/warmstart/<task>-<arch>-<hash>, where the hash covers everything that changes the weights:
+The result is deterministic for a given torch build (fixed init and data-order seeds, a thread count fixed by
+`model.warmstart_threads`) and cached under `model.cache_dir`/warmstart/<task>-<arch>-<hash>, where the hash covers everything that changes the weights:
 the model config, the task's fingerprint (config, data files), the warm-start hyper-parameters, the
 tokenizer vocabulary and `CODE_VERSION` (bump it whenever this file's training recipe changes). The cache
 directory is an ordinary HF model directory (model + tokenizer + warmstart.json), loaded by the same code
@@ -25,13 +25,14 @@ import math
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from filelock import FileLock
+from filelock import FileLock, Timeout
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from bench.models.tiny import build_tiny_model
@@ -61,6 +62,8 @@ def resolve_cache_dir(cache_dir: str) -> Path:
 def cache_key(model_cfg: Any, task: Task, tokenizer: PreTrainedTokenizerBase) -> str:
     """Hex digest of everything that determines the warm-started weights."""
     model = {k: v for k, v in config_to_dict(model_cfg).items() if k not in _NOT_IN_KEY}
+    if model.get("warmstart_threads", 1) == 1:  # the recipe before the knob existed: keep those caches' keys
+        model.pop("warmstart_threads", None)
     payload = {
         "code": CODE_VERSION,
         "model": model,
@@ -79,9 +82,17 @@ def warm_start_dir(model_cfg: Any, task: Task) -> Path:
     if final.is_dir():  # it only appears by an atomic rename, so it is complete
         return final
     root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(final) + ".lock"):
+    lock = FileLock(str(final) + ".lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        _say(f"waiting for another job to finish the {task.name} warm start ({final})")
+        lock.acquire()
+    try:
         if final.is_dir():  # another job built it while we waited for the lock
             return final
+        _say(f"building the {task.name} warm start once (at most {model_cfg.warmstart_steps} SFT steps on "
+             f"{getattr(model_cfg, 'warmstart_threads', 1)} thread(s)); cached at {final}")
         tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=root))
         try:
             model, info = train_warm_start(model_cfg, task, tokenizer)
@@ -94,7 +105,16 @@ def warm_start_dir(model_cfg: Any, task: Task) -> Path:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+    finally:
+        lock.release()
+    _say(f"{task.name} warm start built: {info['steps_run']} SFT steps in {info['sft_seconds']:.0f} s, "
+         f"greedy test accuracy {info['test_greedy_accuracy']:.1%}")
     return final
+
+
+def _say(message: str) -> None:
+    """One progress line on stderr (a sweep job's run.log): a first build takes seconds to tens of minutes."""
+    print(f"qrl-bench: warm start: {message}", file=sys.stderr, flush=True)
 
 
 def train_warm_start(
@@ -102,11 +122,14 @@ def train_warm_start(
 ) -> tuple[PreTrainedModel, dict[str, Any]]:
     """Build the tiny model, SFT it on the task's train split, measure greedy test accuracy. No caching.
 
-    Runs on ONE torch thread whatever the caller uses: the reduction order, hence the weights, then do not
-    depend on which sweep job happened to build the cache first (and at this size a second thread gains little).
+    Runs on `model.warmstart_threads` torch threads (default 1) whatever the caller uses: the reduction order,
+    hence the weights, then do not depend on which sweep job happened to build the cache first (the thread
+    count is part of the cache key). One thread gains little at tiny's size; the long-answer warm start
+    (model=tiny_long, ~2300 steps) uses 2, measured 286 -> 174 ms per SFT step on this 2-core CPU, while the
+    sweep's other worker only waits for the cache.
     """
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(getattr(model_cfg, "warmstart_threads", 1)))
     try:
         return _train_warm_start(model_cfg, task, tokenizer)
     finally:
@@ -206,6 +229,7 @@ def sft(
     order: list[int] = []
     losses: list[float] = []
     checks: list[tuple[int, float]] = []
+    t0 = time.perf_counter()
     for step in range(1, steps + 1):
         model.train()
         if len(order) < batch_size:
@@ -225,6 +249,8 @@ def sft(
         if target_acc is not None and step % EVAL_EVERY == 0:
             acc = greedy_accuracy(model, tokenizer, task, n=EVAL_EXAMPLES, split="train")
             checks.append((step, acc))
+            _say(f"{task.name}: step {step}/{steps}, loss {losses[-1]:.3f}, greedy accuracy on {EVAL_EXAMPLES} train "
+                 f"examples {acc:.1%} (stops at {target_acc:.0%}), {time.perf_counter() - t0:.0f} s")
             if acc >= target_acc:
                 break
     model.eval()

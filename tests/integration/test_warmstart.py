@@ -16,6 +16,7 @@ from bench.tasks.arithmetic import ArithmeticTaskConfig
 from bench.tasks.countdown import CountdownTaskConfig
 from bench.models.load import load_policy
 from bench.models.warmstart import INFO_FILE, greedy_accuracy, warm_start_dir
+from bench.models.tokenizer import build_char_tokenizer
 from bench.tasks.base import build_task
 
 
@@ -139,3 +140,33 @@ def test_stopping_rule_stops_at_the_target(small_task):
     model = build_tiny_model(ModelConfig(num_layers=1), tok)
     run = ws.sft(model, tok, small_task, steps=10 * ws.EVAL_EVERY, lr=1e-3, batch_size=4, seed=0, target_acc=0.0)
     assert run["steps_run"] == ws.EVAL_EVERY and len(run["train_checks"]) == 1
+
+
+def test_thread_count_comes_from_the_config_not_the_caller(tmp_path, small_task, monkeypatch):
+    """The SFT runs on model.warmstart_threads threads whatever the calling job uses, and restores the caller's
+    count; 1 (the recipe before the knob existed) keeps the old cache key, any other count gets its own."""
+    seen = []
+    real = ws._train_warm_start
+
+    def spy(*a, **k):
+        seen.append(torch.get_num_threads())
+        return real(*a, **k)
+
+    monkeypatch.setattr(ws, "_train_warm_start", spy)
+    caller = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        a, _ = load_policy(quick_cfg(tmp_path / "a"), small_task)
+        torch.set_num_threads(1)
+        b, _ = load_policy(quick_cfg(tmp_path / "b", warmstart_threads=2), small_task)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(caller)
+    assert seen == [1, 2]
+    cfg = quick_cfg(tmp_path)
+    tok = build_char_tokenizer(cfg.max_position_embeddings)
+    without_knob = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "warmstart_threads"}
+    assert ws.cache_key(cfg, small_task, tok) == ws.cache_key(without_knob, small_task, tok)
+    assert ws.cache_key(dataclasses.replace(cfg, warmstart_threads=2), small_task, tok) != ws.cache_key(cfg, small_task, tok)
+    with pytest.raises(ValueError, match="model.warmstart_threads=0"):
+        dataclasses.replace(cfg, warmstart_threads=0).check()
