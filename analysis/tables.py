@@ -440,10 +440,3 @@ def throughput_table(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) -> T
     )
     return Table("throughput", data, pd.DataFrame(rows), caption)
 
-
-def build_tables(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) -> list[Table]:
-    """All tables of the report, in the order the report shows them."""
-    from .benchmarks import benchmark_table  # it builds on this module's Table and formatting
-
-    return [results_table(sweep, baseline), accuracy_table(sweep, baseline), benchmark_table(sweep),
-            throughput_table(sweep, baseline, warmup)]
