@@ -109,6 +109,11 @@ def warm_start_dir(model_cfg: Any, task: Task) -> Path:
         lock.release()
     _say(f"{task.name} warm start built: {info['steps_run']} SFT steps in {info['sft_seconds']:.0f} s, "
          f"greedy test accuracy {info['test_greedy_accuracy']:.1%}")
+    target, checks = model_cfg.warmstart_target_acc, info["train_checks"]
+    if target is not None and checks and checks[-1][1] < target:
+        _say(f"WARNING: the SFT used its whole budget (model.warmstart_steps={model_cfg.warmstart_steps}) and ended "
+             f"at {checks[-1][1]:.1%} train accuracy, below model.warmstart_target_acc={target}: RL groups from it "
+             "may all score 0 and learn nothing; a larger model.warmstart_steps gives the SFT time to get there")
     return final
 
 
@@ -124,9 +129,11 @@ def train_warm_start(
 
     Runs on `model.warmstart_threads` torch threads (default 1) whatever the caller uses: the reduction order,
     hence the weights, then do not depend on which sweep job happened to build the cache first (the thread
-    count is part of the cache key). One thread gains little at tiny's size; the long-answer warm start
-    (model=tiny_long, ~2300 steps) uses 2, measured 286 -> 174 ms per SFT step on this 2-core CPU, while the
-    sweep's other worker only waits for the cache.
+    count is part of the cache key). Two threads run an SFT step faster (tiny_long: 286 -> 174 ms on this 2-core
+    CPU), but the long-answer warm start learns through a sudden transition whose timing the reduction order
+    moves: with 2 threads the chain SFT had loss 0.28 and 0% train accuracy at step 2300, where 1 thread had
+    0.04 and 30 %. So every preset keeps 1; the knob is for experiments, and `warm_start_dir` warns when a
+    build ends below its target.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(int(getattr(model_cfg, "warmstart_threads", 1)))
