@@ -170,3 +170,16 @@ def test_thread_count_comes_from_the_config_not_the_caller(tmp_path, small_task,
     assert ws.cache_key(dataclasses.replace(cfg, warmstart_threads=2), small_task, tok) != ws.cache_key(cfg, small_task, tok)
     with pytest.raises(ValueError, match="model.warmstart_threads=0"):
         dataclasses.replace(cfg, warmstart_threads=0).check()
+
+
+def test_progress_lines_and_a_warning_when_the_target_is_not_reached(tmp_path, small_task, capsys):
+    """A first build says so and reports each accuracy check on stderr (a sweep job's run.log); one that spends its
+    whole step budget below model.warmstart_target_acc says that RL from it may learn nothing."""
+    cfg = dataclasses.replace(quick_cfg(tmp_path), warmstart_steps=ws.EVAL_EVERY, warmstart_target_acc=0.99)
+    warm_start_dir(cfg, small_task)
+    err = capsys.readouterr().err
+    assert "building the arithmetic warm start once" in err
+    assert f"step {ws.EVAL_EVERY}/{ws.EVAL_EVERY}, loss " in err
+    assert "WARNING: the SFT used its whole budget (model.warmstart_steps=50)" in err
+    warm_start_dir(cfg, small_task)  # from the cache: silent
+    assert capsys.readouterr().err == ""
