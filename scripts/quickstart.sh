@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# THE main command: installs what it needs, runs the short smoke sweep (six arms x two tasks x 2 seeds,
-# tiny model, CPU, local launcher, jobs in parallel) and writes the analysis report.
+# THE main command: installs what it needs, runs the short smoke sweep (six arms on arithmetic plus bf16 / fp8 / tis
+# at W4A4 on short chains, 2 seeds; tiny model, CPU, local launcher, jobs in parallel) and writes the analysis report.
 # Finished runs are skipped on a second call, interrupted ones resumed. Extra arguments go to qrl-bench.
 # W&B is off here: the report reads the run directories, and each run's W&B mirror costs a few CPU seconds
 # (its service process) on a machine that has none to spare; WANDB_MODE=offline bash scripts/quickstart.sh
