@@ -12,8 +12,8 @@ The result is deterministic for a given torch build (fixed init and data-order s
 `model.warmstart_threads`) and cached under `model.cache_dir`/warmstart/<task>-<arch>-<hash>, where the hash
 covers everything that changes the weights: the model config, the task's fingerprint (config, data files), the
 warm-start hyper-parameters, the tokenizer vocabulary and `CODE_VERSION` (bump it whenever this file's training
-recipe changes). The cache directory is an ordinary HF model directory (model + tokenizer + warmstart.json), loaded by the same code
-as any user model. It is built under a file lock into a temporary directory and renamed into place, so
+recipe changes). The cache directory is an ordinary HF model directory (model + tokenizer + warmstart.json),
+loaded by the same code as any user model. It is built under a file lock into a temporary directory and renamed into place, so
 concurrent sweep jobs neither corrupt it nor build it twice, and a crash never leaves a half-written cache.
 """
 
