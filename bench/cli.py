@@ -102,6 +102,12 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
     except ValueError as e:
         return _bad_input(cfg, name, e)
     run = RunDir.of(cfg)
+    from bench.resume import config_mismatch
+
+    mismatch = None if cfg.train.overwrite else config_mismatch(run, cfg)
+    if mismatch:  # before any work; decided again under the lock
+        print(f"qrl-bench: error: {name}: {mismatch}", file=sys.stderr, flush=True)
+        return Outcome("bad_config", mismatch, run.path)
     if run.status == "completed" and not cfg.train.overwrite:  # cheap early exit; decided again under the lock
         say(name, f"already completed in {run.path}, skipping")
         return Outcome("skipped", "already completed", run.path)
@@ -128,7 +134,7 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
                 return Outcome(plan.outcome or "skipped", plan.message, run.path)
             if plan.action == "refuse":
                 print(f"qrl-bench: error: {name}: {plan.message}", file=sys.stderr, flush=True)
-                return Outcome("refused", plan.message, run.path)
+                return Outcome(plan.outcome or "refused", plan.message, run.path)
             if plan.action == "resume":
                 say(name, f"{plan.message} in {run.path}")
             try:
@@ -149,9 +155,9 @@ def _bad_input(cfg: DictConfig, name: str, err: BaseException) -> Outcome:
     """Bad configuration or input: one line, and no (empty) run directory left behind."""
     print(f"qrl-bench: error: {err}", file=sys.stderr, flush=True)
     try:
-        path = RunDir.of(cfg).path
-        root = Path(path).parents[4]  # <out_root>/<sweep>/<method>/<task>/<model>/seed<k>
-        remove_empty_dirs(path, root)
+        from hydra.utils import to_absolute_path
+
+        remove_empty_dirs(RunDir.of(cfg).path, Path(to_absolute_path(cfg.out_root)))
     except Exception:  # noqa: BLE001 -- the config may be too broken to name its directory
         pass
     return Outcome("bad_config", str(err))

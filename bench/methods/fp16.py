@@ -22,20 +22,13 @@ actor_rollout_ref.rollout.dtype=float16`, with a ShardedGradScaler for the actor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from bench.methods.base import METHODS, MethodConfig
 from bench.methods.naive import Naive
 
 
-@dataclass
-class FP16Config(MethodConfig):
-    precision: str = "fp16"  # the trainer's fp16 is train.dtype, set in conf/method/fp16.yaml
-
-
-@METHODS.register("fp16", schema=FP16Config, color="#332288", order=5)
+@METHODS.register("fp16", schema=MethodConfig, precision="fp16", color="#332288", order=5)
 class FP16(Naive):
     """The uncorrected recompute loss with an fp16 trainer and an fp16 rollout engine."""
 
 
-__all__ = ["FP16", "FP16Config"]
+__all__ = ["FP16"]

@@ -42,7 +42,6 @@ from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio, 
 
 @dataclass
 class SeqMISConfig(MethodConfig):
-    precision: str = "fp8_e4m3"
     seq_mis_lo: float = 0.9  # keep a sequence when seq_mis_lo <= geometric-mean(pi_old/mu) <= seq_mis_hi
     seq_mis_hi: float = 1.1
     seq_mis_token_tis: bool = False  # also weight kept tokens by min(pi_old/mu, is_cap_C) (Geo-RS-Token-TIS)
