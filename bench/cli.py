@@ -41,7 +41,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from bench import sweep_report
-from bench.config import CONF_DIR, GROUP_REGISTRIES, register_configs, validate
+from bench.config import CONF_DIR, GROUP_REGISTRIES, NAME_KEYS, RENAMED_METHODS, USER_NAMED_MODELS, register_configs, validate
 from bench.grpo import AlgoConfig
 from bench.preempt import Stopped, stop_on_signals
 from bench.store import RunDir, RunLocked, root_os_error
@@ -265,6 +265,26 @@ def check_group_overrides(args: list[str]) -> str | None:
     return None
 
 
+def check_names(args: list[str]) -> str | None:
+    """The error for a renamed arm (`method=fp8`: naming the new name) or for an override of a name key
+    (`method.name=tis`: a registered name is its config file's name and nothing else, bench/config.py)."""
+    for arg in args:
+        key, eq, value = arg.lstrip("+~").partition("=")
+        if not eq:
+            continue
+        if key == "method":
+            for choice in value.split(","):
+                if choice.strip() in RENAMED_METHODS:
+                    return f"method={choice.strip()} was renamed: {RENAMED_METHODS[choice.strip()]}"
+        group, _, knob = key.partition(".")
+        if group in NAME_KEYS and knob == NAME_KEYS[group]:
+            if group == "model" and any(a.lstrip("+").startswith(f"model={m}") for a in args for m in USER_NAMED_MODELS):
+                continue
+            return (f"{arg}: {key} is the {group}'s config file name and cannot be overridden; choose the "
+                    f"{group} with {group}=<name>" + (" (model=hf takes model.name=...)" if group == "model" else ""))
+    return None
+
+
 def _default_choices() -> dict[str, str]:
     defaults = OmegaConf.load(CONF_DIR / "config.yaml").defaults
     out = {}
@@ -307,7 +327,8 @@ def main() -> None:
     # yet, so any WANDB_SERVICE here is inherited: every qrl-bench process starts its own.
     os.environ.pop("WANDB_SERVICE", None)
     args = sys.argv[1:]
-    error = check_group_overrides([a for a in args if not a.startswith("-")]) or unwritable_out_root(args)
+    plain = [a for a in args if not a.startswith("-")]
+    error = check_names(plain) or check_group_overrides(plain) or unwritable_out_root(args)
     if error:
         print(f"qrl-bench: error: {error}", file=sys.stderr)
         sys.exit(EXIT["bad_config"])
