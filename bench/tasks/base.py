@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from bench.registry import Registry
 
@@ -110,8 +110,11 @@ class Task(ABC):
     name: str = ""  # the registry key, set by @TASKS.register
 
     def __init__(self, cfg: Any):
-        if dataclasses.is_dataclass(cfg) and getattr(cfg, "name", None) in (MISSING, None, ""):
-            cfg = dataclasses.replace(cfg, name=self.name)  # a config built in code: its name is the task's
+        if _unnamed(cfg):  # a config built in code: its name is the task's
+            if OmegaConf.is_config(cfg):
+                cfg.name = self.name
+            else:
+                cfg = dataclasses.replace(cfg, name=self.name)
         self.cfg = cfg
         self._splits: dict[str, list[Example]] | None = None
 
@@ -179,7 +182,14 @@ class Task(ABC):
 def build_task(task_cfg: Any) -> Task:
     """The Task named by `task_cfg.name` (a schema instance built in code: the task registered with that schema).
     Unknown names fail listing the valid ones."""
-    name = getattr(task_cfg, "name", None)
-    if name in (MISSING, None, "") and dataclasses.is_dataclass(task_cfg):
-        name = TASKS.name_of_schema(type(task_cfg))
-    return TASKS.get(name)(task_cfg)
+    if _unnamed(task_cfg):
+        schema = OmegaConf.get_type(task_cfg) if OmegaConf.is_config(task_cfg) else type(task_cfg)
+        return TASKS.get(TASKS.name_of_schema(schema))(task_cfg)
+    return TASKS.get(task_cfg.name)(task_cfg)
+
+
+def _unnamed(cfg: Any) -> bool:
+    """True for a task config built in code from its schema (its `name` is still MISSING)."""
+    if OmegaConf.is_config(cfg):
+        return OmegaConf.is_missing(cfg, "name")
+    return dataclasses.is_dataclass(cfg) and getattr(cfg, "name", None) in (MISSING, None, "")

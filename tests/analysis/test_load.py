@@ -21,7 +21,7 @@ def test_clean_sweep_loads_every_run_with_identity_from_config(clean_sweep: Path
     assert {(r.method, r.precision) for r in sweep.runs} == set(PRECISION.items())
     assert sweep.tasks == TASKS and sweep.models == ["tiny"] and sweep.seeds == SEEDS
     diverged = [r for r in sweep.runs if r.status == "diverged"]
-    assert [(r.method, r.task, r.seed) for r in diverged] == [("fp8", "arithmetic", 2)]
+    assert [(r.method, r.task, r.seed) for r in diverged] == [("naive", "arithmetic", 2)]
 
 
 def test_broken_runs_are_reported_with_their_reason_and_left_out(broken_sweep: Path):
@@ -114,7 +114,7 @@ def test_missing_steps_anywhere_are_detected_and_listed(clean_sweep: Path):
     info = json.loads(marked.read_text())
     info.update(status="incomplete", reason="metrics.jsonl lacks step 3 (lost lines)")
     marked.write_text(json.dumps(info))
-    div = clean_sweep / "fp8" / "arithmetic" / "tiny" / "seed2" / "metrics.jsonl"  # the diverged run
+    div = clean_sweep / "naive" / "arithmetic" / "tiny" / "seed2" / "metrics.jsonl"  # the diverged run
     lines = div.read_text().splitlines()
     div.write_text("\n".join(lines[:1] + lines[2:]) + "\n")
     sweep = load_sweeps([clean_sweep])

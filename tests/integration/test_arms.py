@@ -15,8 +15,8 @@ pytestmark = pytest.mark.slow
 
 OWN_KEYS = {
     "bf16": ["clipfrac", "ppo_kl"],
-    "fp8": ["clipfrac", "ppo_kl"],
-    "fp8_ppo_is": ["clipfrac", "ppo_kl"],
+    "naive": ["clipfrac", "ppo_kl"],
+    "naive_ppo_is": ["clipfrac", "ppo_kl"],
     "tis": ["is_mean", "is_max", "is_frac_high", "is_ess", "clipfrac"],
     "acr": ["frac_acr_active", "acr_upper_mean", "clipfrac_pos", "clipfrac_neg", "rho_max"],
     "acr_uaq": ["frac_acr_active", "acr_upper_mean", "clipfrac_pos", "clipfrac_neg", "rho_max"],
