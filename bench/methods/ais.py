@@ -39,7 +39,6 @@ from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio, 
 
 @dataclass
 class AISConfig(MethodConfig):
-    precision: str = "fp8_e4m3"
     is_cap_C: float = 2.0  # noqa: N815  (ours: the paper's truncation constant is not available)
     ais_adv_eps: float = 1e-8  # responses with |A| <= eps carry no gradient: left out of alpha's statistics
     ais_n_min: int = 2

@@ -45,7 +45,6 @@ from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio, 
 
 @dataclass
 class GeoRSConfig(MethodConfig):
-    precision: str = "fp8_e4m3"
     geo_rs_lo: float = 1.0 / 1.1  # keep a sequence when geo_rs_lo <= geometric-mean(pi_old/mu) <= geo_rs_hi
     geo_rs_hi: float = 1.1
     geo_rs_token_tis: bool = False  # also weight kept tokens by min(pi_old/mu, is_cap_C) (Geo-RS-Token-TIS)

@@ -38,7 +38,6 @@ from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio, 
 
 @dataclass
 class IcePopConfig(MethodConfig):
-    precision: str = "fp8_e4m3"
     icepop_alpha: float = 0.5  # lower edge of the kept band of pi_old/mu (Ring-1T)
     icepop_beta: float = 5.0  # upper edge (Ring-1T)
 

@@ -47,7 +47,6 @@ BEHAVIOURS = ("rollout", "recompute")
 
 @dataclass
 class OPSMConfig(MethodConfig):
-    precision: str = "fp8_e4m3"
     opsm_delta: float = 0.5  # threshold on the mean per-token log-ratio (nats); TRL's suggested value
     opsm_behaviour: str = "rollout"  # rollout: log mu (DeepSeek-V3.2, TRL) | recompute: log pi_old
 

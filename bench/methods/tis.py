@@ -42,7 +42,6 @@ IS_MODES = ("truncate", "mask")
 
 @dataclass
 class TISConfig(MethodConfig):
-    precision: str = "fp8_e4m3"
     is_cap_C: float = 2.0  # noqa: N815  (the C of methods.md: verl rollout_is_threshold, FlashRL "TIS-2")
     is_level: str = "token"  # token | sequence (Seq-TIS)
     is_mode: str = "truncate"  # truncate (TIS) | mask (MIS: weight 0 outside [is_cap_low, C])

@@ -54,7 +54,7 @@ class GeneratedTaskConfig(TaskConfig):
 
 
 #: `task=<name>`: every task registers itself here with its schema.
-TASKS: Registry[type["Task"]] = Registry("task", "bench.tasks")
+TASKS: Registry[type["Task"]] = Registry("task", "bench.tasks", name_attr="name")
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
@@ -107,9 +107,11 @@ def unique_examples(
 class Task(ABC):
     """A task with a verifiable reward. Subclasses implement `_build_splits`, `prompt`, `target`, `reward`."""
 
-    name: str = ""
+    name: str = ""  # the registry key, set by @TASKS.register
 
     def __init__(self, cfg: Any):
+        if dataclasses.is_dataclass(cfg) and getattr(cfg, "name", None) in (MISSING, None, ""):
+            cfg = dataclasses.replace(cfg, name=self.name)  # a config built in code: its name is the task's
         self.cfg = cfg
         self._splits: dict[str, list[Example]] | None = None
 
@@ -175,5 +177,9 @@ class Task(ABC):
 
 
 def build_task(task_cfg: Any) -> Task:
-    """The Task named by `task_cfg.name`. Unknown names fail listing the valid ones."""
-    return TASKS.get(task_cfg.name)(task_cfg)
+    """The Task named by `task_cfg.name` (a schema instance built in code: the task registered with that schema).
+    Unknown names fail listing the valid ones."""
+    name = getattr(task_cfg, "name", None)
+    if name in (MISSING, None, "") and dataclasses.is_dataclass(task_cfg):
+        name = TASKS.name_of_schema(type(task_cfg))
+    return TASKS.get(name)(task_cfg)

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from bench.config import validate
-from bench.methods.base import make_method
-from bench.methods.fp16 import FP16Config
+from bench.methods.base import arm_precision, make_method
 from bench.methods.icepop import IcePopConfig
 from bench.methods.opsm import OPSMConfig, opsm_keep
 from bench.methods.geo_rs import GeoRSConfig, geometric_keep
@@ -228,11 +227,11 @@ def test_f2_fp16_arm_sets_both_precisions(tmp_path):
     cfg = make_cfg(tmp_path, "method=fp16")
     validate(cfg)
     assert cfg.rollout.precision == "fp16" and cfg.train.dtype == "fp16"
-    assert set(cfg.method) == {"name", "precision"}  # the trainer's dtype lives in train.*, not in the arm
+    assert set(cfg.method) == {"name"}  # the trainer's dtype lives in train.*, not in the arm
     assert make_cfg(tmp_path, "method=fp16", "train.dtype=fp32").train.dtype == "fp32"  # still overridable
     assert make_cfg(tmp_path, "method=fp16", "rollout.precision=bf16").rollout.precision == "bf16"
     assert make_cfg(tmp_path, "method=tis").train.dtype == "bf16"  # the other arms keep the default
-    assert FP16Config(name="fp16").precision == "fp16"
+    assert arm_precision("fp16") == "fp16"
 
 
 def test_f3_fp16_format_rounds_to_the_ieee_half_grid():
