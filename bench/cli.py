@@ -286,12 +286,13 @@ def check_names(args: list[str]) -> str | None:
 
 
 def _default_choices() -> dict[str, str]:
-    defaults = OmegaConf.load(CONF_DIR / "config.yaml").defaults
+    defaults = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml").defaults, resolve=False)
     out = {}
     for d in defaults:
-        if isinstance(d, (dict, DictConfig)):
+        if isinstance(d, dict):
             for k, v in d.items():
-                out[str(k)] = str(v)
+                if not str(k).startswith("_schema"):
+                    out[str(k)] = str(v)
     return out
 
 
