@@ -321,6 +321,36 @@ def _read_only_fs(path: Path) -> bool:
         return False
 
 
+HELP = """usage: qrl-bench [-m] [--dry-run] [key=value ...]     (python -m bench)
+
+One GRPO run, or with -m a sweep, of an arm (a method at a rollout precision) on a task and a model.
+
+examples:
+  qrl-bench                                          the embedded default: bf16 arm, arithmetic, tiny model, CPU
+  qrl-bench method=tis rollout.precision=int8 seed=1  one arm at another precision -> results/default/tis@int8/...
+  qrl-bench -m method=bf16,naive,tis seed=0,1,2      a sweep (local workers in parallel)
+  qrl-bench -m +experiment=smoke_short --dry-run     list a named sweep's jobs and what each launch would do
+  qrl-bench -m +experiment=smoke hydra/launcher=slurm      the same sweep on SLURM (submitit)
+  qrl-bench -m +experiment=paper/qurl_table1 --dry-run     a paper recipe: its rows, GPU-hours
+  qrl-analyze results/smoke_short                    figures, tables and report.md of a sweep
+
+config groups (choose with group=option):
+{groups}
+Every key of the resolved config can be set as key=value (e.g. train.steps=20 algo.clip_eps_high=0.28);
+`qrl-bench --cfg job` prints the resolved config. Exit codes: see `python -m bench --exit-codes`.
+"""
+
+
+def help_text() -> str:
+    """The help: usage examples and every config group with its options (the yaml files of conf/)."""
+    lines = []
+    for group in ("method", "rollout", "task", "model", "tracking", "experiment"):
+        folder = CONF_DIR / group
+        options = sorted(str(p.relative_to(folder).with_suffix("")) for p in folder.rglob("*.yaml"))
+        lines.append(f"{group}: {', '.join(options)}")
+    return HELP.format(groups="\n".join(lines))
+
+
 def main() -> None:
     # A W&B service inherited from the launching process (wandb exports WANDB_SERVICE to its children) would
     # carry this run's W&B stream: a resumed run then writes into the stream its killed attempt left open in
@@ -328,6 +358,12 @@ def main() -> None:
     # yet, so any WANDB_SERVICE here is inherited: every qrl-bench process starts its own.
     os.environ.pop("WANDB_SERVICE", None)
     args = sys.argv[1:]
+    if "--help" in args or "-h" in args:
+        print(help_text())
+        return
+    if "--exit-codes" in args:
+        print(__doc__[__doc__.index("Exit codes"):].rstrip())
+        return
     plain = [a for a in args if not a.startswith("-")]
     error = check_names(plain) or check_group_overrides(plain) or unwritable_out_root(args)
     if error:

@@ -240,7 +240,7 @@ def make_sweep(root: Path) -> Path:
 # (relative path, expected fragment of the skip reason)
 BROKEN = {
     "tis/countdown/tiny/seed3": "run.json: invalid JSON",
-    "fp8/countdown/tiny/seed3": "missing metrics.jsonl",
+    "naive/countdown/tiny/seed3": "missing metrics.jsonl",
     "ess/arithmetic/tiny/seed3": "status=running",
     "ais/arithmetic/tiny/seed3": "status=failed (CUDA out of memory)",
     "ais/countdown/tiny/seed3": "status=preempted",
@@ -280,7 +280,7 @@ def add_broken_runs(root: Path) -> dict[str, str]:
 #   fp8_e4m3:   fp8 61.0, tis 62.0  -> naive gap 1.0 pp, its CI contains 0 -> recovered n/a (within noise)
 #   int4:       fp8 32.0, tis 47.0  -> naive gap 30 pp, tis gap -15 pp, recovered (47-32)/(62-32) = 0.5
 #   int8 + w=per_tensor + kv=fp8_e4m3: one seed each -> no CI, recovered n/a (fewer than 2 seeds)
-#   fp16 at fp16: no naive run there -> recovered n/a (no fp8 run at this severity)
+#   fp16 at fp16: no naive run there -> recovered n/a (no naive run at this severity)
 # fp8 at int4 seed 2 collapses (eval below its step-0 value at steps 4, 8, 12: collapse step 4 for k <= 3); seed 1
 # is below at steps 8 and 12 only (collapses for k <= 2, at step 8).
 SEVERITY_TASK = "arithmetic"

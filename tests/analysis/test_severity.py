@@ -127,7 +127,7 @@ def test_recovered_share_of_the_naive_gap(sev_sweep):
     assert math.isnan(c["recovered"]) and c["recovered_note"] == NO_NAIVE_GAP
     assert math.isnan(cell(s, "int8", "tis")["recovered"]) and cell(s, "int8", "tis")["recovered_note"] == "fewer than 2 seeds"
     assert math.isnan(cell(s, "int8", "tis")["acc_lo"])  # one seed: no CI
-    assert cell(s, "fp16", "fp16")["recovered_note"] == "no fp8 run at this severity"
+    assert cell(s, "fp16", "fp16")["recovered_note"] == "no naive run at this severity"
     # the naive and the baseline rows carry no recovered share (0 and 1 by definition)
     assert math.isnan(cell(s, "int4", "naive")["recovered"]) and cell(s, "int4", "naive")["recovered_note"] == ""
     # the naive method is configurable: with tis as "naive" at int4, fp8 recovers (32-47)/(62-47) = -1
@@ -174,10 +174,10 @@ def test_table_cells(sev_sweep):
     d = t.display
     tis_int4 = d[(d["Method"] == "tis")].iloc[-1]
     assert tis_int4["Accuracy (%)"].startswith("47.0 [") and tis_int4["Δ vs bf16 (pp)"].startswith("-15.0 [")
-    assert tis_int4["Recovered (fp8 gap)"].startswith("50 [") and tis_int4["Recovered (fp8 gap)"].endswith("] %")
+    assert tis_int4["Recovered (naive gap)"].startswith("50 [") and tis_int4["Recovered (naive gap)"].endswith("] %")
     fp8_int4 = d[(d["Method"] == "naive")].iloc[-1]
-    assert fp8_int4["Collapsed"] == "1/3 (step 4)" and fp8_int4["Recovered (fp8 gap)"] == "–"
-    assert (d["Recovered (fp8 gap)"] == f"n/a ({NO_NAIVE_GAP})").sum() == 1
+    assert fp8_int4["Collapsed"] == "1/3 (step 4)" and fp8_int4["Recovered (naive gap)"] == "–"
+    assert (d["Recovered (naive gap)"] == f"n/a ({NO_NAIVE_GAP})").sum() == 1
     assert d[d["Method"] == "bf16"].iloc[0]["Δ vs bf16 (pp)"] == "–"
 
 
@@ -205,6 +205,6 @@ def test_cli_report_has_the_severity_section(tmp_path):
     assert "## Severity ladder: gap to bf16 and the recovered share of the naive gap" in report
     assert "## Accuracy against mismatch across severities" in report
     assert "![Accuracy against mismatch — arithmetic / tiny](figures/severity_arithmetic_tiny.png)" in report
-    assert "naive=fp8, collapse_k=2" in report
+    assert "naive=naive, collapse_k=2" in report
     assert "| 2/3 (step 4 8) |" in report  # k = 2 reached the table
     assert (root / "report" / "tables" / "severity.csv").read_text().count("\n") == 1 + 8

@@ -80,7 +80,7 @@ def test_results_table_is_laid_out_like_the_papers(sweep: Sweep):
 
 
 def test_results_table_marks_a_diverged_seed(sweep: Sweep):
-    # fp8/arithmetic has one seed that diverged: its cell is a mean over a run that stopped early, and says so
+    # naive/arithmetic has one seed that diverged: its cell is a mean over a run that stopped early, and says so
     t = results_table(sweep)
     fp8 = t.display[t.display.Method == "naive"].iloc[0]
     assert fp8["arithmetic"].endswith("(1 div.)") and "div." not in fp8["countdown"]

@@ -111,7 +111,7 @@ def test_severity_sweep_is_the_documented_ladder():
 def test_resolved_config_carries_only_its_own_arms_knobs():
     tis, bf16 = compose_cfg(["method=tis"]), compose_cfg(["method=bf16"])
     assert "is_cap_C" in tis.method and "is_cap_C" not in bf16.method
-    assert set(bf16.method) == {"name", "precision"}
+    assert set(bf16.method) == {"name"}  # the rollout precision lives in rollout.* only
     assert set(tis.algo) == {f.name for f in dataclasses.fields(AlgoConfig)}  # shared knobs live in algo
 
 
