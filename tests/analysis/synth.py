@@ -75,7 +75,7 @@ def _config(method: str, task: str, seed: int, steps: int = STEPS, precision: st
     return {
         "method": {"name": method, "precision": PRECISION.get(method, "fp8_e4m3"), "is_cap_C": 2.0},
         "rollout": {"engine": "embedded", "precision": precision, "act_granularity": "per_token", **(rollout or {})},
-        "task": {"name": task, "max_new_tokens": 6},
+        "task": {"name": task, "max_new_tokens": 6, "n_test": 200},
         "model": {"name": MODEL, "path": None, "hidden_size": 128},
         "train": {"steps": steps, "batch_size": 64, "group_size": 8, "lr": 2e-4},
         "tracking": {"mode": "offline", "project": "qrl-bench"},
