@@ -66,7 +66,8 @@ PRECISION_INFO = {
 VERSIONS = {"python": "3.11.9", "torch": "2.13.0", "transformers": "4.57.1"}
 # Where the runs computed, as the trainer records it in run.json (bench/train.py runtime_info): all on a CPU,
 # so every quantized row of the throughput table is "emulated".
-RUNTIME = {"engine": "embedded", "device": "cpu", "device_name": "cpu (AVX2)", "trainer_dtype": "bf16"}
+RUNTIME = {"engine": "embedded", "device": "cpu", "device_name": "cpu (AVX2)", "cpu_model": "Intel Xeon [avx2]",
+           "trainer_dtype": "bf16"}
 
 
 def _config(method: str, task: str, seed: int, steps: int = STEPS, precision: str | None = None,
