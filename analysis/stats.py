@@ -159,12 +159,14 @@ def mean_interval(values: Iterable[float], level: float = CI_LEVEL) -> Interval:
 
 def _pairs(a: Sequence[float], b: Sequence[float], seeds_a: Sequence | None,
            seeds_b: Sequence | None) -> tuple[np.ndarray, np.ndarray] | None:
-    """(a_i, b_i) over the common seeds when both groups ran exactly the same seeds (finite values), else None."""
+    """(a_i, b_i) over the common seeds when both groups ran exactly the same seeds (finite values), each once;
+    else None (a seed that appears twice in a group, e.g. two sweeps loaded together, does not pair)."""
     if seeds_a is None or seeds_b is None:
         return None
-    va = {s: float(v) for s, v in zip(seeds_a, a) if np.isfinite(v)}
-    vb = {s: float(v) for s, v in zip(seeds_b, b) if np.isfinite(v)}
-    if not va or set(va) != set(vb):
+    fa = [(s, float(v)) for s, v in zip(seeds_a, a) if np.isfinite(v)]
+    fb = [(s, float(v)) for s, v in zip(seeds_b, b) if np.isfinite(v)]
+    va, vb = dict(fa), dict(fb)
+    if not va or set(va) != set(vb) or len(va) != len(fa) or len(vb) != len(fb):
         return None
     keys = sorted(va, key=str)
     return np.array([va[k] for k in keys]), np.array([vb[k] for k in keys])

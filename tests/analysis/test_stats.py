@@ -84,6 +84,7 @@ def test_intervals_match_scipy():
         iv = diff_interval(a, b, [0, 1, 2], seeds_b)
         ref = sps.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
         assert iv.method == "Welch" and (iv.lo, iv.hi) == pytest.approx((ref.low, ref.high))
+    assert diff_interval(a, b, [0, 0, 1], [0, 0, 1]).method == "Welch"  # a repeated seed does not pair
     # one seed: the point value, no interval, said so
     one = diff_interval([0.5], [0.1, 0.2])
     assert one.value == pytest.approx(0.35) and not one.defined and one.note == "1 seed" and one.contains(0.0)
