@@ -418,6 +418,11 @@ class EmbeddedEngine:
         return {} if self.decoder is None else self.decoder.quant_errors.metrics()
 
     @property
+    def sampling_device(self) -> torch.device:
+        """Where `generate` samples (the trainer's weights' device once loaded; bench.rollout.base.sampling_device)."""
+        return torch.device("cpu") if self.decoder is None else self.decoder.device
+
+    @property
     def active_backend(self) -> str | None:
         """"fast" or "hf" once weights are loaded."""
         if self.decoder is None:

@@ -196,3 +196,33 @@ def test_evaluate_policy_logs_the_training_task_and_each_set(setup):
     assert out["eval/arithmetic/avg@4"] <= answerable / 5  # the model only ever answers 7 or 8
     other = build_eval_sets(EvalConfig(sets=["jsonl"], overrides={"jsonl": {**files, "n_test": 2}}), task)
     assert other["jsonl"] is not task and len(other["jsonl"].examples("test")) == 2
+
+
+class OnDevice:
+    """The real engine, reporting that it samples on `device` (a GPU cannot be had here; issue H1)."""
+
+    def __init__(self, engine, device):
+        self.engine, self.sampling_device, self.max_len, self.seen = engine, torch.device(device), None, []
+
+    def generate(self, *args):
+        self.seen.append(args[-1])
+        return self.engine.generate(*args)
+
+
+def test_sampled_eval_makes_its_generator_on_the_engines_device(setup, monkeypatch):
+    """A CPU generator handed to an engine on a GPU stopped every avg@k / pass@k run at step 0 (H1)."""
+    import bench.evaluation as ev
+
+    tok, task, engine, _, _ = setup
+    made = []
+
+    def make_generator(device, seed):  # a generator on `meta` cannot be built: record the device asked for
+        made.append(torch.device(device))
+        return torch.Generator().manual_seed(seed)
+
+    monkeypatch.setattr(ev, "make_generator", make_generator)
+    stub = OnDevice(engine, "meta")
+    evaluate_set(stub, tok, "jsonl", task, EvalConfig(mode="avg@k", k=2, sets=["jsonl"]), PromptFormat(), 0, 0)
+    assert made == [torch.device("meta")]
+    assert stub.seen and all(g is not None and g.device.type == "cpu" for g in stub.seen)
+    assert engine.sampling_device == torch.device("cpu")  # the embedded engine's: its weights' device
