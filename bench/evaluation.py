@@ -224,4 +224,7 @@ def evaluate_policy(
     out |= scorer_metrics(task, "eval")
     for name, set_task in sets.items():  # the engine still holds `model`
         out |= evaluate_set(engine, tokenizer, name, set_task, cfg, fmt, seed, step)
+    release = getattr(engine, "release", None)
+    if release is not None:  # its fp32 copy of the policy is rebuilt at the next evaluation anyway: free the GPU
+        release()
     return out

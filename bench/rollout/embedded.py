@@ -443,6 +443,10 @@ class EmbeddedEngine:
             return None
         return "fast" if isinstance(self.decoder, FastDecoder) else "hf"
 
+    def release(self) -> None:
+        """Drop the policy copy (its memory goes back to the device); `load_weights` builds a new one."""
+        self.decoder = None
+
     @torch.no_grad()
     def load_weights(self, model: nn.Module) -> None:
         """Rebuild the engine's copy from the trainer's weights: fresh quantization scales every call."""

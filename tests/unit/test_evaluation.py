@@ -191,6 +191,8 @@ def test_evaluate_policy_logs_the_training_task_and_each_set(setup):
     sets = build_eval_sets(cfg, task)
     assert sets["jsonl"] is task and sets["arithmetic"].cfg.n_test == 5
     out = evaluate_policy(engine, model, tok, task, sets, cfg, PromptFormat(), seed=0, step=0)
+    assert engine.decoder is None  # its fp32 policy copy is released for the training step (rebuilt at the next eval)
+    engine.load_weights(model)
     assert out["eval/accuracy"] == pytest.approx(1 / 3, rel=1e-6)  # the training task: greedy, as before
     assert {"eval/jsonl/avg@4", "eval/arithmetic/avg@4"} <= set(out)
     answerable = sum(ex["answer"] in (7, 8) for ex in sets["arithmetic"].examples("test"))
