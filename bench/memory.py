@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.rollout.embedded import CHUNK_TOKENS
+from bench.rollout.vllm_engine import GPU_MEMORY_UTILIZATION
 
 GB = 1e9
 #: Published config.json shapes of the hub models the recipes name (Hugging Face model cards):
@@ -156,7 +157,7 @@ def estimate_memory(cfg: Any) -> MemoryEstimate | None:
     }
     parts = {}
     if rollout.engine == "vllm":
-        parts["vllm engine"] = float(rollout.get("gpu_memory_utilization", 0.5)) * device_gb * GB
+        parts["vllm engine"] = float(rollout.get("gpu_memory_utilization", GPU_MEMORY_UTILIZATION)) * device_gb * GB
     else:
         parts["rollout engine"] = engine_bytes(shape, rollout.precision, act_bytes)
 

@@ -15,8 +15,9 @@ Precision (weights / GEMM / everything else; the lm_head and embeddings stay unq
   fp8_e4m3  e4m3 W8A8 fake quant / fp32 GEMM on the quantized values / bf16. FP8 rollouts on a GPU (vLLM)
             run FP8 GEMMs inside an otherwise-bf16 engine; perf-notes 4 measures the benchmark's FP8 format this
             way (`fp8_fake_w8a8_bf16`). `act_dtype="fp32"` gives the FP8 GEMM error alone.
-  int8      int8 W8A8, exact int32-accumulating GEMM (torch._int_mm where fast) / fp32, the fastest int8 layout
-            on CPU (perf-notes 3a: bf16 around it is slower and adds mismatch).
+  int8      int8 W8A8, exact int32-accumulating GEMM (torch._int_mm where fast) / fp32 on a CPU, the fastest int8
+            layout there (perf-notes 3a: bf16 around it is slower and adds mismatch); bf16 on a CUDA GPU, as
+            QuRL/FlashRL run their INT8 GEMMs inside a bf16 engine.
 Weights are re-quantized with fresh scales at every `load_weights` (the engine's copy is rebuilt from the
 trainer's fp32 master weights): keeping old scales for new weights is the bug methods.md 2.3 warns about.
 """
@@ -62,7 +63,7 @@ class EmbeddedRolloutConfig(RolloutConfig):
     quantize_lm_head: bool = False
     quantize_embeddings: bool = False
     backend: str = "auto"
-    act_dtype: Optional[str] = None  # null: the precision's (bench/quant/<format>.py act_dtype)
+    act_dtype: Optional[str] = None  # null: the precision's on the engine's device (bench/quant/<format>.py act_dtype_on)
     int8_kernel: str = "auto"
     kv_cache_dtype: Optional[str] = None  # null: the activation dtype; fp8 | fp8_e4m3 | fp8_e5m2 (scale 1, as vLLM)
     chunk_tokens: Optional[int] = CHUNK_TOKENS  # KV-cache positions per generate chunk; null: the whole batch
@@ -218,7 +219,7 @@ class FastDecoder(nn.Module):
         embed = inner.embed_tokens.weight.detach().float()
         if quantize_embeddings:
             embed = quantizer.fake_quant_weight(embed)
-        self.register_buffer("embed", embed.to(act_dtype))
+        self.register_buffer("embed", embed.to(act_dtype, copy=True))  # never the policy's storage (sharded under FSDP)
         self.register_buffer("norm", inner.norm.weight.detach().to(act_dtype).clone())
         lm_head = model.lm_head
         self.lm_head = build(lm_head.weight.detach(), _bias(lm_head), q=quantizer if quantize_lm_head else plain)
@@ -277,18 +278,28 @@ class FastDecoder(nn.Module):
                 k, v = fake_quant_kv(k, self.kv_cache_dtype), fake_quant_kv(v, self.kv_cache_dtype)
             st["k"][i, :, :, start:end] = k
             st["v"][i, :, :, start:end] = v
-            a = F.scaled_dot_product_attention(
-                q.to(self.attn),
-                st["k"][i, :, :, :end],
-                st["v"][i, :, :, :end],
-                attn_mask=attn_mask,
-                scale=D**-0.5,
-                enable_gqa=True,
-            )
+            a = grouped_attention(q.to(self.attn), st["k"][i, :, :, :end], st["v"][i, :, :, :end], attn_mask, D**-0.5)
             x = x + layer.o(a.to(self.act).transpose(1, 2).reshape(B, S, H * D))
             g, u = layer.gate_up(_rms_norm(x, layer.ln2, self.eps)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(g) * u)
         return self.lm_head(_rms_norm(x[:, -1], self.norm, self.eps)).float()
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """GQA attention [B, H, S, D] of q [B, H, S, D] over k, v [B, Hkv, L, D] with a bool mask [B, 1, S, L].
+
+    The G = H / Hkv query heads sharing a KV head are folded into the query axis ([B, Hkv, G*S, D], the mask
+    repeated G times), so SDPA sees plain multi-head attention. With `enable_gqa=True` and an explicit mask, SDPA
+    on CUDA falls back to its math kernel, which repeat-interleaves the whole KV cache at every decode step; the
+    folded form takes the memory-efficient kernel and reads the cache once. Query rows are independent, so the
+    result is the same attention (tests/unit/test_engine.py compares it with enable_gqa)."""
+    B, H, S, D = q.shape
+    Hkv, L = k.shape[1], k.shape[2]
+    G = H // Hkv
+    folded = q.reshape(B, Hkv, G * S, D)  # query head h = kv * G + g (HF's repeat_kv order)
+    m = mask.unsqueeze(2).expand(mask.shape[0], 1, G, S, L).reshape(mask.shape[0], 1, G * S, L)
+    out = F.scaled_dot_product_attention(folded, k, v, attn_mask=m, scale=scale)
+    return out.reshape(B, H, S, D)
 
 
 class HFDecoder:
@@ -373,7 +384,8 @@ class EmbeddedEngine:
     eos_id, pad_id      a row stops after emitting eos_id (one id, several, or None: never); pad_id fills after it
     max_len             optional cap on prompt + new tokens (ValueError beyond)
     backend             auto (fast decoder when the family allows, else HF) | fast | hf
-    act_dtype           fp32 | bf16 | fp16: override the activation dtype of the precision (its format's act_dtype)
+    act_dtype           fp32 | bf16 | fp16: override the activation dtype of the precision (None: its format's
+                        for the device the weights are on: `act_dtype_on`, e.g. INT8 fp32 on CPU, bf16 on CUDA)
     int8_kernel         auto | int_mm | emulated (bench.quant.int8.int8_matmul; identical results)
     kv_cache_dtype      None | fp8 | fp8_e4m3 | fp8_e5m2: K (after RoPE) and V rounded as an FP8 KV cache
                         without calibrated scales stores them (vLLM's k_scale = v_scale = 1)
@@ -405,10 +417,11 @@ class EmbeddedEngine:
             check_choice("kv cache dtype", kv_cache_dtype, KV_CACHE_DTYPES)
         check_choice("int8 kernel", int8_kernel, INT8_KERNELS)
         self.quantizer = Quantizer(precision, weight_granularity, act_granularity)
-        act_dtype = act_dtype or self.quantizer.fmt.act_dtype
-        check_choice("act_dtype", act_dtype, tuple(DTYPES))
+        if act_dtype is not None:
+            check_choice("act_dtype", act_dtype, tuple(DTYPES))
         self.precision = precision
-        self.act_dtype = DTYPES[act_dtype]
+        self.act_dtype_choice = act_dtype  # None: the format's for the device the weights are on (load_weights)
+        self.act_dtype = DTYPES[act_dtype or self.quantizer.fmt.act_dtype]
         self.quantize_lm_head = quantize_lm_head
         self.quantize_embeddings = quantize_embeddings
         self.eos_id = eos_id
@@ -455,6 +468,8 @@ class EmbeddedEngine:
             raise ValueError(f"backend='fast' cannot serve {type(model).__name__}: {problem}")
         use_fast = self.backend == "fast" or (self.backend == "auto" and problem is None)
         build = FastDecoder if use_fast else HFDecoder
+        device = next(model.parameters()).device
+        self.act_dtype = DTYPES[self.act_dtype_choice or self.quantizer.fmt.act_dtype_on(device.type)]
         self.decoder = None  # free the old copy before building the new one
         self.decoder = build(model, self.quantizer, self.act_dtype, self.quantize_lm_head, self.quantize_embeddings,
                              self.int8_kernel, self.kv_cache_dtype)
