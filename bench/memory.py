@@ -34,7 +34,9 @@ GPU. That path is the scale-out path, and the estimate says so (`sharded`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bench.rollout.embedded import CHUNK_TOKENS
@@ -91,12 +93,22 @@ class Shape:
 
 
 def model_shape(model: Any) -> Shape | None:
-    """The shape of `cfg.model`: the built-in model's own fields, a hub model from SHAPES, else None."""
+    """The shape of `cfg.model`: the built-in model's own fields, a hub model from SHAPES, a local directory's
+    config.json (nothing is downloaded), else None."""
     if model.get("path") is None:
         return Shape(model.hidden_size, model.num_layers, model.num_heads, model.num_kv_heads,
                      model.hidden_size // model.num_heads, model.intermediate_size, model.vocab_size, True)
     known = SHAPES.get(str(model.path))
-    return Shape(*known) if known is not None else None
+    if known is not None:
+        return Shape(*known)
+    config = Path(str(model.path)) / "config.json"
+    if not config.is_file():
+        return None
+    c = json.loads(config.read_text())
+    return Shape(c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
+                 c.get("num_key_value_heads", c["num_attention_heads"]),
+                 c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"], c["intermediate_size"],
+                 c["vocab_size"], bool(c.get("tie_word_embeddings", True)))
 
 
 @dataclass
