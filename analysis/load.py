@@ -1,14 +1,16 @@
 """Run discovery, validation and the DataFrames every other module reads.
 
-The run directory is the source of truth (DESIGN.md): `<sweep>/<method>/<task>/<model>/seed<k>/` with
+The run directory is the source of truth (DESIGN.md): `<sweep>/<method>@<precision>/<task>/<model>[/<variant>]/seed<k>/` with
 `config.yaml`, `run.json`, `metrics.jsonl`, `eval.jsonl`. A sweep on disk is always partly broken: jobs
 still running, jobs that failed, a metrics file cut mid-line by preemption, a config written by an older
 trainer. Analysis must never die on one bad directory, and must never silently mix a half-finished run
 into a mean. So every directory becomes either a `Run` (used) or a `Skipped` (listed in the report with
 its reason), and soft problems that do not invalidate a run become `Run.warnings`.
 
-Identity comes from the resolved config (method.name, rollout.precision, task.name, model.name, seed),
-with the path as a fallback, so the method is named exactly as the run named itself everywhere downstream.
+Identity comes from the resolved config (method.name, rollout.precision, task.name, model.name, variant, seed),
+with the path as a fallback, so the method is named exactly as the run named itself everywhere downstream. A run
+of a sweep variant (bench/sweeper.py: jobs that differ in a setting outside the identity) is its own arm, named
+`<method>[<variant>]`, so two settings are never pooled as seeds of one arm.
 """
 
 from __future__ import annotations
@@ -310,13 +312,13 @@ def _frame(records: list[dict[str, Any]], name: str, warnings: list[str]) -> pd.
 
 
 def _identity_from_path(run_dir: Path) -> dict[str, Any]:
-    """<method>/<task>/<model>/seed<k> from the path, the fallback when the config lacks a key."""
+    """<method>@<precision>/<task>/<model>[/<variant>]/seed<k> from the path, the fallback when the config lacks a key."""
     return identity.parse_run_path(run_dir)
 
 
 def _precision(config: dict[str, Any]) -> str:
     """The rollout precision; an unresolved interpolation (an older trainer) falls back to the method's."""
-    for key in ("rollout.precision", "method.precision"):
+    for key in ("rollout.precision",):
         value = get(config, key)
         if isinstance(value, str) and value and "${" not in value:
             return value
@@ -405,12 +407,16 @@ def load_run(run_dir: Path, root: Path | None = None, run_id: str | None = None)
     if status == "completed" and isinstance(info.get("step"), int) and info["step"] + 1 > logged:
         raise RunError(f"incomplete: run.json says step {info['step']} but metrics.jsonl ends at step {logged - 1}")
 
-    arms.learn(str(ident["method"]), info)
+    variant = get(config, "variant", fallback.get("variant")) or ""
+    method = str(ident["method"]) + (f"[{variant}]" if variant else "")
+    arms.learn(method, info)
     precision = _precision(config)
+    if precision == "unknown" and fallback.get("precision"):
+        precision = str(fallback["precision"])
     return Run(
         run_id=run_id or _default_run_id(run_dir, root),
         path=run_dir,
-        method=str(ident["method"]),
+        method=method,
         precision=precision,
         task=str(ident["task"]),
         model=str(ident["model"]),
