@@ -12,9 +12,10 @@ Exit codes of a single run (every non-zero one comes with a one-line cause on st
     2    bad configuration or input, found before any work (nothing written)
     3    diverged: a non-finite loss or gradient (run.json `diverged`; metrics kept); also a relaunch of one
     4    the run directory is in use by another process (its lock is held)
-    5    refused: the run directory holds results that no checkpoint can resume (a completed run without
-         run.json, a run killed before its first checkpoint) or an unreadable checkpoint; the message names
-         the option that goes on (train.overwrite=true, train.resume_from=previous)
+    5    refused: the run directory holds rows but neither run.json nor a checkpoint (a completed run that
+         lost its run.json), or an unreadable checkpoint; the message names the option that goes on
+         (train.overwrite=true, train.resume_from=previous). A run stopped before its first checkpoint is not
+         refused: it restarts from step 0 (bench/resume.py)
     6    incomplete: trained to the end, but steps are missing from metrics.jsonl that no checkpoint could
          recompute (their lines were unreadable); also a relaunch of such a run
     128+N  stopped by signal N (SIGINT 130, SIGUSR1 138, SIGTERM 143) after checkpointing: run.json
@@ -188,10 +189,12 @@ def _failed(run: RunDir, name: str, err: Exception) -> Outcome:
         run.finish("failed", reason=cause)
     except OSError:
         pass
+    from bench.resume import relaunch_effect
+
     full = os_err is not None and os_err.errno in (errno.ENOSPC, errno.EDQUOT)
     then = "free some space, then relaunch" if full else "relaunch"
     print(f"qrl-bench: error: {name} failed: {cause} (run directory {run.path}; run.json 'failed'; "
-          f"{then} the same command to resume from its last checkpoint)", file=sys.stderr, flush=True)
+          f"{then} the same command to {relaunch_effect(run)})", file=sys.stderr, flush=True)
     return Outcome("failed", cause, run.path)
 
 
@@ -209,17 +212,29 @@ def _stopped(run: RunDir, name: str, err: Stopped) -> Outcome:
     if status != "preempted":  # the signal came after the run ended (final evaluation)
         say(name, f"{status} -> {run.path}")
         return Outcome(status, info.get("reason"), run.path, signum=err.signum)
+    from bench.resume import relaunch_effect
+
     steps = len(run.metrics())
-    how = "checkpointed" if err.checkpointed else "not checkpointed (resumes from its last checkpoint)"
+    how = "checkpointed" if err.checkpointed else "not checkpointed"
     say(name, f"stopped by {sig} after {steps} step(s), {how}; run.json 'preempted'; "
-              f"relaunch the same command to resume -> {run.path}")
+              f"relaunch the same command to {relaunch_effect(run)} -> {run.path}")
     return Outcome("preempted", info.get("reason"), run.path, signum=err.signum)
+
+
+#: why a sweep refuses train.overwrite=true (bench/resume.py: it deletes a run's results, completed ones too)
+SWEEP_OVERWRITE = ("train.overwrite=true is refused on a sweep (-m): it would delete and retrain every completed "
+                   "run of the sweep; a relaunch of the sweep already resumes or restarts the unfinished ones. To "
+                   "redo one run, launch it alone (no -m) with train.overwrite=true")
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_main(cfg: DictConfig) -> Any:
     hc = HydraConfig.get()
-    outcome = execute(cfg, overrides=list(hc.overrides.task))
+    if hc.mode == RunMode.MULTIRUN and cfg.train.overwrite:  # set by an experiment yaml (the CLI checks argv)
+        print(f"qrl-bench: error: {SWEEP_OVERWRITE}", file=sys.stderr, flush=True)
+        outcome = Outcome("bad_config", SWEEP_OVERWRITE)
+    else:
+        outcome = execute(cfg, overrides=list(hc.overrides.task))
     if hc.mode == RunMode.RUN:
         if outcome.code:
             sys.exit(outcome.code)
@@ -269,6 +284,16 @@ def _default_choices() -> dict[str, str]:
     return out
 
 
+def overwrite_on_sweep(args: list[str]) -> str | None:
+    """The error for `train.overwrite=true` on a sweep command line (SWEEP_OVERWRITE says why)."""
+    if not {"-m", "--multirun"} & set(args):
+        return None
+    values = [a.split("=", 1)[1] for a in args if a.lstrip("+").split("=", 1)[0] == "train.overwrite" and "=" in a]
+    if any(v.strip().lower() in ("true", "yes", "on", "1") for value in values for v in value.split(",")):
+        return SWEEP_OVERWRITE
+    return None
+
+
 def unwritable_out_root(args: list[str]) -> str | None:
     """The error when the results directory (out_root=..., default from conf/config.yaml) cannot be written:
     Hydra would otherwise fail creating its output directory with a long logging traceback."""
@@ -301,7 +326,8 @@ def main() -> None:
     # yet, so any WANDB_SERVICE here is inherited: every qrl-bench process starts its own.
     os.environ.pop("WANDB_SERVICE", None)
     args = sys.argv[1:]
-    error = check_group_overrides([a for a in args if not a.startswith("-")]) or unwritable_out_root(args)
+    error = (check_group_overrides([a for a in args if not a.startswith("-")]) or unwritable_out_root(args)
+             or overwrite_on_sweep(args))
     if error:
         print(f"qrl-bench: error: {error}", file=sys.stderr)
         sys.exit(EXIT["bad_config"])
