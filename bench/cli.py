@@ -9,7 +9,9 @@
 Exit codes of a single run (every non-zero one comes with a one-line cause on stderr):
     0    completed, or already completed (skipped)
     1    failed: an error during the run (run.json `failed` with the cause; a traceback for unexpected errors)
-    2    bad configuration or input, found before any work (nothing written)
+    2    bad configuration or input, found before any work (nothing written): an unknown choice or key, a value
+         out of range, unreadable or too long data, a missing optional engine, a bad WANDB_MODE, a run
+         directory that cannot be written
     3    diverged: a non-finite loss or gradient (run.json `diverged`; metrics kept); also a relaunch of one
     4    the run directory is in use by another process (its lock is held)
     5    refused: the run directory holds rows but neither run.json nor a checkpoint (a completed run that
@@ -44,6 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 from bench import sweep_report
 from bench.config import CONF_DIR, GROUP_REGISTRIES, register_configs, validate
 from bench.grpo import AlgoConfig
+from bench.overrides import check_overrides
 from bench.preempt import Stopped, stop_on_signals
 from bench.store import RunDir, RunLocked, root_os_error
 
@@ -106,6 +109,10 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
     if run.status == "completed" and not cfg.train.overwrite:  # cheap early exit; decided again under the lock
         say(name, f"already completed in {run.path}, skipping")
         return Outcome("skipped", "already completed", run.path)
+    why = unwritable(run.path)
+    if why:  # before the warm start and the lock (RunDir.lock would fail in a traceback)
+        return _bad_input(cfg, name, ValueError(f"run directory {run.path} is not writable ({why}); "
+                                                "make it writable, or choose another out_root=DIR"))
     if cfg.train.threads > 0:
         import torch
 
@@ -117,7 +124,7 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
     try:
         parts = build(cfg)  # before touching the run dir: bad input leaves nothing behind
         check_inputs(parts)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, ImportError) as e:  # ImportError: an optional engine's package is missing
         return _bad_input(cfg, name, e)
     try:
         with run.lock():
@@ -141,6 +148,10 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
     except RunLocked as e:
         print(f"qrl-bench: error: {e}; not starting a second writer", file=sys.stderr)
         return Outcome("locked", str(e), run.path)
+    except OSError as e:  # taking the lock or preparing the directory (decide); errors of training are handled above
+        message = f"run directory {run.path} cannot be written: {describe_error(e)}"
+        print(f"qrl-bench: error: {message}", file=sys.stderr, flush=True)
+        return Outcome("bad_config", message, run.path)
     reason = run.info().get("reason")
     say(name, f"{status} -> {run.path}" + (f" ({reason})" if reason else ""))
     return Outcome(status, reason, run.path)
@@ -301,14 +312,22 @@ def unwritable_out_root(args: list[str]) -> str | None:
     out_root = Path(values[-1] if values else str(OmegaConf.load(CONF_DIR / "config.yaml").out_root)).expanduser()
     if "${" in str(out_root):
         return None  # an interpolation: Hydra resolves it
-    existing = out_root.absolute()
+    why = unwritable(out_root)
+    if why:
+        return f"results directory {out_root} is not writable ({why}); choose another with out_root=DIR"
+    return None
+
+
+def unwritable(path: Path) -> str | None:
+    """Why `path` (a directory, or one that mkdir -p would create) cannot be written, or None: its deepest
+    existing part must be a writable directory."""
+    existing = Path(path).absolute()
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        return f"results directory {out_root}: {existing} is not a directory"
+        return f"{existing} is not a directory"
     if not os.access(existing, os.W_OK | os.X_OK):
-        why = "read-only file system" if _read_only_fs(existing) else "permission denied"
-        return f"results directory {out_root} is not writable ({why}: {existing}); choose another with out_root=DIR"
+        return f"{'read-only file system' if _read_only_fs(existing) else 'permission denied'}: {existing}"
     return None
 
 
@@ -327,7 +346,7 @@ def main() -> None:
     os.environ.pop("WANDB_SERVICE", None)
     args = sys.argv[1:]
     error = (check_group_overrides([a for a in args if not a.startswith("-")]) or unwritable_out_root(args)
-             or overwrite_on_sweep(args))
+             or overwrite_on_sweep(args) or check_overrides(args))
     if error:
         print(f"qrl-bench: error: {error}", file=sys.stderr)
         sys.exit(EXIT["bad_config"])
