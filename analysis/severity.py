@@ -55,7 +55,7 @@ NAIVE_BETTER = "naive better than baseline"
 class SeverityOptions:
     """Which method is the naive form and which the baseline, and the collapse rule's k."""
 
-    naive: str = "fp8"
+    naive: str = "naive"
     baseline: str = "bf16"
     collapse_k: int = 3
 

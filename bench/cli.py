@@ -44,7 +44,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from bench import sweep_report
-from bench.config import CONF_DIR, GROUP_REGISTRIES, register_configs, validate
+from bench.config import CONF_DIR, GROUP_REGISTRIES, NAME_KEYS, RENAMED_METHODS, USER_NAMED_MODELS, register_configs, validate
 from bench.grpo import AlgoConfig
 from bench.overrides import check_overrides
 from bench.preempt import Stopped, stop_on_signals
@@ -106,6 +106,12 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
     except ValueError as e:
         return _bad_input(cfg, name, e)
     run = RunDir.of(cfg)
+    from bench.resume import config_mismatch
+
+    mismatch = None if cfg.train.overwrite else config_mismatch(run, cfg)
+    if mismatch:  # before any work; decided again under the lock
+        print(f"qrl-bench: error: {name}: {mismatch}", file=sys.stderr, flush=True)
+        return Outcome("bad_config", mismatch, run.path)
     if run.status == "completed" and not cfg.train.overwrite:  # cheap early exit; decided again under the lock
         say(name, f"already completed in {run.path}, skipping")
         return Outcome("skipped", "already completed", run.path)
@@ -136,7 +142,7 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
                 return Outcome(plan.outcome or "skipped", plan.message, run.path)
             if plan.action == "refuse":
                 print(f"qrl-bench: error: {name}: {plan.message}", file=sys.stderr, flush=True)
-                return Outcome("refused", plan.message, run.path)
+                return Outcome(plan.outcome or "refused", plan.message, run.path)
             if plan.action == "resume":
                 say(name, f"{plan.message} in {run.path}")
             try:
@@ -161,9 +167,9 @@ def _bad_input(cfg: DictConfig, name: str, err: BaseException) -> Outcome:
     """Bad configuration or input: one line, and no (empty) run directory left behind."""
     print(f"qrl-bench: error: {err}", file=sys.stderr, flush=True)
     try:
-        path = RunDir.of(cfg).path
-        root = Path(path).parents[4]  # <out_root>/<sweep>/<method>/<task>/<model>/seed<k>
-        remove_empty_dirs(path, root)
+        from hydra.utils import to_absolute_path
+
+        remove_empty_dirs(RunDir.of(cfg).path, Path(to_absolute_path(cfg.out_root)))
     except Exception:  # noqa: BLE001 -- the config may be too broken to name its directory
         pass
     return Outcome("bad_config", str(err))
@@ -285,13 +291,34 @@ def check_group_overrides(args: list[str]) -> str | None:
     return None
 
 
+def check_names(args: list[str]) -> str | None:
+    """The error for a renamed arm (`method=fp8`: naming the new name) or for an override of a name key
+    (`method.name=tis`: a registered name is its config file's name and nothing else, bench/config.py)."""
+    for arg in args:
+        key, eq, value = arg.lstrip("+~").partition("=")
+        if not eq:
+            continue
+        if key == "method":
+            for choice in value.split(","):
+                if choice.strip() in RENAMED_METHODS:
+                    return f"method={choice.strip()} was renamed: {RENAMED_METHODS[choice.strip()]}"
+        group, _, knob = key.partition(".")
+        if group in NAME_KEYS and knob == NAME_KEYS[group]:
+            if group == "model" and any(a.lstrip("+").startswith(f"model={m}") for a in args for m in USER_NAMED_MODELS):
+                continue
+            return (f"{arg}: {key} is the {group}'s config file name and cannot be overridden; choose the "
+                    f"{group} with {group}=<name>" + (" (model=hf takes model.name=...)" if group == "model" else ""))
+    return None
+
+
 def _default_choices() -> dict[str, str]:
-    defaults = OmegaConf.load(CONF_DIR / "config.yaml").defaults
+    defaults = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml").defaults, resolve=False)
     out = {}
     for d in defaults:
-        if isinstance(d, (dict, DictConfig)):
+        if isinstance(d, dict):
             for k, v in d.items():
-                out[str(k)] = str(v)
+                if not str(k).startswith("_schema"):
+                    out[str(k)] = str(v)
     return out
 
 
@@ -338,6 +365,36 @@ def _read_only_fs(path: Path) -> bool:
         return False
 
 
+HELP = """usage: qrl-bench [-m] [--dry-run] [key=value ...]     (python -m bench)
+
+One GRPO run, or with -m a sweep, of an arm (a method at a rollout precision) on a task and a model.
+
+examples:
+  qrl-bench                                          the embedded default: bf16 arm, arithmetic, tiny model, CPU
+  qrl-bench method=tis rollout.precision=int8 seed=1  one arm at another precision -> results/default/tis@int8/...
+  qrl-bench -m method=bf16,naive,tis seed=0,1,2      a sweep (local workers in parallel)
+  qrl-bench -m +experiment=smoke_short --dry-run     list a named sweep's jobs and what each launch would do
+  qrl-bench -m +experiment=smoke hydra/launcher=slurm      the same sweep on SLURM (submitit)
+  qrl-bench -m +experiment=paper/qurl_table1 --dry-run     a paper recipe: its rows, GPU-hours
+  qrl-analyze results/smoke_short                    figures, tables and report.md of a sweep
+
+config groups (choose with group=option):
+{groups}
+Every key of the resolved config can be set as key=value (e.g. train.steps=20 algo.clip_eps_high=0.28);
+`qrl-bench --cfg job` prints the resolved config. Exit codes: see `python -m bench --exit-codes`.
+"""
+
+
+def help_text() -> str:
+    """The help: usage examples and every config group with its options (the yaml files of conf/)."""
+    lines = []
+    for group in ("method", "rollout", "task", "model", "tracking", "experiment"):
+        folder = CONF_DIR / group
+        options = sorted(str(p.relative_to(folder).with_suffix("")) for p in folder.rglob("*.yaml"))
+        lines.append(f"{group}: {', '.join(options)}")
+    return HELP.format(groups="\n".join(lines))
+
+
 def main() -> None:
     # A W&B service inherited from the launching process (wandb exports WANDB_SERVICE to its children) would
     # carry this run's W&B stream: a resumed run then writes into the stream its killed attempt left open in
@@ -345,8 +402,15 @@ def main() -> None:
     # yet, so any WANDB_SERVICE here is inherited: every qrl-bench process starts its own.
     os.environ.pop("WANDB_SERVICE", None)
     args = sys.argv[1:]
-    error = (check_group_overrides([a for a in args if not a.startswith("-")]) or unwritable_out_root(args)
-             or overwrite_on_sweep(args) or check_overrides(args))
+    if "--help" in args or "-h" in args:
+        print(help_text())
+        return
+    if "--exit-codes" in args:
+        print(__doc__[__doc__.index("Exit codes"):].rstrip())
+        return
+    plain = [a for a in args if not a.startswith("-")]
+    error = (check_names(plain) or check_group_overrides(plain) or unwritable_out_root(args) or overwrite_on_sweep(args)
+             or check_overrides(args))
     if error:
         print(f"qrl-bench: error: {error}", file=sys.stderr)
         sys.exit(EXIT["bad_config"])

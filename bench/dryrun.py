@@ -20,7 +20,7 @@ from bench.config import CONF_DIR, register_configs
 from bench.methods.base import METHODS
 from bench.resume import preview
 from bench.store import RunDir
-from bench.sweeper import expand_rows
+from bench.sweeper import assign_variants, expand_rows, sweep_default
 
 register_configs()
 
@@ -34,7 +34,7 @@ def expand(overrides: list[str]) -> list[list[str]]:
         rows = list(cfg.hydra.sweeper.get("rows") or [])
         parsed = OverridesParser.create().parse_overrides(params + overrides)
         jobs = BasicSweeper.split_arguments(parsed, max_batch_size=None)[0]
-    return expand_rows(rows, jobs)
+    return assign_variants(expand_rows(rows, jobs), sweep_default(cfg))
 
 
 def dry_run(overrides: list[str]) -> int:

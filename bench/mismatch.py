@@ -1,7 +1,7 @@
 """Rollout/trainer mismatch metrics (methods.md section 11), shared by every method and logged every step.
 
 One function, `mismatch_metrics(logp_old, logp_mu, mask)`, so that "kl_k3" or "is_ess" means the same number
-for every arm. For bypass arms (fp8_ppo_is, ess) the trainer passes log pi_theta in place of log pi_old
+for every arm. For bypass arms (naive_ppo_is, ess) the trainer passes log pi_theta in place of log pi_old
 (methods.md 11). Everything is computed in fp64 under no_grad and returned as Python floats.
 
 Empty-mask conventions (no valid token / sequence): KLs, chi2, log-prob gaps, log-PPL differences, fractions and

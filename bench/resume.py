@@ -4,6 +4,10 @@
 second launch that waited while the first finished sees `completed` and skips, instead of starting over.
 The rules, in order (issue 13):
 
+0. The directory's config.yaml must describe the same run (`config_mismatch`): a launch whose semantic config
+   differs (bench/identity.py NON_SEMANTIC_KEYS are left out) is refused before any work, naming the keys and
+   both values, unless `train.overwrite=true`. A directory is never silently satisfied by, or resumed into, the
+   results of another configuration.
 1. Temporaries a killed or failed writer left (`ckpt/last.pt.tmp<pid>`, `run.json.tmp<pid>`) are removed.
 2. `train.overwrite=true`: the run is reset (metrics, evals, checkpoints, run.json) and starts at step 0.
    It is the only way rows are ever deleted without a checkpoint to recompute them from.
@@ -31,6 +35,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from bench.identity import config_diff, describe_diff
 from bench.store import CheckpointError, RunDir
 
 #: statuses a relaunch does not touch (train.overwrite=true reruns them)
@@ -86,10 +93,28 @@ def final_status(run: RunDir, steps: int, eval_every: int) -> tuple[str, str | N
                           f"{OVERWRITE_HINT} reruns the run)")
 
 
+def config_mismatch(run: RunDir, cfg: Any) -> str | None:
+    """Why `cfg` may not use `run`'s directory: its config.yaml was written by a run of another configuration
+    (differing keys and both values), or None. Ignores train.overwrite (the caller decides)."""
+    old = run.config()
+    if old is None:
+        return None
+    new = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
+    new.pop("hydra", None)
+    diff = config_diff(old, new)
+    if not diff:
+        return None
+    return (f"{run.path} holds a run of another configuration ({describe_diff(diff)}); refusing to reuse or mix "
+            f"its results. Use another sweep=NAME, or {OVERWRITE_HINT} to delete them and start this one")
+
+
 def decide(run: RunDir, cfg: Any) -> Plan:
     """Decide what this launch does with `run` (see the module docstring). Call it holding the run's lock."""
     notes = [f"removed stale temporary {p.relative_to(run.path)}" for p in run.clean_temporaries()]
     overwrite = bool(cfg.train.get("overwrite", False))
+    mismatch = None if overwrite else config_mismatch(run, cfg)
+    if mismatch:
+        return Plan("refuse", mismatch, outcome="bad_config", notes=notes)
     resume_from = str(cfg.train.get("resume_from", "last"))
     if overwrite:
         had = run.has_rows() or run.info_file.exists()
@@ -182,6 +207,8 @@ def preview(run: RunDir, cfg: Any) -> str:
     """
     if bool(cfg.train.get("overwrite", False)):
         return "restart" if run.has_rows() or run.info_file.exists() else "run"
+    if config_mismatch(run, cfg):
+        return "refuse"
     if run.status in FINAL_STATUSES:
         return "skip"
     if has_checkpoint(run):
@@ -203,5 +230,5 @@ def _unreadable(run: RunDir, err: CheckpointError, resume_from: str) -> str:
     return f"{err}; " + "; ".join(ways)
 
 
-__all__ = ["FINAL_STATUSES", "RESUME_FROM", "UNFINISHED_STATUSES", "Plan", "decide", "final_status", "missing_steps",
-           "preview", "relaunch_effect"]
+__all__ = ["FINAL_STATUSES", "RESUME_FROM", "UNFINISHED_STATUSES", "Plan", "config_mismatch", "decide", "final_status",
+           "missing_steps", "preview", "relaunch_effect"]

@@ -31,6 +31,8 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from bench.identity import RunId
+
 MODES = ("offline", "online", "disabled")
 
 
@@ -156,23 +158,26 @@ def start_tracking(
 ) -> Tracker:
     """Start (or resume, with the id stored in run.json) the W&B mirror of one run.
 
-    project/entity/tags from cfg.tracking; group = the sweep, job_type = the method, so W&B's grouping
-    matches results/<sweep>/<method>/...; the resolved config is attached, with `run_info` (what the arm and
+    project/entity from cfg.tracking; group = the sweep (a paper recipe is one group), job_type = the arm
+    (`<method>@<precision>`), tags = the identity axes (`method:tis`, `precision:int8`, `task:...`, `model:...`,
+    `seed:0`; bench/identity.py RunId.tags) then cfg.tracking.tags, so W&B's grouping matches
+    results/<sweep>/<method>@<precision>/...; the resolved config is attached, with `run_info` (what the arm and
     the precision declare for reports, as in run.json) under the key `run_info`; files go to <run_dir>/wandb.
     """
     mode = tracking_mode(cfg)
     if mode == "disabled":
         return Tracker(resume_id)  # write nothing, not even import wandb
+    rid = RunId.of(cfg)
     try:
         import wandb
 
         run = wandb.init(
             project=cfg.tracking.project,
             entity=cfg.tracking.entity,
-            group=str(cfg.sweep),
-            job_type=str(cfg.method.name),
+            group=rid.sweep,
+            job_type=rid.arm,
             name=run_name,
-            tags=[str(t) for t in cfg.tracking.tags] or None,
+            tags=rid.tags + [str(t) for t in cfg.tracking.tags],
             config={**OmegaConf.to_container(cfg, resolve=True), "run_info": run_info or {}},
             dir=str(run_dir),
             mode=mode,

@@ -25,7 +25,7 @@ class RolloutConfig:
     """`rollout.*` keys every engine has; an engine's schema adds its own (bench/rollout/<engine>.py)."""
 
     engine: str = MISSING
-    precision: str = "${method.precision}"  # a name registered in bench/quant/ (rollout.precision=int8)
+    precision: str = "${qrl_default_precision:${method.name}}"  # a name registered in bench/quant/; default: the arm's
     weight_granularity: Optional[str] = None  # null: the precision's default (per_channel for fp8/int8)
     act_granularity: Optional[str] = None  # null: the precision's default (per_token); none = weight-only
     temperature: float = 1.0

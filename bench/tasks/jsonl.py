@@ -91,7 +91,6 @@ def _file_sha256(path: str) -> str:
 class JsonlTaskConfig(GeneratedTaskConfig):
     """A datasets-backed task: question/answer JSONL files, numeric exact-match reward."""
 
-    name: str = "jsonl"
     max_new_tokens: int = 8
     train_file: str = MISSING
     test_file: str = MISSING
@@ -102,7 +101,6 @@ class JsonlTaskConfig(GeneratedTaskConfig):
 
 @TASKS.register("jsonl", schema=JsonlTaskConfig)
 class JsonlTask(Task):
-    name = "jsonl"
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)

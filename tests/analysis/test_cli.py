@@ -58,7 +58,7 @@ def test_report_embeds_everything_and_states_provenance(cli_run: CliResult):
     assert "**Seeds**: 0, 1, 2" in text
     assert "**Training steps** (train.steps): `12` (36)" in text
     assert "| bf16 | BF16 | **70.0 ± 10.0** | **40.0 ± 10.0** | **55.0** |" in text
-    assert "sweep/fp8/arithmetic/tiny/seed2` (non-finite loss)" in text  # diverged run named
+    assert "sweep/naive/arithmetic/tiny/seed2` (non-finite loss)" in text  # diverged run named
 
 
 def test_report_lists_every_broken_run_with_its_reason(cli_run: CliResult):

@@ -60,11 +60,11 @@ def test_collapse_needs_k_consecutive_evals_below_step_0():
 
 def test_run_rows_hold_hand_values(sev_sweep):
     rows = run_rows(sev_sweep, k=3)
-    r = rows[(rows["method"] == "fp8") & (rows["precision"] == "int4") & (rows["seed"] == 2)].iloc[0]
+    r = rows[(rows["method"] == "naive") & (rows["precision"] == "int4") & (rows["seed"] == 2)].iloc[0]
     assert math.isclose(r["auc"], 34.0) and math.isclose(r["final_acc"], 34.0)
     assert r["collapsed"] and r["collapse_step"] == 4
     assert math.isclose(r["kl"], 0.1 * 1.1)  # kl_k3 logged constant at every step
-    assert not rows[(rows["method"] == "fp8") & (rows["precision"] == "int4") & (rows["seed"] == 1)].iloc[0]["collapsed"]
+    assert not rows[(rows["method"] == "naive") & (rows["precision"] == "int4") & (rows["seed"] == 1)].iloc[0]["collapsed"]
 
 
 # --------------------------------------------------------------------------------------------- severities
@@ -85,7 +85,7 @@ def test_severity_identity_and_labels(sev_sweep, tmp_path):
 
 def test_one_severity_is_no_severity_axis(tmp_path):
     for seed in (0, 1):
-        write_run(tmp_path / "one", "fp8", "arithmetic", seed)
+        write_run(tmp_path / "one", "naive", "arithmetic", seed)
         write_run(tmp_path / "one", "tis", "arithmetic", seed)
     assert not has_severity_axis(load_sweeps([tmp_path / "one"]))
 
@@ -95,8 +95,8 @@ def test_summary_means_gaps_and_order(sev_sweep):
     s = severity_summary(sev_sweep)
     # severities in order of measured mismatch (mean KL of their runs)
     assert [k.split(";")[0] for k in s.drop_duplicates("severity")["severity"]] == ["fp16", "bf16", "fp8_e4m3", "int8", "int4"]
-    for sev, method, acc, gap, kl in [("bf16", "bf16", 62.0, np.nan, 1e-5), ("fp8_e4m3", "fp8", 61.0, -1.0, 1e-3),
-                                      ("fp8_e4m3", "tis", 62.0, 0.0, 1.1e-3), ("int4", "fp8", 32.0, -30.0, 0.1),
+    for sev, method, acc, gap, kl in [("bf16", "bf16", 62.0, np.nan, 1e-5), ("fp8_e4m3", "naive", 61.0, -1.0, 1e-3),
+                                      ("fp8_e4m3", "tis", 62.0, 0.0, 1.1e-3), ("int4", "naive", 32.0, -30.0, 0.1),
                                       ("int4", "tis", 47.0, -15.0, 0.09), ("fp16", "fp16", 62.0, 0.0, 2e-6 * 0.95)]:
         c = cell(s, sev, method)
         assert math.isclose(c["acc"], acc), (sev, method)
@@ -127,12 +127,12 @@ def test_recovered_share_of_the_naive_gap(sev_sweep):
     assert math.isnan(c["recovered"]) and c["recovered_note"] == NO_NAIVE_GAP
     assert math.isnan(cell(s, "int8", "tis")["recovered"]) and cell(s, "int8", "tis")["recovered_note"] == "fewer than 2 seeds"
     assert math.isnan(cell(s, "int8", "tis")["acc_lo"])  # one seed: no CI
-    assert cell(s, "fp16", "fp16")["recovered_note"] == "no fp8 run at this severity"
+    assert cell(s, "fp16", "fp16")["recovered_note"] == "no naive run at this severity"
     # the naive and the baseline rows carry no recovered share (0 and 1 by definition)
-    assert math.isnan(cell(s, "int4", "fp8")["recovered"]) and cell(s, "int4", "fp8")["recovered_note"] == ""
+    assert math.isnan(cell(s, "int4", "naive")["recovered"]) and cell(s, "int4", "naive")["recovered_note"] == ""
     # the naive method is configurable: with tis as "naive" at int4, fp8 recovers (32-47)/(62-47) = -1
     s2 = severity_summary(sev_sweep, SeverityOptions(naive="tis"))
-    assert math.isclose(cell(s2, "int4", "fp8")["recovered"], -1.0)
+    assert math.isclose(cell(s2, "int4", "naive")["recovered"], -1.0)
 
 
 def test_no_recovered_share_when_the_naive_arm_is_better(tmp_path):
@@ -144,14 +144,14 @@ def test_no_recovered_share_when_the_naive_arm_is_better(tmp_path):
     # default: icepop at int4 recovers (41 - 32) / (62 - 32) = 0.3
     assert math.isclose(cell(severity_summary(sweep), "int4", "icepop")["recovered"], 0.3)
     # with fp8 as the baseline and tis as "naive", naive is 15 pp *better* (CI within [-19, -11]): nothing to recover
-    c = cell(severity_summary(sweep, SeverityOptions(naive="tis", baseline="fp8")), "int4", "icepop")
+    c = cell(severity_summary(sweep, SeverityOptions(naive="tis", baseline="naive")), "int4", "icepop")
     assert c["naive_gap_hi"] < 0 and math.isnan(c["recovered"]) and c["recovered_note"] == NAIVE_BETTER
 
 
 def test_collapse_counts_follow_k(sev_sweep):
-    c = cell(severity_summary(sev_sweep), "int4", "fp8")
+    c = cell(severity_summary(sev_sweep), "int4", "naive")
     assert c["n_collapsed"] == 1 and c["collapse_steps"] == "4"
-    c = cell(severity_summary(sev_sweep, SeverityOptions(collapse_k=2)), "int4", "fp8")
+    c = cell(severity_summary(sev_sweep, SeverityOptions(collapse_k=2)), "int4", "naive")
     assert c["n_collapsed"] == 2 and c["collapse_steps"] == "4 8"
 
 
@@ -174,10 +174,10 @@ def test_table_cells(sev_sweep):
     d = t.display
     tis_int4 = d[(d["Method"] == "tis")].iloc[-1]
     assert tis_int4["Accuracy (%)"].startswith("47.0 [") and tis_int4["Δ vs bf16 (pp)"].startswith("-15.0 [")
-    assert tis_int4["Recovered (fp8 gap)"].startswith("50 [") and tis_int4["Recovered (fp8 gap)"].endswith("] %")
-    fp8_int4 = d[(d["Method"] == "fp8")].iloc[-1]
-    assert fp8_int4["Collapsed"] == "1/3 (step 4)" and fp8_int4["Recovered (fp8 gap)"] == "–"
-    assert (d["Recovered (fp8 gap)"] == f"n/a ({NO_NAIVE_GAP})").sum() == 1
+    assert tis_int4["Recovered (naive gap)"].startswith("50 [") and tis_int4["Recovered (naive gap)"].endswith("] %")
+    fp8_int4 = d[(d["Method"] == "naive")].iloc[-1]
+    assert fp8_int4["Collapsed"] == "1/3 (step 4)" and fp8_int4["Recovered (naive gap)"] == "–"
+    assert (d["Recovered (naive gap)"] == f"n/a ({NO_NAIVE_GAP})").sum() == 1
     assert d[d["Method"] == "bf16"].iloc[0]["Δ vs bf16 (pp)"] == "–"
 
 
@@ -199,12 +199,12 @@ def test_cli_report_has_the_severity_section(tmp_path):
     root = make_severity_sweep(tmp_path / "ladder")
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
-        rc = main([str(root), "--naive", "fp8", "--baseline", "bf16", "--collapse-k", "2", "--formats", "png"])
+        rc = main([str(root), "--naive", "naive", "--baseline", "bf16", "--collapse-k", "2", "--formats", "png"])
     assert rc == 0, err.getvalue()
     report = (root / "report" / "report.md").read_text()
     assert "## Severity ladder: gap to bf16 and the recovered share of the naive gap" in report
     assert "## Accuracy against mismatch across severities" in report
     assert "![Accuracy against mismatch — arithmetic / tiny](figures/severity_arithmetic_tiny.png)" in report
-    assert "naive=fp8, collapse_k=2" in report
+    assert "naive=naive, collapse_k=2" in report
     assert "| 2/3 (step 4 8) |" in report  # k = 2 reached the table
     assert (root / "report" / "tables" / "severity.csv").read_text().count("\n") == 1 + 8

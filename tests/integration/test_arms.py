@@ -15,15 +15,16 @@ pytestmark = pytest.mark.slow
 
 OWN_KEYS = {
     "bf16": ["clipfrac", "ppo_kl"],
-    "fp8": ["clipfrac", "ppo_kl"],
-    "fp8_ppo_is": ["clipfrac", "ppo_kl"],
+    "naive": ["clipfrac", "ppo_kl"],
+    "naive_ppo_is": ["clipfrac", "ppo_kl"],
     "tis": ["is_mean", "is_max", "is_frac_high", "is_ess", "clipfrac"],
     "acr": ["frac_acr_active", "acr_upper_mean", "clipfrac_pos", "clipfrac_neg", "rho_max"],
     "acr_uaq": ["frac_acr_active", "acr_upper_mean", "clipfrac_pos", "clipfrac_neg", "rho_max"],
     "ess": ["ess_factor", "kl_behavioral", "approx_kl", "pi_loss", "clipfrac"],
     "ais": ["alpha", "R", "B", "V", "c_mean", "c_var", "n"],
     "icepop": ["masked_frac", "is_mean", "is_ess", "clipfrac"],
-    "seq_mis": ["seq_masked_frac", "geo_mean", "geo_min", "geo_max", "clipfrac"],
+    "seq_is_rs": ["is_mean", "is_frac_high", "is_frac_low", "is_ess", "seq_mean", "clipfrac"],
+    "geo_rs": ["seq_masked_frac", "geo_mean", "geo_min", "geo_max", "clipfrac"],
     "opsm": ["seq_masked_frac", "seq_log_ratio_mean", "clipfrac"],
     "fp16": ["clipfrac", "ppo_kl"],
 }

@@ -18,7 +18,7 @@ QUICK_MODEL = ["model.num_layers=1", "model.warmstart_steps=5", "model.warmstart
 
 
 def test_chain_run_generates_long_answers(tmp_path):
-    cfg = make_cfg(tmp_path, "task=chain", "model=tiny_long", "method=fp8", "task.n_train=64", "train.steps=2",
+    cfg = make_cfg(tmp_path, "task=chain", "model=tiny_long", "method=naive", "task.n_train=64", "train.steps=2",
                    f"model.cache_dir={tmp_path / 'cache'}", *QUICK_MODEL)
     assert cfg.model.max_position_embeddings == 512 and cfg.task.max_new_tokens == 120
     assert execute(cfg) == "completed"
