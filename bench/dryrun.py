@@ -64,7 +64,7 @@ def dry_run(overrides: list[str]) -> int:
                         too_big.append(f"{RunDir.name_of(cfg)}: ~{mem.peak:,.0f} GB > {mem.device_gb:g} GB")
             print(f"{action:7s} {status:10s} {RunDir.name_of(cfg):40s} {run.path}{cost}")
     todo = len(jobs) - counts.get("skip", 0) - counts.get("refuse", 0)
-    refused = (f", {counts['refuse']} refused (results but no checkpoint; train.overwrite=true restarts them)"
+    refused = (f", {counts['refuse']} refused (rows but no run.json nor checkpoint; train.overwrite=true restarts them)"
                if counts.get("refuse") else "")
     print(f"{len(jobs)} jobs: {todo} to launch, {counts.get('skip', 0)} already finished{refused}", file=sys.stderr)
     for line in too_big:

@@ -26,6 +26,7 @@ engine samples on (bench.rollout.base.sampling_device): evaluating never moves t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -70,8 +71,9 @@ class EvalConfig:
             raise ValueError(f"eval.k={self.k} must be at least 1")
         if self.n is not None and self.n < self.k:
             raise ValueError(f"eval.n={self.n} must be >= eval.k={self.k}: pass@k needs at least k samples per problem")
-        if not self.temperature > 0:
-            raise ValueError(f"eval.temperature={self.temperature} must be positive (use eval.mode=greedy for argmax)")
+        if not 0 < self.temperature < math.inf:
+            raise ValueError(f"eval.temperature={self.temperature} must be positive and finite "
+                             "(use eval.mode=greedy for argmax)")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"eval.top_p={self.top_p} must be in (0, 1]")
         if self.batch_size < 1:

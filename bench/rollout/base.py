@@ -8,6 +8,7 @@ token was actually drawn from (temperature applied), because every correction in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Optional, Protocol
@@ -40,8 +41,9 @@ class RolloutConfig:
             self.quantizer()
         except ValueError as e:
             raise ValueError(f"rollout.precision={self.precision}: {e}") from None
-        if not self.temperature > 0:
-            raise ValueError(f"rollout.temperature={self.temperature} must be positive")
+        if not 0 < self.temperature < math.inf:  # inf samples uniformly, nan never compares
+            raise ValueError(f"rollout.temperature={self.temperature} must be positive and finite (1.0: the "
+                             "policy's own distribution)")
 
 
 #: `rollout=<name>`: every engine registers itself here with its schema (bench/rollout/<engine>.py).

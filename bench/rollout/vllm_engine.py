@@ -50,8 +50,10 @@ them, then wakes the KV cache. These GPU paths follow vLLM 0.32's API but were n
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 import random
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -98,6 +100,10 @@ class VLLMRolloutConfig(RolloutConfig):
 
     def check(self) -> None:
         super().check()
+        if importlib.util.find_spec("vllm") is None:  # an optional engine: a config error, not an ImportError mid-build
+            raise ValueError(
+                f"rollout=vllm needs vLLM, which {sys.executable} does not have: on a GPU `pip install -e .[vllm]`, "
+                "on a CPU `bash scripts/install_vllm.sh` (then run .venv-vllm/bin/qrl-bench); or use rollout=embedded")
         if self.sleep_level not in SLEEP_LEVELS:
             raise ValueError(f"rollout.sleep_level={self.sleep_level!r} is not valid; choose one of 0 (off), 1, 2")
         if not 0 < self.gpu_memory_utilization <= 1:
