@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from bench.store import RunDir
-from tests.helpers import FAST, REPO, strip_times
+from tests.helpers import FAST, REPO, make_cfg, strip_times
 from tests.integration.test_faults import alive, descendants, env, interrupt, one_line_error, qrl_bench
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -31,7 +31,7 @@ RESTART_NOTE = "restarting from step 0"
 
 
 def run_of(out: Path, method: str = "bf16") -> RunDir:
-    return RunDir(out / "default" / method / "arithmetic" / "tiny" / "seed0")
+    return RunDir.of(make_cfg(out, *ARGS, f"method={method}", fast=False))
 
 
 @pytest.fixture(scope="module")
