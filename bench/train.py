@@ -21,9 +21,8 @@ import random
 import sys
 import time
 from collections import defaultdict
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 from omegaconf import DictConfig
@@ -50,6 +49,7 @@ from bench.rollout.embedded import EmbeddedRolloutConfig
 from bench.sampling import Sample, collect
 from bench.store import RunDir
 from bench.tasks.base import Task, build_task
+from bench.timing import Timer
 from bench.tracking import start_tracking
 
 
@@ -163,16 +163,8 @@ def build(cfg: DictConfig) -> Parts:
     )
 
 
-class Timer(dict):
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        yield
-        self[name] = self.get(name, 0.0) + time.perf_counter() - t0
-
-
 def train_step(p: Parts, step: int) -> dict[str, float]:
-    t = Timer()
+    t = Timer(device=p.compute.device)  # waits for the GPU at every phase boundary
     with t("sync"):
         p.engine.load_weights(p.policy)
     sample = collect(p, step, t)

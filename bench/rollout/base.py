@@ -75,6 +75,13 @@ def token_ids(ids: int | Sequence[int] | None) -> tuple[int, ...]:
     return tuple(int(i) for i in ids)
 
 
+def sampling_device(engine: Any) -> torch.device:
+    """The device an engine samples on, where a sampling generator handed to its `generate` belongs: the
+    engine's `sampling_device` attribute (the embedded engine's is where its weights live, e.g. cuda), else the
+    CPU (vLLM draws per-request seeds on the host)."""
+    return torch.device(getattr(engine, "sampling_device", None) or "cpu")
+
+
 def response_budget(max_new_tokens: int, prompt_len: int, engine: Any) -> int:
     """New tokens a batch may generate: `max_new_tokens`, cut so that prompt + response fits the engine's
     `max_len` (the model's context, `model.max_length`). A prompt that leaves no room is an error naming both."""

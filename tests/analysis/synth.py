@@ -66,7 +66,8 @@ PRECISION_INFO = {
 VERSIONS = {"python": "3.11.9", "torch": "2.13.0", "transformers": "4.57.1"}
 # Where the runs computed, as the trainer records it in run.json (bench/train.py runtime_info): all on a CPU,
 # so every quantized row of the throughput table is "emulated".
-RUNTIME = {"engine": "embedded", "device": "cpu", "device_name": "cpu (AVX2)", "trainer_dtype": "bf16"}
+RUNTIME = {"engine": "embedded", "device": "cpu", "device_name": "cpu (AVX2)", "cpu_model": "Intel Xeon [avx2]",
+           "trainer_dtype": "bf16"}
 
 
 def _config(method: str, task: str, seed: int, steps: int = STEPS, precision: str | None = None,
@@ -75,7 +76,7 @@ def _config(method: str, task: str, seed: int, steps: int = STEPS, precision: st
     return {
         "method": {"name": method, "precision": PRECISION.get(method, "fp8_e4m3"), "is_cap_C": 2.0},
         "rollout": {"engine": "embedded", "precision": precision, "act_granularity": "per_token", **(rollout or {})},
-        "task": {"name": task, "max_new_tokens": 6},
+        "task": {"name": task, "max_new_tokens": 6, "n_test": 200},
         "model": {"name": MODEL, "path": None, "hidden_size": 128},
         "train": {"steps": steps, "batch_size": 64, "group_size": 8, "lr": 2e-4},
         "tracking": {"mode": "offline", "project": "qrl-bench"},

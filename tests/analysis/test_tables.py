@@ -61,7 +61,14 @@ def test_accuracy_display_shows_mean_std_and_gap(sweep: Sweep):
     disp = accuracy_table(sweep).display
     row = disp[(disp.Method == "tis")].iloc[0]
     assert row["Accuracy (%)"] == "50.0 ± 10.0"
-    assert row["Δ vs bf16 (pp)"] == "-20.0"
+    # tis (40, 50, 60) and bf16 (60, 70, 80) ran seeds 0-2: paired differences -20 each, no spread
+    assert row["Δ vs bf16 (pp)"] == "-20.0 [-20.0, -20.0] n=3"
+    # ais (45, 60, 75): differences -15, -10, -5: -10 ± t(0.975, 2) * 5 / sqrt(3) = -10 ± 12.4
+    ais = disp[(disp.Method == "ais")].iloc[0]
+    assert ais["Δ vs bf16 (pp)"] == "-10.0 [-22.4, +2.4] n=3"
+    # beside it, the binomial SE of 200 test problems, 3 seeds per arm, p = 0.6 and 0.7
+    assert ais["eval SE (pp)"] == f"±{100 * math.sqrt((0.6 * 0.4 + 0.7 * 0.3) / 600):.1f}" == "±2.7"
+    assert "paired per-seed differences" in accuracy_table(sweep).caption
     assert "1 div." in disp[disp.Method == "naive"].iloc[0]["Seeds"]
 
 

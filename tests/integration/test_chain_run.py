@@ -26,4 +26,6 @@ def test_chain_run_generates_long_answers(tmp_path):
     assert [r["step"] for r in rows] == [0, 1]
     # an untrained model rarely stops early: responses are far longer than the ~3 tokens of arithmetic
     assert all(r["reward/response_length"] > 20 for r in rows)
-    assert all(r["mismatch/chi2_seq"] >= 0 and r["mismatch/kl_k3"] > 0 for r in rows)
+    # chi2 is the plain estimator mean(rho^2) - 1: unbiased, and legitimately negative on a finite batch when the
+    # true chi2 is below the batch's sampling noise (bench/mismatch.py); rho^2 >= 0 bounds it below by -1
+    assert all(-1.0 <= r["mismatch/chi2_seq"] < float("inf") and r["mismatch/kl_k3"] > 0 for r in rows)

@@ -154,3 +154,17 @@ def test_out_of_range_values_are_refused_naming_the_key(overrides, needle):
     with pytest.raises(ValueError) as err:
         validate(compose_cfg(overrides))
     assert needle in str(err.value)
+
+
+NAMED_SWEEPS = ("smoke", "smoke_short", "severity", "severity_axes")
+
+
+@pytest.mark.parametrize("name", NAMED_SWEEPS)
+def test_named_sweeps_take_several_optimizer_steps_per_batch(name: str):
+    """With one minibatch and one epoch the PPO ratio is 1 at the only update: the clip, ACR's range and P3O's
+    trust region never act, and acr trains exactly as tis (issue 21). Every job takes >= 4 steps per batch."""
+    overrides = expand([f"+experiment={name}"])
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        jobs = [compose("config", overrides=job) for job in overrides]
+    assert jobs and all(c.train.minibatches * c.train.epochs >= 4 for c in jobs)
+    assert all((c.train.batch_size // c.train.group_size) % c.train.minibatches == 0 for c in jobs)
