@@ -311,6 +311,19 @@ def _frame(records: list[dict[str, Any]], name: str, warnings: list[str]) -> pd.
     return pd.DataFrame(numeric).sort_values("step").reset_index(drop=True)
 
 
+def check_final_eval(evals: pd.DataFrame, final_step: int, warnings: list[str]) -> None:
+    """A completed run must have its final evaluation (the eval row at step = train.steps): every table and the
+    report's summary read "final accuracy" from it. Without it, the last readable row is an earlier step's
+    accuracy, which would be reported as final (issue 19: a torn last line flipped the sign of a gap), so the
+    run is left out, saying why."""
+    if final_step in set(evals["step"].tolist()):
+        return
+    torn = any(w.startswith("eval.jsonl: dropped unreadable last line") for w in warnings)
+    why = "its last line is unreadable (a torn write)" if torn else "there is no row for that step"
+    raise RunError(f"incomplete: eval.jsonl lacks the final evaluation (step {final_step}): {why}; "
+                   "an earlier step's accuracy is not reported as final")
+
+
 def _identity_from_path(run_dir: Path) -> dict[str, Any]:
     """<method>@<precision>/<task>/<model>[/<variant>]/seed<k> from the path, the fallback when the config lacks a key."""
     return identity.parse_run_path(run_dir)
@@ -406,6 +419,8 @@ def load_run(run_dir: Path, root: Path | None = None, run_id: str | None = None)
         raise RunError(f"incomplete: metrics.jsonl lacks {len(missing_steps)} step(s): {shown}")
     if status == "completed" and isinstance(info.get("step"), int) and info["step"] + 1 > logged:
         raise RunError(f"incomplete: run.json says step {info['step']} but metrics.jsonl ends at step {logged - 1}")
+    if status == "completed":
+        check_final_eval(evals, planned if isinstance(planned, int) else logged, warnings)
 
     variant = get(config, "variant", fallback.get("variant")) or ""
     method = str(ident["method"]) + (f"[{variant}]" if variant else "")

@@ -334,22 +334,23 @@ def results_table(sweep: Sweep, baseline: str = "bf16") -> Table:
         for num in block_num:
             means = [num[f"{t}_mean"] for t in tasks]
             num["avg"] = float(np.mean(means)) if tasks and all(np.isfinite(means)) else np.nan
-        # Bold the best arm per column (never the step-0 reference row).
-        arm_rows = [n for n in block_num if not n["method"].endswith("@ step 0")]
-        # Bold only marks a winner when there is a contest: at least two arms with a value in the column.
-        best = {c: np.nanmax([n[c] for n in arm_rows]) if sum(np.isfinite(n[c]) for n in arm_rows) > 1 else np.nan
-                for c in [f"{t}_mean" for t in tasks] + ["avg"]}
+        # Bold the best arm per column among its contenders (contends, below); a winner needs a contest: at
+        # least two contenders with a value in the column.
+        columns = [f"{t}_mean" for t in tasks] + ["avg"]
+        best = {}
+        for c in columns:
+            values = [n[c] for n in block_num if contends(n, c, tasks) and np.isfinite(n[c])]
+            best[c] = max(values) if len(values) > 1 else np.nan
         for num in block_num:
-            is_ref = num["method"].endswith("@ step 0")
             disp = {"Model": model, "Method": num["method"], "Bitwidth": num["bitwidth"]}
             flags = {"Model": False, "Method": False, "Bitwidth": False}
             for t in tasks:
                 n_div = num.get(f"{t}_n_diverged", 0)
                 disp[t] = fmt_pm(num[f"{t}_mean"], num[f"{t}_std"]) + (f" ({n_div} div.)" if n_div else "")
-                flags[t] = bool(not is_ref and np.isfinite(num[f"{t}_mean"]) and num[f"{t}_mean"] == best[f"{t}_mean"])
+                flags[t] = bool(contends(num, f"{t}_mean", tasks) and num[f"{t}_mean"] == best[f"{t}_mean"])
             if len(tasks) > 1:  # with one task the average would repeat its column
                 disp["Avg."] = fmt_num(num["avg"])
-                flags["Avg."] = bool(not is_ref and np.isfinite(num["avg"]) and num["avg"] == best["avg"])
+                flags["Avg."] = bool(contends(num, "avg", tasks) and num["avg"] == best["avg"])
             if not multi_model:
                 disp.pop("Model")
                 flags.pop("Model")
@@ -362,9 +363,19 @@ def results_table(sweep: Sweep, baseline: str = "bf16") -> Table:
     caption = (
         "Final eval accuracy (%) per task, mean ± std over seeds; Avg. = mean over tasks of the per-task means; "
         f"best arm per column in bold; '{baseline} @ step 0' = accuracy before RL; 'div.' = seeds that diverged "
-        "(their last eval before diverging is used)."
+        "(their last eval before diverging is used; such a cell, and the Avg. of its arm, is never bold)."
     )
     return Table("results", data_out, display, caption, bold)
+
+
+def contends(num: dict[str, Any], column: str, tasks: list[str]) -> bool:
+    """Whether a results-table cell may be bold as the best of its column: never the step-0 reference row, and
+    never a mean over a seed that diverged (its last eval before diverging, often its step-0 accuracy, is no
+    result of training); for Avg., never an arm with a diverged seed in any task."""
+    if num["method"].endswith("@ step 0"):
+        return False
+    diverged = [num.get(f"{t}_n_diverged", 0) for t in (tasks if column == "avg" else [column[: -len("_mean")]])]
+    return not any(diverged)
 
 
 # --------------------------------------------------------------------------------------------- throughput

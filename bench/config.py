@@ -34,7 +34,7 @@ from bench.methods.base import METHODS, arm_precision
 from bench.models.load import ModelConfig
 from bench.rollout.base import ENGINES
 from bench.tasks.base import TASKS
-from bench.tracking import TrackingConfig
+from bench.tracking import TrackingConfig, tracking_mode
 from bench.train import TrainConfig
 
 #: conf/: the config tree (groups method/ model/ task/ rollout/ tracking/ experiment/, hydra/launcher/)
@@ -133,6 +133,7 @@ def validate(cfg: DictConfig) -> None:
         check = getattr(obj, "check", None)
         if check is not None:
             check()
+    tracking_mode(cfg)  # WANDB_MODE overrides tracking.mode: a bad one must fail here, not inside the run
     check_across(cfg)
 
 

@@ -53,10 +53,13 @@ _MODE_ALIASES = {"dryrun": "offline", "run": "online"}  # older spellings W&B st
 
 def tracking_mode(cfg: DictConfig) -> str:
     """WANDB_MODE wins over cfg.tracking.mode, so a user can switch W&B off without editing configs."""
-    mode = os.environ.get("WANDB_MODE") or str(cfg.tracking.mode)
+    env = os.environ.get("WANDB_MODE")
+    mode = env or str(cfg.tracking.mode)
     mode = _MODE_ALIASES.get(mode, mode)
     if mode not in MODES:
-        raise ValueError(f"tracking mode {mode!r} (cfg.tracking.mode or WANDB_MODE) is not one of {', '.join(MODES)}")
+        where = f"WANDB_MODE={env}" if env else f"tracking.mode={mode}"
+        raise ValueError(f"{where} is not a W&B mode; choose one of: {', '.join(MODES)}"
+                         + (" (or unset WANDB_MODE to use tracking.mode)" if env else ""))
     return mode
 
 

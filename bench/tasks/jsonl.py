@@ -113,7 +113,13 @@ class JsonlTask(Task):
         path = self.files[split]
         qf, af = self.cfg.question_field, self.cfg.answer_field
         check_jsonl(path, (qf, af))  # a clear message before datasets' own errors (StopIteration, KeyError)
-        ds = datasets.load_dataset("json", data_files={split: path}, split=split)
+        shown = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bars()  # its "Generating split" bars would wrap a one-line error in noise
+        try:
+            ds = datasets.load_dataset("json", data_files={split: path}, split=split)
+        finally:
+            if shown:
+                datasets.enable_progress_bars()
         rows = []
         for i, row in enumerate(ds):
             answer = canonical_answer(row[af])

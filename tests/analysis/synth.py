@@ -319,11 +319,13 @@ def write_paper_run(
     config: dict[str, Any] | None = None,
     status: str = "completed",
     model: str = "qwen2.5-0.5b-instruct",
-    steps: int = 2,
+    steps: int | None = None,
 ) -> Path:
     """A run of a paper recipe with literal evaluations ({step: {metric: value}}) and extra config settings
     (nested dicts merged into the config, e.g. {"train": {"lr": 1.5e-6}}), under root/<precision>/... as the
-    recipes write them. Metrics are two plain rows: the paper tables read only evaluations."""
+    recipes write them. Metrics are plain rows: the paper tables read only evaluations. `steps` (train.steps)
+    defaults to the last evaluation's step: a completed run's final evaluation is at step = train.steps."""
+    steps = max(evals) if steps is None else steps
     run_dir = root / precision / method / task / model / f"seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = _config(method, task, seed, steps)

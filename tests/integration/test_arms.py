@@ -47,14 +47,16 @@ def test_arm_runs_with_complete_finite_metrics(tmp_path, arm):
         assert run.info()["setup"]["uaq_scale"] == 1.5  # invariant scaling applied once, before training
     if arm == "ais":
         assert all(0.0 <= r["method/ais/alpha"] <= 1.0 for r in rows)
-    assert f"precision: {cfg.method.precision}" in (run.path / "config.yaml").read_text()
+    assert run.path.parent.parent.parent.name == f"{arm}@{cfg.rollout.precision}"  # the arm's spelling in the path
+    assert f"precision: {cfg.rollout.precision}" in (run.path / "config.yaml").read_text()
     if arm == "fp16":  # the arm trains in fp16 too (its yaml sets train.dtype)
         assert cfg.rollout.precision == "fp16" and cfg.train.dtype == "fp16"
         assert all(r["train/grad_scale"] == 2.0**16 and r["train/skipped_steps"] == 0 for r in rows)  # no overflow
 
 
 def test_precision_of_an_arm_is_overridable(tmp_path):
+    assert make_cfg(tmp_path, "method=tis").rollout.precision == "fp8_e4m3"  # the arms' default low precision
     cfg = make_cfg(tmp_path, "method=tis", "rollout.precision=int8")
-    assert cfg.method.precision == "fp8_e4m3" and cfg.rollout.precision == "int8"
+    assert "precision" not in cfg.method and cfg.rollout.precision == "int8"  # one place, nothing to disagree
     assert execute(cfg) == "completed"
     assert "precision: int8" in (RunDir.of(cfg).path / "config.yaml").read_text()

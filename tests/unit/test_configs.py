@@ -7,6 +7,7 @@ yaml is covered without editing this file.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -53,17 +54,18 @@ def compose_cfg(overrides: list[str]):
 @pytest.mark.parametrize("group, option", [(g, o) for g in GROUPS for o in options(g)])
 def test_every_yaml_composes_validates_and_builds(group: str, option: str, tmp_path: Path):
     cfg = compose_cfg([f"{group}={option}", *extra_overrides(group, option, tmp_path)])
+    if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        # an optional engine that is not installed: a configuration error before any work (issue 19 R8)
+        with pytest.raises(ValueError, match=r"rollout=vllm needs vLLM, which .* does not have: on a GPU "
+                                             r"`pip install -e \.\[vllm\]`"):
+            validate(cfg)
+        with pytest.raises(ImportError, match=r"qrl-bench\[vllm"):
+            build_engine(cfg.rollout, eos_id=1, pad_id=0)
+        return
     validate(cfg)
     assert isinstance(build_method(cfg.method, cfg.algo), Method)
     assert isinstance(build_task(cfg.task), Task)
     ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True))
-    if cfg.rollout.engine == "vllm":
-        try:
-            import vllm  # noqa: F401
-        except ImportError:
-            with pytest.raises(ImportError, match=r"qrl-bench\[vllm"):
-                build_engine(cfg.rollout, eos_id=1, pad_id=0)
-            return
     assert build_engine(cfg.rollout, eos_id=1, pad_id=0).precision == cfg.rollout.precision
 
 
