@@ -34,7 +34,7 @@ CONFIGS = {
 
 
 def run_dir(out_root) -> RunDir:
-    return RunDir(out_root / "default" / "bf16" / "arithmetic" / "tiny" / "seed0")
+    return RunDir(out_root / "default" / "bf16@bf16" / "arithmetic" / "tiny" / "seed0")
 
 
 @pytest.mark.parametrize("algo", list(CONFIGS))
