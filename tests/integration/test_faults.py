@@ -41,7 +41,7 @@ def qrl_bench(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedPro
 
 
 def run_of(out: Path, model: str = "tiny") -> RunDir:
-    return RunDir.of(make_cfg(out, f"model={model}"))  # the run path names the arm (method@precision)
+    return RunDir(out / "default" / "bf16@bf16" / "arithmetic" / model / "seed0")
 
 
 def descendants(pid: int) -> list[int]:

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from bench.store import RunDir
-from tests.helpers import FAST, REPO, make_cfg, strip_times
+from bench.methods.base import arm_precision
+from tests.helpers import FAST, REPO, strip_times
 from tests.integration.wandb_readback import history, offline_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -38,7 +39,7 @@ def bench_cmd(*args: str) -> list[str]:
 
 
 def run_dir(out_root: Path, method: str = "bf16") -> RunDir:
-    return RunDir.of(make_cfg(out_root, f"method={method}"))  # the run path names the arm (method@precision)
+    return RunDir(out_root / "default" / f"{method}@{arm_precision(method)}" / "arithmetic" / "tiny" / "seed0")
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import pytest
 from filelock import FileLock
 
 from bench.store import RunDir
-from tests.helpers import FAST, REPO, make_cfg
+from tests.helpers import FAST, REPO
 from tests.integration.test_faults import alive, descendants, env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -35,7 +35,7 @@ def sweep_cmd(*args: str) -> list[str]:
 
 
 def run_dir(out: Path, method: str = "bf16", seed: int = 0) -> RunDir:
-    return RunDir.of(make_cfg(out, f"method={method}", f"seed={seed}"))  # the run path names the arm
+    return RunDir(out / "default" / method / "arithmetic" / "tiny" / f"seed{seed}")
 
 
 def test_sweep_exits_nonzero_and_lists_the_jobs_that_did_not_complete(tmp_path):
@@ -68,9 +68,9 @@ def test_each_runs_log_is_in_its_own_run_directory_when_jobs_set_the_sweep(tmp_p
                           cwd=REPO, env=env(QRL_LOCAL_JOBS="2"), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     for rung in ("a", "b"):
-        run = RunDir.of(make_cfg(tmp_path, f"sweep=ladder/{rung}"))
+        run = RunDir(tmp_path / "ladder" / rung / "bf16@bf16" / "arithmetic" / "tiny" / "seed0")
         assert run.status == "completed" and "completed ->" in (run.path / "run.log").read_text()
-    assert not (tmp_path / "ladder" / "bf16").exists()  # nothing at Hydra's <sweep dir>/<subdir>
+    assert not (tmp_path / "ladder" / "bf16@bf16").exists()  # nothing at Hydra's <sweep dir>/<subdir>
 
 
 def _start_sweep(tmp_path: Path, *args: str, jobs: int = 2) -> subprocess.Popen:
