@@ -44,6 +44,7 @@ from bench import sweep_report
 from bench.config import CONF_DIR, GROUP_REGISTRIES, register_configs, validate
 from bench.grpo import AlgoConfig
 from bench.preempt import Stopped, stop_on_signals
+from bench.resume import Plan
 from bench.store import RunDir, RunLocked, root_os_error
 
 EXIT = {"completed": 0, "skipped": 0, "failed": 1, "bad_config": 2, "diverged": 3, "locked": 4, "refused": 5,
@@ -105,6 +106,10 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
     if run.status == "completed" and not cfg.train.overwrite:  # cheap early exit; decided again under the lock
         say(name, f"already completed in {run.path}, skipping")
         return Outcome("skipped", "already completed", run.path)
+    if cfg.train.nproc_per_node > 1 and distributed_env_size() == 1:  # launch the run's processes here
+        from bench.distributed import launch_local
+
+        return launch_local(cfg.train.nproc_per_node, execute, cfg, overrides)
     if cfg.train.threads > 0:
         import torch
 
@@ -118,9 +123,15 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
         check_inputs(parts)
     except (ValueError, OSError) as e:
         return _bad_input(cfg, name, e)
+    from bench import distributed
+
+    if distributed.is_follower():  # ranks > 0 of a multi-process run: rank 0 owns the run directory
+        return _follow(parts, run, name, overrides)
     try:
         with run.lock():
             plan = decide(run, cfg)
+            if distributed.world_size() > 1:
+                distributed.broadcast_object(plan)
             for note in plan.notes:
                 say(name, f"note: {note}")
             if plan.action == "skip":
@@ -138,11 +149,30 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
             except Exception as e:  # noqa: BLE001 -- reported in one line, recorded in run.json
                 return _failed(run, name, e)
     except RunLocked as e:
+        if distributed.world_size() > 1:
+            distributed.broadcast_object(Plan("skip", str(e), outcome="locked"))
         print(f"qrl-bench: error: {e}; not starting a second writer", file=sys.stderr)
         return Outcome("locked", str(e), run.path)
     reason = run.info().get("reason")
     say(name, f"{status} -> {run.path}" + (f" ({reason})" if reason else ""))
     return Outcome(status, reason, run.path)
+
+
+def distributed_env_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _follow(parts: Any, run: RunDir, name: str, overrides: list[str] | None) -> Outcome:
+    """A rank > 0: train along with rank 0 on its plan, writing nothing (rank 0 reports the outcome)."""
+    from bench import distributed
+    from bench.train import train
+
+    plan = distributed.broadcast_object(None)
+    if plan.action not in ("start", "resume"):
+        return Outcome(plan.outcome or "skipped", plan.message, run.path)
+    status = train(parts, distributed.FollowerRun(run.path), OmegaConf.to_yaml(parts.cfg, resolve=True), name, plan,
+                   overrides)
+    return Outcome(status, None, run.path)
 
 
 def _bad_input(cfg: DictConfig, name: str, err: BaseException) -> Outcome:
