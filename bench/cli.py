@@ -88,6 +88,9 @@ def execute(cfg: DictConfig, overrides: list[str] | None = None) -> Outcome:
     """Run one job to an outcome in EXIT; never raises for bad input, divergence, a busy or finished run
     directory, a signal or an error during the run (it reports each in one line)."""
     name = RunDir.name_of(cfg)
+    from bench.distributed import export_slurm_tasks
+
+    export_slurm_tasks()  # SLURM tasks of one run (hydra.launcher.tasks_per_node / nodes): torchrun's env
     with stop_on_signals():
         try:
             return _execute(cfg, name, overrides)

@@ -89,6 +89,22 @@ def init(device_name: str) -> None:
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
 
 
+def export_slurm_tasks() -> bool:
+    """Under submitit with several tasks (hydra.launcher.nodes x tasks_per_node, one task per GPU), export the
+    torchrun environment every rank needs (master = the job's first node, port from the job id). Returns
+    whether it did: not when a launcher already set WORLD_SIZE, nor for a one-task job. Only global rank 0
+    requeues on preemption: submitit's own handler exits without requeueing on the other ranks."""
+    if "WORLD_SIZE" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
+        return False
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return False
+    from submitit.helpers import TorchDistributedEnvironment
+
+    # overwrite: a MASTER_PORT the user set is kept (submitit reads it), the rest is the task's own
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)  # GPU = LOCAL_RANK
+    return True
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
