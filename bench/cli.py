@@ -173,8 +173,11 @@ def _follow(parts: Any, run: RunDir, name: str, overrides: list[str] | None) -> 
     plan = distributed.broadcast_object(None)
     if plan.action not in ("start", "resume"):
         return Outcome(plan.outcome or "skipped", plan.message, run.path)
-    status = train(parts, distributed.FollowerRun(run.path), OmegaConf.to_yaml(parts.cfg, resolve=True), name, plan,
-                   overrides)
+    try:
+        status = train(parts, distributed.FollowerRun(run.path), OmegaConf.to_yaml(parts.cfg, resolve=True), name,
+                       plan, overrides)
+    except Stopped as e:  # preempted along with rank 0, which reports it
+        return Outcome("preempted", None, run.path, signum=e.signum)
     return Outcome(status, None, run.path)
 
 

@@ -577,21 +577,23 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model).requires_grad_(False)
 
 
-def agree(guard: Any) -> None:
-    """Make a preemption signal caught by any rank the signal of every rank (the first signal number wins),
-    so that all checkpoint at the same step and exit together. One small all-reduce per step; nothing at
-    world size 1."""
+def agree(guard: Any) -> bool:
+    """Whether to checkpoint and stop after this step: `guard.requested`, read once. With several ranks, a
+    signal caught by any rank is the decision of every rank (the largest signal number wins), so that all
+    checkpoint after the same step and exit together; a signal that lands while a rank is past this point
+    counts from the next step (the caller must use the returned value, not re-read the flag, or that rank
+    would checkpoint and stop alone)."""
     if world_size() == 1:
-        return
+        return guard.requested
+    import signal
+
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     mine = torch.tensor([int(guard._signum or 0)], dtype=torch.long, device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
     signum = int(mine.item())
-    if signum and not guard.requested:
-        import signal
-
+    if signum:
         guard.requested, guard._signum, guard.signal_name = True, signum, signal.Signals(signum).name
-
+    return bool(signum)
 
 
 class FollowerRun(RunDir):

@@ -318,10 +318,10 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
                 tracker.log(row, step)
                 bar.set_postfix(reward=f"{row.get('reward/mean', float('nan')):.3f}",
                                 kl=f"{row.get('mismatch/kl_k3', float('nan')):.1e}", refresh=False)
-                distributed.agree(guard)  # a signal to any rank stops every rank after this step
-                if (step + 1) % every.checkpoint_every == 0 or guard.requested:
+                stop = distributed.agree(guard)  # a signal to any rank stops every rank after this step
+                if (step + 1) % every.checkpoint_every == 0 or stop:
                     run.save_checkpoint(checkpoint(p, step + 1))
-                if guard.requested and step + 1 < every.steps:
+                if stop and step + 1 < every.steps:
                     run.finish("preempted", reason=f"signal {guard.signal_name} after step {step}")
                     tracker.mark_preempting()
                     tracker.finish(exit_code=1)

@@ -13,6 +13,7 @@ Every (arm, estimator) pair runs in the same two processes, one launch, to keep 
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,54 @@ def test_two_processes_train_what_one_does(tmp_path):
                 bad = {k: (r1[k], r2[k]) for k in r1 if not close(r1[k], r2[k])}
                 assert not bad, (arm, adv, r1["step"], bad)
         assert runs[0].info()["status"] == runs[1].info()["status"] == "completed"
+
+
+def rank_pids(parent: int) -> list[int]:
+    """The rank processes a local launch spawned (children of `parent`, in start order; not the
+    multiprocessing resource tracker)."""
+    kids = []
+    for task in Path(f"/proc/{parent}/task").iterdir():
+        kids += [int(c) for c in (task / "children").read_text().split()]
+    ranks = [k for k in sorted(kids) if b"resource_tracker" not in Path(f"/proc/{k}/cmdline").read_bytes()]
+    return ranks
+
+
+def test_signal_to_one_rank_checkpoints_all_and_resumes_at_another_world_size(tmp_path):
+    """SIGUSR1 to rank 1 alone: both ranks checkpoint after the same step (the checkpoint is a collective:
+    disagreeing ranks would hang), rank 0 marks the run preempted and the launch exits 128 + 10. The relaunch
+    at world size 1 resumes from that checkpoint (model, optimizer, generator) and ends with the metrics of a
+    one-process run that was never interrupted."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import REPO
+
+    args = [*SMALL, "train.steps=4", "method=tis", "algo.advantage=gae", "sweep=pre"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    run = RunDir.of(make_cfg(tmp_path / "two", *args, fast=False))
+    proc = subprocess.Popen([sys.executable, "-m", "bench", *args, "train.nproc_per_node=2",
+                             f"out_root={tmp_path / 'two'}"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 600
+    while len(run.metrics()) < 1 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    ranks = rank_pids(proc.pid)
+    assert len(ranks) == 2, ranks
+    os.kill(ranks[1], signal.SIGUSR1)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 128 + signal.SIGUSR1, err[-3000:]
+    info, ckpt = run.info(), run.load_checkpoint()
+    assert info["status"] == "preempted" and ckpt["world_size"] == 2
+    assert 1 <= ckpt["step"] < 4 and len(run.metrics()) == ckpt["step"]
+
+    resumed = make_cfg(tmp_path / "two", *args, fast=False)  # the same run, now on one process
+    assert execute(resumed) == "completed"
+    reference = make_cfg(tmp_path / "one", *args, fast=False)
+    assert execute(reference) == "completed"
+    rows = [strip_times(RunDir.of(c).metrics()) for c in (resumed, reference)]
+    assert len(rows[0]) == len(rows[1]) == 4
+    for r1, r2 in zip(*rows):
+        assert r1.keys() == r2.keys()
+        assert not {k: (r1[k], r2[k]) for k in r1 if not close(r1[k], r2[k])}, r1["step"]
