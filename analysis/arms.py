@@ -5,11 +5,12 @@ defined (bench/methods/<arm>.py), the trainer records that in every run's run.js
 rollout precision's label and bit widths (`precision`), and the loader hands each run's declaration to `learn`.
 So a new arm or precision appears in every figure and table without a change here; a run that declares
 nothing (an older run directory) gets a colour derived from its method's name and sorts after the known ones.
-The method name is always the run's own `method.name`; the rollout precision is added to a label only when
-one method appears at two precisions.
+An arm is labelled by its method, as `<method>@<precision>` (bench/identity.py) where the method runs at two precisions.
 """
 
 from __future__ import annotations
+
+from bench import identity
 
 import zlib
 from typing import Any, Iterable
@@ -89,12 +90,13 @@ def sorted_arms(arms: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def arm_labels(arms: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """Legend/row label per arm: the method name, plus `[precision]` only where the method is ambiguous."""
+    """Legend/row label per arm: the method name, spelled as the arm `<method>@<precision>` (bench/identity.py)
+    where the method appears at two precisions."""
     arms = sorted_arms(arms)
     counts: dict[str, int] = {}
     for m, _ in arms:
         counts[m] = counts.get(m, 0) + 1
-    return {(m, p): (m if counts[m] == 1 else f"{m} [{p}]") for m, p in arms}
+    return {(m, p): (m if counts[m] == 1 else identity.arm(m, p)) for m, p in arms}
 
 
 def arm_linestyle(arm: tuple[str, str], arms: Iterable[tuple[str, str]]) -> str:

@@ -18,7 +18,7 @@ import pandas as pd
 from .arms import arm_labels, bitwidth, sorted_arms
 from .load import Sweep
 from .stats import summarize
-from .tables import MISSING, Table, fmt_num, fmt_pm
+from .tables import MISSING, Table, contends, fmt_num, fmt_pm
 
 #: eval/<set>/<metric>; only the correctness metrics are tabulated (not reward_mean, lengths, scorer counts)
 BENCH_KEY = re.compile(r"^eval/(?P<set>[^/]+)/(?P<metric>accuracy|avg@\d+|pass@\d+)$")
@@ -54,7 +54,7 @@ def final_benchmarks(sweep: Sweep) -> pd.DataFrame:
 def benchmark_summary(sweep: Sweep) -> pd.DataFrame:
     """Tidy numbers: per (model, task, metric, arm, benchmark) mean/std over seeds in percent, and n."""
     fb = final_benchmarks(sweep)
-    cols = ["model", "task", "metric", "method", "precision", "benchmark", "mean", "std", "n_seeds", "seeds"]
+    cols = ["model", "task", "metric", "method", "precision", "benchmark", "mean", "std", "n_seeds", "n_diverged", "seeds"]
     if fb.empty:
         return pd.DataFrame(columns=cols)
     rows = []
@@ -63,6 +63,7 @@ def benchmark_summary(sweep: Sweep) -> pd.DataFrame:
         s = summarize(100 * g["value"])
         rows.append({"model": model, "task": task, "metric": metric, "method": method, "precision": precision,
                      "benchmark": bench, "mean": s.mean, "std": s.std, "n_seeds": s.n,
+                     "n_diverged": int((g["status"] == "diverged").sum()),
                      "seeds": " ".join(str(x) for x in sorted(g["seed"]))})
     return pd.DataFrame(rows, columns=cols)
 
@@ -89,23 +90,29 @@ def benchmark_table(sweep: Sweep) -> Table:
                 cell = a[a.benchmark == b]
                 num[f"{b}_mean"] = float(cell["mean"].iloc[0]) if len(cell) else np.nan
                 num[f"{b}_std"] = float(cell["std"].iloc[0]) if len(cell) else np.nan
+                num[f"{b}_n_diverged"] = int(cell["n_diverged"].iloc[0]) if len(cell) else 0
             present = [b for b in benches if b in set(block["benchmark"])]
             means = [num[f"{b}_mean"] for b in present]
             num["avg"] = float(np.mean(means)) if present and all(np.isfinite(means)) else np.nan
             nums.append(num)
         cols = [f"{b}_mean" for b in benches] + ["avg"]
-        best = {c: np.nanmax([n[c] for n in nums]) if sum(np.isfinite(n[c]) for n in nums) > 1 else np.nan for c in cols}
+        # a mean over a diverged seed is never bold (analysis.tables.contends); a winner needs two contenders
+        best = {}
+        for c in cols:
+            values = [n[c] for n in nums if contends(n, c, benches) and np.isfinite(n[c])]
+            best[c] = max(values) if len(values) > 1 else np.nan
         for i, num in enumerate(nums):
             first = i == 0
             disp = {"Model": model if first else "", "Task": task if first else "", "Metric": metric if first else "",
                     "Method": labels[(num["method"], num["precision"])], "Bitwidth": bitwidth(num["precision"])}
             flags = {k: False for k in disp}
             for b in benches:
-                disp[b] = fmt_pm(num[f"{b}_mean"], num[f"{b}_std"])
-                flags[b] = bool(np.isfinite(num[f"{b}_mean"]) and num[f"{b}_mean"] == best[f"{b}_mean"])
+                n_div = num[f"{b}_n_diverged"]
+                disp[b] = fmt_pm(num[f"{b}_mean"], num[f"{b}_std"]) + (f" ({n_div} div.)" if n_div else "")
+                flags[b] = bool(contends(num, f"{b}_mean", benches) and num[f"{b}_mean"] == best[f"{b}_mean"])
             if len(benches) > 1:
                 disp["Avg."] = fmt_num(num["avg"]) if np.isfinite(num["avg"]) else MISSING
-                flags["Avg."] = bool(np.isfinite(num["avg"]) and num["avg"] == best["avg"])
+                flags["Avg."] = bool(contends(num, "avg", benches) and num["avg"] == best["avg"])
             for key, keep in (("Model", multi_model), ("Task", multi_task)):
                 if not keep:
                     disp.pop(key)
@@ -118,5 +125,5 @@ def benchmark_table(sweep: Sweep) -> Table:
     caption = ("Benchmarks evaluated besides the training task (eval.sets), final evaluation of each run, % mean ± "
                "sample std over seeds; accuracy = greedy, avg@k = mean correctness of k samples, pass@k = unbiased "
                "estimator from n >= k samples (Chen et al. 2021); Avg. = mean over the benchmarks; best arm per "
-               "column in bold.")
+               "column in bold, never a cell with a seed that diverged ('div.': its last eval before diverging is used).")
     return Table("benchmarks", pd.DataFrame(num_rows), display, caption, bold)

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"W&B cache directory (default: {default_cache()})")
     p.add_argument("--offline", action="store_true", help="read the W&B cache only; never contact the API")
     p.add_argument("--baseline", default="bf16", help="method the gaps and speed-ups are relative to (default: bf16)")
-    p.add_argument("--naive", default="fp8",
+    p.add_argument("--naive", default="naive",
                    help="the uncorrected low-precision method whose gap to the baseline the corrections are measured "
                         "against, per severity (default: fp8)")
     p.add_argument("--collapse-k", type=int, default=3,

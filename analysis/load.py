@@ -1,14 +1,16 @@
 """Run discovery, validation and the DataFrames every other module reads.
 
-The run directory is the source of truth (DESIGN.md): `<sweep>/<method>/<task>/<model>/seed<k>/` with
+The run directory is the source of truth (DESIGN.md): `<sweep>/<method>@<precision>/<task>/<model>[/<variant>]/seed<k>/` with
 `config.yaml`, `run.json`, `metrics.jsonl`, `eval.jsonl`. A sweep on disk is always partly broken: jobs
 still running, jobs that failed, a metrics file cut mid-line by preemption, a config written by an older
 trainer. Analysis must never die on one bad directory, and must never silently mix a half-finished run
 into a mean. So every directory becomes either a `Run` (used) or a `Skipped` (listed in the report with
 its reason), and soft problems that do not invalidate a run become `Run.warnings`.
 
-Identity comes from the resolved config (method.name, rollout.precision, task.name, model.name, seed),
-with the path as a fallback, so the method is named exactly as the run named itself everywhere downstream.
+Identity comes from the resolved config (method.name, rollout.precision, task.name, model.name, variant, seed),
+with the path as a fallback, so the method is named exactly as the run named itself everywhere downstream. A run
+of a sweep variant (bench/sweeper.py: jobs that differ in a setting outside the identity) is its own arm, named
+`<method>[<variant>]`, so two settings are never pooled as seeds of one arm.
 """
 
 from __future__ import annotations
@@ -309,14 +311,27 @@ def _frame(records: list[dict[str, Any]], name: str, warnings: list[str]) -> pd.
     return pd.DataFrame(numeric).sort_values("step").reset_index(drop=True)
 
 
+def check_final_eval(evals: pd.DataFrame, final_step: int, warnings: list[str]) -> None:
+    """A completed run must have its final evaluation (the eval row at step = train.steps): every table and the
+    report's summary read "final accuracy" from it. Without it, the last readable row is an earlier step's
+    accuracy, which would be reported as final (issue 19: a torn last line flipped the sign of a gap), so the
+    run is left out, saying why."""
+    if final_step in set(evals["step"].tolist()):
+        return
+    torn = any(w.startswith("eval.jsonl: dropped unreadable last line") for w in warnings)
+    why = "its last line is unreadable (a torn write)" if torn else "there is no row for that step"
+    raise RunError(f"incomplete: eval.jsonl lacks the final evaluation (step {final_step}): {why}; "
+                   "an earlier step's accuracy is not reported as final")
+
+
 def _identity_from_path(run_dir: Path) -> dict[str, Any]:
-    """<method>/<task>/<model>/seed<k> from the path, the fallback when the config lacks a key."""
+    """<method>@<precision>/<task>/<model>[/<variant>]/seed<k> from the path, the fallback when the config lacks a key."""
     return identity.parse_run_path(run_dir)
 
 
 def _precision(config: dict[str, Any]) -> str:
     """The rollout precision; an unresolved interpolation (an older trainer) falls back to the method's."""
-    for key in ("rollout.precision", "method.precision"):
+    for key in ("rollout.precision",):
         value = get(config, key)
         if isinstance(value, str) and value and "${" not in value:
             return value
@@ -404,13 +419,19 @@ def load_run(run_dir: Path, root: Path | None = None, run_id: str | None = None)
         raise RunError(f"incomplete: metrics.jsonl lacks {len(missing_steps)} step(s): {shown}")
     if status == "completed" and isinstance(info.get("step"), int) and info["step"] + 1 > logged:
         raise RunError(f"incomplete: run.json says step {info['step']} but metrics.jsonl ends at step {logged - 1}")
+    if status == "completed":
+        check_final_eval(evals, planned if isinstance(planned, int) else logged, warnings)
 
-    arms.learn(str(ident["method"]), info)
+    variant = get(config, "variant", fallback.get("variant")) or ""
+    method = str(ident["method"]) + (f"[{variant}]" if variant else "")
+    arms.learn(method, info)
     precision = _precision(config)
+    if precision == "unknown" and fallback.get("precision"):
+        precision = str(fallback["precision"])
     return Run(
         run_id=run_id or _default_run_id(run_dir, root),
         path=run_dir,
-        method=str(ident["method"]),
+        method=method,
         precision=precision,
         task=str(ident["task"]),
         model=str(ident["model"]),

@@ -5,8 +5,8 @@ when the sweep has no data for it, so a sweep without quant metrics simply has n
 fonts are for a two-column paper's full text width (7 in), so a figure can go into a paper as it is.
 Colours come from `arms.arm_color` (declared by each arm): an arm has one colour in every figure.
 
-Curves are the mean over seeds with a 95 % percentile-bootstrap band of that mean (stats.bootstrap_mean_ci,
-fixed RNG seed), optionally after a centred moving average over steps (`smooth`).
+Curves are the mean over seeds with a 95 % Student-t band of that mean (stats.mean_band; no band where fewer
+than 2 seeds have a value), optionally after a centred moving average over steps (`smooth`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from .arms import (arm_color, arm_diagnostics, arm_labels, arm_linestyle, is_emulated, method_sort_key,  # noqa: E402
                    precision_label, sorted_arms)
 from .load import Sweep  # noqa: E402
-from .stats import bootstrap_mean_ci, rolling_mean  # noqa: E402
+from .stats import mean_band, rolling_mean  # noqa: E402
 from .tables import PART_LABELS, TIME_PARTS, throughput_summary  # noqa: E402
 
 FULL_WIDTH = 7.0  # inches: text width of a two-column paper
@@ -90,11 +90,12 @@ def _runs_matrix(df: pd.DataFrame, value: str = "value") -> tuple[np.ndarray, np
 
 
 def _band(ax: plt.Axes, steps: np.ndarray, matrix: np.ndarray, color: str, ls: str, smooth: int, marker: str | None = None) -> None:
-    mean, lo, hi = bootstrap_mean_ci(rolling_mean(matrix, smooth))
+    mean, lo, hi = mean_band(rolling_mean(matrix, smooth))
     ok = np.isfinite(mean)
     ax.plot(steps[ok], mean[ok], color=color, ls=ls, marker=marker, ms=3 if marker else None)
-    if matrix.shape[0] > 1:
-        ax.fill_between(steps[ok], lo[ok], hi[ok], color=color, alpha=0.15, lw=0)
+    band = ok & np.isfinite(lo) & np.isfinite(hi)  # no band where fewer than 2 seeds have a value
+    if band.any():
+        ax.fill_between(steps[band], lo[band], hi[band], color=color, alpha=0.15, lw=0)
 
 
 def _auto_log(ax: plt.Axes, values: np.ndarray, decades: float = 2.0) -> None:
@@ -244,7 +245,7 @@ def plot_curves(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: int 
     name = safe_name("curves", task, model)
     caption = (
         f"{task} / {model}: training reward per step (left) and eval accuracy (right), mean over seeds with a 95 % "
-        f"bootstrap band of the mean ({_seed_note(sweep, task, model)}).{_smooth_note(smooth)}"
+        f"t-interval band of the mean ({_seed_note(sweep, task, model)}).{_smooth_note(smooth)}"
     )
     if stopped:
         caption += (" × marks where a diverged seed stopped; later points average the remaining seeds, whereas the "
@@ -272,7 +273,7 @@ def plot_mismatch(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: in
     name = safe_name("mismatch", task, model)
     caption = (
         f"{task} / {model}: rollout–training mismatch per step (`mismatch/*`, methods.md §11), mean over seeds "
-        f"with a 95 % bootstrap band ({_seed_note(sweep, task, model)}). Axes spanning several decades are "
+        f"with a 95 % t-interval band ({_seed_note(sweep, task, model)}). Axes spanning several decades are "
         f"logarithmic.{_smooth_note(smooth)}"
     )
     return FigureFile(name, "mismatch", f"Mismatch — {task} / {model}", caption, _save(fig, out_dir, name, formats))
@@ -314,7 +315,7 @@ def plot_diagnostics(sweep: Sweep, task: str, model: str, out_dir: Path, smooth:
     name = safe_name("diagnostics", task, model)
     caption = (
         f"{task} / {model}: each arm's own diagnostic (`method/<arm>/*`, declared by the arm): "
-        f"{', '.join(title for _, title in present)}; mean over seeds with a 95 % bootstrap band.{_smooth_note(smooth)}"
+        f"{', '.join(title for _, title in present)}; mean over seeds with a 95 % t-interval band.{_smooth_note(smooth)}"
     )
     return FigureFile(name, "diagnostics", f"Method diagnostics — {task} / {model}", caption, _save(fig, out_dir, name, formats))
 

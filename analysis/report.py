@@ -20,6 +20,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from .arms import arm_labels, sorted_arms
+from .lockfile import LOCK_FILE, drift, lock_sha256, read_lock
 from .load import Sweep, flatten, get
 from .plots import FigureFile
 from .tables import Table, accuracy_summary, render
@@ -85,8 +86,18 @@ def config_sections(sweep: Sweep) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
     return pd.DataFrame(arm_rows), pd.DataFrame(other_rows), pd.DataFrame(common_rows)
 
 
-def provenance(sweep: Sweep) -> dict[str, Any]:
-    """Commits, dirty flags, package versions and hosts of the runs used (as counts, so a mix stands out)."""
+def _cpu(runtime: Any) -> str:
+    """'AMD EPYC [avx2 avx512f ...] · cpu (AVX512)': the CPU and the ISA torch's kernels used (run.json runtime)."""
+    if not isinstance(runtime, dict):
+        return "not recorded"
+    if runtime.get("device") == "cuda":
+        return str(runtime.get("device_name"))
+    return " · ".join(str(runtime[k]) for k in ("cpu_model", "device_name") if runtime.get(k)) or "not recorded"
+
+
+def provenance(sweep: Sweep, lock_file: Path = LOCK_FILE) -> dict[str, Any]:
+    """Commits, dirty flags, package versions, hosts and CPUs of the runs used (as counts, so a mix stands out),
+    and the runs whose versions differ from requirements.lock (analysis.lockfile)."""
     shas = Counter(str(r.info.get("git_sha")) for r in sweep.runs)
     dirty = sum(bool(r.info.get("git_dirty")) for r in sweep.runs)
     versions: dict[str, Counter] = {}
@@ -94,6 +105,8 @@ def provenance(sweep: Sweep) -> dict[str, Any]:
         for pkg, ver in (r.info.get("versions") or {}).items():
             versions.setdefault(pkg, Counter())[str(ver)] += 1
     hosts = Counter(str(r.info.get("host")) for r in sweep.runs)
+    cpus = Counter(_cpu(r.info.get("runtime")) for r in sweep.runs)
+    pins = read_lock(lock_file)
     started = sorted(str(r.info["started_at"]) for r in sweep.runs if r.info.get("started_at"))
     finished = sorted(str(r.info["finished_at"]) for r in sweep.runs if r.info.get("finished_at"))
     return {
@@ -101,6 +114,9 @@ def provenance(sweep: Sweep) -> dict[str, Any]:
         "git_dirty_runs": dirty,
         "versions": {k: dict(v) for k, v in sorted(versions.items())},
         "hosts": dict(hosts),
+        "cpus": dict(cpus),
+        "lock": {"file": lock_file.name, "sha256": lock_sha256(lock_file)},
+        "off_lock": drift(sweep.runs, pins) if pins else {},
         "started": (started[0], started[-1]) if started else None,
         "finished": (finished[0], finished[-1]) if finished else None,
         "sweep_names": sorted({str(r.config.get("sweep")) for r in sweep.runs if r.config.get("sweep") is not None}),
@@ -146,6 +162,13 @@ def write_report(
         L.append(f"- **Status of runs used**: {_counts(statuses.elements())}")
         L.append(f"- **Git commit**: {_counts(Counter(prov['git_sha']).elements())}"
                  + (f" — **{prov['git_dirty_runs']} run(s) from a dirty working tree**" if prov["git_dirty_runs"] else ""))
+        if prov["off_lock"]:
+            pkgs = sorted({f"{p} {v[0]} (lock {v[1]})" for d in prov["off_lock"].values() for p, v in d.items()})
+            L.append(f"- **Warning**: {len(prov['off_lock'])} run(s) recorded package versions that differ from "
+                     f"`{prov['lock']['file']}`: {', '.join(pkgs)}; their numbers may differ for that reason alone.")
+        if len(prov["cpus"]) > 1:
+            L.append("- **Warning**: the runs computed on more than one CPU / instruction set (Provenance); float "
+                     "kernels differ between them (docs/reproducibility.md).")
         if len(prov["git_sha"]) > 1:
             L.append("- **Warning**: the runs come from more than one commit; differences between arms may "
                      "include code changes.")
@@ -197,6 +220,11 @@ def write_report(
                 {"what": "runs from a dirty tree", "value": str(prov["git_dirty_runs"])}]
         rows += [{"what": pkg, "value": ", ".join(f"{v} ({n})" for v, n in vals.items())} for pkg, vals in prov["versions"].items()]
         rows.append({"what": "hosts", "value": ", ".join(f"{k} ({v})" for k, v in prov["hosts"].items())})
+        rows.append({"what": "CPU · kernel ISA", "value": ", ".join(f"{k} ({v})" for k, v in prov["cpus"].items())})
+        lock = prov["lock"]
+        rows.append({"what": "lock file", "value": f"{lock['file']} sha256 {lock['sha256']}: "
+                     + (f"{len(prov['off_lock'])} run(s) off the lock" if prov["off_lock"] else "every run's versions match")
+                     if lock["sha256"] else "none found"})
         if prov["started"]:
             rows.append({"what": "started", "value": f"{prov['started'][0]} … {prov['started'][1]}"})
         if prov["finished"]:

@@ -27,8 +27,12 @@ recovered       (acc_arm - acc_naive) / (acc_base - acc_naive), the naive method
 collapse        a run collapses when its eval reward (eval/reward_mean, or eval/accuracy when absent) is below its
                 step-0 value at k consecutive evaluations after step 0 (`--collapse-k`, default 3); its collapse
                 step is the first of them. A run without a step-0 evaluation cannot be judged and is not counted.
-CIs             95 % percentile bootstrap over seeds (2000 resamples, RNG seed 0: analysis.stats), each group
-                resampled independently; a CI from fewer than 2 seeds is not shown.
+CIs             95 % Student-t intervals over seeds (analysis.stats): a level (accuracy, AUC, KL) by the t-interval
+                of its seeds; a gap by the paired t-interval of the per-seed differences when both methods ran the
+                same seeds (Welch otherwise); the recovered share by Fieller's interval. Each shows its n (seeds or
+                pairs); 1 seed gives no interval.
+eval SE         beside a gap: the binomial standard error the finite test set alone puts on it,
+                sqrt(p_a(1-p_a)/(k_a n_test) + p_b(1-p_b)/(k_b n_test)) with k seeds per method, in pp.
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ import pandas as pd
 
 from .arms import arm_color, method_sort_key
 from .load import SEVERITY_OPTIONS, Run, Sweep, get
-from .stats import Interval, bootstrap_diff_ci, bootstrap_mean_interval, bootstrap_recovery_ci
-from .tables import MISSING, Table, eval_curve
+from .stats import METHOD_SENTENCE, NAN_INTERVAL, Interval, diff_interval, mean_interval, ratio_interval
+from .tables import MISSING, Table, eval_curve, fmt_ci, fmt_se, gap_eval_se, n_test
 
 KL_METRICS = ("mismatch/kl_k3", "mismatch/kl_k1")
 REWARD_METRICS = ("eval/reward_mean", "eval/accuracy")
@@ -55,7 +59,7 @@ NAIVE_BETTER = "naive better than baseline"
 class SeverityOptions:
     """Which method is the naive form and which the baseline, and the collapse rule's k."""
 
-    naive: str = "fp8"
+    naive: str = "naive"
     baseline: str = "bf16"
     collapse_k: int = 3
 
@@ -112,10 +116,10 @@ def run_rows(sweep: Sweep, k: int = 3) -> pd.DataFrame:
             "severity": r.severity, "seed": r.seed, "status": r.status, "kl": run_mismatch(r),
             "final_acc": 100 * float(e["eval/accuracy"].iloc[-1]),
             "auc": 100 * eval_auc(e["step"].tolist(), e["eval/accuracy"].tolist()),
-            "collapsed": step is not None, "collapse_step": step,
+            "collapsed": step is not None, "collapse_step": step, "n_test": n_test(r),
         })
     cols = ["run_id", "model", "task", "method", "precision", "severity", "seed", "status", "kl", "final_acc", "auc",
-            "collapsed", "collapse_step"]
+            "collapsed", "collapse_step", "n_test"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -165,8 +169,19 @@ def has_severity_axis(sweep: Sweep) -> bool:
 
 
 # --------------------------------------------------------------------------------------------- summary
-def _interval_columns(prefix: str, iv: Interval) -> dict[str, float]:
-    return {prefix: iv.value, f"{prefix}_lo": iv.lo, f"{prefix}_hi": iv.hi}
+def _interval_columns(prefix: str, iv: Interval) -> dict[str, Any]:
+    return {prefix: iv.value, f"{prefix}_lo": iv.lo, f"{prefix}_hi": iv.hi, f"{prefix}_n": iv.n,
+            f"{prefix}_ci": iv.method}
+
+
+def _gap(a: pd.DataFrame, b: pd.DataFrame, col: str) -> Interval:
+    """mean(a[col]) - mean(b[col]), paired by seed where both ran the same seeds (analysis.stats)."""
+    return diff_interval(a[col], b[col], list(a["seed"]), list(b["seed"]))
+
+
+def _eval_se(a: pd.DataFrame, b: pd.DataFrame) -> float:
+    """The binomial SE (pp) that the test set alone puts on the final-accuracy gap between a and b."""
+    return gap_eval_se(a["final_acc"], b["final_acc"], pd.concat([a["n_test"], b["n_test"]]))
 
 
 def _baseline_group(g: pd.DataFrame, severity: str, baseline: str) -> tuple[pd.DataFrame, str | None]:
@@ -194,23 +209,23 @@ def severity_summary(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) ->
             cell = g[g["severity"] == severity]
             base, base_note = _baseline_group(g, severity, opts.baseline)
             naive = cell[cell["method"] == opts.naive]
-            naive_gap = bootstrap_diff_ci(base["final_acc"], naive["final_acc"])
+            naive_gap = _gap(base, naive, "final_acc")
             for method in sorted(cell["method"].unique(), key=method_sort_key):
                 a = cell[cell["method"] == method]
                 is_base = method == opts.baseline and a["severity"].iloc[0] in set(base["severity"])
-                nan = Interval(np.nan, np.nan, np.nan)
-                gap = nan if is_base else bootstrap_diff_ci(a["final_acc"], base["final_acc"])
-                auc_gap = nan if is_base else bootstrap_diff_ci(a["auc"], base["auc"])
+                gap = NAN_INTERVAL if is_base else _gap(a, base, "final_acc")
+                auc_gap = NAN_INTERVAL if is_base else _gap(a, base, "auc")
                 rec, note = _recovered(a, naive, base, naive_gap, method, is_base, base_note, opts)
                 steps = sorted(int(s) for s in a["collapse_step"].dropna())
                 rows.append({
                     "model": model, "task": task, "severity": severity, "severity_label": labels.get(severity, severity),
                     "precision": a["precision"].iloc[0], "method": method, "n_seeds": len(a),
                     "seeds": " ".join(str(s) for s in sorted(a["seed"])),
-                    **_interval_columns("kl", bootstrap_mean_interval(a["kl"])),
-                    **_interval_columns("acc", bootstrap_mean_interval(a["final_acc"])),
-                    **_interval_columns("auc", bootstrap_mean_interval(a["auc"])),
+                    **_interval_columns("kl", mean_interval(a["kl"])),
+                    **_interval_columns("acc", mean_interval(a["final_acc"])),
+                    **_interval_columns("auc", mean_interval(a["auc"])),
                     **_interval_columns(f"gap_to_{opts.baseline}", gap),
+                    f"gap_to_{opts.baseline}_eval_se": np.nan if is_base or base.empty else _eval_se(a, base),
                     **_interval_columns(f"auc_gap_to_{opts.baseline}", auc_gap),
                     **_interval_columns("recovered", rec), "recovered_note": note,
                     "naive_gap": naive_gap.value, "naive_gap_lo": naive_gap.lo, "naive_gap_hi": naive_gap.hi,
@@ -222,7 +237,7 @@ def severity_summary(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) ->
 def _recovered(a: pd.DataFrame, naive: pd.DataFrame, base: pd.DataFrame, naive_gap: Interval, method: str,
                is_base: bool, base_note: str | None, opts: SeverityOptions) -> tuple[Interval, str]:
     """The recovered fraction for one cell, or NaN with the reason it is not defined."""
-    nan = Interval(np.nan, np.nan, np.nan)
+    nan = NAN_INTERVAL
     if is_base or method == opts.naive:
         return nan, ""  # 1 and 0 by definition
     if base_note:
@@ -235,21 +250,12 @@ def _recovered(a: pd.DataFrame, naive: pd.DataFrame, base: pd.DataFrame, naive_g
         return nan, NO_NAIVE_GAP
     if naive_gap.hi < 0:
         return nan, NAIVE_BETTER  # there is no gap to recover: the ratio would read backwards
-    return bootstrap_recovery_ci(a["final_acc"], naive["final_acc"], base["final_acc"]), ""
+    rec = ratio_interval(a["final_acc"], naive["final_acc"], base["final_acc"],
+                         (list(a["seed"]), list(naive["seed"]), list(base["seed"])))
+    return rec, ("interval unbounded" if rec.note == "unbounded" else "")
 
 
 # --------------------------------------------------------------------------------------------- table
-def _fmt_ci(iv_value: float, lo: float, hi: float, digits: int = 1, signed: bool = False, scale: float = 1.0) -> str:
-    if not np.isfinite(iv_value):
-        return MISSING
-
-    def f(x: float) -> str:
-        v = round(scale * x, digits) + 0.0  # + 0.0: no "-0"
-        return f"{v:+.{digits}f}" if signed else f"{v:.{digits}f}"
-
-    return f(iv_value) + (f" [{f(lo)}, {f(hi)}]" if np.isfinite(lo) and np.isfinite(hi) else "")
-
-
 def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> Table:
     """The gap-to-baseline table across severities, with the recovered fraction of the naive gap and collapses."""
     data = severity_summary(sweep, opts)
@@ -262,7 +268,8 @@ def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> T
         if r.method == opts.naive or (r.method == opts.baseline and not np.isfinite(d[gap])):
             recovered = MISSING
         elif np.isfinite(r.recovered):
-            recovered = _fmt_ci(r.recovered, r.recovered_lo, r.recovered_hi, digits=0, scale=100) + " %"
+            recovered = fmt_ci(r.recovered, r.recovered_lo, r.recovered_hi, digits=0, scale=100, n=r.recovered_n)
+            recovered = recovered.replace(" [", " % [", 1) if "[" in recovered else recovered + " %"
         else:
             recovered = f"n/a ({r.recovered_note})" if r.recovered_note else MISSING
         collapsed = f"{r.n_collapsed}/{r.n_seeds}" + (f" (step {r.collapse_steps})" if r.n_collapsed else "")
@@ -273,10 +280,12 @@ def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> T
             "Severity": r.severity_label if key != prev else "",
             "Method": r.method,
             "KL(μ‖π_old)": f"{r.kl:.2e}" if np.isfinite(r.kl) else MISSING,
-            "Accuracy (%)": _fmt_ci(r.acc, r.acc_lo, r.acc_hi),
-            "AUC (%)": _fmt_ci(r.auc, r.auc_lo, r.auc_hi),
-            f"Δ vs {opts.baseline} (pp)": _fmt_ci(d[gap], d[f"{gap}_lo"], d[f"{gap}_hi"], signed=True),
-            f"AUC Δ vs {opts.baseline} (pp)": _fmt_ci(d[f"auc_{gap}"], d[f"auc_{gap}_lo"], d[f"auc_{gap}_hi"], signed=True),
+            "Accuracy (%)": fmt_ci(r.acc, r.acc_lo, r.acc_hi, n=r.acc_n),
+            "AUC (%)": fmt_ci(r.auc, r.auc_lo, r.auc_hi, n=r.auc_n),
+            f"Δ vs {opts.baseline} (pp)": fmt_ci(d[gap], d[f"{gap}_lo"], d[f"{gap}_hi"], signed=True, n=d[f"{gap}_n"]),
+            "eval SE (pp)": fmt_se(d[f"{gap}_eval_se"]),
+            f"AUC Δ vs {opts.baseline} (pp)": fmt_ci(d[f"auc_{gap}"], d[f"auc_{gap}_lo"], d[f"auc_{gap}_hi"], signed=True,
+                                                      n=d[f"auc_{gap}_n"]),
             f"Recovered ({opts.naive} gap)": recovered,
             "Collapsed": collapsed,
             "Seeds": str(r.n_seeds),
@@ -289,7 +298,8 @@ def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> T
         f"Per severity (rollout precision and options, ordered by measured mismatch): mean KL(μ‖π_old) per token (k3, "
         f"mean over steps and seeds), final eval accuracy and AUC (time-averaged eval accuracy), their gaps to "
         f"{opts.baseline} and the fraction of the {opts.naive} arm's gap to {opts.baseline} each method recovers "
-        f"((acc − acc_{opts.naive}) / (acc_{opts.baseline} − acc_{opts.naive})); [95 % bootstrap CI over seeds]; "
+        f"((acc − acc_{opts.naive}) / (acc_{opts.baseline} − acc_{opts.naive})). {METHOD_SENTENCE} "
+        f"eval SE: the binomial standard error the test set alone puts on the Δ (pp); "
         f"'n/a ({NO_NAIVE_GAP})' where the {opts.naive} gap's CI contains 0 ('{NAIVE_BETTER}' where it lies below 0). "
         f"Collapsed: seeds whose eval reward stays "
         f"below its step-0 value for {opts.collapse_k} consecutive evals (first such step)."
@@ -301,7 +311,7 @@ def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> T
 def plot_severity(sweep: Sweep, task: str, model: str, out_dir: Path, opts: SeverityOptions = SeverityOptions(),
                   formats: Sequence[str] = ("png", "pdf")):
     """The headline figure: final accuracy and AUC against the measured mismatch, one line per method across the
-    severities it ran, 95 % bootstrap CIs on both axes; the baseline as a horizontal band; collapses marked."""
+    severities it ran, 95 % t-intervals on both axes; the baseline as a horizontal band; collapses marked."""
     from matplotlib.lines import Line2D
 
     from .plots import FULL_WIDTH, FigureFile, _save, plt, safe_name
@@ -345,7 +355,7 @@ def plot_severity(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Seve
     caption = (
         f"{task} / {model}: final eval accuracy (left) and AUC (right) against the measured rollout–training mismatch "
         f"(mean over steps of the per-token KL(μ‖π_old), k3), one line per method across the severities it ran "
-        f"(labelled at the {opts.naive} points); 95 % bootstrap CIs over seeds on both axes; dashed line and band: "
+        f"(labelled at the {opts.naive} points); 95 % t-intervals over seeds on both axes; dashed line and band: "
         f"{opts.baseline}. × marks a severity where at least one seed collapsed."
     )
     return FigureFile(name, "severity", f"Accuracy against mismatch — {task} / {model}", caption,

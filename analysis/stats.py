@@ -1,28 +1,43 @@
-"""Statistics over seeds: mean ± std, percentile-bootstrap confidence bands, smoothing.
+"""Statistics over seeds: mean ± std, small-sample confidence intervals, smoothing.
 
 Kept separate from plotting and tables so that the numbers in a figure band and in a table cell come from
 one definition each, and so the tests can check them against hand-computed values.
 
-Conventions (stated in the report, so a reader can reproduce any cell):
-- std is the *sample* standard deviation over seeds (ddof=1, the convention of papers reporting
-  "mean ± std over seeds"); with a single seed it is NaN, shown as "–", never 0 (which would claim no spread).
-- bootstrap bands resample seeds (runs) with replacement, with a fixed RNG seed so figures are
-  reproducible byte for byte across invocations.
-- table intervals (`Interval`: the mean of a cell, a gap between two arms, the recovered share of a gap) are
-  95 % percentile-bootstrap CIs over seeds, each group resampled independently; with fewer than 2 seeds in a
-  group the CI is undefined (NaN) and a table shows the point value alone.
+The interval method (one for every table and figure; `METHOD_SENTENCE` is what the reports print):
+- A benchmark has 2-10 seeds per arm. A percentile bootstrap over that few seeds is [min, max] at 2 seeds and
+  the range at 3: far below its nominal 95 %. Student-t intervals keep their coverage at any n >= 2 when the
+  per-seed values are roughly normal (a final accuracy is a mean over hundreds of test problems), so:
+- one arm's level: mean ± t(0.975, n-1) · s / sqrt(n)   (`mean_interval`, figure bands `mean_band`);
+- a gap between two arms (same task and model): **paired** when both arms ran the same seeds (a seed fixes the
+  warm start and the prompt order, so per-seed differences are far steadier than the levels): the t-interval
+  of the per-seed differences, n = the number of pairs; otherwise Welch's t-interval with the
+  Welch-Satterthwaite degrees of freedom (`diff_interval`);
+- the recovered share of a gap, (arm - naive) / (base - naive): **Fieller's** interval for a ratio of two means,
+  from the per-seed numerator and denominator (paired) or the three groups (unpaired) (`ratio_interval`). Fieller
+  propagates the noise of both and is exact under the same normal model as the t-intervals; a bootstrap of the
+  ratio at 2-3 seeds has only a handful of distinct resamples (the same degeneracy as above). When the
+  denominator is not resolved from 0 the Fieller set is unbounded: no interval, said so.
+- 1 seed: no interval (NaN), shown as the point value alone and said so; n is given with every interval.
+rliable (IQM, probability of improvement, stratified bootstrap) aggregates many tasks x runs; its bootstrap has
+the same degeneracy at 2-3 seeds per cell, so it is not used here.
+
+std is the *sample* standard deviation over seeds (ddof=1); with a single seed it is NaN, shown as "–".
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
+from scipy.special import stdtrit
 
-BOOTSTRAP_SAMPLES = 2000
-BOOTSTRAP_SEED = 0
 CI_LEVEL = 0.95
+METHOD_SENTENCE = (
+    "Intervals are 95 % Student-t intervals over seeds (n = seeds, or seed pairs): gaps between arms from the "
+    "paired per-seed differences when both arms ran the same seeds (Welch otherwise), recovered shares by "
+    "Fieller's method; 1 seed gives no interval."
+)
 
 
 @dataclass(frozen=True)
@@ -44,38 +59,31 @@ def summarize(values: Iterable[float]) -> Summary:
     return Summary(float(np.mean(x)), std, int(x.size))
 
 
-def bootstrap_mean_ci(
-    matrix: np.ndarray,
-    level: float = CI_LEVEL,
-    n_boot: int = BOOTSTRAP_SAMPLES,
-    seed: int = BOOTSTRAP_SEED,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean over rows and a percentile-bootstrap CI of that mean, column by column.
+def t_quantile(df: float | np.ndarray, level: float = CI_LEVEL) -> np.ndarray | float:
+    """The two-sided Student-t critical value t((1 + level) / 2, df); NaN where df < 1."""
+    df = np.asarray(df, dtype=float)
+    with np.errstate(invalid="ignore"):
+        q = np.where(df >= 1, stdtrit(np.maximum(df, 1.0), 0.5 + level / 2.0), np.nan)
+    return float(q) if q.ndim == 0 else q
 
-    `matrix` is [runs, steps] with NaN where a run has no value (e.g. a run that diverged early). Rows are
-    resampled jointly for all columns (a seed is one unit), which keeps a band smooth along the x axis.
-    Returns (mean, lo, hi), each of length `steps`. With one run the band collapses onto the mean.
 
-    The resampled means are computed as count-weighted sums (multinomial counts @ values) instead of by
-    materialising [n_boot, runs, steps], so long runs with many seeds stay cheap in memory.
+def mean_band(matrix: np.ndarray, level: float = CI_LEVEL) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean over rows and its t-interval, column by column (a figure's band).
+
+    `matrix` is [runs, steps] with NaN where a run has no value (e.g. a run that diverged early); each column uses
+    the runs present there. Returns (mean, lo, hi), each of length `steps`; lo/hi are NaN where fewer than 2 runs
+    have a value (no band is drawn: one seed says nothing about spread).
     """
     m = np.atleast_2d(np.asarray(matrix, dtype=float))
-    n_runs, _ = m.shape
     valid = np.isfinite(m)
+    n = valid.sum(axis=0)
     filled = np.where(valid, m, 0.0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = filled.sum(axis=0) / valid.sum(axis=0)
-    if n_runs == 1:
-        return mean, mean.copy(), mean.copy()
-    rng = np.random.default_rng(seed)
-    counts = rng.multinomial(n_runs, np.full(n_runs, 1.0 / n_runs), size=n_boot).astype(float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        boot = (counts @ filled) / (counts @ valid.astype(float))  # [n_boot, steps]; NaN if no valid run drawn
-    alpha = (1.0 - level) / 2.0
-    with np.errstate(invalid="ignore"):
-        lo = np.nanquantile(boot, alpha, axis=0) if np.isfinite(boot).any() else np.full_like(mean, np.nan)
-        hi = np.nanquantile(boot, 1.0 - alpha, axis=0) if np.isfinite(boot).any() else np.full_like(mean, np.nan)
-    return mean, lo, hi
+        mean = filled.sum(axis=0) / n
+        var = np.where(valid, (m - mean) ** 2, 0.0).sum(axis=0) / (n - 1)
+        half = t_quantile(n - 1, level) * np.sqrt(var / n)
+    half = np.where(n >= 2, half, np.nan)
+    return mean, mean - half, mean + half
 
 
 def rolling_mean(matrix: np.ndarray, window: int) -> np.ndarray:
@@ -111,87 +119,167 @@ def _finite(values: Iterable[float]) -> np.ndarray:
     return x[np.isfinite(x)]
 
 
-def _resampled_means(x: np.ndarray, rng: np.random.Generator, n_boot: int) -> np.ndarray:
-    """[n_boot] means of `x` resampled with replacement (seeds are the unit)."""
-    counts = rng.multinomial(x.size, np.full(x.size, 1.0 / x.size), size=n_boot)
-    return counts @ x / x.size
-
-
-def _percentiles(samples: np.ndarray, level: float) -> tuple[float, float]:
-    alpha = (1.0 - level) / 2.0
-    ok = samples[np.isfinite(samples)]
-    if ok.size == 0:
-        return float("nan"), float("nan")
-    return float(np.quantile(ok, alpha)), float(np.quantile(ok, 1.0 - alpha))
-
-
 @dataclass(frozen=True)
 class Interval:
-    """A point estimate and its percentile-bootstrap CI (lo/hi NaN when a group has fewer than 2 seeds)."""
+    """A point estimate, its 95 % interval (lo/hi NaN when undefined) and the n it rests on.
+
+    `method` names how it was computed ("t", "paired t", "Welch", "Fieller", "" when there is no interval);
+    `note` says why there is none (e.g. "1 seed", "unbounded").
+    """
 
     value: float
-    lo: float
-    hi: float
+    lo: float = float("nan")
+    hi: float = float("nan")
+    n: int = 0
+    method: str = ""
+    note: str = ""
+
+    @property
+    def defined(self) -> bool:
+        return bool(np.isfinite(self.lo) and np.isfinite(self.hi))
 
     def contains(self, x: float) -> bool:
-        """True when x lies in [lo, hi]; an undefined CI contains everything (nothing is resolved)."""
-        return not (np.isfinite(self.lo) and np.isfinite(self.hi)) or self.lo <= x <= self.hi
+        """True when x lies in [lo, hi]; an undefined interval contains everything (nothing is resolved)."""
+        return not self.defined or self.lo <= x <= self.hi
 
 
-def bootstrap_diff_ci(
-    a: Iterable[float], b: Iterable[float], level: float = CI_LEVEL, n_boot: int = BOOTSTRAP_SAMPLES,
-    seed: int = BOOTSTRAP_SEED,
-) -> Interval:
-    """mean(a) - mean(b) with a percentile-bootstrap CI, each group's seeds resampled independently.
-
-    Independent (unpaired) resampling: the groups are different arms whose seeds need not match, and it is the
-    conservative choice where they do. With fewer than 2 finite values in either group the CI is undefined (NaN):
-    one seed says nothing about spread. An empty group gives NaN throughout.
-    """
-    xa, xb = _finite(a), _finite(b)
-    if xa.size == 0 or xb.size == 0:
-        return Interval(float("nan"), float("nan"), float("nan"))
-    value = float(xa.mean() - xb.mean())
-    if xa.size < 2 or xb.size < 2:
-        return Interval(value, float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    lo, hi = _percentiles(_resampled_means(xa, rng, n_boot) - _resampled_means(xb, rng, n_boot), level)
-    return Interval(value, lo, hi)
+NAN_INTERVAL = Interval(float("nan"))
 
 
-def bootstrap_recovery_ci(
-    arm: Iterable[float], naive: Iterable[float], base: Iterable[float], level: float = CI_LEVEL,
-    n_boot: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED,
-) -> Interval:
-    """(mean(arm) - mean(naive)) / (mean(base) - mean(naive)): the fraction of the naive arm's gap to the baseline
-    that `arm` recovers (1 = all of it, 0 = none, < 0 = worse than naive), with a percentile-bootstrap CI.
-
-    Each group's seeds are resampled independently and the ratio is taken per replicate (the same naive draw in
-    numerator and denominator). Whether the ratio means anything is the caller's question (is the naive gap
-    resolved? see `bootstrap_diff_ci`); a zero denominator gives NaN.
-    """
-    xa, xn, xb = _finite(arm), _finite(naive), _finite(base)
-    if min(xa.size, xn.size, xb.size) == 0:
-        return Interval(float("nan"), float("nan"), float("nan"))
-    den = xb.mean() - xn.mean()
-    value = float((xa.mean() - xn.mean()) / den) if den != 0 else float("nan")
-    if min(xa.size, xn.size, xb.size) < 2:
-        return Interval(value, float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    ma, mn, mb = (_resampled_means(x, rng, n_boot) for x in (xa, xn, xb))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = (ma - mn) / (mb - mn)
-    lo, hi = _percentiles(np.where(np.isfinite(ratio), ratio, np.nan), level)
-    return Interval(value, lo, hi)
-
-
-def bootstrap_mean_interval(values: Iterable[float], level: float = CI_LEVEL, n_boot: int = BOOTSTRAP_SAMPLES,
-                            seed: int = BOOTSTRAP_SEED) -> Interval:
-    """The mean of the finite values with its percentile-bootstrap CI (NaN CI with fewer than 2 values)."""
+def mean_interval(values: Iterable[float], level: float = CI_LEVEL) -> Interval:
+    """The mean of the finite values with its t-interval, n = their number (no interval with fewer than 2)."""
     x = _finite(values)
     if x.size == 0:
-        return Interval(float("nan"), float("nan"), float("nan"))
+        return NAN_INTERVAL
     if x.size < 2:
-        return Interval(float(x.mean()), float("nan"), float("nan"))
-    lo, hi = _percentiles(_resampled_means(x, np.random.default_rng(seed), n_boot), level)
-    return Interval(float(x.mean()), lo, hi)
+        return Interval(float(x.mean()), n=1, note="1 seed")
+    half = t_quantile(x.size - 1, level) * x.std(ddof=1) / np.sqrt(x.size)
+    return Interval(float(x.mean()), float(x.mean() - half), float(x.mean() + half), int(x.size), "t")
+
+
+def _pairs(a: Sequence[float], b: Sequence[float], seeds_a: Sequence | None,
+           seeds_b: Sequence | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """(a_i, b_i) over the common seeds when both groups ran exactly the same seeds (finite values), each once;
+    else None (a seed that appears twice in a group, e.g. two sweeps loaded together, does not pair)."""
+    if seeds_a is None or seeds_b is None:
+        return None
+    fa = [(s, float(v)) for s, v in zip(seeds_a, a) if np.isfinite(v)]
+    fb = [(s, float(v)) for s, v in zip(seeds_b, b) if np.isfinite(v)]
+    va, vb = dict(fa), dict(fb)
+    if not va or set(va) != set(vb) or len(va) != len(fa) or len(vb) != len(fb):
+        return None
+    keys = sorted(va, key=str)
+    return np.array([va[k] for k in keys]), np.array([vb[k] for k in keys])
+
+
+def diff_interval(a: Iterable[float], b: Iterable[float], seeds_a: Sequence | None = None,
+                  seeds_b: Sequence | None = None, level: float = CI_LEVEL) -> Interval:
+    """mean(a) - mean(b) with its interval: paired t over per-seed differences when both groups ran the same seeds
+    (`seeds_a`/`seeds_b` name each value's seed), Welch's t-interval otherwise.
+
+    Paired: a seed shares the warm start and the prompt order between arms, so a_i - b_i removes that common part
+    of the spread; n = the number of pairs. Welch: unequal variances, Welch-Satterthwaite df; n = the smaller
+    group. Fewer than 2 values in a group (or 2 pairs): the point value only. An empty group: NaN throughout.
+    """
+    a, b = list(a), list(b)
+    paired = _pairs(a, b, seeds_a, seeds_b)
+    if paired is not None and paired[0].size:
+        d = paired[0] - paired[1]
+        iv = mean_interval(d, level)
+        if iv.n < 2:
+            return Interval(iv.value, n=int(d.size), note="1 seed")
+        return Interval(iv.value, iv.lo, iv.hi, iv.n, "paired t")
+    xa, xb = _finite(a), _finite(b)
+    if xa.size == 0 or xb.size == 0:
+        return NAN_INTERVAL
+    value = float(xa.mean() - xb.mean())
+    if xa.size < 2 or xb.size < 2:
+        return Interval(value, n=int(min(xa.size, xb.size)), note="1 seed")
+    va, vb = xa.var(ddof=1) / xa.size, xb.var(ddof=1) / xb.size
+    se = np.sqrt(va + vb)
+    if se == 0:
+        return Interval(value, value, value, int(min(xa.size, xb.size)), "Welch")
+    df = (va + vb) ** 2 / (va**2 / (xa.size - 1) + vb**2 / (xb.size - 1))
+    half = t_quantile(df, level) * se
+    return Interval(value, float(value - half), float(value + half), int(min(xa.size, xb.size)), "Welch")
+
+
+def fieller(m1: float, m2: float, v11: float, v22: float, v12: float, df: float,
+            level: float = CI_LEVEL) -> tuple[float, float]:
+    """Fieller's interval for m1 / m2 given the variances/covariance of the two estimated means and the df.
+
+    The set {R : (m1 - R m2)^2 <= t^2 (v11 - 2 R v12 + R^2 v22)}; (NaN, NaN) when it is not a bounded interval
+    (the denominator is not resolved from 0 at this level: the ratio could be anything).
+    """
+    t2 = t_quantile(df, level) ** 2
+    qa = m2 * m2 - t2 * v22
+    qb = -2.0 * (m1 * m2 - t2 * v12)
+    qc = m1 * m1 - t2 * v11
+    disc = qb * qb - 4.0 * qa * qc
+    if not (qa > 0 and disc >= 0):
+        return float("nan"), float("nan")
+    root = np.sqrt(disc)
+    return float((-qb - root) / (2 * qa)), float((-qb + root) / (2 * qa))
+
+
+def ratio_interval(arm: Iterable[float], naive: Iterable[float], base: Iterable[float],
+                   seeds: tuple[Sequence, Sequence, Sequence] | None = None, level: float = CI_LEVEL) -> Interval:
+    """(mean(arm) - mean(naive)) / (mean(base) - mean(naive)), the share of the naive arm's gap to the baseline
+    that `arm` recovers (1 = all, 0 = none, < 0 = worse than naive), with Fieller's interval.
+
+    Paired when the three groups ran the same seeds (`seeds` = each group's seeds, in order): per seed,
+    num_i = arm_i - naive_i and den_i = base_i - naive_i, their sample covariance over n seeds, df = n - 1.
+    Unpaired: independent groups, var(num) = s_a^2/n_a + s_n^2/n_n, var(den) = s_b^2/n_b + s_n^2/n_n,
+    cov = s_n^2/n_n, df = Welch-Satterthwaite for num - R den = a - R b - (1 - R) naive at the point estimate R. A zero denominator gives NaN; fewer than 2
+    seeds in a group, the point value only; an unbounded Fieller set, the point value with note "unbounded".
+    """
+    arm, naive, base = list(arm), list(naive), list(base)
+    xa, xn, xb = _finite(arm), _finite(naive), _finite(base)
+    if min(xa.size, xn.size, xb.size) == 0:
+        return NAN_INTERVAL
+    pa = pb = None
+    if seeds is not None:
+        pa = _pairs(arm, naive, seeds[0], seeds[1])
+        pb = _pairs(base, naive, seeds[2], seeds[1])
+    if pa is not None and pb is not None and pa[0].size:
+        num, den = pa[0] - pa[1], pb[0] - pb[1]
+        n = int(num.size)
+        m1, m2 = float(num.mean()), float(den.mean())
+        value = m1 / m2 if m2 != 0 else float("nan")
+        if n < 2:
+            return Interval(value, n=n, note="1 seed")
+        c = np.cov(num, den, ddof=1) / n
+        lo, hi = fieller(m1, m2, c[0, 0], c[1, 1], c[0, 1], n - 1, level)
+        method = "Fieller (paired)"
+    else:
+        m1, m2 = float(xa.mean() - xn.mean()), float(xb.mean() - xn.mean())
+        value = m1 / m2 if m2 != 0 else float("nan")
+        n = int(min(xa.size, xn.size, xb.size))
+        if n < 2:
+            return Interval(value, n=n, note="1 seed")
+        sa, sn, sb = (x.var(ddof=1) / x.size for x in (xa, xn, xb))
+        terms = [(sa, xa.size), (value**2 * sb, xb.size), ((1 - value) ** 2 * sn, xn.size)] if np.isfinite(value) else []
+        total = sum(v for v, _ in terms)
+        df = total**2 / sum(v * v / (k - 1) for v, k in terms) if total > 0 else n - 1
+        lo, hi = fieller(m1, m2, sa + sn, sb + sn, sn, df, level)
+        method = "Fieller"
+    if not np.isfinite(value):
+        return Interval(value, n=n)
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return Interval(value, n=n, method=method, note="unbounded")
+    return Interval(value, lo, hi, n, method)
+
+
+def binomial_se(p: float, n_test: float, n_seeds: int = 1) -> float:
+    """The evaluation's own standard error of a mean accuracy p (a fraction) over `n_seeds` evaluations of
+    n_test problems each: sqrt(p (1 - p) / (n_test n_seeds)). NaN when n_test is unknown."""
+    if not (np.isfinite(p) and np.isfinite(n_test) and n_test > 0 and n_seeds > 0):
+        return float("nan")
+    return float(np.sqrt(p * (1.0 - p) / (n_test * n_seeds)))
+
+
+def gap_binomial_se(p_a: float, n_a: int, p_b: float, n_b: int, n_test: float) -> float:
+    """The binomial SE of a gap mean(a) - mean(b) between two arms' accuracies (fractions) from evaluation noise
+    alone, the two evaluations taken as independent: sqrt(se_a^2 + se_b^2). Beside a gap it tells how much of
+    the gap's uncertainty the finite test set explains."""
+    return float(np.hypot(binomial_se(p_a, n_test, n_a), binomial_se(p_b, n_test, n_b)))

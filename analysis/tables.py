@@ -21,7 +21,7 @@ import pandas as pd
 
 from .arms import arm_labels, bitwidth, is_emulated, rollout_label, sorted_arms
 from .load import Run, Sweep, get
-from .stats import geometric_mean, summarize
+from .stats import METHOD_SENTENCE, diff_interval, gap_binomial_se, geometric_mean, summarize
 
 MISSING = "–"
 TIME_PARTS = ["rollout_s", "sync_s", "recompute_s", "train_s"]
@@ -147,6 +147,42 @@ def fmt_pm(mean: float, std: float, digits: int = 1) -> str:
     return f"{fmt_num(mean, digits)} ± {fmt_num(std, digits)}"
 
 
+def fmt_ci(value: float, lo: float, hi: float, digits: int = 1, signed: bool = False, scale: float = 1.0,
+           n: Any = None) -> str:
+    """'v [lo, hi] n=k' (n: seeds or seed pairs); 'v (1 seed)' where one seed gives no interval; '–' no value."""
+    if value is None or not np.isfinite(value):
+        return MISSING
+
+    def f(x: float) -> str:
+        v = round(scale * x, digits) + 0.0  # + 0.0: no "-0"
+        return f"{v:+.{digits}f}" if signed else f"{v:.{digits}f}"
+
+    n_ok = n is not None and np.isfinite(n)
+    if lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi):
+        return f(value) + f" [{f(lo)}, {f(hi)}]" + (f" n={int(n)}" if n_ok else "")
+    return f(value) + (" (1 seed)" if n_ok and int(n) == 1 else "")
+
+
+def fmt_se(se: float, digits: int = 1) -> str:
+    """'±se' (a standard error beside a gap), '–' when unknown."""
+    return MISSING if se is None or not np.isfinite(se) else f"±{se:.{digits}f}"
+
+
+def n_test(run: Run) -> float:
+    """The number of test problems each evaluation of the run scored (config task.n_test); NaN when unknown."""
+    n = get(run.config, "task.n_test")
+    return float(n) if isinstance(n, (int, float)) and not isinstance(n, bool) and n > 0 else float("nan")
+
+
+def gap_eval_se(a: pd.Series, b: pd.Series, n_tests: pd.Series) -> float:
+    """The binomial SE (pp) the test set alone puts on mean(a) - mean(b), accuracies in %, k seeds each; NaN when
+    the runs' n_test is unknown or differs."""
+    n = n_tests.astype(float)
+    if n.empty or not np.isfinite(n).all() or n.nunique() != 1 or a.empty or b.empty:
+        return float("nan")
+    return 100 * gap_binomial_se(a.mean() / 100, len(a), b.mean() / 100, len(b), float(n.iloc[0]))
+
+
 # --------------------------------------------------------------------------------------------- accuracy
 def eval_curve(run: Run) -> pd.DataFrame | None:
     """The run's evaluations that have an accuracy, by step; None when it has none."""
@@ -171,12 +207,13 @@ def final_accuracy(sweep: Sweep) -> pd.DataFrame:
                 "method": r.method, "precision": r.precision, "task": r.task, "model": r.model, "seed": r.seed,
                 "status": r.status, "final_step": int(e["step"].iloc[-1]), "accuracy": float(e["eval/accuracy"].iloc[-1]),
                 "initial_accuracy": float(e["eval/accuracy"].iloc[0]) if int(e["step"].iloc[0]) == 0 else np.nan,
-                "act_granularity": get(r.config, "rollout.act_granularity"),
+                "act_granularity": get(r.config, "rollout.act_granularity"), "n_test": n_test(r),
             }
         )
     return pd.DataFrame(
         rows,
-        columns=["method", "precision", "task", "model", "seed", "status", "final_step", "accuracy", "initial_accuracy", "act_granularity"],
+        columns=["method", "precision", "task", "model", "seed", "status", "final_step", "accuracy", "initial_accuracy",
+                 "act_granularity", "n_test"],
     )
 
 
@@ -186,27 +223,31 @@ def _baseline_arm(arms: list[tuple[str, str]], baseline: str) -> tuple[str, str]
 
 
 def accuracy_summary(sweep: Sweep, baseline: str = "bf16") -> pd.DataFrame:
-    """Tidy numbers: per (model, task, arm) mean/std over seeds (percent), n, diverged count, gap to baseline."""
+    """Tidy numbers: per (model, task, arm) mean/std over seeds (percent), n, diverged count, gap to baseline with
+    its interval (analysis.stats: paired by seed where both arms ran the same seeds) and the eval's binomial SE."""
     fa = final_accuracy(sweep)
-    cols = ["model", "task", "method", "precision", "acc_mean", "acc_std", "n_seeds", "n_diverged", f"gap_to_{baseline}", "seeds"]
+    g_ = f"gap_to_{baseline}"
+    cols = ["model", "task", "method", "precision", "acc_mean", "acc_std", "n_seeds", "n_diverged", g_, f"{g_}_lo",
+            f"{g_}_hi", f"{g_}_n", f"{g_}_ci", f"{g_}_eval_se", "seeds"]
     if fa.empty:
         return pd.DataFrame(columns=cols)
     rows = []
     for (model, task), g in fa.groupby(["model", "task"], sort=True):
         arms = list(zip(g["method"], g["precision"]))
         base = _baseline_arm(arms, baseline)
-        base_mean = np.nan
-        if base is not None:
-            base_mean = summarize(100 * g[(g.method == base[0]) & (g.precision == base[1])]["accuracy"]).mean
+        b = g[(g.method == base[0]) & (g.precision == base[1])] if base is not None else g.iloc[0:0]
         for method, precision in sorted_arms(arms):
             a = g[(g.method == method) & (g.precision == precision)]
             s = summarize(100 * a["accuracy"])
+            gap = diff_interval(100 * a["accuracy"], 100 * b["accuracy"], list(a["seed"]), list(b["seed"]))
+            se = gap_eval_se(100 * a["accuracy"], 100 * b["accuracy"], pd.concat([a["n_test"], b["n_test"]]))
             rows.append(
                 {
                     "model": model, "task": task, "method": method, "precision": precision,
                     "acc_mean": s.mean, "acc_std": s.std, "n_seeds": s.n,
                     "n_diverged": int((a["status"] == "diverged").sum()),
-                    f"gap_to_{baseline}": s.mean - base_mean,
+                    g_: gap.value, f"{g_}_lo": gap.lo, f"{g_}_hi": gap.hi, f"{g_}_n": gap.n, f"{g_}_ci": gap.method,
+                    f"{g_}_eval_se": se,
                     "seeds": " ".join(str(x) for x in sorted(a["seed"])),
                 }
             )
@@ -230,7 +271,10 @@ def accuracy_table(sweep: Sweep, baseline: str = "bf16") -> Table:
             "Rollout": r.precision,
             "Accuracy (%)": fmt_pm(r.acc_mean, r.acc_std),
             "Seeds": n,
-            f"Δ vs {baseline} (pp)": MISSING if r.method == baseline else fmt_num(getattr(r, f"gap_to_{baseline}"), signed=True),
+            f"Δ vs {baseline} (pp)": MISSING if r.method == baseline else fmt_ci(
+                getattr(r, f"gap_to_{baseline}"), getattr(r, f"gap_to_{baseline}_lo"), getattr(r, f"gap_to_{baseline}_hi"),
+                signed=True, n=getattr(r, f"gap_to_{baseline}_n")),
+            "eval SE (pp)": MISSING if r.method == baseline else fmt_se(getattr(r, f"gap_to_{baseline}_eval_se")),
         }
         if not multi_model:
             row.pop("Model")
@@ -238,8 +282,9 @@ def accuracy_table(sweep: Sweep, baseline: str = "bf16") -> Table:
         prev = key
     display = pd.DataFrame(rows)
     caption = (
-        f"Final eval accuracy (%), mean ± sample std over seeds; Δ = difference of means to {baseline} on the same "
-        "task and model, in percentage points; 'div.' = seeds that diverged (their last eval is used)."
+        f"Final eval accuracy (%), mean ± sample std over seeds; Δ = difference to {baseline} on the same "
+        f"task and model, in percentage points, with its 95 % interval and n. {METHOD_SENTENCE} eval SE: the "
+        "binomial standard error the test set alone puts on Δ; 'div.' = seeds that diverged (their last eval is used)."
     )
     return Table("accuracy", data, display, caption)
 
@@ -289,22 +334,23 @@ def results_table(sweep: Sweep, baseline: str = "bf16") -> Table:
         for num in block_num:
             means = [num[f"{t}_mean"] for t in tasks]
             num["avg"] = float(np.mean(means)) if tasks and all(np.isfinite(means)) else np.nan
-        # Bold the best arm per column (never the step-0 reference row).
-        arm_rows = [n for n in block_num if not n["method"].endswith("@ step 0")]
-        # Bold only marks a winner when there is a contest: at least two arms with a value in the column.
-        best = {c: np.nanmax([n[c] for n in arm_rows]) if sum(np.isfinite(n[c]) for n in arm_rows) > 1 else np.nan
-                for c in [f"{t}_mean" for t in tasks] + ["avg"]}
+        # Bold the best arm per column among its contenders (contends, below); a winner needs a contest: at
+        # least two contenders with a value in the column.
+        columns = [f"{t}_mean" for t in tasks] + ["avg"]
+        best = {}
+        for c in columns:
+            values = [n[c] for n in block_num if contends(n, c, tasks) and np.isfinite(n[c])]
+            best[c] = max(values) if len(values) > 1 else np.nan
         for num in block_num:
-            is_ref = num["method"].endswith("@ step 0")
             disp = {"Model": model, "Method": num["method"], "Bitwidth": num["bitwidth"]}
             flags = {"Model": False, "Method": False, "Bitwidth": False}
             for t in tasks:
                 n_div = num.get(f"{t}_n_diverged", 0)
                 disp[t] = fmt_pm(num[f"{t}_mean"], num[f"{t}_std"]) + (f" ({n_div} div.)" if n_div else "")
-                flags[t] = bool(not is_ref and np.isfinite(num[f"{t}_mean"]) and num[f"{t}_mean"] == best[f"{t}_mean"])
+                flags[t] = bool(contends(num, f"{t}_mean", tasks) and num[f"{t}_mean"] == best[f"{t}_mean"])
             if len(tasks) > 1:  # with one task the average would repeat its column
                 disp["Avg."] = fmt_num(num["avg"])
-                flags["Avg."] = bool(not is_ref and np.isfinite(num["avg"]) and num["avg"] == best["avg"])
+                flags["Avg."] = bool(contends(num, "avg", tasks) and num["avg"] == best["avg"])
             if not multi_model:
                 disp.pop("Model")
                 flags.pop("Model")
@@ -317,9 +363,19 @@ def results_table(sweep: Sweep, baseline: str = "bf16") -> Table:
     caption = (
         "Final eval accuracy (%) per task, mean ± std over seeds; Avg. = mean over tasks of the per-task means; "
         f"best arm per column in bold; '{baseline} @ step 0' = accuracy before RL; 'div.' = seeds that diverged "
-        "(their last eval before diverging is used)."
+        "(their last eval before diverging is used; such a cell, and the Avg. of its arm, is never bold)."
     )
     return Table("results", data_out, display, caption, bold)
+
+
+def contends(num: dict[str, Any], column: str, tasks: list[str]) -> bool:
+    """Whether a results-table cell may be bold as the best of its column: never the step-0 reference row, and
+    never a mean over a seed that diverged (its last eval before diverging, often its step-0 accuracy, is no
+    result of training); for Avg., never an arm with a diverged seed in any task."""
+    if num["method"].endswith("@ step 0"):
+        return False
+    diverged = [num.get(f"{t}_n_diverged", 0) for t in (tasks if column == "avg" else [column[: -len("_mean")]])]
+    return not any(diverged)
 
 
 # --------------------------------------------------------------------------------------------- throughput

@@ -53,6 +53,7 @@ class BudgetConfig:
     train_mfu: float = 0.30  # ours
     source: str = FLOPS_MODEL
     gpus: int = 1  # GPUs per job (wall-clock hours = GPU-hours / gpus)
+    gpu_memory_gb: float = 80.0  # the GPU the memory estimate is checked against (bench/memory.py): H100 80 GB
 
     def check(self) -> None:
         if self.params_b is not None and not self.params_b > 0:
@@ -67,6 +68,8 @@ class BudgetConfig:
                 raise ValueError(f"budget.{key}={getattr(self, key)} must be positive")
         if self.gpus < 1:
             raise ValueError(f"budget.gpus={self.gpus} must be at least 1")
+        if not self.gpu_memory_gb > 0:
+            raise ValueError(f"budget.gpu_memory_gb={self.gpu_memory_gb} must be positive")
 
 
 def throughputs(b: Any) -> tuple[float, float, float] | None:

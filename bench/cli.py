@@ -9,12 +9,15 @@
 Exit codes of a single run (every non-zero one comes with a one-line cause on stderr):
     0    completed, or already completed (skipped)
     1    failed: an error during the run (run.json `failed` with the cause; a traceback for unexpected errors)
-    2    bad configuration or input, found before any work (nothing written)
+    2    bad configuration or input, found before any work (nothing written): an unknown choice or key, a value
+         out of range, unreadable or too long data, a missing optional engine, a bad WANDB_MODE, a run
+         directory that cannot be written
     3    diverged: a non-finite loss or gradient (run.json `diverged`; metrics kept); also a relaunch of one
     4    the run directory is in use by another process (its lock is held)
-    5    refused: the run directory holds results that no checkpoint can resume (a completed run without
-         run.json, a run killed before its first checkpoint) or an unreadable checkpoint; the message names
-         the option that goes on (train.overwrite=true, train.resume_from=previous)
+    5    refused: the run directory holds rows but neither run.json nor a checkpoint (a completed run that
+         lost its run.json), or an unreadable checkpoint; the message names the option that goes on
+         (train.overwrite=true, train.resume_from=previous). A run stopped before its first checkpoint is not
+         refused: it restarts from step 0 (bench/resume.py)
     6    incomplete: trained to the end, but steps are missing from metrics.jsonl that no checkpoint could
          recompute (their lines were unreadable); also a relaunch of such a run
     128+N  stopped by signal N (SIGINT 130, SIGUSR1 138, SIGTERM 143) after checkpointing: run.json
@@ -41,8 +44,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from bench import sweep_report
-from bench.config import CONF_DIR, GROUP_REGISTRIES, register_configs, validate
+from bench.config import CONF_DIR, GROUP_REGISTRIES, NAME_KEYS, RENAMED_METHODS, USER_NAMED_MODELS, register_configs, validate
 from bench.grpo import AlgoConfig
+from bench.overrides import check_overrides
 from bench.preempt import Stopped, stop_on_signals
 from bench.resume import Plan
 from bench.store import RunDir, RunLocked, root_os_error
@@ -106,9 +110,19 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
     except ValueError as e:
         return _bad_input(cfg, name, e)
     run = RunDir.of(cfg)
+    from bench.resume import config_mismatch
+
+    mismatch = None if cfg.train.overwrite else config_mismatch(run, cfg)
+    if mismatch:  # before any work; decided again under the lock
+        print(f"qrl-bench: error: {name}: {mismatch}", file=sys.stderr, flush=True)
+        return Outcome("bad_config", mismatch, run.path)
     if run.status == "completed" and not cfg.train.overwrite:  # cheap early exit; decided again under the lock
         say(name, f"already completed in {run.path}, skipping")
         return Outcome("skipped", "already completed", run.path)
+    why = unwritable(run.path)
+    if why:  # before the warm start and the lock (RunDir.lock would fail in a traceback)
+        return _bad_input(cfg, name, ValueError(f"run directory {run.path} is not writable ({why}); "
+                                                "make it writable, or choose another out_root=DIR"))
     if cfg.train.nproc_per_node > 1 and distributed_env_size() == 1:  # launch the run's processes here
         from bench.distributed import launch_local
 
@@ -124,7 +138,7 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
     try:
         parts = build(cfg)  # before touching the run dir: bad input leaves nothing behind
         check_inputs(parts)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, ImportError) as e:  # ImportError: an optional engine's package is missing
         return _bad_input(cfg, name, e)
     from bench import distributed
 
@@ -142,7 +156,7 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
                 return Outcome(plan.outcome or "skipped", plan.message, run.path)
             if plan.action == "refuse":
                 print(f"qrl-bench: error: {name}: {plan.message}", file=sys.stderr, flush=True)
-                return Outcome("refused", plan.message, run.path)
+                return Outcome(plan.outcome or "refused", plan.message, run.path)
             if plan.action == "resume":
                 say(name, f"{plan.message} in {run.path}")
             try:
@@ -156,6 +170,10 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
             distributed.broadcast_object(Plan("skip", str(e), outcome="locked"))
         print(f"qrl-bench: error: {e}; not starting a second writer", file=sys.stderr)
         return Outcome("locked", str(e), run.path)
+    except OSError as e:  # taking the lock or preparing the directory (decide); errors of training are handled above
+        message = f"run directory {run.path} cannot be written: {describe_error(e)}"
+        print(f"qrl-bench: error: {message}", file=sys.stderr, flush=True)
+        return Outcome("bad_config", message, run.path)
     reason = run.info().get("reason")
     say(name, f"{status} -> {run.path}" + (f" ({reason})" if reason else ""))
     return Outcome(status, reason, run.path)
@@ -185,9 +203,9 @@ def _bad_input(cfg: DictConfig, name: str, err: BaseException) -> Outcome:
     """Bad configuration or input: one line, and no (empty) run directory left behind."""
     print(f"qrl-bench: error: {err}", file=sys.stderr, flush=True)
     try:
-        path = RunDir.of(cfg).path
-        root = Path(path).parents[4]  # <out_root>/<sweep>/<method>/<task>/<model>/seed<k>
-        remove_empty_dirs(path, root)
+        from hydra.utils import to_absolute_path
+
+        remove_empty_dirs(RunDir.of(cfg).path, Path(to_absolute_path(cfg.out_root)))
     except Exception:  # noqa: BLE001 -- the config may be too broken to name its directory
         pass
     return Outcome("bad_config", str(err))
@@ -224,10 +242,12 @@ def _failed(run: RunDir, name: str, err: Exception) -> Outcome:
         run.finish("failed", reason=cause)
     except OSError:
         pass
+    from bench.resume import relaunch_effect
+
     full = os_err is not None and os_err.errno in (errno.ENOSPC, errno.EDQUOT)
     then = "free some space, then relaunch" if full else "relaunch"
     print(f"qrl-bench: error: {name} failed: {cause} (run directory {run.path}; run.json 'failed'; "
-          f"{then} the same command to resume from its last checkpoint)", file=sys.stderr, flush=True)
+          f"{then} the same command to {relaunch_effect(run)})", file=sys.stderr, flush=True)
     return Outcome("failed", cause, run.path)
 
 
@@ -245,17 +265,29 @@ def _stopped(run: RunDir, name: str, err: Stopped) -> Outcome:
     if status != "preempted":  # the signal came after the run ended (final evaluation)
         say(name, f"{status} -> {run.path}")
         return Outcome(status, info.get("reason"), run.path, signum=err.signum)
+    from bench.resume import relaunch_effect
+
     steps = len(run.metrics())
-    how = "checkpointed" if err.checkpointed else "not checkpointed (resumes from its last checkpoint)"
+    how = "checkpointed" if err.checkpointed else "not checkpointed"
     say(name, f"stopped by {sig} after {steps} step(s), {how}; run.json 'preempted'; "
-              f"relaunch the same command to resume -> {run.path}")
+              f"relaunch the same command to {relaunch_effect(run)} -> {run.path}")
     return Outcome("preempted", info.get("reason"), run.path, signum=err.signum)
+
+
+#: why a sweep refuses train.overwrite=true (bench/resume.py: it deletes a run's results, completed ones too)
+SWEEP_OVERWRITE = ("train.overwrite=true is refused on a sweep (-m): it would delete and retrain every completed "
+                   "run of the sweep; a relaunch of the sweep already resumes or restarts the unfinished ones. To "
+                   "redo one run, launch it alone (no -m) with train.overwrite=true")
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_main(cfg: DictConfig) -> Any:
     hc = HydraConfig.get()
-    outcome = execute(cfg, overrides=list(hc.overrides.task))
+    if hc.mode == RunMode.MULTIRUN and cfg.train.overwrite:  # set by an experiment yaml (the CLI checks argv)
+        print(f"qrl-bench: error: {SWEEP_OVERWRITE}", file=sys.stderr, flush=True)
+        outcome = Outcome("bad_config", SWEEP_OVERWRITE)
+    else:
+        outcome = execute(cfg, overrides=list(hc.overrides.task))
     if hc.mode == RunMode.RUN:
         if outcome.code:
             sys.exit(outcome.code)
@@ -295,14 +327,45 @@ def check_group_overrides(args: list[str]) -> str | None:
     return None
 
 
+def check_names(args: list[str]) -> str | None:
+    """The error for a renamed arm (`method=fp8`: naming the new name) or for an override of a name key
+    (`method.name=tis`: a registered name is its config file's name and nothing else, bench/config.py)."""
+    for arg in args:
+        key, eq, value = arg.lstrip("+~").partition("=")
+        if not eq:
+            continue
+        if key == "method":
+            for choice in value.split(","):
+                if choice.strip() in RENAMED_METHODS:
+                    return f"method={choice.strip()} was renamed: {RENAMED_METHODS[choice.strip()]}"
+        group, _, knob = key.partition(".")
+        if group in NAME_KEYS and knob == NAME_KEYS[group]:
+            if group == "model" and any(a.lstrip("+").startswith(f"model={m}") for a in args for m in USER_NAMED_MODELS):
+                continue
+            return (f"{arg}: {key} is the {group}'s config file name and cannot be overridden; choose the "
+                    f"{group} with {group}=<name>" + (" (model=hf takes model.name=...)" if group == "model" else ""))
+    return None
+
+
 def _default_choices() -> dict[str, str]:
-    defaults = OmegaConf.load(CONF_DIR / "config.yaml").defaults
+    defaults = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml").defaults, resolve=False)
     out = {}
     for d in defaults:
-        if isinstance(d, (dict, DictConfig)):
+        if isinstance(d, dict):
             for k, v in d.items():
-                out[str(k)] = str(v)
+                if not str(k).startswith("_schema"):
+                    out[str(k)] = str(v)
     return out
+
+
+def overwrite_on_sweep(args: list[str]) -> str | None:
+    """The error for `train.overwrite=true` on a sweep command line (SWEEP_OVERWRITE says why)."""
+    if not {"-m", "--multirun"} & set(args):
+        return None
+    values = [a.split("=", 1)[1] for a in args if a.lstrip("+").split("=", 1)[0] == "train.overwrite" and "=" in a]
+    if any(v.strip().lower() in ("true", "yes", "on", "1") for value in values for v in value.split(",")):
+        return SWEEP_OVERWRITE
+    return None
 
 
 def unwritable_out_root(args: list[str]) -> str | None:
@@ -312,14 +375,22 @@ def unwritable_out_root(args: list[str]) -> str | None:
     out_root = Path(values[-1] if values else str(OmegaConf.load(CONF_DIR / "config.yaml").out_root)).expanduser()
     if "${" in str(out_root):
         return None  # an interpolation: Hydra resolves it
-    existing = out_root.absolute()
+    why = unwritable(out_root)
+    if why:
+        return f"results directory {out_root} is not writable ({why}); choose another with out_root=DIR"
+    return None
+
+
+def unwritable(path: Path) -> str | None:
+    """Why `path` (a directory, or one that mkdir -p would create) cannot be written, or None: its deepest
+    existing part must be a writable directory."""
+    existing = Path(path).absolute()
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        return f"results directory {out_root}: {existing} is not a directory"
+        return f"{existing} is not a directory"
     if not os.access(existing, os.W_OK | os.X_OK):
-        why = "read-only file system" if _read_only_fs(existing) else "permission denied"
-        return f"results directory {out_root} is not writable ({why}: {existing}); choose another with out_root=DIR"
+        return f"{'read-only file system' if _read_only_fs(existing) else 'permission denied'}: {existing}"
     return None
 
 
@@ -330,6 +401,36 @@ def _read_only_fs(path: Path) -> bool:
         return False
 
 
+HELP = """usage: qrl-bench [-m] [--dry-run] [key=value ...]     (python -m bench)
+
+One GRPO run, or with -m a sweep, of an arm (a method at a rollout precision) on a task and a model.
+
+examples:
+  qrl-bench                                          the embedded default: bf16 arm, arithmetic, tiny model, CPU
+  qrl-bench method=tis rollout.precision=int8 seed=1  one arm at another precision -> results/default/tis@int8/...
+  qrl-bench -m method=bf16,naive,tis seed=0,1,2      a sweep (local workers in parallel)
+  qrl-bench -m +experiment=smoke_short --dry-run     list a named sweep's jobs and what each launch would do
+  qrl-bench -m +experiment=smoke hydra/launcher=slurm      the same sweep on SLURM (submitit)
+  qrl-bench -m +experiment=paper/qurl_table1 --dry-run     a paper recipe: its rows, GPU-hours
+  qrl-analyze results/smoke_short                    figures, tables and report.md of a sweep
+
+config groups (choose with group=option):
+{groups}
+Every key of the resolved config can be set as key=value (e.g. train.steps=20 algo.clip_eps_high=0.28);
+`qrl-bench --cfg job` prints the resolved config. Exit codes: see `python -m bench --exit-codes`.
+"""
+
+
+def help_text() -> str:
+    """The help: usage examples and every config group with its options (the yaml files of conf/)."""
+    lines = []
+    for group in ("method", "rollout", "task", "model", "tracking", "experiment"):
+        folder = CONF_DIR / group
+        options = sorted(str(p.relative_to(folder).with_suffix("")) for p in folder.rglob("*.yaml"))
+        lines.append(f"{group}: {', '.join(options)}")
+    return HELP.format(groups="\n".join(lines))
+
+
 def main() -> None:
     # A W&B service inherited from the launching process (wandb exports WANDB_SERVICE to its children) would
     # carry this run's W&B stream: a resumed run then writes into the stream its killed attempt left open in
@@ -337,7 +438,15 @@ def main() -> None:
     # yet, so any WANDB_SERVICE here is inherited: every qrl-bench process starts its own.
     os.environ.pop("WANDB_SERVICE", None)
     args = sys.argv[1:]
-    error = check_group_overrides([a for a in args if not a.startswith("-")]) or unwritable_out_root(args)
+    if "--help" in args or "-h" in args:
+        print(help_text())
+        return
+    if "--exit-codes" in args:
+        print(__doc__[__doc__.index("Exit codes"):].rstrip())
+        return
+    plain = [a for a in args if not a.startswith("-")]
+    error = (check_names(plain) or check_group_overrides(plain) or unwritable_out_root(args) or overwrite_on_sweep(args)
+             or check_overrides(args))
     if error:
         print(f"qrl-bench: error: {error}", file=sys.stderr)
         sys.exit(EXIT["bad_config"])

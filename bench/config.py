@@ -7,9 +7,12 @@ bench/evaluation.py, `TrackingConfig` in bench/tracking.py. This module composes
 them to Hydra's ConfigStore, so that a misspelt key or a value of the wrong type fails at start-up naming it;
 `validate` runs every schema's `check()` (ranges and choices a type cannot express) before any work starts.
 
-The schemas are stored under top-level names (`schema_method_tis`, ...) that the group yamls extend
-(`defaults: [/schema_method_tis@_here_]`), not as members of the groups, so that `--help` lists only real
-choices.
+A registered name is stated once: the registry key (`@METHODS.register("tis")`), which is also the yaml's file
+name (conf/method/tis.yaml). conf/config.yaml puts `_schema/<group>@<group>: ${<group>}` before each group, so the
+chosen option is merged into its schema, stored here under the option's name with the name field (`name`, for
+rollout `engine`) already set and read-only: a yaml or an override that states another name fails to compose.
+Model presets are plain data (conf/model/<preset>.yaml): their schema is ModelConfig with `name` set to the file
+name the same way; only `model=hf` takes its name from `model.name=...`.
 """
 
 from __future__ import annotations
@@ -26,18 +29,29 @@ from omegaconf.errors import MissingMandatoryValue
 from bench.budget import BudgetConfig
 from bench.evaluation import EvalConfig
 from bench.grpo import AlgoConfig
-from bench.identity import run_path
-from bench.methods.base import METHODS
+from bench.identity import run_path, run_subdir
+from bench.methods.base import METHODS, arm_precision
 from bench.models.load import ModelConfig
 from bench.rollout.base import ENGINES
 from bench.tasks.base import TASKS
-from bench.tracking import TrackingConfig
+from bench.tracking import TrackingConfig, tracking_mode
 from bench.train import TrainConfig
 
 #: conf/: the config tree (groups method/ model/ task/ rollout/ tracking/ experiment/, hydra/launcher/)
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 #: group name -> the registry whose names are its choices (the other groups are plain data: model/, tracking/)
 GROUP_REGISTRIES = {"method": METHODS, "task": TASKS, "rollout": ENGINES}
+#: the key of each group's node that holds the option's name
+NAME_KEYS = {"method": "name", "task": "name", "rollout": "engine", "model": "name"}
+#: model presets whose name the user gives (model=hf model.path=... model.name=short-name)
+USER_NAMED_MODELS = ("hf",)
+#: arms renamed since an earlier release: old name -> the message that names the new one
+RENAMED_METHODS = {
+    "fp8": "the uncorrected arm is 'naive' at every precision: method=naive (rollout.precision=fp8_e4m3 by default)",
+    "fp8_ppo_is": "the uncorrected PPO-IS arm is 'naive_ppo_is': method=naive_ppo_is",
+    "seq_mis": "geometric-mean sequence rejection (verl Geo-RS) is method=geo_rs; verl's Seq-MIS "
+               "(product ratio, preset decoupled_seq_is_rs) is method=seq_is_rs",
+}
 
 
 @dataclass
@@ -53,6 +67,7 @@ class Config:
     tracking: TrackingConfig = MISSING
     seed: int = 0
     sweep: str = "default"
+    variant: str = ""  # set by the sweeper when jobs would share a run directory (bench/identity.py)
     out_root: str = "results"
 
 
@@ -65,13 +80,33 @@ def register_configs() -> None:
     """Every schema into Hydra's ConfigStore, and the `qrl_run_dir` resolver of conf/config.yaml."""
     cs = ConfigStore.instance()
     cs.store(name=schema_name("config"), node=Config)
-    cs.store(name=schema_name("model"), node=ModelConfig)
     cs.store(name=schema_name("tracking"), node=TrackingConfig)
     for group, registry in GROUP_REGISTRIES.items():
         for entry in registry.entries():
-            cs.store(name=schema_name(group, entry.name), node=entry.schema)
-    if not OmegaConf.has_resolver("qrl_run_dir"):
-        OmegaConf.register_new_resolver("qrl_run_dir", lambda *a: str(run_path(*a)))
+            cs.store(group=f"_schema/{group}", name=entry.name, node=named_schema(entry.schema, NAME_KEYS[group], entry.name))
+    for preset in sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml")):
+        cs.store(group="_schema/model", name=preset,
+                 node=named_schema(ModelConfig, "name", preset, readonly=preset not in USER_NAMED_MODELS))
+    resolvers = {"qrl_run_dir": lambda *a: str(run_path(*a)), "qrl_run_subdir": run_subdir,
+                 "qrl_default_precision": default_precision}
+    for name, fn in resolvers.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)
+
+
+def named_schema(schema: type, key: str, name: str, readonly: bool = True) -> DictConfig:
+    """`schema` as a config node whose `key` holds `name`, read-only: the one place an option's name is set."""
+    node = OmegaConf.structured(schema)
+    node[key] = name
+    if readonly:
+        node._get_node(key)._set_flag("readonly", True)
+    return node
+
+
+def default_precision(method: str) -> str:
+    """`rollout.precision` when the command line does not set it: the arm's declared precision (bf16, fp16), or
+    DEFAULT_LOW_PRECISION for the arms that treat a low-precision rollout (bench.methods.base)."""
+    return arm_precision(str(method))
 
 
 def group_schema(group: str, name: str) -> type:
@@ -98,12 +133,18 @@ def validate(cfg: DictConfig) -> None:
         check = getattr(obj, "check", None)
         if check is not None:
             check()
+    tracking_mode(cfg)  # WANDB_MODE overrides tracking.mode: a bad one must fail here, not inside the run
     check_across(cfg)
 
 
 def check_across(cfg: DictConfig) -> None:
     """Checks that need two sections: the advantage estimator and DAPO's knobs against train.* and task.*."""
     algo, train = cfg.algo, cfg.train
+    fixed = METHODS.entry(cfg.method.name).meta.get("precision")
+    if fixed is not None and cfg.rollout.precision != fixed:
+        raise ValueError(f"method={cfg.method.name} is the {fixed} baseline and rolls out in {fixed}, not "
+                         f"rollout.precision={cfg.rollout.precision}; an uncorrected {cfg.rollout.precision} rollout "
+                         f"is method=naive rollout.precision={cfg.rollout.precision}")
     if algo.advantage == "grpo" and train.group_size < 2:
         raise ValueError(f"train.group_size={train.group_size} is too small for algo.advantage=grpo: group-normalized "
                          "advantages need at least 2 responses per prompt (algo.advantage=gae works with 1)")

@@ -13,6 +13,7 @@ tokens sampled after that point cannot equal those of an uninterrupted run.
 from __future__ import annotations
 
 import os
+import platform
 import random
 import warnings
 from typing import Any
@@ -52,7 +53,31 @@ def describe(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         return {"device": "cuda", "device_name": torch.cuda.get_device_name(device),
                 "capability": ".".join(map(str, torch.cuda.get_device_capability(device)))}
-    return {"device": "cpu", "device_name": f"cpu ({torch.backends.cpu.get_cpu_capability()})"}
+    return {"device": "cpu", "device_name": f"cpu ({torch.backends.cpu.get_cpu_capability()})", "cpu_model": cpu_model()}
+
+
+#: the instruction-set flags that select different CPU float/int kernels in torch (and this project's bf16/int8 paths)
+KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_model() -> str:
+    """The CPU's model name and its kernel-relevant flags ("AMD EPYC [avx2 avx512f avx512_bf16 avx512_vnni]"):
+    float results of the CPU kernels differ between instruction sets (AVX2, AVX-512, AVX512-BF16, AMX), so the
+    report names the CPU each run computed on."""
+    name, flags = "", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not name:
+                    name = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    name = name or platform.processor() or platform.machine()
+    have = [f for f in KERNEL_FLAGS if f in flags]
+    return f"{name} [{' '.join(have)}]" if have else name
 
 
 def make_generator(device: torch.device, seed: int) -> torch.Generator:

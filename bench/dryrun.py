@@ -4,7 +4,9 @@ the rows of `hydra/sweeper=rows` (bench/sweeper.py) crossed with `hydra.sweeper.
 overrides (with no rows: Hydra's basic sweeper).
 
 Where a job's config sets `budget.params_b` (the paper recipes), its line ends with the estimated GPU-hours
-(bench/budget.py) and the summary gives the total and the assumptions behind it.
+(bench/budget.py) and the summary gives the total and the assumptions behind it. Where the model's shape is known
+(the recipes' hub models, the built-in ones) and the job runs on a GPU, the line also gives its peak memory per GPU
+(bench/memory.py), and a job whose estimate exceeds `budget.gpu_memory_gb` gets a warning.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from bench.budget import describe, estimate
 from bench.config import CONF_DIR, register_configs
+from bench.memory import estimate_memory
 from bench.methods.base import METHODS
 from bench.resume import preview
 from bench.store import RunDir
-from bench.sweeper import expand_rows
+from bench.sweeper import assign_variants, expand_rows, sweep_default
 
 register_configs()
 
@@ -34,13 +37,13 @@ def expand(overrides: list[str]) -> list[list[str]]:
         rows = list(cfg.hydra.sweeper.get("rows") or [])
         parsed = OverridesParser.create().parse_overrides(params + overrides)
         jobs = BasicSweeper.split_arguments(parsed, max_batch_size=None)[0]
-    return expand_rows(rows, jobs)
+    return assign_variants(expand_rows(rows, jobs), sweep_default(cfg))
 
 
 def dry_run(overrides: list[str]) -> int:
     jobs = expand(overrides)
     counts: dict[str, int] = {}
-    gpu_hours, assumptions = 0.0, set()
+    gpu_hours, assumptions, too_big = 0.0, set(), []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for job in jobs:
             cfg = compose("config", overrides=job)
@@ -54,11 +57,18 @@ def dry_run(overrides: list[str]) -> int:
                 gpu_hours += est.gpu_hours
                 assumptions.add(describe(cfg))
                 cost = f"  ~{est.gpu_hours:,.1f} GPU-h ({est.generated_per_step:,.0f} generated + {est.trained_per_step:,.0f} trained tokens/step)"
+                mem = estimate_memory(cfg)  # GPU recipes only: a CPU config has no GPU to fit
+                if mem is not None:
+                    cost += f"  {mem.line()}"
+                    if not mem.fits:
+                        too_big.append(f"{RunDir.name_of(cfg)}: ~{mem.peak:,.0f} GB > {mem.device_gb:g} GB")
             print(f"{action:7s} {status:10s} {RunDir.name_of(cfg):40s} {run.path}{cost}")
     todo = len(jobs) - counts.get("skip", 0) - counts.get("refuse", 0)
-    refused = (f", {counts['refuse']} refused (results but no checkpoint; train.overwrite=true restarts them)"
+    refused = (f", {counts['refuse']} refused (rows but no run.json nor checkpoint; train.overwrite=true restarts them)"
                if counts.get("refuse") else "")
     print(f"{len(jobs)} jobs: {todo} to launch, {counts.get('skip', 0)} already finished{refused}", file=sys.stderr)
+    for line in too_big:
+        print(f"WARNING: memory estimate exceeds the GPU: {line} (bench/memory.py; docs/gpu.md)", file=sys.stderr)
     if assumptions:
         print(f"estimated GPU-hours (all jobs): ~{gpu_hours:,.0f}", file=sys.stderr)
         for line in sorted(assumptions):

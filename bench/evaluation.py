@@ -20,22 +20,24 @@ The policy is copied into an fp32 engine (the trainer's policy itself, not its q
 Correct = reward >= 1 (a correct answer: format credit is always below 1, bench/rewards.py). Prompts are built
 by bench.models.tokenizer.encode_prompts (the chat template when the model uses one) and each generate call
 holds at most `eval.batch_size` sequences, so a long benchmark does not need one KV cache for all of it.
-Sampled evaluations draw from their own generator, seeded by (run seed, step, set): evaluating never moves the
-training run's random stream.
+Sampled evaluations draw from their own generator, seeded by (run seed, step, set) and made on the device the
+engine samples on (bench.rollout.base.sampling_device): evaluating never moves the training run's random stream.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 import torch
 from omegaconf import OmegaConf
 
+from bench.device import make_generator
 from bench.models.tokenizer import PromptFormat, decode_responses, encode_prompts
 from bench.passk import mean_pass_at_k
 from bench.rewards import scorer_metrics
-from bench.rollout.base import RolloutEngine, SamplingParams, response_budget
+from bench.rollout.base import RolloutEngine, SamplingParams, response_budget, sampling_device
 from bench.tasks.base import TASKS, Example, Task, config_to_dict, stable_seed
 
 EVAL_MODES = ("greedy", "avg@k", "pass@k")
@@ -69,8 +71,9 @@ class EvalConfig:
             raise ValueError(f"eval.k={self.k} must be at least 1")
         if self.n is not None and self.n < self.k:
             raise ValueError(f"eval.n={self.n} must be >= eval.k={self.k}: pass@k needs at least k samples per problem")
-        if not self.temperature > 0:
-            raise ValueError(f"eval.temperature={self.temperature} must be positive (use eval.mode=greedy for argmax)")
+        if not 0 < self.temperature < math.inf:
+            raise ValueError(f"eval.temperature={self.temperature} must be positive and finite "
+                             "(use eval.mode=greedy for argmax)")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"eval.top_p={self.top_p} must be in (0, 1]")
         if self.batch_size < 1:
@@ -203,7 +206,8 @@ def evaluate_set(
     scorer_metrics(task, prefix)  # drop counts that are not this evaluation's (e.g. the warm start's)
     greedy = cfg.mode == "greedy"
     sampling = SamplingParams(cfg.max_new_tokens or task.max_new_tokens, cfg.temperature, greedy, cfg.top_p)
-    generator = None if greedy else torch.Generator().manual_seed(stable_seed("eval", seed, step, name) % 2**63)
+    # on the engine's device: a CPU generator for an engine on a GPU is refused (or costs a copy per call)
+    generator = None if greedy else make_generator(sampling_device(engine), stable_seed("eval", seed, step, name) % 2**63)
     rewards, lengths = sample_rewards(engine, tokenizer, task, examples, cfg.samples, sampling, fmt,
                                       cfg.batch_size, generator)
     metrics = {f"{prefix}/{k}": v for k, v in set_metrics(rewards, lengths, cfg).items()}
@@ -222,4 +226,7 @@ def evaluate_policy(
     out |= scorer_metrics(task, "eval")
     for name, set_task in sets.items():  # the engine still holds `model`
         out |= evaluate_set(engine, tokenizer, name, set_task, cfg, fmt, seed, step)
+    release = getattr(engine, "release", None)
+    if release is not None:  # its fp32 copy of the policy is rebuilt at the next evaluation anyway: free the GPU
+        release()
     return out

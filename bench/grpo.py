@@ -8,6 +8,7 @@ so padding with -inf/garbage log-probs can produce neither inf/NaN values nor Na
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Optional
@@ -57,8 +58,8 @@ class AlgoConfig:
             raise ValueError(f"algo.clip_eps_high={self.clip_eps_high} must be >= 0")
         if self.dual_clip_c is not None and not self.dual_clip_c > 1.0:
             raise ValueError(f"algo.dual_clip_c={self.dual_clip_c} must be > 1 (or null for no dual clip)")
-        if not self.kl_ref_beta >= 0.0:
-            raise ValueError(f"algo.kl_ref_beta={self.kl_ref_beta} must be >= 0")
+        if not 0.0 <= self.kl_ref_beta < math.inf:
+            raise ValueError(f"algo.kl_ref_beta={self.kl_ref_beta} must be a finite number >= 0")
         if not self.log_ratio_clamp > 0.0:
             raise ValueError(f"algo.log_ratio_clamp={self.log_ratio_clamp} must be positive")
         if self.advantage not in ADVANTAGES:
@@ -67,8 +68,8 @@ class AlgoConfig:
             raise ValueError(f"algo.gamma={self.gamma} and algo.lam={self.lam} must be in [0, 1]")
         if self.value_clip is not None and not self.value_clip > 0.0:
             raise ValueError(f"algo.value_clip={self.value_clip} must be positive (or null for an unclipped value loss)")
-        if not self.critic_lr > 0.0:
-            raise ValueError(f"algo.critic_lr={self.critic_lr} must be positive")
+        if not 0.0 < self.critic_lr < math.inf:
+            raise ValueError(f"algo.critic_lr={self.critic_lr} must be positive and finite")
         if self.dynamic_sampling_max_rounds < 1:
             raise ValueError(f"algo.dynamic_sampling_max_rounds={self.dynamic_sampling_max_rounds} must be at least 1")
         if self.overlong_buffer_len < 0 or not self.overlong_penalty_factor >= 0.0:

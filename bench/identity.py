@@ -1,24 +1,35 @@
 """Run identity, defined once for the runner (bench) and the analysis (analysis/), which imports it without torch.
 
-A run is identified by (sweep, method, task, model, seed); everything else follows from that here:
+A run is identified by its `RunId`: (sweep, method, precision, task, model, variant, seed). An *arm* is a
+method at a rollout precision, spelled `<method>@<precision>` everywhere (run path, run name, W&B job type,
+tables). Everything else follows from the RunId here:
 
-    run path   <out_root>/<sweep>/<method>/<task>/<model>/seed<k>/      (a pure function of the identity, so
-                                                                         a relaunched sweep finds its runs)
-    run name   <method>-<task>-<model>-s<seed>                          (W&B name, progress bars, logs)
+    run path   <out_root>/<sweep>/<method>@<precision>/<task>/<model>[/<variant>]/seed<k>/
+    run name   <method>@<precision>-<task>-<model>[-<variant>]-s<seed>   (W&B name, progress bars, logs)
+    W&B        group = sweep, job_type = arm, tags = the identity axes (`method:tis`, `precision:int8`, ...)
     files      config.yaml run.json metrics.jsonl eval.jsonl ckpt/last.pt
     statuses   running completed failed diverged preempted incomplete
     metrics    <namespace>/<name>, one vocabulary for metrics.jsonl, W&B, plots and tables
 
-Hydra's own run directory (conf/config.yaml) is computed by `run_path` through the `qrl_run_dir` resolver.
+`variant` is empty for almost every run. A sweep whose jobs would otherwise share a run directory (they agree on
+every identity axis but differ in another setting, e.g. `-m train.lr=1e-4,3e-4`) gets one variant level per job,
+made of the settings they differ in (`train.lr=3e-4`): bench.sweeper assigns it, `--dry-run` shows it.
+
+The identity does not hold every setting, so a run directory also records a hash of its *semantic* config
+(`config_hash`: the resolved config without NON_SEMANTIC_KEYS, the settings that do not change results). A launch
+whose config differs from the one its directory was made with is refused, naming the keys (bench.resume).
+
+Hydra's own run directory (conf/config.yaml) is computed by `RunId.path` through the `qrl_run_dir` resolver.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 # ------------------------------------------------------------------------------------------------ layout
 CONFIG_FILE = "config.yaml"
@@ -27,24 +38,163 @@ METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.jsonl"
 CKPT_DIR = "ckpt"
 SEED_DIR = re.compile(r"seed(\d+)")
+ARM_SEP = "@"
+#: the identity axes besides the sweep, in path order: W&B tags and the analysis's grouping use the same names
+AXES = ("method", "precision", "task", "model", "variant", "seed")
+#: config key of each axis (`variant` is a top-level key set by the sweeper, empty for a plain run)
+AXIS_KEYS = {"method": "method.name", "precision": "rollout.precision", "task": "task.name", "model": "model.name",
+             "variant": "variant", "seed": "seed"}
+
+#: Settings that do not change a run's numbers: left out of `config_hash`, so changing them never makes a run
+#: directory refuse a relaunch. Dotted prefixes: `tracking` covers every `tracking.*` key.
+NON_SEMANTIC_KEYS = (
+    "sweep", "out_root", "variant",          # where the run lives, not what it computes
+    "tracking",                              # W&B mode, project, entity
+    "train.threads",                         # torch threads: same numbers up to float summation order
+    "train.nproc_per_node",                  # processes of one run: a resume may change it (docs/scaling.md)
+    "train.overwrite", "train.resume_from",  # what a launch does with an existing directory
+    "train.checkpoint_every",                # how often state is saved (a resume recomputes identically)
+    "train.keep_checkpoint",                 # whether ckpt/ stays after completion
+    "budget",                                # the dry run's GPU-hours estimate
+    "model.cache_dir",                       # where the warm start is cached
+)
 
 
-def run_path(out_root: str | Path, sweep: str, method: str, task: str, model: str, seed: int) -> Path:
-    """The run directory: a pure function of the sweep axes, so a relaunch finds its earlier runs."""
-    return Path(out_root) / str(sweep) / str(method) / str(task) / str(model) / f"seed{int(seed)}"
+def arm(method: str, precision: str) -> str:
+    """An arm's one spelling: `<method>@<precision>`."""
+    return f"{method}{ARM_SEP}{precision}"
+
+
+def split_arm(text: str) -> tuple[str, str]:
+    method, sep, precision = str(text).partition(ARM_SEP)
+    if not sep or not method or not precision:
+        raise ValueError(f"{text!r} is not an arm (<method>{ARM_SEP}<precision>)")
+    return method, precision
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    node = cfg
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, Mapping) or hasattr(node, "get") else getattr(node, part)
+        if node is None:
+            return None
+    return node
+
+
+@dataclass(frozen=True)
+class RunId:
+    """Who a run is: its path, its name, its W&B tags and its rows in every table follow from these fields."""
+
+    sweep: str
+    method: str
+    precision: str
+    task: str
+    model: str
+    seed: int
+    variant: str = ""
+
+    @classmethod
+    def of(cls, cfg: Any) -> "RunId":
+        """The identity of a composed config (a DictConfig or the nested dict of a config.yaml)."""
+        values = {axis: _get(cfg, key) for axis, key in AXIS_KEYS.items()}
+        return cls(sweep=str(_get(cfg, "sweep")), method=str(values["method"]), precision=str(values["precision"]),
+                   task=str(values["task"]), model=str(values["model"]), seed=int(values["seed"]),
+                   variant=str(values["variant"] or ""))
+
+    @property
+    def arm(self) -> str:
+        return arm(self.method, self.precision)
+
+    def path(self, out_root: str | Path) -> Path:
+        """The run directory: a pure function of the identity, so a relaunched sweep finds its runs."""
+        parts = [str(self.sweep), self.arm, self.task, self.model] + ([self.variant] if self.variant else [])
+        return Path(out_root).joinpath(*parts, f"seed{int(self.seed)}")
+
+    @property
+    def subdir(self) -> str:
+        """The run directory below the sweep directory (Hydra's `hydra.sweep.subdir`)."""
+        return str(self.path("").relative_to(str(self.sweep)))
+
+    @property
+    def name(self) -> str:
+        return "-".join([self.arm, self.task, self.model] + ([self.variant] if self.variant else []) + [f"s{self.seed}"])
+
+    @property
+    def tags(self) -> list[str]:
+        """W&B tags: one `<axis>:<value>` per identity axis (the variant only when there is one)."""
+        return [f"{a}:{getattr(self, a)}" for a in AXES if a != "variant" or self.variant]
+
+
+def run_path(out_root: str | Path, sweep: str, method: str, precision: str, task: str, model: str, seed: int,
+             variant: str = "") -> Path:
+    """RunId(...).path(out_root), for Hydra's resolver (conf/config.yaml) which passes the fields one by one."""
+    return RunId(str(sweep), str(method), str(precision), str(task), str(model), int(seed), str(variant or "")).path(out_root)
+
+
+def run_subdir(*fields: Any) -> str:
+    """Hydra's `hydra.sweep.subdir`: the run path below `<out_root>/<sweep>`."""
+    sweep, method, precision, task, model, seed, *variant = fields
+    return RunId(str(sweep), str(method), str(precision), str(task), str(model), int(seed),
+                 str(variant[0] if variant and variant[0] else "")).subdir
 
 
 def parse_run_path(path: Path) -> dict[str, Any]:
-    """{method, task, model, seed} from a run directory's last four parts, or {} if it is not one."""
-    parts = Path(path).parts
+    """{method, precision, task, model, variant, seed} from a run directory's path, or {} if it is not one.
+
+    From the end: `seed<k>`, an optional variant level (it always holds `=`), model, task, `<method>@<precision>`.
+    """
+    parts = list(Path(path).parts)
     m = SEED_DIR.fullmatch(parts[-1]) if parts else None
-    if len(parts) < 4 or m is None:
+    if m is None:
         return {}
-    return {"method": parts[-4], "task": parts[-3], "model": parts[-2], "seed": int(m.group(1))}
+    parts.pop()
+    variant = parts.pop() if parts and "=" in parts[-1] else ""
+    if len(parts) < 3 or ARM_SEP not in parts[-3]:
+        return {}
+    method, precision = split_arm(parts[-3])
+    return {"method": method, "precision": precision, "task": parts[-2], "model": parts[-1], "variant": variant,
+            "seed": int(m.group(1))}
 
 
-def run_name(method: str, task: str, model: str, seed: int) -> str:
-    return f"{method}-{task}-{model}-s{seed}"
+# ----------------------------------------------------------------------------------------- config identity
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{dotted key: leaf value} of a nested dict (lists are leaves)."""
+    if not isinstance(tree, Mapping):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        out.update(flatten(v, key) if isinstance(v, Mapping) else {key: v})
+    return out
+
+
+def is_semantic(key: str) -> bool:
+    """False for a key of NON_SEMANTIC_KEYS (or below one of them)."""
+    return not any(key == k or key.startswith(k + ".") for k in NON_SEMANTIC_KEYS)
+
+
+def semantic_config(resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """The flattened resolved config without the keys that do not change results (`hydra` is never in it)."""
+    return {k: v for k, v in flatten(resolved).items() if is_semantic(k) and not k.startswith("hydra.")}
+
+
+def config_hash(resolved: Mapping[str, Any]) -> str:
+    """A short stable hash of `semantic_config(resolved)`: equal for two configs that compute the same run."""
+    text = json.dumps(semantic_config(resolved), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def config_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, old value, new value) for every semantic key whose value differs (a missing key reads `<unset>`)."""
+    a, b = semantic_config(old), semantic_config(new)
+    unset = "<unset>"
+    return [(k, a.get(k, unset), b.get(k, unset)) for k in sorted(set(a) | set(b)) if a.get(k, unset) != b.get(k, unset)]
+
+
+def describe_diff(diff: Iterable[tuple[str, Any, Any]], limit: int = 6) -> str:
+    diff = list(diff)
+    shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diff[:limit])
+    return shown + (f"; and {len(diff) - limit} more" if len(diff) > limit else "")
 
 
 # ---------------------------------------------------------------------------------------------- statuses

@@ -49,7 +49,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import DictConfig, OmegaConf
 
 from bench import sweep_report
-from bench.identity import run_name, run_path
+from bench.identity import RunId
 from bench.sweep_report import JobView, LiveLine
 
 log = logging.getLogger(__name__)
@@ -172,8 +172,8 @@ def job_views(loader: FrozenConfigLoader, master: DictConfig, job_overrides: Seq
         idx = initial_job_idx + i
         cfg = loader.load_sweep_config(master, list(ov))
         try:  # the run's own directory (bench/identity.py), not Hydra's sweep dir/subdir: a job may set `sweep`
-            run_dir = run_path(cfg.out_root, cfg.sweep, cfg.method.name, cfg.task.name, cfg.model.name, cfg.seed)
-            name = run_name(cfg.method.name, cfg.task.name, cfg.model.name, cfg.seed)
+            rid = RunId.of(cfg)
+            run_dir, name = rid.path(cfg.out_root), rid.name
             key = (str(cfg.task.name), OmegaConf.to_yaml(cfg.task), OmegaConf.to_yaml(cfg.model))
             steps = int(cfg.train.steps)
         except Exception:  # noqa: BLE001 -- another Hydra app (the launcher tests' probe)

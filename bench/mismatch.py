@@ -1,7 +1,7 @@
 """Rollout/trainer mismatch metrics (methods.md section 11), shared by every method and logged every step.
 
 One function, `mismatch_metrics(logp_old, logp_mu, mask)`, so that "kl_k3" or "is_ess" means the same number
-for every arm. For bypass arms (fp8_ppo_is, ess) the trainer passes log pi_theta in place of log pi_old
+for every arm. For bypass arms (naive_ppo_is, ess) the trainer passes log pi_theta in place of log pi_old
 (methods.md 11). Everything is computed in fp64 under no_grad and returned as Python floats.
 
 Empty-mask conventions (no valid token / sequence): KLs, chi2, log-prob gaps, log-PPL differences, fractions and
@@ -77,6 +77,12 @@ def mismatch_metrics(
 
     k1/k2/log-prob gaps and the chi2_seq sequence sum use the raw delta; rho and chi2_token use the
     +-20-clamped delta.
+
+    chi2_token = mean rho^2 - 1 and chi2_seq = mean_i rho_seq,i^2 - 1 are the plain (verl) estimators of
+    E_mu[rho^2] - 1 = chi2(pi_old || mu). mean rho^2 is unbiased for E_mu[rho^2], so a finite batch can give a
+    negative value (rho = [0.5, 1] gives -0.375): the true chi2 is below that batch's sampling noise, or
+    E_mu[rho] < 1. It is logged as is, never clamped at 0 (a clamp would bias step averages upward); the
+    self-normalised form N sum rho^2 / (sum rho)^2 - 1 is >= 0 but biased and blind to a uniform shift of rho.
 
     kl_k3 = mean(rho - delta - 1) with the clamp on rho only (methods.md section 11 as written; verl's k3_kl
     clamps nothing): for delta < -20 it is the exact k3 up to e^-20 (1 - delta - 1 + e^delta ~ -delta), for

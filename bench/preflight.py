@@ -1,43 +1,120 @@
-"""Checks of a built run's inputs before any training: everything that would otherwise fail mid-run.
+"""Checks of a run's inputs before any work: everything that would otherwise fail mid-run, or in the warm start.
 
-`build` (bench/train.py) loads the model and the task; what it does not touch until later steps is checked
-here, so that bad input exits with code 2 and one line naming the culprit before step 0, instead of failing
-at step 6 (and again on every resume):
-- the task's train and test splits load and are non-empty (a lazily loaded data file is read now);
-- every prompt, with BOS, plus `task.max_new_tokens` fits the model's context (`max_position_embeddings`).
+Two stages, both before the run directory is touched, so that bad input exits with code 2 and one line naming
+the culprit instead of failing at step 0 or 6 (and again on every resume):
+
+* `check_data`, called by `build` (bench/train.py) after the tasks are made and before the model is loaded:
+  the built-in model's warm start trains on the task's data, so the warm start must not be its first reader
+  (an 801-character prompt cost 324 s of SFT before being refused; a 5 MB line made it allocate 42 GB).
+  - the task's train and test splits and every `eval.sets` test split load (a lazily loaded file or hub
+    dataset is read now: a missing, empty, non-UTF-8 or column-less file, or a hub id offline) and are
+    non-empty;
+  - for the built-in model, whose character tokenizer and context are known from the config: every prompt fits.
+* `check_inputs`, after `build`, for a loaded model (its tokenizer, chat template and context come with it):
+  every prompt fits.
+
+"Fits": a training-task prompt (BOS or chat template included) plus `task.max_new_tokens` is within the model's
+context (`model.max_length`, else `max_position_embeddings`); an eval-set prompt leaves room for at least one
+response token (the engine cuts each set's response budget to the room left, bench.rollout.base.response_budget).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from bench.models.tokenizer import PromptFormat, prompt_text
 
-def check_inputs(parts: Any) -> None:
-    """Raise ValueError naming the problem; `parts` is bench.train.Parts."""
-    task, tokenizer, policy = parts.task, parts.tokenizer, parts.policy
+#: a prompt is tokenized in full only up to this many characters per token of its budget: beyond, a prefix that
+#: already exceeds the budget proves it too long without tokenizing megabytes (a 5 MB line: ~30 s)
+CHARS_PER_TOKEN_CAP = 32
+
+
+def check_data(cfg: Any, task: Any, eval_sets: dict[str, Any]) -> None:
+    """Load every split the run reads and, for the built-in model, check the prompts' lengths; ValueError or
+    OSError (a hub dataset offline) naming the problem."""
+    splits = load_splits(task, eval_sets)
+    if cfg.model.path is None:  # the built-in model: its tokenizer is the character tokenizer of its warm start
+        from bench.models.tokenizer import build_char_tokenizer
+
+        tokenizer = build_char_tokenizer(int(cfg.model.max_position_embeddings))
+        context = int(cfg.model.max_length or cfg.model.max_position_embeddings)
+        check_all_prompts(task, eval_sets, splits, tokenizer, PromptFormat(), int(cfg.task.max_new_tokens), context)
+
+
+def load_splits(task: Any, eval_sets: dict[str, Any]) -> dict[tuple[str, str], list]:
+    """{(set name, split): examples}: the task's train and test splits and each eval set's test split."""
     splits = {}
     for split in ("train", "test"):
         examples = task.examples(split)
         if not examples:
             raise ValueError(f"task {task.name!r} has no {split} examples")
-        splits[split] = examples
-    context = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
+        splits[(task.name, split)] = examples
+    for name, set_task in eval_sets.items():
+        try:
+            examples = set_task.examples("test")
+        except (ValueError, OSError) as e:  # name the set: the message of its task says task.source
+            raise type(e)(f"eval set {name!r}: {e} (an eval set's source is +eval.overrides.{name}.source=...)") from None
+        if not examples:
+            raise ValueError(f"eval.sets: {name!r} has no test examples (its test split is empty)")
+        splits[(f"eval set {name}", "test")] = examples
+    return splits
+
+
+def check_inputs(parts: Any) -> None:
+    """After `build`: the prompts' lengths for a loaded model (the built-in one was checked by `check_data`);
+    `parts` is bench.train.Parts."""
+    cfg = parts.cfg
+    if cfg.model.path is None:
+        return
+    context = getattr(getattr(parts.policy, "config", None), "max_position_embeddings", None)
+    if cfg.model.get("max_length"):
+        context = int(cfg.model.max_length)
     if context:
-        check_prompt_lengths(task, tokenizer, splits, int(parts.cfg.task.max_new_tokens), int(context))
+        splits = load_splits(parts.task, parts.eval_sets)  # cached on the tasks: no second read
+        check_all_prompts(parts.task, parts.eval_sets, splits, parts.tokenizer, parts.prompt_format,
+                          int(cfg.task.max_new_tokens), int(context))
 
 
-def check_prompt_lengths(task: Any, tokenizer: Any, splits: dict[str, list], max_new_tokens: int, context: int) -> None:
-    """Every prompt (BOS + text, as bench.models.tokenizer.encode_prompts builds it) + max_new_tokens <= context."""
-    bos = 1 if tokenizer.bos_token_id is not None else 0
-    budget = context - max_new_tokens
-    for split, examples in splits.items():
-        ids = tokenizer([task.prompt(ex) for ex in examples], add_special_tokens=False)["input_ids"]
-        lengths = [bos + len(r) for r in ids]
-        too_long = [i for i, n in enumerate(lengths) if n > budget]
-        if too_long:
-            worst = max(too_long, key=lambda i: lengths[i])
-            raise ValueError(
-                f"task {task.name!r}: {len(too_long)} of {len(examples)} {split} prompts do not fit the model's "
-                f"context of {context} tokens with task.max_new_tokens={max_new_tokens} (the longest, {split} "
-                f"example {worst}, has {lengths[worst]} prompt tokens; at most {budget} fit): shorten the prompts, "
-                f"lower task.max_new_tokens or use a model with a longer context")
+def check_all_prompts(task: Any, eval_sets: dict[str, Any], splits: dict[tuple[str, str], list], tokenizer: Any,
+                      fmt: PromptFormat, max_new_tokens: int, context: int) -> None:
+    """Every training-task prompt leaves `max_new_tokens` of the context, every eval-set prompt one token."""
+    for (name, split), examples in splits.items():
+        if name == task.name:
+            check_prompt_lengths(task, tokenizer, examples, split, context, max_new_tokens, fmt)
+        else:
+            check_prompt_lengths(eval_sets[name.removeprefix("eval set ")], tokenizer, examples, split, context,
+                                 None, fmt, label=name)
+
+
+def prompt_length(tokenizer: Any, task: Any, ex: dict, fmt: PromptFormat, budget: int) -> tuple[int, bool]:
+    """(prompt tokens, exact): BOS or chat template included. A prompt of more than CHARS_PER_TOKEN_CAP
+    characters per token of `budget` is tokenized only as far as that cap; (its prefix's tokens, False) when
+    the prefix alone exceeds the budget."""
+    text, templated = prompt_text(tokenizer, task, ex, fmt)
+    bos = 0 if templated or tokenizer.bos_token_id is None else 1
+    cap = CHARS_PER_TOKEN_CAP * (max(budget, 0) + 1)
+    if len(text) > cap:
+        n = bos + len(tokenizer(text[:cap], add_special_tokens=False, verbose=False)["input_ids"])
+        if n > budget:
+            return n, False
+    return bos + len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]), True
+
+
+def check_prompt_lengths(task: Any, tokenizer: Any, examples: list, split: str, context: int,
+                         max_new_tokens: int | None, fmt: PromptFormat = PromptFormat(), label: str | None = None) -> None:
+    """ValueError naming how many prompts of `split` do not fit `context` with `max_new_tokens` (None: an eval
+    set, whose response budget is cut to the room left: one token must fit), and the longest."""
+    budget = context - (1 if max_new_tokens is None else max_new_tokens)
+    lengths = [prompt_length(tokenizer, task, ex, fmt, budget) for ex in examples]
+    too_long = [i for i, (n, _) in enumerate(lengths) if n > budget]
+    if not too_long:
+        return
+    worst = max(too_long, key=lambda i: lengths[i][0])
+    n, exact = lengths[worst]
+    room = " and leave room for a response" if max_new_tokens is None else f" with task.max_new_tokens={max_new_tokens}"
+    raise ValueError(
+        f"{label or f'task {task.name!r}'}: {len(too_long)} of {len(examples)} {split} prompts do not fit the "
+        f"model's context of {context} tokens{room} (the longest, {split} example {worst}, has "
+        f"{'' if exact else 'more than '}{n} prompt tokens; at most {budget} fit): shorten the prompts, "
+        + ("" if max_new_tokens is None else "lower task.max_new_tokens or ")
+        + "use a model with a longer context")

@@ -39,9 +39,10 @@ class Entry(Generic[T]):
 class Registry(Generic[T]):
     """name -> component for one extension point; `package` is where its components live."""
 
-    def __init__(self, kind: str, package: str) -> None:
+    def __init__(self, kind: str, package: str, name_attr: str | None = None) -> None:
         self.kind = kind
         self.package = package
+        self.name_attr = name_attr  # a class attribute the registry sets to the key (the class never states it)
         self._entries: dict[str, Entry[T]] = {}
         self._discovered = False
 
@@ -53,6 +54,8 @@ class Registry(Generic[T]):
             if old is not None and _qualname(old.obj) != _qualname(obj):
                 raise ValueError(f"{self.kind} {name!r} is registered twice: {_qualname(old.obj)} and {_qualname(obj)}")
             self._entries[name] = Entry(name, obj, schema, dict(meta))
+            if self.name_attr and isinstance(obj, type) and self.name_attr not in vars(obj):
+                setattr(obj, self.name_attr, name)
             return obj
 
         return deco
@@ -84,6 +87,14 @@ class Registry(Generic[T]):
         if schema is None:
             raise ValueError(f"{self.kind} {name!r} has no config schema")
         return schema
+
+    def name_of_schema(self, schema: type) -> str:
+        """The one name registered with exactly this schema class (a config built in code, without its name)."""
+        self.discover()
+        names = [e.name for e in self._entries.values() if e.schema is schema]
+        if len(names) != 1:
+            raise ValueError(f"no single {self.kind} has the schema {schema.__name__} (found {names or 'none'})")
+        return names[0]
 
     def __contains__(self, name: object) -> bool:
         self.discover()

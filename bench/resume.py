@@ -4,6 +4,10 @@
 second launch that waited while the first finished sees `completed` and skips, instead of starting over.
 The rules, in order (issue 13):
 
+0. The directory's config.yaml must describe the same run (`config_mismatch`): a launch whose semantic config
+   differs (bench/identity.py NON_SEMANTIC_KEYS are left out) is refused before any work, naming the keys and
+   both values, unless `train.overwrite=true`. A directory is never silently satisfied by, or resumed into, the
+   results of another configuration.
 1. Temporaries a killed or failed writer left (`ckpt/last.pt.tmp<pid>`, `run.json.tmp<pid>`) are removed.
 2. `train.overwrite=true`: the run is reset (metrics, evals, checkpoints, run.json) and starts at step 0.
    It is the only way rows are ever deleted without a checkpoint to recompute them from.
@@ -11,9 +15,15 @@ The rules, in order (issue 13):
 4. The checkpoint: ckpt/last.pt, or ckpt/prev.pt when last.pt is missing (a crash between the two renames
    of `save_checkpoint`) or when asked for (`train.resume_from=previous`). An unreadable checkpoint is
    refused, naming the file and both ways on (resume from the previous one, or restart).
-5. No checkpoint but rows in metrics.jsonl / eval.jsonl (a completed run whose run.json was deleted, a run
-   killed before its first checkpoint): refused, naming the directory and `train.overwrite=true`. The rows
-   are the evidence of a run; only the user may decide to recompute them.
+5. No checkpoint but rows in metrics.jsonl / eval.jsonl:
+   - run.json says the run started and never finished (`running`, `preempted`, `failed`: killed, stopped or
+     failed before its first checkpoint, e.g. a full disk at that checkpoint): it restarts from step 0 by
+     itself. Its rows are deleted and recomputed identically (a run is a deterministic function of its config
+     and seed); a note says so in the job's output (run.log in a sweep). The earlier attempt's W&B run is
+     left as it is and a new one starts, since W&B cannot log a step twice into one run.
+   - no readable run.json (a completed run whose run.json was deleted): refused, naming the directory and
+     `train.overwrite=true`. Nothing says these rows are an unfinished run's; only the user may decide to
+     recompute them.
 6. Resume: unreadable lines are set aside (`metrics.jsonl.bad-<time>`, with a warning naming file and
    lines) and every readable row is kept; rows at or after the checkpoint's step are dropped (they are
    recomputed identically). A step missing before it is recomputed when ckpt/prev.pt precedes it; otherwise
@@ -25,10 +35,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from bench.identity import config_diff, describe_diff
 from bench.store import CheckpointError, RunDir
 
 #: statuses a relaunch does not touch (train.overwrite=true reruns them)
 FINAL_STATUSES = ("completed", "diverged", "incomplete")
+#: statuses of a run that started and did not finish: without a checkpoint, a relaunch restarts it from step 0
+UNFINISHED_STATUSES = ("running", "preempted", "failed")
 RESUME_FROM = ("last", "previous")
 OVERWRITE_HINT = "train.overwrite=true"
 
@@ -78,10 +93,28 @@ def final_status(run: RunDir, steps: int, eval_every: int) -> tuple[str, str | N
                           f"{OVERWRITE_HINT} reruns the run)")
 
 
+def config_mismatch(run: RunDir, cfg: Any) -> str | None:
+    """Why `cfg` may not use `run`'s directory: its config.yaml was written by a run of another configuration
+    (differing keys and both values), or None. Ignores train.overwrite (the caller decides)."""
+    old = run.config()
+    if old is None:
+        return None
+    new = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
+    new.pop("hydra", None)
+    diff = config_diff(old, new)
+    if not diff:
+        return None
+    return (f"{run.path} holds a run of another configuration ({describe_diff(diff)}); refusing to reuse or mix "
+            f"its results. Use another sweep=NAME, or {OVERWRITE_HINT} to delete them and start this one")
+
+
 def decide(run: RunDir, cfg: Any) -> Plan:
     """Decide what this launch does with `run` (see the module docstring). Call it holding the run's lock."""
     notes = [f"removed stale temporary {p.relative_to(run.path)}" for p in run.clean_temporaries()]
     overwrite = bool(cfg.train.get("overwrite", False))
+    mismatch = None if overwrite else config_mismatch(run, cfg)
+    if mismatch:
+        return Plan("refuse", mismatch, outcome="bad_config", notes=notes)
     resume_from = str(cfg.train.get("resume_from", "last"))
     if overwrite:
         had = run.has_rows() or run.info_file.exists()
@@ -109,12 +142,14 @@ def decide(run: RunDir, cfg: Any) -> Plan:
                               f"({OVERWRITE_HINT} restarts the run from step 0)", outcome="refused", notes=notes)
 
     if ckpt is None:
+        if run.has_rows() and status in UNFINISHED_STATUSES:
+            return Plan("start", notes=notes + [restart_from_zero(run, status)])
         if run.has_rows():
             n = len(run.metrics())
             return Plan("refuse", (
-                f"{run.path} holds the results of an earlier run ({n} metrics rows, status "
-                f"{status or 'unknown: no run.json'}) but no checkpoint to resume them from; refusing to "
-                f"overwrite them. Rerun with {OVERWRITE_HINT} to start it again from step 0"),
+                f"{run.path} holds the results of an earlier run ({n} metrics rows) but no run.json saying "
+                f"what they are (a completed run whose run.json was lost?) and no checkpoint to resume them "
+                f"from; refusing to overwrite them. Rerun with {OVERWRITE_HINT} to start it again from step 0"),
                 outcome="refused", notes=notes)
         return Plan("start", notes=notes)
 
@@ -143,6 +178,28 @@ def decide(run: RunDir, cfg: Any) -> Plan:
     return Plan("resume", f"resuming from step {start} ({source})", checkpoint=ckpt, start=start, notes=notes)
 
 
+def restart_from_zero(run: RunDir, status: str) -> str:
+    """Delete the rows of a run that never checkpointed and forget its W&B run; returns the note to print."""
+    n_metrics, n_evals = len(run.metrics()), len(run.evals())
+    run.truncate_to(0)
+    if run.info().get("wandb_id"):
+        run.update_info(wandb_id=None)
+    return (f"run.json says '{status}' and there is no checkpoint (stopped before its first one): restarting "
+            f"from step 0; its {n_metrics} metrics and {n_evals} eval rows are recomputed identically")
+
+
+def has_checkpoint(run: RunDir) -> bool:
+    """True when a relaunch has a checkpoint file to resume from (ckpt/last.pt or ckpt/prev.pt)."""
+    return run.ckpt_file.exists() or run.prev_ckpt_file.exists()
+
+
+def relaunch_effect(run: RunDir) -> str:
+    """What relaunching the same command does to this unfinished run, for the messages printed when it stops."""
+    if has_checkpoint(run):
+        return "resume from its last checkpoint"
+    return "restart it from step 0 (no checkpoint was written yet; its rows are recomputed identically)"
+
+
 def preview(run: RunDir, cfg: Any) -> str:
     """What `decide` would do, without touching anything (for --dry-run): run | resume | skip | refuse | restart.
 
@@ -150,11 +207,15 @@ def preview(run: RunDir, cfg: Any) -> str:
     """
     if bool(cfg.train.get("overwrite", False)):
         return "restart" if run.has_rows() or run.info_file.exists() else "run"
+    if config_mismatch(run, cfg):
+        return "refuse"
     if run.status in FINAL_STATUSES:
         return "skip"
-    if run.ckpt_file.exists() or run.prev_ckpt_file.exists():
+    if has_checkpoint(run):
         return "resume"
-    return "refuse" if run.has_rows() else "run"
+    if run.has_rows():
+        return "restart" if run.status in UNFINISHED_STATUSES else "refuse"
+    return "run"
 
 
 def _unreadable(run: RunDir, err: CheckpointError, resume_from: str) -> str:
@@ -169,4 +230,5 @@ def _unreadable(run: RunDir, err: CheckpointError, resume_from: str) -> str:
     return f"{err}; " + "; ".join(ways)
 
 
-__all__ = ["FINAL_STATUSES", "RESUME_FROM", "Plan", "decide", "final_status", "missing_steps", "preview"]
+__all__ = ["FINAL_STATUSES", "RESUME_FROM", "UNFINISHED_STATUSES", "Plan", "config_mismatch", "decide", "final_status",
+           "missing_steps", "preview", "relaunch_effect"]

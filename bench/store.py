@@ -1,7 +1,7 @@
 """The run directory: the source of truth of a run (W&B only mirrors it).
 
-    <out_root>/<sweep>/<method>/<task>/<model>/seed<k>/
-        config.yaml    resolved config            run.json     status, reason, versions, host, git sha, wandb id
+    <out_root>/<sweep>/<method>@<precision>/<task>/<model>[/<variant>]/seed<k>/   (bench/identity.py)
+        config.yaml    resolved config            run.json     status, reason, config hash, versions, host, git sha, wandb id
         metrics.jsonl  one line per training step eval.jsonl   one line per evaluation
         ckpt/last.pt   model + optimizer + RNG + step (for resume); ckpt/prev.pt the one before it
         .lock          held while a process owns the run (two processes never write one run dir)
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+import yaml
 from filelock import FileLock, Timeout
 
 from bench.identity import (
@@ -39,9 +40,9 @@ from bench.identity import (
     INFO_FILE,
     METRICS_FILE,
     STATUSES,
+    RunId,
+    config_hash,
     read_jsonl,
-    run_name,
-    run_path,
 )
 
 TRACKED_PACKAGES = ("torch", "transformers", "datasets", "hydra-core", "omegaconf", "submitit", "wandb", "qrl-bench")
@@ -139,12 +140,11 @@ class RunDir:
         """The run directory of a composed config (out_root relative to the launch directory)."""
         from hydra.utils import to_absolute_path
 
-        return cls(run_path(to_absolute_path(cfg.out_root), cfg.sweep, cfg.method.name, cfg.task.name,
-                            cfg.model.name, cfg.seed))
+        return cls(RunId.of(cfg).path(to_absolute_path(cfg.out_root)))
 
     @staticmethod
     def name_of(cfg: Any) -> str:
-        return run_name(cfg.method.name, cfg.task.name, cfg.model.name, cfg.seed)
+        return RunId.of(cfg).name
 
     # ---------------------------------------------------------------- ownership
     @contextmanager
@@ -188,15 +188,24 @@ class RunDir:
             _overwrite_in_place(self.info_file, data)
         return info
 
+    def config(self) -> dict[str, Any] | None:
+        """The resolved config this directory was made with (config.yaml), None when there is none or it is unreadable."""
+        try:
+            data = yaml.safe_load((self.path / CONFIG_FILE).read_text())
+        except (OSError, yaml.YAMLError, UnicodeDecodeError):
+            return None
+        return data if isinstance(data, dict) else None
+
     def start(self, config_yaml: str, run_name: str, overrides: list[str] | None = None) -> dict[str, Any]:
         """Record config and provenance; keeps fields of an earlier attempt (wandb id, start time)."""
         self.path.mkdir(parents=True, exist_ok=True)
         _atomic_write(self.path / CONFIG_FILE, config_yaml.encode())
+        resolved = yaml.safe_load(config_yaml)
         sha, dirty = git_info()
         prev = self.info()
         attempts = int(prev.get("attempts", 0)) + 1
         return self.update_info(
-            status="running", reason=None, run_name=run_name, git_sha=sha, git_dirty=dirty,
+            status="running", reason=None, run_name=run_name, config_hash=config_hash(resolved), git_sha=sha, git_dirty=dirty,
             versions=versions(), host=socket.gethostname(), argv=sys.argv, overrides=overrides or [],
             slurm_job_id=os.environ.get("SLURM_JOB_ID"), attempts=attempts,
             code_dir=str(Path(__file__).resolve().parents[1]),

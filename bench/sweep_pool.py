@@ -325,7 +325,8 @@ def _death_outcome(w: _Worker) -> dict[str, Any]:
     code = w.process.exitcode
     how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit status {code}"
     return {"name": w.job.name if w.job else "", "outcome": "failed", "code": 1,
-            "reason": f"worker process {w.process.pid} died ({how}) during the job; relaunch the sweep to resume it"}
+            "reason": f"worker process {w.process.pid} died ({how}) during the job; relaunch the sweep to resume it "
+                      "(from its last checkpoint, or from step 0 when it had none)"}
 
 
 __all__ = ["WorkerPool", "next_job", "worker_main"]

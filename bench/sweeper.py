@@ -14,16 +14,31 @@ multiply lists, so a recipe lists its table's rows instead, each in command-line
 
 Jobs = for each row, for each combination of `params` and command-line overrides: the row's overrides, then the
 combination's. A command-line override of a key that a row sets replaces the row's value for that key. With no
-rows this is exactly the basic sweeper. `bench.dryrun` expands a sweep with the same `expand_rows`.
+rows this is exactly the basic sweeper. It is the default sweeper (conf/config.yaml), so every multirun gets:
+
+Variants. Jobs that agree on every identity axis (method, rollout precision, task, model, seed, sweep) but set
+another result-changing key differently (`-m train.lr=1e-4,3e-4`, or QuRL Table 4's rows) would share one run
+directory. `assign_variants` gives each of them `variant=<key>=<value>[,...]` (the keys they differ in), which
+bench/identity.py makes a level of the run path: `.../tis@int8/arithmetic/tiny/train.lr=3e-4/seed0`.
+`bench.dryrun` expands a sweep with the same `expand_rows` and `assign_variants`.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
-from typing import Any, Iterable, List, Optional, Sequence
+from collections import defaultdict
+from typing import Any, Callable, Iterable, List, Optional, Sequence
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.types import Override
+from omegaconf import OmegaConf
+
+from bench.identity import is_semantic
+
+#: override keys that make up a run's identity (besides `variant` itself): jobs differing here never collide
+IDENTITY_OVERRIDES = ("method", "rollout.precision", "task", "model", "seed", "sweep", "out_root", "variant")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=,+-]")
 
 
 def override_key(override: str) -> str:
@@ -44,6 +59,47 @@ def expand_rows(rows: Iterable[str], jobs: Sequence[Sequence[str]]) -> list[list
     return out
 
 
+def _settings(job: Sequence[str]) -> dict[str, str]:
+    """{key: value} of a job's overrides (the last one of a key wins)."""
+    out = {}
+    for o in job:
+        if "=" in o:
+            key, value = o.split("=", 1)
+            out[key.lstrip("+~")] = value
+    return out
+
+
+def assign_variants(jobs: Sequence[Sequence[str]], default_of: Callable[[str], Any]) -> list[list[str]]:
+    """Each job, with `variant=...` appended where it would otherwise share its run directory with another job.
+
+    Jobs are grouped by their identity overrides; within a group, the semantic keys (bench.identity.is_semantic)
+    whose values are not all equal name the variant, `<key>=<value>` joined by commas, sorted by key. A job that
+    does not set such a key shows the sweep's value for it (`default_of(key)`).
+    """
+    out = [list(j) for j in jobs]
+    settings = [_settings(j) for j in jobs]
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, s in enumerate(settings):
+        groups[tuple(s.get(k) for k in IDENTITY_OVERRIDES)].append(i)
+    for idxs in groups.values():
+        if len(idxs) < 2:
+            continue
+        others = [{k: v for k, v in settings[i].items()
+                   if k not in IDENTITY_OVERRIDES and is_semantic(k) and not k.startswith(("hydra", "experiment"))}
+                  for i in idxs]
+        keys = sorted(k for k in set().union(*others) if len({o.get(k) for o in others}) > 1)
+        for i, o in zip(idxs, others):
+            if keys:
+                label = ",".join(f"{k}={o[k] if k in o else default_of(k)}" for k in keys)
+                out[i].append(f"variant='{_UNSAFE.sub('_', label)}'")
+    return out
+
+
+def sweep_default(config: Any) -> Callable[[str], Any]:
+    """The value a key has in the sweep's own config (for a job that does not override it), or 'default'."""
+    return lambda key: OmegaConf.select(config, key, default="default", throw_on_missing=False) if config is not None else "default"
+
+
 class RowSweeper(BasicSweeper):
     """The basic sweeper with `rows` (see the module docstring)."""
 
@@ -54,7 +110,8 @@ class RowSweeper(BasicSweeper):
 
     def split_arguments(self, overrides: List[Override], max_batch_size: Optional[int]) -> List[List[List[str]]]:  # type: ignore[override]
         jobs = expand_rows(self.rows, BasicSweeper.split_arguments(overrides, None)[0])
+        jobs = assign_variants(jobs, sweep_default(getattr(self, "config", None)))
         return [list(chunk) for chunk in BasicSweeper.split_overrides_to_chunks(jobs, max_batch_size)]
 
 
-__all__ = ["RowSweeper", "expand_rows", "override_key"]
+__all__ = ["RowSweeper", "assign_variants", "expand_rows", "override_key", "sweep_default"]

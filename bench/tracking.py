@@ -31,6 +31,8 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from bench.identity import RunId
+
 MODES = ("offline", "online", "disabled")
 
 
@@ -51,10 +53,13 @@ _MODE_ALIASES = {"dryrun": "offline", "run": "online"}  # older spellings W&B st
 
 def tracking_mode(cfg: DictConfig) -> str:
     """WANDB_MODE wins over cfg.tracking.mode, so a user can switch W&B off without editing configs."""
-    mode = os.environ.get("WANDB_MODE") or str(cfg.tracking.mode)
+    env = os.environ.get("WANDB_MODE")
+    mode = env or str(cfg.tracking.mode)
     mode = _MODE_ALIASES.get(mode, mode)
     if mode not in MODES:
-        raise ValueError(f"tracking mode {mode!r} (cfg.tracking.mode or WANDB_MODE) is not one of {', '.join(MODES)}")
+        where = f"WANDB_MODE={env}" if env else f"tracking.mode={mode}"
+        raise ValueError(f"{where} is not a W&B mode; choose one of: {', '.join(MODES)}"
+                         + (" (or unset WANDB_MODE to use tracking.mode)" if env else ""))
     return mode
 
 
@@ -153,23 +158,26 @@ def start_tracking(
 ) -> Tracker:
     """Start (or resume, with the id stored in run.json) the W&B mirror of one run.
 
-    project/entity/tags from cfg.tracking; group = the sweep, job_type = the method, so W&B's grouping
-    matches results/<sweep>/<method>/...; the resolved config is attached, with `run_info` (what the arm and
+    project/entity from cfg.tracking; group = the sweep (a paper recipe is one group), job_type = the arm
+    (`<method>@<precision>`), tags = the identity axes (`method:tis`, `precision:int8`, `task:...`, `model:...`,
+    `seed:0`; bench/identity.py RunId.tags) then cfg.tracking.tags, so W&B's grouping matches
+    results/<sweep>/<method>@<precision>/...; the resolved config is attached, with `run_info` (what the arm and
     the precision declare for reports, as in run.json) under the key `run_info`; files go to <run_dir>/wandb.
     """
     mode = tracking_mode(cfg)
     if mode == "disabled":
         return Tracker(resume_id)  # write nothing, not even import wandb
+    rid = RunId.of(cfg)
     try:
         import wandb
 
         run = wandb.init(
             project=cfg.tracking.project,
             entity=cfg.tracking.entity,
-            group=str(cfg.sweep),
-            job_type=str(cfg.method.name),
+            group=rid.sweep,
+            job_type=rid.arm,
             name=run_name,
-            tags=[str(t) for t in cfg.tracking.tags] or None,
+            tags=rid.tags + [str(t) for t in cfg.tracking.tags],
             config={**OmegaConf.to_container(cfg, resolve=True), "run_info": run_info or {}},
             dir=str(run_dir),
             mode=mode,

@@ -15,13 +15,13 @@ precisions is behind the engine (bench/rollout, bench/quant): this file never br
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 import time
 from collections import defaultdict
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 from omegaconf import DictConfig
@@ -38,6 +38,7 @@ from bench.models.load import context_length, load_policy
 from bench.models.logprobs import TRAINER_DTYPES
 from bench.models.tokenizer import PromptFormat, uses_chat_template
 from bench.preempt import PreemptionGuard
+from bench.preflight import check_data
 from bench.quant import diagnostics
 from bench.quant.quantizers import Quantizer
 from bench.rollout import build_engine
@@ -48,6 +49,7 @@ from bench.rollout.embedded import EmbeddedRolloutConfig
 from bench.sampling import Sample, collect
 from bench.store import RunDir
 from bench.tasks.base import Task, build_task
+from bench.timing import Timer
 from bench.tracking import start_tracking
 
 
@@ -85,10 +87,21 @@ class TrainConfig:
         if self.minibatches < 1 or (self.batch_size // self.group_size) % self.minibatches:
             raise ValueError(f"train.minibatches={self.minibatches} must divide the "
                              f"{self.batch_size // self.group_size} prompts per step")
-        if not self.lr > 0:
-            raise ValueError(f"train.lr={self.lr} must be positive")
+        if not 0 < self.lr < math.inf:  # inf would pass "positive" and wreck the weights at step 1
+            raise ValueError(f"train.lr={self.lr} must be positive and finite")
+        if not 0 <= self.weight_decay < math.inf:
+            raise ValueError(f"train.weight_decay={self.weight_decay} must be a finite number >= 0")
+        if not 0 < self.grad_clip < math.inf:  # a negative max norm flips the gradient: training in reverse
+            raise ValueError(f"train.grad_clip={self.grad_clip} must be positive and finite (the largest "
+                             "gradient norm an update keeps; e.g. 1.0)")
         if self.steps < 1:
             raise ValueError(f"train.steps={self.steps} must be at least 1")
+        if self.epochs < 1:
+            raise ValueError(f"train.epochs={self.epochs} must be at least 1 (passes over each rollout batch)")
+        for key in ("eval_every", "checkpoint_every"):  # both divide the step number in the loop
+            if getattr(self, key) < 1:
+                raise ValueError(f"train.{key}={getattr(self, key)} must be at least 1 (a number of steps; a value "
+                                 f">= train.steps means only at the end{', and at step 0' if key == 'eval_every' else ''})")
         if self.dtype not in TRAINER_DTYPES:
             raise ValueError(f"train.dtype={self.dtype!r} is not valid; choose one of: {', '.join(TRAINER_DTYPES)}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
@@ -131,11 +144,13 @@ def build(cfg: DictConfig) -> Parts:
     distributed.init(cfg.train.device)  # one process of several (torchrun, SLURM): join the group
     device = resolve_device(cfg.train.device)
     task = build_task(cfg.task)
+    eval_sets = build_eval_sets(cfg.eval, task)
+    check_data(cfg, task, eval_sets)  # every split read and checked before the warm start trains on the data
     policy, tokenizer = load_policy(cfg.model, task)
     policy.to(device)  # before the optimizer: its states are allocated beside the parameters
     if cfg.train.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
-    prompt_format, eval_sets = PromptFormat.from_config(cfg.model), build_eval_sets(cfg.eval, task)
+    prompt_format = PromptFormat.from_config(cfg.model)
     for t in (task, *eval_sets.values()):
         uses_chat_template(tokenizer, t, prompt_format)  # a template asked for but missing fails here
     max_len = context_length(cfg.model, policy)
@@ -154,16 +169,8 @@ def build(cfg: DictConfig) -> Parts:
     ))
 
 
-class Timer(dict):
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        yield
-        self[name] = self.get(name, 0.0) + time.perf_counter() - t0
-
-
 def train_step(p: Parts, step: int) -> dict[str, float]:
-    t = Timer()
+    t = Timer(device=p.compute.device)  # waits for the GPU at every phase boundary
     with t("sync"):
         p.engine.load_weights(p.policy)
     sample = collect(p, step, t)

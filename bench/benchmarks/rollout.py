@@ -43,6 +43,7 @@ from bench.device import resolve_device
 from bench.quant.quantizers import precisions
 from bench.rollout.base import SamplingParams
 from bench.rollout.embedded import EmbeddedEngine
+from bench.timing import synchronize
 
 EMBEDDED_PRECISIONS = tuple(precisions())  # every format registered in bench/quant/
 VLLM_PRECISIONS = ("fp32", "bf16", "fp8_e4m3")
@@ -98,8 +99,7 @@ def build_model(preset: str, layers: int | None = None, max_len: int = 4096,
 
 def _sync(device: torch.device) -> None:
     """Wait for the GPU: without it a timer reads kernel launches, not work (no EOS means no host sync)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
 
 
 def best_tokens_per_s(runs: dict[str, Callable[[], int]], repeats: int, device: torch.device) -> dict[str, float]:

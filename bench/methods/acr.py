@@ -23,7 +23,6 @@ from bench.quant.uaq import apply_uaq, check_targets
 
 @dataclass
 class ACRConfig(MethodConfig):
-    precision: str = "fp8_e4m3"
     is_cap_C: float = 2.0  # noqa: N815  (not stated in QuRL; ours, as TIS: methods.md M2.1)
     uaq_scale: float = 1.0  # 1.0 = no UAQ (`acr`); `acr_uaq` sets 1.5 (QuRL's ablation optimum)
     uaq_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj"])

@@ -18,6 +18,12 @@ B = max(0, c_mean^2 - c_var/n), V = c_var / (R n), alpha = B / (B + V) (0 if B +
 oracle alpha* = mu_D^2 / (mu_D^2 + Var(D)) of a surrogate MSE between the uncorrected and IS estimates.
 When n < max(2, ais_n_min) forces alpha to 0 (c_var undefined), B and V are reported as 0 too (ours): with one
 response B = c_mean^2 and V = 0 would read as "all bias, alpha should be 1" for a batch alpha ignores.
+
+Precision: everything that feeds alpha is float64, rho_bar included: the (fp32) log-probs are cast to fp64
+before rho_bar = min(exp(LR(lold - lmu)), C) is formed (methods.md section 11.1 item 10). In a nearly matched
+batch (rho - 1 ~ 1e-2) the ~6e-8 relative rounding of an fp32 rho is a ~1e-5 relative error of each c_i, which
+B / (B + V) amplifies (up to 1.7e-3 relative in the cross-check's fp32 cases). The applied weights w are formed
+from the same fp64 rho_bar and then cast to the log-probs' working dtype (fp32, or fp64 for fp64 inputs).
 """
 
 from __future__ import annotations
@@ -33,7 +39,6 @@ from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio, 
 
 @dataclass
 class AISConfig(MethodConfig):
-    precision: str = "fp8_e4m3"
     is_cap_C: float = 2.0  # noqa: N815  (ours: the paper's truncation constant is not available)
     ais_adv_eps: float = 1e-8  # responses with |A| <= eps carry no gradient: left out of alpha's statistics
     ais_n_min: int = 2
@@ -108,13 +113,14 @@ class AIS(ConstantWeightMethod):
     def prepare(self, batch: Batch) -> dict[str, Any]:
         cfg = self.cfg
         mask = batch.mask.bool()
-        rho = torch.exp(behaviour_log_ratio(batch, self.algo.log_ratio_clamp))
+        rho = torch.exp(behaviour_log_ratio(batch, self.algo.log_ratio_clamp, torch.float64))  # alpha's input: fp64
         rho_bar = rho.clamp(max=cfg.is_cap_C)
         stats: dict[str, Any] = ais_alpha(
             rho_bar, batch.adv.detach(), mask, cfg.ais_adv_eps, cfg.ais_n_min, (cfg.ais_alpha_min, cfg.ais_alpha_max)
         )
         alpha = stats["alpha"]
-        w = ((1.0 - alpha) + alpha * rho_bar) * mask
+        work = torch.float64 if batch.logp_old.dtype == torch.float64 else torch.float32  # as the other arms
+        w = (((1.0 - alpha) + alpha * rho_bar) * mask).to(work)
         stats.update(weight_stats(w, rho, mask, cfg.is_cap_C))
         stats["is_weights"] = w.detach()
         return stats

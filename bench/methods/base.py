@@ -15,6 +15,9 @@ An arm is one module in this package plus one yaml in conf/method/:
     @METHODS.register("tis", schema=TISConfig, color="#0072B2", order=30)
     class TIS(Method): ...
 
+The registry key is the arm's only name (its yaml, conf/method/tis.yaml, states knob values, never the name).
+An arm runs at any rollout precision (`rollout.precision`, DEFAULT_LOW_PRECISION unless set), except a
+matched-precision baseline, which declares its precision (`precision="bf16"`) and runs at that one only.
 `color` and `order` place the arm in plots and tables (omitted: a colour derived from the name, after the
 known arms); the class attribute `diagnostics` names the `method/<arm>/*` metrics worth a panel in the
 report. Both are written into every run's run.json, so the analysis never imports this package.
@@ -42,13 +45,19 @@ class MethodConfig:
     carries no other arm's settings and an override of another arm's knob fails at start-up."""
 
     name: str = MISSING
-    precision: str = "bf16"  # the arm's rollout precision; rollout.precision defaults to it
 
     def check(self) -> None:
         """Value checks a type cannot express; raise ValueError naming the key and the valid range."""
 
 
 METHODS: Registry[type["Method"]] = Registry("method", "bench.methods")
+#: the rollout precision of an arm that does not declare one (`rollout.precision=...` overrides it)
+DEFAULT_LOW_PRECISION = "fp8_e4m3"
+
+
+def arm_precision(name: str) -> str:
+    """The rollout precision `method=<name>` runs at unless `rollout.precision` says otherwise."""
+    return str(METHODS.entry(name).meta.get("precision") or DEFAULT_LOW_PRECISION)
 
 
 @dataclass
@@ -167,5 +176,5 @@ def make_method(name: str, **knobs: Any) -> Method:
     return build_method(cfg, algo)
 
 
-__all__ = ["Batch", "METHODS", "Method", "MethodConfig", "arm_info", "build_method", "make_method", "select_stats",
+__all__ = ["Batch", "DEFAULT_LOW_PRECISION", "METHODS", "arm_precision", "Method", "MethodConfig", "arm_info", "build_method", "make_method", "select_stats",
            "token_advantages"]

@@ -27,7 +27,6 @@ from bench.methods.ppo_clip import add_kl_ref
 
 @dataclass
 class ESSConfig(MethodConfig):
-    precision: str = "fp8_e4m3"
     p3o_ess_eps: float = 1e-8  # the 1e-8 in ESS's denominator (FeynRL calculate_ess)
     p3o_kl_exp_clamp: float = 10.0  # clamp of the exp inside the KL(pi_theta || mu) estimate
     p3o_ent_beta: float = 0.0  # entropy bonus: not supported (the loss sees sampled-token log-probs only)

@@ -13,29 +13,25 @@ policy gradient trains stably. Here:
   that; `train.dtype=...` on the command line still wins): fp32 master weights, fp16 autocast on CUDA,
   fp16-rounded weights over fp32 arithmetic on CPU, dynamic loss scaling with skipped overflow steps
   (bench/compute.py; logged as train/grad_scale and train/skipped_steps).
-Compare it with the bf16 arm (the same loss with BF16 on both sides) and the fp8 arm (naive low precision).
+Compare it with the bf16 arm (the same loss with BF16 on both sides) and the naive arm (the same loss at a low
+rollout precision).
 
-verl preset: no rollout_correction preset (it is a precision setting): verl's FP16 support (PR #4036, after the
-Precision-RL patch) runs it as `actor_rollout_ref.actor.dtype=float16 actor_rollout_ref.ref.dtype=float16
-actor_rollout_ref.rollout.dtype=float16`, with a ShardedGradScaler for the actor.
+verl 0.9.1 preset: none (it is a precision setting, not a rollout_correction): verl's FP16 support (PR #4036, after
+the Precision-RL patch) runs it as `actor_rollout_ref.actor.fsdp_config.dtype=float16
+actor_rollout_ref.ref.fsdp_config.dtype=float16 actor_rollout_ref.rollout.dtype=float16` (Precision-RL's own patch:
+`actor.dtype`), with `ShardedGradScaler(growth_interval=400)` for the actor, the growth interval used here too
+(bench/compute.py GROWTH_INTERVAL).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from bench.methods.base import METHODS, MethodConfig
 from bench.methods.naive import Naive
 
 
-@dataclass
-class FP16Config(MethodConfig):
-    precision: str = "fp16"  # the trainer's fp16 is train.dtype, set in conf/method/fp16.yaml
-
-
-@METHODS.register("fp16", schema=FP16Config, color="#332288", order=5)
+@METHODS.register("fp16", schema=MethodConfig, precision="fp16", color="#332288", order=5)
 class FP16(Naive):
     """The uncorrected recompute loss with an fp16 trainer and an fp16 rollout engine."""
 
 
-__all__ = ["FP16", "FP16Config"]
+__all__ = ["FP16"]

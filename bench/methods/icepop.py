@@ -13,11 +13,16 @@ token carries weight 0 but stays in the token-mean denominator (agg over the ste
 implementations. It is TIS's mask mode (`tis is_mode=mask`) with IcePop's two-sided band; unlike truncation,
 a token far outside the band contributes nothing instead of a capped weight.
 
-verl preset: none. The same loss is `algorithm.rollout_correction` with rollout_is="token",
-rollout_is_threshold=5.0 (min(rho, 5) = rho inside the band) plus token rejection rollout_rs="token_k1" on the
-band, except that verl removes rejected tokens from the token-mean denominator. Mind the sign: verl's code
-(verl/trainer/ppo/rollout_corr_helper.py, commit b178a3cd) tests -log rho against [log lo, log hi], so the band
-rho in [0.5, 5] is rollout_rs_threshold="0.2_2.0" there (its docs read the thresholds as bounds on rho).
+Metrics (`method/icepop/*`): masked_frac{,_low,_high} (rho outside [alpha, beta], below alpha, above beta);
+is_mean/max/min/std/ess of the applied weights (zero weights count); is_frac_low = rho < alpha and
+is_frac_high = rho > beta, the band edges, as verl's rollout_is_ratio_fraction_low/high for a "lo_hi" threshold
+(not TIS's 1/C and C).
+
+verl 0.9.1 preset: `RolloutCorrectionConfig.decoupled_token_icepop(threshold=5.0, threshold_lower=0.5)`
+(rollout_is="token", rollout_is_threshold="0.5_5.0", rollout_rs=None): weights outside the band zeroed,
+response_mask unchanged, so the loss and gradient are the same as here. Not equivalent: token rejection
+sampling (rollout_rs="token_k1"), which removes rejected tokens from the token-mean denominator and whose code
+tests -log rho, i.e. 1/rho, against the band.
 """
 
 from __future__ import annotations
@@ -33,7 +38,6 @@ from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio, 
 
 @dataclass
 class IcePopConfig(MethodConfig):
-    precision: str = "fp8_e4m3"
     icepop_alpha: float = 0.5  # lower edge of the kept band of pi_old/mu (Ring-1T)
     icepop_beta: float = 5.0  # upper edge (Ring-1T)
 
@@ -60,6 +64,7 @@ class IcePop(ConstantWeightMethod):
         low = int(((rho < cfg.icepop_alpha) & mask).sum())
         high = int(((rho > cfg.icepop_beta) & mask).sum())
         stats.update({"masked_frac": (low + high) / n, "masked_frac_low": low / n, "masked_frac_high": high / n,
+                      "is_frac_low": low / n, "is_frac_high": high / n,  # the band edges, not 1/C and C
                       "is_weights": w.detach()})
         return stats
 

@@ -16,12 +16,14 @@ from bench.methods.base import Batch
 from bench.methods.ppo_clip import PPOClipMethod
 
 
-def behaviour_log_ratio(batch: Batch, clamp: float) -> torch.Tensor:
-    """LR(lold - lmu) [B, T], 0 off-mask: the log of rho = pi_old / mu (methods.md section 0). Detached."""
+def behaviour_log_ratio(batch: Batch, clamp: float, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """LR(lold - lmu) [B, T], 0 off-mask: the log of rho = pi_old / mu (methods.md section 0). Detached.
+
+    Computed in `dtype` (both log-probs cast first), by default fp32, or fp64 when lold is fp64."""
     if batch.logp_old is None:
         raise ValueError("importance weights pi_old/mu need the recompute pass (batch.logp_old is None)")
     lold = batch.logp_old.detach()
-    dt = torch.float64 if lold.dtype == torch.float64 else torch.float32
+    dt = dtype or (torch.float64 if lold.dtype == torch.float64 else torch.float32)
     return safe_log_ratio(lold.to(dt), batch.logp_mu.detach().to(dt), batch.mask.bool(), clamp)
 
 

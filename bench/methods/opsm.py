@@ -2,7 +2,11 @@
 Models", arXiv 2512.02556, section 3.1 "Off-Policy Sequence Masking").
 
 D_i    = (1/n_i) sum_t m * (l_b - ltheta)      per-sequence mean log-ratio, ltheta detached, recomputed at every
-                                               loss call (the paper's pi_theta is the policy being optimized)
+                                               loss call (the paper's pi_theta is the policy being optimized);
+                                               NOT clamped: there is no exp to protect, and the report, TRL's
+                                               get_off_policy_mask and slime's compute_opsm_mask all average the
+                                               raw log-ratio (a +-20 clamp per token would let one extreme token
+                                               hide: [+25, -0.75 x 19] averages 0.5375, clamped 0.2875)
 M_i    = 0 if A_i < 0 and D_i > delta, else 1  (detached; n_i = 0 gives D_i = 0)
 L      = agg( M_i * psi(r, A) ) [+ beta_ref * agg(k3_ref)],   r = exp(LR(ltheta - lold))
 
@@ -24,7 +28,7 @@ with mean_t(log mu - log pi_old) > 0.5 is 0 for bf16/fp8_e4m3/int8, 0.4 % fp8_e5
 mxfp4 (before the A < 0 condition, which keeps roughly half of them); > 0.05 gives 11 % for fp8_e4m3. Lower
 opsm_delta to make the mask bite at low severities.
 
-verl preset: none (verl's rejection sampling ignores the sign of the advantage).
+verl 0.9.1 preset: none (verl's rejection sampling ignores the sign of the advantage).
 """
 
 from __future__ import annotations
@@ -43,7 +47,6 @@ BEHAVIOURS = ("rollout", "recompute")
 
 @dataclass
 class OPSMConfig(MethodConfig):
-    precision: str = "fp8_e4m3"
     opsm_delta: float = 0.5  # threshold on the mean per-token log-ratio (nats); TRL's suggested value
     opsm_behaviour: str = "rollout"  # rollout: log mu (DeepSeek-V3.2, TRL) | recompute: log pi_old
 
@@ -57,14 +60,15 @@ class OPSMConfig(MethodConfig):
 
 @torch.no_grad()
 def opsm_keep(
-    logp: torch.Tensor, logp_b: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, delta: float, clamp: float = 20.0
+    logp: torch.Tensor, logp_b: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, delta: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(keep [B] bool, D [B]): M_i = 0 where A_i < 0 and mean_t(l_b - ltheta) > delta.
+    """(keep [B] bool, D [B]): M_i = 0 where A_i < 0 and mean_t(l_b - ltheta) > delta, on the unclamped
+    log-ratios (methods.md M7).
 
     Per-token advantages [B, T] (PPO's GAE) give keep [B, T]: the tokens with A_t < 0 of a drifted sequence [ours].
     """
     m = mask.bool()
-    d_tok = safe_log_ratio(logp_b.detach().to(logp.dtype), logp.detach(), m, clamp)
+    d_tok = safe_log_ratio(logp_b.detach().to(logp.dtype), logp.detach(), m, float("inf"))
     d = d_tok.sum(-1) / m.sum(-1).clamp(min=1)
     drifted = d > delta
     keep = ~((adv.to(d.dtype) < 0) & (drifted if adv.dim() == 1 else drifted[:, None]))
@@ -80,7 +84,7 @@ class OPSM(PPOClipMethod):
     def loss(self, logp: torch.Tensor, batch: Batch, stats: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
         mask = batch.mask.bool()
         logp_b = batch.logp_mu if self.cfg.opsm_behaviour == "rollout" else self.prox_logp(batch)
-        keep, d = opsm_keep(logp, logp_b, batch.adv, mask, self.cfg.opsm_delta, self.algo.log_ratio_clamp)
+        keep, d = opsm_keep(logp, logp_b, batch.adv, mask, self.cfg.opsm_delta)
         loss, metrics = super().loss(logp, batch, {**stats, "opsm_keep": keep})
         rows = mask.any(-1)
         n_rows = max(int(rows.sum()), 1)

@@ -1,4 +1,4 @@
-"""B1(b) naive FP8 rollout, PPO-IS / bypass form (methods.md B1(b); QuRL Eq. 3; verl bypass_mode ppo_clip).
+"""B1(b) naive low-precision rollout, PPO-IS / bypass form (methods.md B1(b); QuRL Eq. 3; verl bypass_mode ppo_clip).
 
 L = agg( psi(u, A) ),   u = exp(LR(ltheta - lmu)):  no recompute pass, the rollout engine's log mu plays the role
 of log pi_old. At theta = theta_old the ratio is already pi_old/mu != 1, so tokens are clipped before any update
@@ -13,7 +13,7 @@ from bench.methods.base import METHODS, Batch, MethodConfig
 from bench.methods.ppo_clip import PPOClipMethod
 
 
-@METHODS.register("fp8_ppo_is", schema=MethodConfig, color="#E69F00", order=20)
+@METHODS.register("naive_ppo_is", schema=MethodConfig, color="#E69F00", order=20)
 class PPOIS(PPOClipMethod):
     """PPO clip with the behaviour policy mu as the proximal policy; ppo_kl is mean_m(lmu - ltheta)."""
 

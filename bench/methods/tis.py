@@ -11,8 +11,19 @@ applied weights. is_frac_high / is_frac_low count where the ratio the weight is 
 at token level the fraction of valid tokens whose rho = pi_old/mu does; at sequence level (Seq-TIS) the
 fraction of non-empty sequences whose sequence ratio does (verl's rollout_is_ratio_fraction_high/low at
 sequence level), not the token ratios inside them, which the weight never sees.
-No lower truncation. The KL-to-ref term is never weighted.
-verl preset: `algorithm.rollout_correction` with rollout_is="token", rollout_is_threshold=2.0.
+No lower truncation (unless is_mode="mask" sets is_cap_low). The KL-to-ref term is never weighted.
+
+verl 0.9.1 presets (`algorithm.rollout_correction = RolloutCorrectionConfig.<preset>()`):
+* `tis`: `decoupled_token_is(threshold=C)` (rollout_is="token");
+  `method.is_level=sequence`: `decoupled_seq_is(threshold=C)` (rollout_is="sequence").
+* `seq_is_rs`: verl's Seq-MIS, `decoupled_seq_is_rs(is_threshold=2.0, rs_threshold="0.5_2.0")`: the sequence
+  ratio rho_seq = exp(LR(sum_t m * (lold - lmu))) is the weight when 0.5 <= rho_seq <= 2, else the sequence is
+  rejected (weight 0). The same arm with is_level=sequence, is_mode=mask, is_cap_low=0.5, is_cap_C=2 as its
+  defaults (SeqISRSConfig). Two differences from verl: a rejected sequence stays in the token-mean denominator
+  with weight 0 (verl drops it from response_mask: its loss is ours times N / N_kept), and verl's rejection sums
+  per-token-clamped log-ratios while both the decision and the weight here use the raw sum, clamped once (they
+  differ only when some |lold - lmu| > 20). The band [0.5, 2] is symmetric in log space, so verl's 1/rho
+  orientation does not matter. Not Geo-RS (bench/methods/geo_rs.py), which rejects on the geometric mean.
 """
 
 from __future__ import annotations
@@ -31,7 +42,6 @@ IS_MODES = ("truncate", "mask")
 
 @dataclass
 class TISConfig(MethodConfig):
-    precision: str = "fp8_e4m3"
     is_cap_C: float = 2.0  # noqa: N815  (the C of methods.md: verl rollout_is_threshold, FlashRL "TIS-2")
     is_level: str = "token"  # token | sequence (Seq-TIS)
     is_mode: str = "truncate"  # truncate (TIS) | mask (MIS: weight 0 outside [is_cap_low, C])
@@ -101,4 +111,21 @@ def _seq_stats(seq_w: torch.Tensor) -> dict[str, float]:
             "seq_std": float(v.std(unbiased=False))}
 
 
-__all__ = ["TIS", "TISConfig"]
+@dataclass
+class SeqISRSConfig(TISConfig):
+    """verl's Seq-MIS (`decoupled_seq_is_rs`): sequence-level masked IS on the product ratio, band [0.5, 2]."""
+
+    is_cap_C: float = 2.0  # noqa: N815  (verl is_threshold and the upper rejection edge)
+    is_level: str = "sequence"
+    is_mode: str = "mask"
+    is_cap_low: Optional[float] = 0.5  # verl rs_threshold "0.5_2.0": the lower rejection edge
+
+
+@METHODS.register("seq_is_rs", schema=SeqISRSConfig, color="#117733", order=31)
+class SeqISRS(TIS):
+    """verl's Seq-MIS: the TIS arm at sequence level in mask mode (SeqISRSConfig's defaults)."""
+
+    diagnostics = {"is_frac_high": "Seq-MIS rejected frac. (ρ_seq>C)"}
+
+
+__all__ = ["SeqISRS", "SeqISRSConfig", "TIS", "TISConfig"]

@@ -143,6 +143,24 @@ def fp8_gemm(a: torch.Tensor, w: torch.Tensor, scale_a: torch.Tensor, scale_b: t
     return y if bias is None or fused_bias is not None else y + bias.float()
 
 
+def fused_rowwise_ok(device_type: str, capability: tuple[int, int] | None, out_dtype: torch.dtype,
+                     cuda_version: str | None) -> bool:
+    """Whether torch._scaled_mm can apply row-wise scales in its epilogue for this layer.
+
+    CUDA needs Hopper (capability >= 9.0) for row-wise FP8 kernels, and before CUDA 12.9 they write only bf16/fp16
+    ("Only bf16 and fp16 high precision output types are supported for row-wise scaling"; the README's +cu128
+    wheel is such a build). Where not, `fp8_gemm` runs the GEMM with unit scales to fp32 and scales after:
+    the same fp32 result, without a bf16 rounding in between. The CPU fallback takes every form."""
+    if device_type != "cuda":
+        return True
+    if capability is None or tuple(capability) < (9, 0):
+        return False
+    if out_dtype != torch.float32:
+        return True
+    major_minor = tuple(int(p) for p in (cuda_version or "0.0").split(".")[:2])
+    return major_minor >= (12, 9)
+
+
 class Fp8ScaledMMLinear(QuantLinear):
     """FP8 e4m3 W8A8 on the real kernel (torch._scaled_mm): the codes and scales of `FakeQuantLinear`
     (per-channel or per-tensor weights quantized once per sync, per-token or per-tensor activations per call),
@@ -160,7 +178,8 @@ class Fp8ScaledMMLinear(QuantLinear):
         self.register_buffer("bias", None if bias is None else bias.detach().to(out_dtype).float())
         device = weight.device
         self.min_rows = SCALED_MM_MIN_ROWS if device.type == "cuda" else 1
-        self.fused_rowwise = device.type != "cuda" or cuda_capability(device) >= (9, 0)
+        capability = cuda_capability(device) if device.type == "cuda" else None
+        self.fused_rowwise = fused_rowwise_ok(device.type, capability, out_dtype, torch.version.cuda)
 
     def dequantized_weight(self) -> torch.Tensor:
         return self.weight_fp8.float() * self.weight_scale

@@ -8,12 +8,19 @@ integer, chunks summed in fp64. Both give the same int32 accumulator bit for bit
 where it is fast (without VNNI torch's `_int_mm` is a scalar loop, ~25x slower than fp32). Activations around
 the GEMMs stay fp32 (perf-notes 3a: bf16 around them is slower on CPU and adds mismatch).
 
-On a CUDA GPU "auto" takes `_int_mm` (cuBLASLt int8 tensor cores) for layers whose dims are multiples of 8. Its
-constraints, met here on every device so that the CPU tests run the same code: the second operand is a
-row-major [K, N] int8 matrix (cuBLAS silently returns wrong results for a transposed view; torchao's
-safe_int_mm), so the weight codes are stored as [out, in] *views* of a contiguous [in, out] tensor; and the first
-operand needs more than 16 rows, so a CUDA call pads small decode batches with zero rows (`pad_rows`). The
-emulation relies on exact fp32 GEMMs: on a GPU keep TF32 off (torch's default,
+On a CUDA GPU "auto" takes `_int_mm` (cuBLASLt int8 tensor cores) for layers whose dims are multiples of 8, and
+the engine runs everything around these GEMMs in bf16 (`Int8.cuda_act_dtype`), as QuRL/FlashRL's INT8 GEMMs run
+inside a bf16 engine; on the CPU the activations stay fp32 (perf-notes 3a: bf16 around them is slower on CPU and
+adds mismatch). Operand layout (`int_mm_layout`): on CUDA the weight codes are stored contiguous [N, K]
+(nn.Linear's layout) and passed as `w.t()`, a column-major [K, N] second operand, with the activations row-major
+[M, K]. torch hands cuBLASLt the transposed problem C^T = W A^T, so this is cuBLASLt's "TN" case (A transposed, B
+not), the only ordering its regular-layout IMMA (int8 tensor-core) kernels document; a row-major [K, N] operand
+makes it "NN" (a third-party A100 measurement: 35.2 ms against 6.4 ms for 28672x5376 at 8192 tokens). On the CPU
+the opposite holds (measured here, bench.benchmarks.int8_layout: 1536x1536 at 17-64 tokens, 0.2-0.7 ms row-major
+against ~8 ms column-major), so the CPU keeps `w.t()` contiguous. `scripts/gpu_check.sh` times both layouts on the
+GPU; a measurement there that contradicts the documentation changes `INT_MM_LAYOUTS_BY_DEVICE`, nothing else. The
+first operand needs more than 16 rows, so a CUDA call pads small decode batches with zero rows (`pad_rows`).
+The emulation relies on exact fp32 GEMMs: on a GPU keep TF32 off (torch's default,
 torch.backends.cuda.matmul.allow_tf32 = False), or it is no longer exact.
 """
 
@@ -32,6 +39,15 @@ EXACT_FP32_K = 1024
 #: torch._int_mm on CUDA: more than 16 rows; K and N multiples of 8 (cuda/Blas.cpp _int_mm_out_cuda).
 INT_MM_MIN_ROWS = 17
 INT_MM_ALIGN = 8
+#: How the weight codes are stored for torch._int_mm (module docstring): "column_major" = contiguous [N, K], the
+#: second operand w.t() is column-major [K, N] (cuBLASLt's TN case); "row_major" = w.t() contiguous [K, N].
+INT_MM_LAYOUTS = ("column_major", "row_major")
+INT_MM_LAYOUTS_BY_DEVICE = {"cuda": "column_major", "cpu": "row_major"}
+
+
+def int_mm_layout(device: torch.device | str) -> str:
+    """The weight layout torch._int_mm is fastest with on `device` (module docstring)."""
+    return INT_MM_LAYOUTS_BY_DEVICE.get(torch.device(device).type, "row_major")
 
 
 def int_mm_problem(weight_shape: tuple[int, int], device: torch.device) -> str | None:
@@ -54,9 +70,13 @@ def resolve_int8_kernel(kernel: str, weight_shape: tuple[int, int], device: torc
     return kernel
 
 
-def int_mm_weight(codes: torch.Tensor) -> torch.Tensor:
-    """int8 weight codes [N, K] stored so that `.t()` is the contiguous [K, N] operand torch._int_mm needs."""
-    return codes.to(torch.int8).t().contiguous().t()
+def int_mm_weight(codes: torch.Tensor, layout: str | None = None) -> torch.Tensor:
+    """int8 weight codes [N, K] stored for torch._int_mm's second operand `.t()` in `layout` (INT_MM_LAYOUTS;
+    None: the codes' device's, `int_mm_layout`)."""
+    layout = layout or int_mm_layout(codes.device)
+    check_choice("int8 weight layout", layout, INT_MM_LAYOUTS)
+    codes = codes.to(torch.int8)
+    return codes.contiguous() if layout == "column_major" else codes.t().contiguous().t()
 
 
 def int8_matmul(a: torch.Tensor, b_t: torch.Tensor, kernel: str = "auto") -> torch.Tensor:
@@ -70,10 +90,11 @@ def int8_matmul(a: torch.Tensor, b_t: torch.Tensor, kernel: str = "auto") -> tor
         kernel = resolve_int8_kernel(kernel, tuple(b_t.shape), a.device)
     if kernel == "int_mm":
         rows = a.shape[0]
-        b = b_t.to(torch.int8).t()
-        b = b if b.is_contiguous() else b.contiguous()  # stored by int_mm_weight: already contiguous
+        b = b_t.to(torch.int8)
+        if not (b.is_contiguous() or b.t().is_contiguous()):  # stored by int_mm_weight: one of its two layouts
+            b = b.contiguous()
         a8 = pad_rows(a.to(torch.int8), INT_MM_MIN_ROWS if a.is_cuda else 1)
-        return torch._int_mm(a8.contiguous(), b)[:rows].float()
+        return torch._int_mm(a8.contiguous(), b.t())[:rows].float()
     a, b_t = a.float(), b_t.float()
     K = a.shape[-1]
     if K <= EXACT_FP32_K:
@@ -105,7 +126,7 @@ class Int8Linear(QuantLinear):
         self.quantizer = quantizer
         self.kernel = resolve_int8_kernel(kernel, tuple(weight.shape), weight.device)
         codes, scale = quantizer.quantize_weight(weight.detach().float())
-        # [out, in]; for the kernel an int8 view of a contiguous [in, out] tensor (see the module docstring)
+        # [out, in]; int8 in the kernel's layout on this device (int_mm_layout, module docstring)
         self.register_buffer("weight_codes", int_mm_weight(codes) if self.kernel == "int_mm" else codes)
         self.register_buffer("weight_scale", scale)  # [out, 1] per channel, [] per tensor
         self.register_buffer("bias", None if bias is None else bias.detach().to(out_dtype).float())
@@ -133,6 +154,7 @@ class Int8(Format):
     weight_granularities = ("per_channel", "per_tensor")
     act_granularities = ("per_token", "per_tensor", "none")
     act_dtype = "fp32"
+    cuda_act_dtype = "bf16"  # on a GPU the int8 GEMMs run inside a bf16 engine (module docstring)
 
     def quantize(self, x, granularity, scale=None):
         work = work_dtype(x)

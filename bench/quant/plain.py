@@ -9,10 +9,16 @@
   inf as a real fp16 engine does): the rollout side of the `fp16` arm (Precision-RL, arXiv 2510.26788, which
   runs trainer and engine both in FP16). Products of two fp16 numbers (11-bit significands) are exact in fp32
   as well; on a CPU (no fast fp16 GEMM) it is always computed that way, on CUDA with the native fp16 GEMM.
+
+Rounding to bf16/fp16 is round-to-nearest-even from the input's own dtype. For fp32 inputs that is torch's cast.
+For fp64 inputs (the numeric tests) torch's cast rounds through fp32, i.e. twice, and a value just past a
+midpoint can land on it and then tie to even: 2049 + 2^-30 becomes 2048 in fp16 where the correct result is
+2050. fp64 inputs are therefore rounded once, in fp64, on the format's grid (`round_half_f64`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import torch
@@ -20,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.quant.linear import QuantLinear, native_bf16_matmul
+from bench.quant.minifloat import MiniFloat, round_to_minifloat
 from bench.quant.quantizers import FORMATS, Format, Quantizer, work_dtype
 
 
@@ -69,6 +76,27 @@ class Fp32(Format):
         return Fp32Linear(weight, bias, out_dtype)
 
 
+#: the IEEE value grids of the two 16-bit formats (binary16: max 65504, min subnormal 2^-24; bfloat16: fp32's
+#: exponent range, 7 stored significand bits), for rounding fp64 inputs without passing through fp32
+HALF_GRIDS = {
+    torch.float16: MiniFloat("fp16", exp_bits=5, man_bits=10, bias=15, max_finite=65504.0, has_inf=True),
+    torch.bfloat16: MiniFloat("bf16", exp_bits=8, man_bits=7, bias=127, max_finite=(2 - 2**-7) * 2.0**127,
+                              has_inf=True),
+}
+
+
+def round_half_f64(x: torch.Tensor, half: torch.dtype) -> torch.Tensor:
+    """fp64 `x` rounded once to the nearest `half` (fp16 or bf16) value, ties to even, as fp64. Unlike the
+    saturating minifloat rounding, magnitudes at or past the overflow midpoint become +-inf, as IEEE rounding
+    (and torch's cast) does: max_finite + ulp/2 is a tie whose even neighbour is the first power of two out of
+    range. NaN stays NaN; a value rounding to zero keeps its sign."""
+    grid = HALF_GRIDS[half]
+    top_ulp = 2.0 ** (math.frexp(grid.max_finite)[1] - 1 - grid.man_bits)
+    y = round_to_minifloat(x, grid)
+    overflow = x.abs() >= grid.max_finite + top_ulp / 2
+    return torch.where(overflow, torch.copysign(torch.full_like(x, math.inf), x), y)
+
+
 class HalfFormat(Format):
     """A 16-bit float precision: weights and activations rounded to `half`, no scales."""
 
@@ -76,6 +104,8 @@ class HalfFormat(Format):
 
     def quantize(self, x, granularity, scale=None):
         work = work_dtype(x)
+        if work == torch.float64:  # torch's cast would round through fp32 (module docstring)
+            return round_half_f64(x, self.half), torch.ones((), dtype=work)
         return x.to(work).to(self.half).to(work), torch.ones((), dtype=work)
 
     def make_linear(self, weight, bias, quantizer: Quantizer, out_dtype, int8_kernel="auto") -> nn.Module:

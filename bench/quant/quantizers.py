@@ -62,6 +62,7 @@ class Format(ABC):
                           (fp32/bf16: a rounding at most, no scales, no quantization-error metrics)
     act_granularities     supported activation granularities, the first is the default ("none" = weight-only)
     act_dtype             dtype of everything around the linears (residual stream, attention, KV cache)
+    cuda_act_dtype        the same on a CUDA device where it differs (INT8: bf16 on a GPU, fp32 on a CPU)
     """
 
     label: ClassVar[str]
@@ -70,9 +71,14 @@ class Format(ABC):
     weight_granularities: ClassVar[tuple[str, ...]] = ()
     act_granularities: ClassVar[tuple[str, ...]] = (NO_ACT_QUANT,)
     act_dtype: ClassVar[str] = "fp32"
+    cuda_act_dtype: ClassVar[str | None] = None  # the activation dtype on a CUDA device; None: act_dtype
 
     def __init__(self, name: str) -> None:
         self.name = name
+
+    def act_dtype_on(self, device_type: str) -> str:
+        """The activation dtype of an engine computing on `device_type` ("cpu", "cuda", ...)."""
+        return self.cuda_act_dtype if device_type == "cuda" and self.cuda_act_dtype else self.act_dtype
 
     @property
     def scaled(self) -> bool:

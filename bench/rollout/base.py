@@ -8,6 +8,7 @@ token was actually drawn from (temperature applied), because every correction in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Optional, Protocol
@@ -24,7 +25,7 @@ class RolloutConfig:
     """`rollout.*` keys every engine has; an engine's schema adds its own (bench/rollout/<engine>.py)."""
 
     engine: str = MISSING
-    precision: str = "${method.precision}"  # a name registered in bench/quant/ (rollout.precision=int8)
+    precision: str = "${qrl_default_precision:${method.name}}"  # a name registered in bench/quant/; default: the arm's
     weight_granularity: Optional[str] = None  # null: the precision's default (per_channel for fp8/int8)
     act_granularity: Optional[str] = None  # null: the precision's default (per_token); none = weight-only
     temperature: float = 1.0
@@ -40,8 +41,9 @@ class RolloutConfig:
             self.quantizer()
         except ValueError as e:
             raise ValueError(f"rollout.precision={self.precision}: {e}") from None
-        if not self.temperature > 0:
-            raise ValueError(f"rollout.temperature={self.temperature} must be positive")
+        if not 0 < self.temperature < math.inf:  # inf samples uniformly, nan never compares
+            raise ValueError(f"rollout.temperature={self.temperature} must be positive and finite (1.0: the "
+                             "policy's own distribution)")
 
 
 #: `rollout=<name>`: every engine registers itself here with its schema (bench/rollout/<engine>.py).
@@ -71,6 +73,13 @@ def token_ids(ids: int | Sequence[int] | None) -> tuple[int, ...]:
     if isinstance(ids, int):
         return (ids,)
     return tuple(int(i) for i in ids)
+
+
+def sampling_device(engine: Any) -> torch.device:
+    """The device an engine samples on, where a sampling generator handed to its `generate` belongs: the
+    engine's `sampling_device` attribute (the embedded engine's is where its weights live, e.g. cuda), else the
+    CPU (vLLM draws per-request seeds on the host)."""
+    return torch.device(getattr(engine, "sampling_device", None) or "cpu")
 
 
 def response_budget(max_new_tokens: int, prompt_len: int, engine: Any) -> int:

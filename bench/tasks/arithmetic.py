@@ -31,7 +31,6 @@ def parse_int(text: str) -> int | None:
 
 @dataclass
 class ArithmeticTaskConfig(GeneratedTaskConfig):
-    name: str = "arithmetic"
     max_new_tokens: int = 6
     min_digits: int = 1
     max_digits: int = 2
@@ -40,7 +39,6 @@ class ArithmeticTaskConfig(GeneratedTaskConfig):
 
 @TASKS.register("arithmetic", schema=ArithmeticTaskConfig)
 class ArithmeticTask(Task):
-    name = "arithmetic"
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)

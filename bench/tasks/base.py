@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from bench.registry import Registry
 
@@ -54,7 +54,7 @@ class GeneratedTaskConfig(TaskConfig):
 
 
 #: `task=<name>`: every task registers itself here with its schema.
-TASKS: Registry[type["Task"]] = Registry("task", "bench.tasks")
+TASKS: Registry[type["Task"]] = Registry("task", "bench.tasks", name_attr="name")
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
@@ -107,9 +107,14 @@ def unique_examples(
 class Task(ABC):
     """A task with a verifiable reward. Subclasses implement `_build_splits`, `prompt`, `target`, `reward`."""
 
-    name: str = ""
+    name: str = ""  # the registry key, set by @TASKS.register
 
     def __init__(self, cfg: Any):
+        if _unnamed(cfg):  # a config built in code: its name is the task's
+            if OmegaConf.is_config(cfg):
+                cfg.name = self.name
+            else:
+                cfg = dataclasses.replace(cfg, name=self.name)
         self.cfg = cfg
         self._splits: dict[str, list[Example]] | None = None
 
@@ -175,5 +180,16 @@ class Task(ABC):
 
 
 def build_task(task_cfg: Any) -> Task:
-    """The Task named by `task_cfg.name`. Unknown names fail listing the valid ones."""
+    """The Task named by `task_cfg.name` (a schema instance built in code: the task registered with that schema).
+    Unknown names fail listing the valid ones."""
+    if _unnamed(task_cfg):
+        schema = OmegaConf.get_type(task_cfg) if OmegaConf.is_config(task_cfg) else type(task_cfg)
+        return TASKS.get(TASKS.name_of_schema(schema))(task_cfg)
     return TASKS.get(task_cfg.name)(task_cfg)
+
+
+def _unnamed(cfg: Any) -> bool:
+    """True for a task config built in code from its schema (its `name` is still MISSING)."""
+    if OmegaConf.is_config(cfg):
+        return OmegaConf.is_missing(cfg, "name")
+    return dataclasses.is_dataclass(cfg) and getattr(cfg, "name", None) in (MISSING, None, "")

@@ -58,7 +58,6 @@ STEP_SEP, FINAL_SEP = ";", "#"
 class ChainTaskConfig(GeneratedTaskConfig):
     """`task.*` of task=chain: a worked chain of min_steps..max_steps steps."""
 
-    name: str = "chain"
     max_new_tokens: int = 120  # a 16-step chain is 114 characters + EOS
     min_steps: int = 8
     max_steps: int = 16
@@ -69,7 +68,6 @@ class ChainTaskConfig(GeneratedTaskConfig):
 
 @TASKS.register("chain", schema=ChainTaskConfig)
 class ChainTask(Task):
-    name = "chain"
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)

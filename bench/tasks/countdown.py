@@ -173,7 +173,6 @@ def format_tree(tree: Tree) -> str:
 
 @dataclass
 class CountdownTaskConfig(GeneratedTaskConfig):
-    name: str = "countdown"
     max_new_tokens: int = 12
     n_numbers: int = 3
     max_number: int = 9
@@ -181,7 +180,6 @@ class CountdownTaskConfig(GeneratedTaskConfig):
 
 @TASKS.register("countdown", schema=CountdownTaskConfig)
 class CountdownTask(Task):
-    name = "countdown"
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)

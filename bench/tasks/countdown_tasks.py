@@ -36,7 +36,6 @@ COUNTDOWN_RESPONSE_PREFIX = "Let me solve this step by step.\n<think>"
 
 @dataclass
 class CountdownTasksConfig(HubTaskConfig):
-    name: str = "countdown_tasks"
     source: str = "Jiayi-Pan/Countdown-Tasks-3to4"
     test_split: Optional[str] = None
     test_size: int = 1024
@@ -48,7 +47,6 @@ class CountdownTasksConfig(HubTaskConfig):
 
 @TASKS.register("countdown_tasks", schema=CountdownTasksConfig)
 class CountdownTasksTask(HubTask):
-    name = "countdown_tasks"
     config_class = CountdownTasksConfig
     required_columns = ("target", "nums")
     default_templates = {"countdown": COUNTDOWN_PROMPT, "countdown_all": COUNTDOWN_PROMPT}

@@ -91,7 +91,6 @@ def _file_sha256(path: str) -> str:
 class JsonlTaskConfig(GeneratedTaskConfig):
     """A datasets-backed task: question/answer JSONL files, numeric exact-match reward."""
 
-    name: str = "jsonl"
     max_new_tokens: int = 8
     train_file: str = MISSING
     test_file: str = MISSING
@@ -102,7 +101,6 @@ class JsonlTaskConfig(GeneratedTaskConfig):
 
 @TASKS.register("jsonl", schema=JsonlTaskConfig)
 class JsonlTask(Task):
-    name = "jsonl"
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
@@ -115,7 +113,13 @@ class JsonlTask(Task):
         path = self.files[split]
         qf, af = self.cfg.question_field, self.cfg.answer_field
         check_jsonl(path, (qf, af))  # a clear message before datasets' own errors (StopIteration, KeyError)
-        ds = datasets.load_dataset("json", data_files={split: path}, split=split)
+        shown = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bars()  # its "Generating split" bars would wrap a one-line error in noise
+        try:
+            ds = datasets.load_dataset("json", data_files={split: path}, split=split)
+        finally:
+            if shown:
+                datasets.enable_progress_bars()
         rows = []
         for i, row in enumerate(ds):
             answer = canonical_answer(row[af])

@@ -78,7 +78,6 @@ class MathTask(HubTask):
 
 @dataclass
 class Gsm8kTaskConfig(HubTaskConfig):
-    name: str = "gsm8k"
     source: str = "openai/gsm8k"
     config: Optional[str] = "main"
     max_new_tokens: int = 1024
@@ -88,7 +87,6 @@ class Gsm8kTaskConfig(HubTaskConfig):
 class Gsm8kTask(MathTask):
     """GSM8K (Cobbe et al. 2021). Gold: the text after '#### ' of the reference answer, commas removed."""
 
-    name = "gsm8k"
     config_class = Gsm8kTaskConfig
     required_columns = ("question", "answer")
     default_templates = {**MATH_TEMPLATES, "gsm8k_strict": GSM8K_PROMPT}
@@ -107,7 +105,6 @@ class Gsm8kTask(MathTask):
 
 @dataclass
 class Math500TaskConfig(HubTaskConfig):
-    name: str = "math500"
     source: str = "HuggingFaceH4/MATH-500"
     train_split: Optional[str] = None
     test_split: Optional[str] = "test"
@@ -118,7 +115,6 @@ class Math500TaskConfig(HubTaskConfig):
 class Math500Task(MathTask):
     """MATH-500 (Lightman et al. 2023's 500-problem subset of MATH test), an evaluation set."""
 
-    name = "math500"
     config_class = Math500TaskConfig
     required_columns = ("problem", "solution", "answer", "unique_id")
 
@@ -133,7 +129,6 @@ class Math500Task(MathTask):
 
 @dataclass
 class DapoMathTaskConfig(HubTaskConfig):
-    name: str = "dapo_math"
     source: str = "BytedTsinghua-SIA/DAPO-Math-17k"
     test_split: Optional[str] = None
     test_size: int = 500  # DAPO evaluates on AIME 2024; this held-out slice is for quick in-run checks
@@ -158,7 +153,6 @@ class DapoMathTask(MathTask):
     The hub file holds every problem many times over; rows are de-duplicated by problem text on load.
     """
 
-    name = "dapo_math"
     config_class = DapoMathTaskConfig
     required_columns = ("prompt", "reward_model")
 
@@ -192,7 +186,6 @@ class DapoMathTask(MathTask):
 
 @dataclass
 class DeepScaleRTaskConfig(HubTaskConfig):
-    name: str = "deepscaler"
     source: str = "agentica-org/DeepScaleR-Preview-Dataset"
     test_split: Optional[str] = None
     test_size: int = 500
@@ -203,7 +196,6 @@ class DeepScaleRTaskConfig(HubTaskConfig):
 class DeepScaleRTask(MathTask):
     """DeepScaleR-Preview (Luo et al. 2025): AIME/AMC/Omni-MATH/STILL problems with answers and solutions."""
 
-    name = "deepscaler"
     config_class = DeepScaleRTaskConfig
     required_columns = ("problem", "answer")
 
@@ -217,7 +209,6 @@ class DeepScaleRTask(MathTask):
 
 @dataclass
 class Aime24TaskConfig(HubTaskConfig):
-    name: str = "aime24"
     source: str = "HuggingFaceH4/aime_2024"
     train_split: Optional[str] = None
     test_split: Optional[str] = "train"  # the hub calls its only split "train"
@@ -226,7 +217,6 @@ class Aime24TaskConfig(HubTaskConfig):
 
 @dataclass
 class Aime25TaskConfig(HubTaskConfig):
-    name: str = "aime25"
     source: str = "math-ai/aime25"
     train_split: Optional[str] = None
     test_split: Optional[str] = "test"
@@ -235,7 +225,6 @@ class Aime25TaskConfig(HubTaskConfig):
 
 @dataclass
 class Amc23TaskConfig(HubTaskConfig):
-    name: str = "amc23"
     source: str = "AI-MO/aimo-validation-amc"
     train_split: Optional[str] = None
     test_split: Optional[str] = "train"  # the hub calls its only split "train"
@@ -255,18 +244,15 @@ class CompetitionTask(MathTask):
 
 @TASKS.register("aime24", schema=Aime24TaskConfig)
 class Aime24Task(CompetitionTask):
-    name = "aime24"
     config_class = Aime24TaskConfig
 
 
 @TASKS.register("aime25", schema=Aime25TaskConfig)
 class Aime25Task(CompetitionTask):
-    name = "aime25"
     config_class = Aime25TaskConfig
 
 
 @TASKS.register("amc23", schema=Amc23TaskConfig)
 class Amc23Task(CompetitionTask):
-    name = "amc23"
     config_class = Amc23TaskConfig
 

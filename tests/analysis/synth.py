@@ -25,12 +25,12 @@ EVAL_STEPS = [0, 4, 8, 12]  # step 0 = before training, 12 = after the last step
 SEEDS = [0, 1, 2]
 TASKS = ["arithmetic", "countdown"]
 MODEL = "tiny"
-PRECISION = {"bf16": "bf16", "fp8": "fp8_e4m3", "tis": "fp8_e4m3", "acr_uaq": "int8", "ess": "fp8_e4m3", "ais": "fp8_e4m3"}
+PRECISION = {"bf16": "bf16", "naive": "fp8_e4m3", "tis": "fp8_e4m3", "acr_uaq": "int8", "ess": "fp8_e4m3", "ais": "fp8_e4m3"}
 METHODS = list(PRECISION)
 # Final eval accuracy per method, task, seed (fractions). Chosen so means/stds are easy by hand.
 FINAL_ACC: dict[str, dict[str, list[float]]] = {
     "bf16": {"arithmetic": [0.60, 0.70, 0.80], "countdown": [0.30, 0.40, 0.50]},
-    "fp8": {"arithmetic": [0.20, 0.30, 0.40], "countdown": [0.10, 0.10, 0.10]},
+    "naive": {"arithmetic": [0.20, 0.30, 0.40], "countdown": [0.10, 0.10, 0.10]},
     "tis": {"arithmetic": [0.40, 0.50, 0.60], "countdown": [0.25, 0.30, 0.35]},
     "acr_uaq": {"arithmetic": [0.55, 0.65, 0.75], "countdown": [0.28, 0.38, 0.48]},
     "ess": {"arithmetic": [0.50, 0.60, 0.70], "countdown": [0.20, 0.30, 0.40]},
@@ -42,14 +42,14 @@ TOKENS_PER_S = {"bf16": 1000.0, "fp8_e4m3": 1600.0, "int8": 1800.0}
 WARMUP_TPS = 100.0
 TIME_SPLIT = {"sync_s": 0.1, "recompute_s": 0.2, "train_s": 0.5}
 TOKENS_PER_STEP = 2000.0
-DIVERGED = ("fp8", "arithmetic", 2, 8)  # method, task, seed, step at which it diverged
+DIVERGED = ("naive", "arithmetic", 2, 8)  # method, task, seed, step at which it diverged
 LAYER_TYPES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 GIT_SHA = "0123456789abcdef0123456789abcdef01234567"
 # What each arm and precision declares about itself, as the trainer records it in run.json (bench/methods/<arm>.py
 # `METHODS.register(..., color=, order=)` + `diagnostics`; bench/quant/<format>.py label and bits).
 ARM_INFO = {
     "bf16": {"color": "#000000", "order": 0, "diagnostics": {}},
-    "fp8": {"color": "#D55E00", "order": 10, "diagnostics": {}},
+    "naive": {"color": "#D55E00", "order": 10, "diagnostics": {}},
     "tis": {"color": "#0072B2", "order": 30, "diagnostics": {"is_frac_high": "TIS truncated frac. (ρ>C)"}},
     "acr_uaq": {"color": "#009E73", "order": 45, "diagnostics": {"frac_acr_active": "ACR active frac. (ρ>C)"}},
     "ess": {"color": "#CC79A7", "order": 50, "diagnostics": {"ess_factor": "P3O ESS factor"}},
@@ -66,7 +66,8 @@ PRECISION_INFO = {
 VERSIONS = {"python": "3.11.9", "torch": "2.13.0", "transformers": "4.57.1"}
 # Where the runs computed, as the trainer records it in run.json (bench/train.py runtime_info): all on a CPU,
 # so every quantized row of the throughput table is "emulated".
-RUNTIME = {"engine": "embedded", "device": "cpu", "device_name": "cpu (AVX2)", "trainer_dtype": "bf16"}
+RUNTIME = {"engine": "embedded", "device": "cpu", "device_name": "cpu (AVX2)", "cpu_model": "Intel Xeon [avx2]",
+           "trainer_dtype": "bf16"}
 
 
 def _config(method: str, task: str, seed: int, steps: int = STEPS, precision: str | None = None,
@@ -75,7 +76,7 @@ def _config(method: str, task: str, seed: int, steps: int = STEPS, precision: st
     return {
         "method": {"name": method, "precision": PRECISION.get(method, "fp8_e4m3"), "is_cap_C": 2.0},
         "rollout": {"engine": "embedded", "precision": precision, "act_granularity": "per_token", **(rollout or {})},
-        "task": {"name": task, "max_new_tokens": 6},
+        "task": {"name": task, "max_new_tokens": 6, "n_test": 200},
         "model": {"name": MODEL, "path": None, "hidden_size": 128},
         "train": {"steps": steps, "batch_size": 64, "group_size": 8, "lr": 2e-4},
         "tracking": {"mode": "offline", "project": "qrl-bench"},
@@ -87,7 +88,7 @@ def _config(method: str, task: str, seed: int, steps: int = STEPS, precision: st
 def _mismatch(method: str, precision: str, step: int, rng: np.random.Generator) -> dict[str, float]:
     """Plausible mismatch: tiny for bf16, larger and growing for low precision, worst for naive fp8."""
     base = 1e-5 if precision == "bf16" else (2e-3 if precision == "fp8_e4m3" else 1e-3)
-    growth = 1.0 + (0.25 * step if method == "fp8" else 0.05 * step)
+    growth = 1.0 + (0.25 * step if method == "naive" else 0.05 * step)
     kl = base * growth * (1 + 0.1 * rng.standard_normal())
     spread = math.sqrt(2 * kl)
     return {
@@ -187,7 +188,7 @@ def write_run(
             if kl is not None:
                 rec["mismatch/kl_k3"] = kl
             rec.update(_method_keys(method, step, rng))
-            if method in ("fp8", "acr_uaq"):
+            if method in ("naive", "acr_uaq"):
                 rec.update(_quant_keys(method, step, rng))
             f.write(json.dumps(rec) + "\n")
     with open(run_dir / "eval.jsonl", "w") as f:
@@ -240,7 +241,7 @@ def make_sweep(root: Path) -> Path:
 # (relative path, expected fragment of the skip reason)
 BROKEN = {
     "tis/countdown/tiny/seed3": "run.json: invalid JSON",
-    "fp8/countdown/tiny/seed3": "missing metrics.jsonl",
+    "naive/countdown/tiny/seed3": "missing metrics.jsonl",
     "ess/arithmetic/tiny/seed3": "status=running",
     "ais/arithmetic/tiny/seed3": "status=failed (CUDA out of memory)",
     "ais/countdown/tiny/seed3": "status=preempted",
@@ -256,7 +257,7 @@ def add_broken_runs(root: Path) -> dict[str, str]:
     wrongly loaded, it would change a known table cell."""
     d = write_run(root, "tis", "countdown", 3, final_acc=0.99)
     (d / "run.json").write_text('{"status": "compl')
-    d = write_run(root, "fp8", "countdown", 3, final_acc=0.99)
+    d = write_run(root, "naive", "countdown", 3, final_acc=0.99)
     (d / "metrics.jsonl").unlink()
     write_run(root, "ess", "arithmetic", 3, status="running", steps_logged=5, final_acc=0.99)
     write_run(root, "ais", "arithmetic", 3, status="failed", reason="CUDA out of memory", steps_logged=3, final_acc=0.99)
@@ -280,21 +281,21 @@ def add_broken_runs(root: Path) -> dict[str, str]:
 #   fp8_e4m3:   fp8 61.0, tis 62.0  -> naive gap 1.0 pp, its CI contains 0 -> recovered n/a (within noise)
 #   int4:       fp8 32.0, tis 47.0  -> naive gap 30 pp, tis gap -15 pp, recovered (47-32)/(62-32) = 0.5
 #   int8 + w=per_tensor + kv=fp8_e4m3: one seed each -> no CI, recovered n/a (fewer than 2 seeds)
-#   fp16 at fp16: no naive run there -> recovered n/a (no fp8 run at this severity)
+#   fp16 at fp16: no naive run there -> recovered n/a (no naive run at this severity)
 # fp8 at int4 seed 2 collapses (eval below its step-0 value at steps 4, 8, 12: collapse step 4 for k <= 3); seed 1
 # is below at steps 8 and 12 only (collapses for k <= 2, at step 8).
 SEVERITY_TASK = "arithmetic"
 SEVERITY_RUNS: list[tuple[str, str, str, dict[str, Any], list[float], float]] = [
     ("sev_bf16", "bf16", "bf16", {}, [0.60, 0.62, 0.64], 1e-5),
-    ("sev_fp8", "fp8", "fp8_e4m3", {}, [0.60, 0.61, 0.62], 1e-3),
+    ("sev_fp8", "naive", "fp8_e4m3", {}, [0.60, 0.61, 0.62], 1e-3),
     ("sev_fp8", "tis", "fp8_e4m3", {}, [0.61, 0.62, 0.63], 1.1e-3),
-    ("sev_int4", "fp8", "int4", {"act_granularity": "none"}, [0.30, 0.32, 0.34], 0.1),
+    ("sev_int4", "naive", "int4", {"act_granularity": "none"}, [0.30, 0.32, 0.34], 0.1),
     ("sev_int4", "tis", "int4", {"act_granularity": "none"}, [0.45, 0.47, 0.49], 0.09),
-    ("sev_int8kv", "fp8", "int8", {"weight_granularity": "per_tensor", "kv_cache_dtype": "fp8_e4m3"}, [0.50], 0.01),
+    ("sev_int8kv", "naive", "int8", {"weight_granularity": "per_tensor", "kv_cache_dtype": "fp8_e4m3"}, [0.50], 0.01),
     ("sev_int8kv", "tis", "int8", {"weight_granularity": "per_tensor", "kv_cache_dtype": "fp8_e4m3"}, [0.55], 0.01),
     ("sev_fp16", "fp16", "fp16", {}, [0.61, 0.63], 2e-6),
 ]
-SEVERITY_EVALS = {("sev_int4", "fp8", 1): [0.40, 0.42, 0.35, 0.32], ("sev_int4", "fp8", 2): [0.40, 0.35, 0.30, 0.34]}
+SEVERITY_EVALS = {("sev_int4", "naive", 1): [0.40, 0.42, 0.35, 0.32], ("sev_int4", "naive", 2): [0.40, 0.35, 0.30, 0.34]}
 
 
 def make_severity_sweep(root: Path) -> Path:
@@ -318,11 +319,13 @@ def write_paper_run(
     config: dict[str, Any] | None = None,
     status: str = "completed",
     model: str = "qwen2.5-0.5b-instruct",
-    steps: int = 2,
+    steps: int | None = None,
 ) -> Path:
     """A run of a paper recipe with literal evaluations ({step: {metric: value}}) and extra config settings
     (nested dicts merged into the config, e.g. {"train": {"lr": 1.5e-6}}), under root/<precision>/... as the
-    recipes write them. Metrics are two plain rows: the paper tables read only evaluations."""
+    recipes write them. Metrics are plain rows: the paper tables read only evaluations. `steps` (train.steps)
+    defaults to the last evaluation's step: a completed run's final evaluation is at step = train.steps."""
+    steps = max(evals) if steps is None else steps
     run_dir = root / precision / method / task / model / f"seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = _config(method, task, seed, steps)

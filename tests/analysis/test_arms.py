@@ -45,7 +45,7 @@ def test_order_and_labels():
     assert sorted_arms(arms) == [("bf16", "bf16"), ("tis", "fp8_e4m3"), ("tis", "int8"), ("ais", "fp8_e4m3"), ("zzz", "bf16")]
     labels = arm_labels(arms)
     assert labels[("ais", "fp8_e4m3")] == "ais"  # the method name, untouched
-    assert labels[("tis", "int8")] == "tis [int8]"  # precision only where the name is ambiguous
+    assert labels[("tis", "int8")] == "tis@int8"  # the arm's spelling where the method name is ambiguous
 
 
 def test_bitwidth_labels():

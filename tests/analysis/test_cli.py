@@ -10,6 +10,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 from analysis.cli import main
+from analysis.lockfile import lock_sha256, read_lock
 from analysis.load import load_sweeps
 from analysis.plots import plot_diagnostics, plot_quant
 
@@ -56,9 +57,15 @@ def test_report_embeds_everything_and_states_provenance(cli_run: CliResult):
     for pkg, ver in VERSIONS.items():
         assert f"| {pkg} | {ver} (36) |" in text
     assert "**Seeds**: 0, 1, 2" in text
+    assert "| CPU · kernel ISA | Intel Xeon [avx2] · cpu (AVX2) (36) |" in text
+    # the synthetic runs recorded transformers 4.57.1; requirements.lock pins another version: flagged
+    pinned = read_lock()["transformers"]
+    assert f"36 run(s) recorded package versions that differ from `requirements.lock`: " in text
+    assert f"transformers {VERSIONS['transformers']} (lock {pinned})" in text
+    assert f"requirements.lock sha256 {lock_sha256()}: 36 run(s) off the lock" in text
     assert "**Training steps** (train.steps): `12` (36)" in text
     assert "| bf16 | BF16 | **70.0 ± 10.0** | **40.0 ± 10.0** | **55.0** |" in text
-    assert "sweep/fp8/arithmetic/tiny/seed2` (non-finite loss)" in text  # diverged run named
+    assert "sweep/naive/arithmetic/tiny/seed2` (non-finite loss)" in text  # diverged run named
 
 
 def test_report_lists_every_broken_run_with_its_reason(cli_run: CliResult):

@@ -21,7 +21,7 @@ def test_clean_sweep_loads_every_run_with_identity_from_config(clean_sweep: Path
     assert {(r.method, r.precision) for r in sweep.runs} == set(PRECISION.items())
     assert sweep.tasks == TASKS and sweep.models == ["tiny"] and sweep.seeds == SEEDS
     diverged = [r for r in sweep.runs if r.status == "diverged"]
-    assert [(r.method, r.task, r.seed) for r in diverged] == [("fp8", "arithmetic", 2)]
+    assert [(r.method, r.task, r.seed) for r in diverged] == [("naive", "arithmetic", 2)]
 
 
 def test_broken_runs_are_reported_with_their_reason_and_left_out(broken_sweep: Path):
@@ -67,14 +67,18 @@ def test_repeated_steps_keep_the_last_record(clean_sweep: Path):
 
 
 def test_identity_falls_back_to_the_path(clean_sweep: Path):
-    cfg_path = clean_sweep / "ais" / "countdown" / "tiny" / "seed1" / "config.yaml"
+    # the run directory as the trainer lays it out: <method>@<precision>/<task>/<model>/seed<k>
+    (clean_sweep / "ais@fp8_e4m3" / "countdown" / "tiny").mkdir(parents=True)
+    (clean_sweep / "ais" / "countdown" / "tiny" / "seed1").rename(clean_sweep / "ais@fp8_e4m3" / "countdown" / "tiny" / "seed1")
+    cfg_path = clean_sweep / "ais@fp8_e4m3" / "countdown" / "tiny" / "seed1" / "config.yaml"
     cfg = yaml.safe_load(cfg_path.read_text())
     del cfg["method"]["name"]
+    del cfg["rollout"]["precision"]
     del cfg["seed"]
     cfg_path.write_text(yaml.safe_dump(cfg))
-    run = next(r for r in load_sweeps([clean_sweep]).runs if r.path.parent.parent.parent.name == "ais"
+    run = next(r for r in load_sweeps([clean_sweep]).runs if r.path.parent.parent.parent.name == "ais@fp8_e4m3"
                and r.path.name == "seed1" and r.task == "countdown")
-    assert (run.method, run.seed) == ("ais", 1)
+    assert (run.method, run.precision, run.seed) == ("ais", "fp8_e4m3", 1)
 
 
 def test_discovery_skips_hidden_checkpoint_and_output_dirs(clean_sweep: Path):
@@ -114,7 +118,7 @@ def test_missing_steps_anywhere_are_detected_and_listed(clean_sweep: Path):
     info = json.loads(marked.read_text())
     info.update(status="incomplete", reason="metrics.jsonl lacks step 3 (lost lines)")
     marked.write_text(json.dumps(info))
-    div = clean_sweep / "fp8" / "arithmetic" / "tiny" / "seed2" / "metrics.jsonl"  # the diverged run
+    div = clean_sweep / "naive" / "arithmetic" / "tiny" / "seed2" / "metrics.jsonl"  # the diverged run
     lines = div.read_text().splitlines()
     div.write_text("\n".join(lines[:1] + lines[2:]) + "\n")
     sweep = load_sweeps([clean_sweep])
@@ -122,6 +126,6 @@ def test_missing_steps_anywhere_are_detected_and_listed(clean_sweep: Path):
     assert reasons == {
         "tis/arithmetic/tiny/seed0": "incomplete: metrics.jsonl lacks 1 step(s): 4",
         "ais/countdown/tiny/seed1": "status=incomplete (metrics.jsonl lacks step 3 (lost lines)) at step 11",
-        "fp8/arithmetic/tiny/seed2": "incomplete: metrics.jsonl lacks 1 step(s): 1",
+        "naive/arithmetic/tiny/seed2": "incomplete: metrics.jsonl lacks 1 step(s): 1",
     }, reasons
     assert len(sweep.runs) == len(METHODS) * len(TASKS) * len(SEEDS) - 3

@@ -24,7 +24,7 @@ from analysis.severity import (
     severity_summary,
     severity_table,
 )
-from analysis.stats import bootstrap_diff_ci, bootstrap_mean_interval, bootstrap_recovery_ci
+from scipy import stats as sps
 
 from .synth import make_severity_sweep, write_run
 
@@ -60,11 +60,11 @@ def test_collapse_needs_k_consecutive_evals_below_step_0():
 
 def test_run_rows_hold_hand_values(sev_sweep):
     rows = run_rows(sev_sweep, k=3)
-    r = rows[(rows["method"] == "fp8") & (rows["precision"] == "int4") & (rows["seed"] == 2)].iloc[0]
+    r = rows[(rows["method"] == "naive") & (rows["precision"] == "int4") & (rows["seed"] == 2)].iloc[0]
     assert math.isclose(r["auc"], 34.0) and math.isclose(r["final_acc"], 34.0)
     assert r["collapsed"] and r["collapse_step"] == 4
     assert math.isclose(r["kl"], 0.1 * 1.1)  # kl_k3 logged constant at every step
-    assert not rows[(rows["method"] == "fp8") & (rows["precision"] == "int4") & (rows["seed"] == 1)].iloc[0]["collapsed"]
+    assert not rows[(rows["method"] == "naive") & (rows["precision"] == "int4") & (rows["seed"] == 1)].iloc[0]["collapsed"]
 
 
 # --------------------------------------------------------------------------------------------- severities
@@ -85,7 +85,7 @@ def test_severity_identity_and_labels(sev_sweep, tmp_path):
 
 def test_one_severity_is_no_severity_axis(tmp_path):
     for seed in (0, 1):
-        write_run(tmp_path / "one", "fp8", "arithmetic", seed)
+        write_run(tmp_path / "one", "naive", "arithmetic", seed)
         write_run(tmp_path / "one", "tis", "arithmetic", seed)
     assert not has_severity_axis(load_sweeps([tmp_path / "one"]))
 
@@ -95,44 +95,48 @@ def test_summary_means_gaps_and_order(sev_sweep):
     s = severity_summary(sev_sweep)
     # severities in order of measured mismatch (mean KL of their runs)
     assert [k.split(";")[0] for k in s.drop_duplicates("severity")["severity"]] == ["fp16", "bf16", "fp8_e4m3", "int8", "int4"]
-    for sev, method, acc, gap, kl in [("bf16", "bf16", 62.0, np.nan, 1e-5), ("fp8_e4m3", "fp8", 61.0, -1.0, 1e-3),
-                                      ("fp8_e4m3", "tis", 62.0, 0.0, 1.1e-3), ("int4", "fp8", 32.0, -30.0, 0.1),
+    for sev, method, acc, gap, kl in [("bf16", "bf16", 62.0, np.nan, 1e-5), ("fp8_e4m3", "naive", 61.0, -1.0, 1e-3),
+                                      ("fp8_e4m3", "tis", 62.0, 0.0, 1.1e-3), ("int4", "naive", 32.0, -30.0, 0.1),
                                       ("int4", "tis", 47.0, -15.0, 0.09), ("fp16", "fp16", 62.0, 0.0, 2e-6 * 0.95)]:
         c = cell(s, sev, method)
         assert math.isclose(c["acc"], acc), (sev, method)
         assert (math.isnan(gap) and math.isnan(c["gap_to_bf16"])) or math.isclose(c["gap_to_bf16"], gap, abs_tol=1e-9)
         assert math.isclose(c["kl"], kl, rel_tol=1e-9), (sev, method, c["kl"])
     # fp16 ran 2 seeds: KL = 2e-6 * (0.9 + 1.0) / 2
-    # tis at int4: gap -15 pp; every resample of 3 seeds lies in [45 - 64, 49 - 60] = [-19, -11]
+    # tis at int4 against bf16, the same seeds 0-2: paired differences 45-60, 47-62, 49-64 = -15 each: no spread
     c = cell(s, "int4", "tis")
     bf16 = cell(s, "bf16", "bf16")
     assert math.isclose(c["auc_gap_to_bf16"], c["auc"] - bf16["auc"]) and math.isnan(bf16["auc_gap_to_bf16"])
-    assert -19 <= c["gap_to_bf16_lo"] < -15 < c["gap_to_bf16_hi"] <= -11
-    # accuracy CI of a 3-seed cell lies within the seeds' range
-    assert 45 <= c["acc_lo"] < 47 < c["acc_hi"] <= 49
+    assert c["gap_to_bf16_lo"] == pytest.approx(-15) == c["gap_to_bf16_hi"]
+    assert (c["gap_to_bf16_n"], c["gap_to_bf16_ci"]) == (3, "paired t")
+    # accuracy of a 3-seed cell (45, 47, 49): 47 ± t(0.975, 2) * 2 / sqrt(3)
+    half = sps.t.ppf(0.975, 2) * 2 / math.sqrt(3)
+    assert (c["acc_lo"], c["acc_hi"], c["acc_n"]) == pytest.approx((47 - half, 47 + half, 3))
+    # fp16 (seeds 0, 1) against bf16 (0, 1, 2): seeds do not pair, Welch
+    assert cell(s, "fp16", "fp16")["gap_to_bf16_ci"] == "Welch"
 
 
 def test_recovered_share_of_the_naive_gap(sev_sweep):
     s = severity_summary(sev_sweep)
-    # int4: naive gap 62 - 32 = 30 pp, resolved (every resample >= 60 - 34 = 26 > 0); tis recovers (47-32)/30 = 0.5,
-    # and every resample lies in [(45-34)/(64-30), (49-30)/(60-34)] = [11/34, 19/26]
+    # int4: naive gap 62 - 32 = 30 pp, per seed 30 each (resolved); tis recovers (47-32)/30 = 0.5 at every seed,
+    # so Fieller's interval is the point
     c = cell(s, "int4", "tis")
-    assert math.isclose(c["naive_gap"], 30.0) and c["naive_gap_lo"] >= 26
+    assert math.isclose(c["naive_gap"], 30.0) and c["naive_gap_lo"] == pytest.approx(30.0)
     assert math.isclose(c["recovered"], 0.5)
-    assert 11 / 34 <= c["recovered_lo"] < 0.5 < c["recovered_hi"] <= 19 / 26
+    assert (c["recovered_lo"], c["recovered_hi"], c["recovered_n"]) == pytest.approx((0.5, 0.5, 3))
     assert c["recovered_note"] == ""
-    # fp8_e4m3: naive gap 1 pp, its CI [62 .. 64 - 60 .. 62] contains 0 -> not reported
+    # fp8_e4m3: naive gap per seed 0, 1, 2 pp: 1 ± t(0.975, 2) / sqrt(3) = [-1.5, 3.5] contains 0 -> not reported
     c = cell(s, "fp8_e4m3", "tis")
     assert c["naive_gap_lo"] <= 0 <= c["naive_gap_hi"]
     assert math.isnan(c["recovered"]) and c["recovered_note"] == NO_NAIVE_GAP
     assert math.isnan(cell(s, "int8", "tis")["recovered"]) and cell(s, "int8", "tis")["recovered_note"] == "fewer than 2 seeds"
     assert math.isnan(cell(s, "int8", "tis")["acc_lo"])  # one seed: no CI
-    assert cell(s, "fp16", "fp16")["recovered_note"] == "no fp8 run at this severity"
+    assert cell(s, "fp16", "fp16")["recovered_note"] == "no naive run at this severity"
     # the naive and the baseline rows carry no recovered share (0 and 1 by definition)
-    assert math.isnan(cell(s, "int4", "fp8")["recovered"]) and cell(s, "int4", "fp8")["recovered_note"] == ""
+    assert math.isnan(cell(s, "int4", "naive")["recovered"]) and cell(s, "int4", "naive")["recovered_note"] == ""
     # the naive method is configurable: with tis as "naive" at int4, fp8 recovers (32-47)/(62-47) = -1
     s2 = severity_summary(sev_sweep, SeverityOptions(naive="tis"))
-    assert math.isclose(cell(s2, "int4", "fp8")["recovered"], -1.0)
+    assert math.isclose(cell(s2, "int4", "naive")["recovered"], -1.0)
 
 
 def test_no_recovered_share_when_the_naive_arm_is_better(tmp_path):
@@ -143,15 +147,15 @@ def test_no_recovered_share_when_the_naive_arm_is_better(tmp_path):
     sweep = load_sweeps([root])
     # default: icepop at int4 recovers (41 - 32) / (62 - 32) = 0.3
     assert math.isclose(cell(severity_summary(sweep), "int4", "icepop")["recovered"], 0.3)
-    # with fp8 as the baseline and tis as "naive", naive is 15 pp *better* (CI within [-19, -11]): nothing to recover
-    c = cell(severity_summary(sweep, SeverityOptions(naive="tis", baseline="fp8")), "int4", "icepop")
+    # with naive as the baseline and tis as "naive", naive is 15 pp *better* at every seed: nothing to recover
+    c = cell(severity_summary(sweep, SeverityOptions(naive="tis", baseline="naive")), "int4", "icepop")
     assert c["naive_gap_hi"] < 0 and math.isnan(c["recovered"]) and c["recovered_note"] == NAIVE_BETTER
 
 
 def test_collapse_counts_follow_k(sev_sweep):
-    c = cell(severity_summary(sev_sweep), "int4", "fp8")
+    c = cell(severity_summary(sev_sweep), "int4", "naive")
     assert c["n_collapsed"] == 1 and c["collapse_steps"] == "4"
-    c = cell(severity_summary(sev_sweep, SeverityOptions(collapse_k=2)), "int4", "fp8")
+    c = cell(severity_summary(sev_sweep, SeverityOptions(collapse_k=2)), "int4", "naive")
     assert c["n_collapsed"] == 2 and c["collapse_steps"] == "4 8"
 
 
@@ -174,37 +178,29 @@ def test_table_cells(sev_sweep):
     d = t.display
     tis_int4 = d[(d["Method"] == "tis")].iloc[-1]
     assert tis_int4["Accuracy (%)"].startswith("47.0 [") and tis_int4["Δ vs bf16 (pp)"].startswith("-15.0 [")
-    assert tis_int4["Recovered (fp8 gap)"].startswith("50 [") and tis_int4["Recovered (fp8 gap)"].endswith("] %")
-    fp8_int4 = d[(d["Method"] == "fp8")].iloc[-1]
-    assert fp8_int4["Collapsed"] == "1/3 (step 4)" and fp8_int4["Recovered (fp8 gap)"] == "–"
-    assert (d["Recovered (fp8 gap)"] == f"n/a ({NO_NAIVE_GAP})").sum() == 1
+    assert tis_int4["Δ vs bf16 (pp)"] == "-15.0 [-15.0, -15.0] n=3" and tis_int4["Accuracy (%)"].endswith("] n=3")
+    assert tis_int4["Recovered (naive gap)"] == "50 % [50, 50] n=3"
+    # eval SE of the gap: 200 test problems, 3 seeds per arm, p = 0.47 and 0.62
+    assert tis_int4["eval SE (pp)"] == f"±{100 * math.sqrt((0.47 * 0.53 + 0.62 * 0.38) / 600):.1f}"
+    assert "paired per-seed differences" in t.caption and "Fieller" in t.caption
+    int8 = d[(d["Method"] == "tis")].iloc[-2]  # one seed: the value, no interval, said so
+    assert int8["Accuracy (%)"] == "55.0 (1 seed)"
+    naive_int4 = d[(d["Method"] == "naive")].iloc[-1]
+    assert naive_int4["Collapsed"] == "1/3 (step 4)" and naive_int4["Recovered (naive gap)"] == "–"
+    assert (d["Recovered (naive gap)"] == f"n/a ({NO_NAIVE_GAP})").sum() == 1
     assert d[d["Method"] == "bf16"].iloc[0]["Δ vs bf16 (pp)"] == "–"
-
-
-def test_stats_helpers_on_hand_cases():
-    iv = bootstrap_diff_ci([0.6, 0.7, 0.8], [0.2, 0.3, 0.4])
-    assert math.isclose(iv.value, 0.4) and 0.2 <= iv.lo < 0.4 < iv.hi <= 0.6 and not iv.contains(0.0)
-    assert math.isnan(bootstrap_diff_ci([0.5], [0.1, 0.2]).lo)  # one seed: no CI ...
-    assert bootstrap_diff_ci([0.5], [0.1, 0.2]).contains(0.0)  # ... so nothing is resolved
-    assert bootstrap_diff_ci([0.5, 0.5], [0.5, 0.5]).contains(0.0)
-    r = bootstrap_recovery_ci([0.5, 0.5], [0.2, 0.2], [0.8, 0.8])  # (0.5-0.2)/(0.8-0.2) = 0.5, no spread
-    assert (r.value, r.lo, r.hi) == pytest.approx((0.5, 0.5, 0.5))
-    assert math.isnan(bootstrap_recovery_ci([0.5, 0.5], [0.3, 0.3], [0.3, 0.3]).value)  # no naive gap at all
-    m = bootstrap_mean_interval([1.0, 2.0, 3.0])
-    assert m.value == 2.0 and 1.0 <= m.lo < 2.0 < m.hi <= 3.0
-    assert bootstrap_mean_interval([1.0, 2.0, 3.0]) == m  # fixed RNG seed
 
 
 def test_cli_report_has_the_severity_section(tmp_path):
     root = make_severity_sweep(tmp_path / "ladder")
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
-        rc = main([str(root), "--naive", "fp8", "--baseline", "bf16", "--collapse-k", "2", "--formats", "png"])
+        rc = main([str(root), "--naive", "naive", "--baseline", "bf16", "--collapse-k", "2", "--formats", "png"])
     assert rc == 0, err.getvalue()
     report = (root / "report" / "report.md").read_text()
     assert "## Severity ladder: gap to bf16 and the recovered share of the naive gap" in report
     assert "## Accuracy against mismatch across severities" in report
     assert "![Accuracy against mismatch — arithmetic / tiny](figures/severity_arithmetic_tiny.png)" in report
-    assert "naive=fp8, collapse_k=2" in report
+    assert "naive=naive, collapse_k=2" in report
     assert "| 2/3 (step 4 8) |" in report  # k = 2 reached the table
     assert (root / "report" / "tables" / "severity.csv").read_text().count("\n") == 1 + 8

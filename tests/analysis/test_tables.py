@@ -47,10 +47,10 @@ def test_accuracy_cells_are_hand_computed_means_and_stds(sweep: Sweep):
     tis_cd = _cell(data, method="tis", task="countdown")  # 25, 30, 35 %
     assert math.isclose(tis_cd.acc_mean, 30.0) and math.isclose(tis_cd.acc_std, 5.0)
     assert math.isclose(tis_cd.gap_to_bf16, 30.0 - 40.0)
-    fp8_cd = _cell(data, method="fp8", task="countdown")  # 10, 10, 10 %
+    fp8_cd = _cell(data, method="naive", task="countdown")  # 10, 10, 10 %
     assert math.isclose(fp8_cd.acc_mean, 10.0) and fp8_cd.acc_std == 0.0
     # The diverged seed is kept (its last eval is its result) and counted.
-    fp8 = _cell(data, method="fp8", task="arithmetic")
+    fp8 = _cell(data, method="naive", task="arithmetic")
     assert (fp8.n_seeds, fp8.n_diverged) == (3, 1)
     assert math.isclose(fp8.acc_mean, 30.0)
     bf16 = _cell(data, method="bf16", task="countdown")
@@ -61,14 +61,21 @@ def test_accuracy_display_shows_mean_std_and_gap(sweep: Sweep):
     disp = accuracy_table(sweep).display
     row = disp[(disp.Method == "tis")].iloc[0]
     assert row["Accuracy (%)"] == "50.0 ± 10.0"
-    assert row["Δ vs bf16 (pp)"] == "-20.0"
-    assert "1 div." in disp[disp.Method == "fp8"].iloc[0]["Seeds"]
+    # tis (40, 50, 60) and bf16 (60, 70, 80) ran seeds 0-2: paired differences -20 each, no spread
+    assert row["Δ vs bf16 (pp)"] == "-20.0 [-20.0, -20.0] n=3"
+    # ais (45, 60, 75): differences -15, -10, -5: -10 ± t(0.975, 2) * 5 / sqrt(3) = -10 ± 12.4
+    ais = disp[(disp.Method == "ais")].iloc[0]
+    assert ais["Δ vs bf16 (pp)"] == "-10.0 [-22.4, +2.4] n=3"
+    # beside it, the binomial SE of 200 test problems, 3 seeds per arm, p = 0.6 and 0.7
+    assert ais["eval SE (pp)"] == f"±{100 * math.sqrt((0.6 * 0.4 + 0.7 * 0.3) / 600):.1f}" == "±2.7"
+    assert "paired per-seed differences" in accuracy_table(sweep).caption
+    assert "1 div." in disp[disp.Method == "naive"].iloc[0]["Seeds"]
 
 
 def test_results_table_is_laid_out_like_the_papers(sweep: Sweep):
     t = results_table(sweep)
     assert list(t.display.columns) == ["Method", "Bitwidth", "arithmetic", "countdown", "Avg."]
-    assert t.display["Method"].tolist() == ["bf16 @ step 0", "bf16", "fp8", "tis", "acr_uaq", "ess", "ais"]
+    assert t.display["Method"].tolist() == ["bf16 @ step 0", "bf16", "naive", "tis", "acr_uaq", "ess", "ais"]
     tis = _cell(t.data, method="tis")
     assert math.isclose(tis.avg, (50.0 + 30.0) / 2)
     assert _cell(t.data, method="acr_uaq").bitwidth == "INT8 W8A8"
@@ -80,11 +87,11 @@ def test_results_table_is_laid_out_like_the_papers(sweep: Sweep):
 
 
 def test_results_table_marks_a_diverged_seed(sweep: Sweep):
-    # fp8/arithmetic has one seed that diverged: its cell is a mean over a run that stopped early, and says so
+    # naive/arithmetic has one seed that diverged: its cell is a mean over a run that stopped early, and says so
     t = results_table(sweep)
-    fp8 = t.display[t.display.Method == "fp8"].iloc[0]
+    fp8 = t.display[t.display.Method == "naive"].iloc[0]
     assert fp8["arithmetic"].endswith("(1 div.)") and "div." not in fp8["countdown"]
-    assert _cell(t.data, method="fp8").arithmetic_n_diverged == 1
+    assert _cell(t.data, method="naive").arithmetic_n_diverged == 1
     assert "div." not in "".join(t.display[t.display.Method == "tis"].iloc[0].astype(str))
     assert "'div.' = seeds that diverged" in t.caption
     md = render(t.display, "md", bold=t.bold)
@@ -93,7 +100,7 @@ def test_results_table_marks_a_diverged_seed(sweep: Sweep):
 
 def test_throughput_excludes_warmup_and_gives_speedup_vs_bf16(sweep: Sweep):
     data = throughput_table(sweep).data
-    fp8 = _cell(data, method="fp8")
+    fp8 = _cell(data, method="naive")
     assert math.isclose(fp8.tokens_per_s_mean, 1600.0)  # step 0 (100 tok/s) is warm-up
     assert math.isclose(fp8.rollout_speedup, 1.6)
     assert math.isclose(_cell(data, method="acr_uaq").rollout_speedup, 1.8)
@@ -107,14 +114,14 @@ def test_throughput_rows_split_the_step_and_call_cpu_low_precision_emulated(swee
     t = throughput_table(sweep)
     assert list(t.display.columns) == ["Method", "Rollout", "Engine", "Rollout tok/s", "Rollout speed-up", "generation s",
                                        "sync + requant s", "recompute s", "train s", "step s", "Step speed-up"]
-    fp8 = _cell(t.display, Method="fp8")
+    fp8 = _cell(t.display, Method="naive")
     # synth: 2000 tokens at 1600 tok/s = 1.25 s of generation; sync 0.1, recompute 0.2, train 0.5 -> step 2.05 s
     assert (fp8["Rollout"], fp8["Engine"]) == ("FP8 (emulated)", "embedded (cpu)")
     assert [fp8[c] for c in ("generation s", "sync + requant s", "recompute s", "train s", "step s")] == [
         "1.250", "0.100", "0.200", "0.500", "2.050"]
     assert _cell(t.display, Method="acr_uaq")["Rollout"] == "INT8 (emulated)"
     assert _cell(t.display, Method="bf16")["Rollout"] == "BF16"  # not quantized: nothing to emulate
-    assert bool(_cell(t.data, method="fp8").emulated) and not bool(_cell(t.data, method="bf16").emulated)
+    assert bool(_cell(t.data, method="naive").emulated) and not bool(_cell(t.data, method="bf16").emulated)
 
 
 def _timed_run(method, precision, engine, device, tps, parts, info_runtime=True, task="a") -> Run:
@@ -139,23 +146,23 @@ def _timed_run(method, precision, engine, device, tps, parts, info_runtime=True,
 def test_throughput_compares_arms_only_on_the_same_engine_and_device():
     sweep = Sweep([
         _timed_run("bf16", "bf16", "embedded", "cuda", 1000.0, (2.0, 0.1, 0.3, 0.6)),
-        _timed_run("fp8", "fp8_e4m3", "embedded", "cuda", 1600.0, (1.25, 0.15, 0.3, 0.6)),
-        _timed_run("fp8", "fp8_e4m3", "vllm", "cuda", 4000.0, (0.5, 0.05, 0.3, 0.6)),
-        _timed_run("fp8", "fp8_e4m3", "embedded", "cpu", 50.0, (40.0, 0.2, 1.0, 2.0)),
+        _timed_run("naive", "fp8_e4m3", "embedded", "cuda", 1600.0, (1.25, 0.15, 0.3, 0.6)),
+        _timed_run("naive", "fp8_e4m3", "vllm", "cuda", 4000.0, (0.5, 0.05, 0.3, 0.6)),
+        _timed_run("naive", "fp8_e4m3", "embedded", "cpu", 50.0, (40.0, 0.2, 1.0, 2.0)),
     ], [])
     t = throughput_table(sweep)
-    gpu = _cell(t.data, method="fp8", engine="embedded", device="cuda")
+    gpu = _cell(t.data, method="naive", engine="embedded", device="cuda")
     assert math.isclose(gpu.rollout_speedup, 1600 / 1000)
     assert math.isclose(gpu.step_speedup, (2.0 + 0.1 + 0.3 + 0.6) / (1.25 + 0.15 + 0.3 + 0.6))
     assert not gpu.emulated and math.isclose(gpu.sync_s, 0.15) and math.isclose(gpu.other_s, 0.0)
-    vllm = _cell(t.data, method="fp8", engine="vllm")
+    vllm = _cell(t.data, method="naive", engine="vllm")
     assert np.isnan(vllm.rollout_speedup) and np.isnan(vllm.step_speedup)  # no bf16 run on vllm: no speed-up
-    cpu = _cell(t.data, method="fp8", device="cpu")
+    cpu = _cell(t.data, method="naive", device="cpu")
     assert bool(cpu.emulated) and np.isnan(cpu.rollout_speedup)  # never against the GPU's bf16
     rows = t.display.set_index("Engine")
     assert rows.loc["vllm (cuda)", "Rollout"] == "FP8" and rows.loc["vllm (cuda)", "Rollout speed-up"] == "–"
     assert rows.loc["embedded (cpu)", "Rollout"] == "FP8 (emulated)"
-    assert _cell(t.display, Engine="embedded (cuda)", Method="fp8")["Rollout speed-up"] == "1.60×"
+    assert _cell(t.display, Engine="embedded (cuda)", Method="naive")["Rollout speed-up"] == "1.60×"
 
 
 def test_throughput_reads_runs_of_older_trainers():
@@ -178,8 +185,8 @@ def _run(method: str, precision: str, task: str, tps: float, step_s: float) -> R
 def test_speedup_is_a_geometric_mean_of_per_task_ratios():
     # Task b's responses are longer (higher tok/s); pooling the runs would weight the ratio by task.
     sweep = Sweep([_run("bf16", "bf16", "a", 1000, 2.0), _run("bf16", "bf16", "b", 2000, 4.0),
-                   _run("fp8", "fp8_e4m3", "a", 1500, 1.0), _run("fp8", "fp8_e4m3", "b", 4000, 1.0)], [])
-    fp8 = _cell(throughput_table(sweep).data, method="fp8")
+                   _run("naive", "fp8_e4m3", "a", 1500, 1.0), _run("naive", "fp8_e4m3", "b", 4000, 1.0)], [])
+    fp8 = _cell(throughput_table(sweep).data, method="naive")
     assert math.isclose(fp8.rollout_speedup, math.sqrt(1.5 * 2.0))
     assert math.isclose(fp8.step_speedup, math.sqrt(2.0 * 4.0))
 

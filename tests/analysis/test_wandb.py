@@ -93,7 +93,7 @@ class _FakeRun:
     def __init__(self, rid: str, state: str, summary: dict[str, Any], seed: int):
         self.id, self.name, self.state, self.summary = rid, f"run-{rid}", state, summary
         self.path = ["ent", "proj", rid]
-        self.config = {"method.name": "fp8", "method.precision": "fp8_e4m3", "task.name": "countdown",
+        self.config = {"method.name": "naive", "method.precision": "fp8_e4m3", "task.name": "countdown",
                        "model.name": "tiny", "seed": seed, "train.steps": 2,
                        # what the trainer attaches for the analysis (bench/train.py -> tracking run_info)
                        "run_info": {"arm": {"color": "#D55E00", "order": 10, "diagnostics": {}},

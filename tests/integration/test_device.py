@@ -22,8 +22,10 @@ def test_fp16_micro_batched_checkpointed_run_completes_and_records_its_runtime(t
     cfg = make_cfg(tmp_path, *KNOBS)
     assert execute(cfg) == "completed"
     run = RunDir.of(cfg)
-    assert run.info()["runtime"] == {"engine": "embedded", "device": "cpu", "device_name": run.info()["runtime"]["device_name"],
-                                     "trainer_dtype": "fp16"}
+    runtime = run.info()["runtime"]
+    assert runtime == {"engine": "embedded", "device": "cpu", "device_name": runtime["device_name"],
+                       "cpu_model": runtime["cpu_model"], "trainer_dtype": "fp16"}
+    assert runtime["device_name"].startswith("cpu (") and runtime["cpu_model"]  # the ISA and the CPU, for the report
     for row in run.metrics():
         assert row["train/grad_scale"] == 2.0**16 and row["train/skipped_steps"] == 0.0  # fp32 grads on CPU: no overflow
         assert all(math.isfinite(v) for v in row.values())

@@ -103,5 +103,5 @@ def test_a_mini_through_the_cli_row_sweeper_and_local_launcher(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     done = sorted(str(p.parent.relative_to(tmp_path)) for p in tmp_path.rglob("run.json"))
     assert done == [f"p3o_fp8_mini/fp8_e4m3/eps{e}/{m}/deepscaler/mini_qwen2/seed0"
-                    for e, m in (("0.2", "ess"), ("0.2", "fp8_ppo_is"), ("0.4", "fp8_ppo_is"), ("0.6", "fp8_ppo_is"))]
+                    for e, m in (("0.2", "ess"), ("0.2", "naive_ppo_is"), ("0.4", "naive_ppo_is"), ("0.6", "naive_ppo_is"))]
     assert (tmp_path / "p3o_fp8_mini" / "multirun.yaml").exists()

@@ -26,10 +26,10 @@ STEP_KEYS = [
 
 
 def test_run_writes_a_complete_run_directory(tmp_path):
-    cfg = make_cfg(tmp_path, "method=fp8")
+    cfg = make_cfg(tmp_path, "method=naive")
     assert execute(cfg) == "completed"
     run = RunDir.of(cfg)
-    assert run.path == tmp_path / "default" / "fp8" / "arithmetic" / "tiny" / "seed0"
+    assert run.path == tmp_path / "default" / "naive" / "arithmetic" / "tiny" / "seed0"
     info = run.info()
     assert info["status"] == "completed" and info["reason"] is None
     assert info["host"] and info["versions"]["torch"] == torch.__version__ and "git_sha" in info

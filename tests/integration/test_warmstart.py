@@ -65,9 +65,7 @@ def test_second_call_hits_the_cache_with_identical_weights(tmp_path, small_task,
         raise AssertionError("cache miss: the warm start was trained again")
 
     monkeypatch.setattr(ws, "train_warm_start", no_training)
-    t0 = time.perf_counter()
-    second, _ = load_policy(cfg, small_task)
-    assert time.perf_counter() - t0 < 5.0
+    second, _ = load_policy(cfg, small_task)  # no_training above is the cache-hit check (no wall-time bound)
     assert same_weights(weights(first), weights(second))
     # labels and locations are not part of the key; hyper-parameters are
     assert warm_start_dir(dataclasses.replace(cfg, name="renamed"), small_task) == built

@@ -74,10 +74,10 @@ def test_budget_checks_name_the_key(bad):
 
 
 def test_rows_cross_the_cartesian_part_and_the_command_line_wins():
-    jobs = expand_rows(["method=bf16", "method=fp8 rollout.precision=int8"], [["seed=0"], ["seed=1"]])
+    jobs = expand_rows(["method=bf16", "method=naive rollout.precision=int8"], [["seed=0"], ["seed=1"]])
     assert jobs == [["method=bf16", "seed=0"], ["method=bf16", "seed=1"],
-                    ["method=fp8", "rollout.precision=int8", "seed=0"], ["method=fp8", "rollout.precision=int8", "seed=1"]]
+                    ["method=naive", "rollout.precision=int8", "seed=0"], ["method=naive", "rollout.precision=int8", "seed=1"]]
     assert expand_rows([], [["a=1"], ["a=2"]]) == [["a=1"], ["a=2"]]
     # a job override of a key the row sets replaces it (here the precision)
-    assert expand_rows(["method=fp8 rollout.precision=int8"], [["rollout.precision=fp8_e4m3"]]) == [
-        ["method=fp8", "rollout.precision=fp8_e4m3"]]
+    assert expand_rows(["method=naive rollout.precision=int8"], [["rollout.precision=fp8_e4m3"]]) == [
+        ["method=naive", "rollout.precision=fp8_e4m3"]]

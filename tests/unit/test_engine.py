@@ -110,18 +110,25 @@ def test_quantized_hf_fallback(models):
         assert torch.isfinite(gap).all() and 1e-5 < gap.max() < 0.2
 
 
-def test_native_bf16_branch(models, monkeypatch):
-    """On CPUs with bf16 hardware the engine runs torch's bf16 GEMM and attention instead of the fp32
-    emulation; forced here, the result is a bf16 rollout too (small, nonzero gap; not the same numbers)."""
-    emulated = _rollout(EmbeddedEngine("bf16"), models["qwen2"])
-    monkeypatch.setattr(plain, "native_bf16_matmul", lambda: True)
-    monkeypatch.setattr(embedded, "native_bf16_matmul", lambda: True)
+def _force_native_bf16(monkeypatch, native: bool) -> None:
+    """Pin the engine's bf16 branch regardless of this CPU (the detection reads /proc/cpuinfo flags)."""
+    monkeypatch.setattr(plain, "native_bf16_matmul", lambda: native)
+    monkeypatch.setattr(embedded, "native_bf16_matmul", lambda: native)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_branches(models, monkeypatch, native):
+    """On CPUs with bf16 hardware (AVX512-BF16, AMX) the engine runs torch's bf16 GEMM and attention; elsewhere
+    it emulates bf16 in fp32 (bf16-rounded operands). Both branches are forced here, whatever this CPU has, and
+    each must give a bf16 rollout: a small, nonzero gap to fp32. Whether the two branches' numbers coincide
+    depends on the CPU's kernels, so it is not asserted."""
+    _force_native_bf16(monkeypatch, native)
     engine = EmbeddedEngine("bf16")
-    native = _rollout(engine, models["qwen2"])
-    assert engine.decoder.attn == torch.bfloat16 and engine.decoder.layers[0].qkv.weight.dtype == torch.bfloat16
-    gap = _gap(models["qwen2"], native)
+    rollout = _rollout(engine, models["qwen2"])
+    want = torch.bfloat16 if native else torch.float32
+    assert engine.decoder.attn == want and engine.decoder.layers[0].qkv.weight.dtype == want
+    gap = _gap(models["qwen2"], rollout)
     assert torch.isfinite(gap).all() and 1e-5 < gap.max() < 0.05
-    assert not torch.equal(native.logp_mu, emulated.logp_mu)
 
 
 def test_int8_kernels_give_identical_rollouts(models):
@@ -298,3 +305,46 @@ def test_fp8_kv_cache_option(models):
         EmbeddedEngine("bf16", kv_cache_dtype="fp8", backend="hf").load_weights(models["qwen2"])
     with pytest.raises(ValueError, match="'int8'.*valid choices: fp8"):
         EmbeddedEngine("bf16", kv_cache_dtype="int8")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8", "bf16"])
+def test_chunked_generation_equals_one_batch(models, precision):
+    """H3: a batch generated a few sequences at a time (one KV cache per chunk) gives the same tokens and
+    log-probs as one batch: every sequence samples from its own uniforms, so the chunking cannot matter."""
+    model = models["qwen2"]
+    free = _rollout(EmbeddedEngine(precision, chunk_tokens=None), model, n=4, new=12)
+    eos = int(free.response_ids[1, 3])  # a token that occurs: rows end at different steps
+    whole = _rollout(EmbeddedEngine(precision, eos_id=eos, chunk_tokens=None), model, n=4, new=12, temperature=0.8)
+    seq = 7 + 12  # prompt + max new tokens
+    for rows in (1, 2, 5):
+        engine = EmbeddedEngine(precision, eos_id=eos, chunk_tokens=rows * seq)
+        engine.load_weights(model)
+        cache_rows = []
+        start = engine.decoder.start
+        engine.decoder.start = lambda ids, mask, T: cache_rows.append(ids.shape[0]) or start(ids, mask, T)
+        ids, mask = _prompts()
+        r = engine.generate(ids, mask, 4, SamplingParams(12, 0.8), torch.Generator().manual_seed(0))
+        assert cache_rows == [rows] * (12 // rows) + ([12 % rows] if 12 % rows else [])  # each cache holds a chunk
+        assert torch.equal(r.response_ids, whole.response_ids) and torch.equal(r.response_mask, whole.response_mask)
+        tol = 1e-5 if precision != "bf16" else 1e-2  # batch-size-dependent GEMM kernels: rounding only
+        assert (r.logp_mu - whole.logp_mu).abs().max() < tol
+        assert torch.equal(r.prompt_ids, whole.prompt_ids)
+    assert not whole.response_mask.all() and whole.response_mask[:, 0].all()  # some rows stopped early
+
+
+def test_inverse_cdf_draws_each_token_with_its_probability():
+    probs = torch.tensor([[0.5, 0.0, 0.25, 0.25]]).expand(40000, 4)
+    u = torch.rand(40000, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(embedded.inverse_cdf(probs, u), minlength=4).float() / 40000
+    assert counts[1] == 0 and (counts - probs[0]).abs().max() < 0.02  # 4 sigma ~ 0.01
+    edge = embedded.inverse_cdf(torch.tensor([[0.5, 0.5, 0.0]]), torch.tensor([1.0], dtype=torch.float64))
+    assert edge.item() != 2  # u * total at the very end never lands on a zero-probability token
+
+
+def test_chunk_rows():
+    assert embedded.chunk_rows(100, None) >= 10**9
+    assert embedded.chunk_rows(100, 250) == 2 and embedded.chunk_rows(100, 50) == 1
+    with pytest.raises(ValueError, match="chunk_tokens=0"):
+        EmbeddedEngine("fp32", chunk_tokens=0)
+    with pytest.raises(ValueError, match="rollout.chunk_tokens=0"):
+        EmbeddedRolloutConfig(precision="fp32", chunk_tokens=0).check()

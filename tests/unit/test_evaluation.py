@@ -77,7 +77,8 @@ def test_samples_per_problem():
     (dict(k=0), r"eval.k=0 must be at least 1"),
     (dict(top_p=0.0), r"eval.top_p=0.0 must be in \(0, 1\]"),
     (dict(top_p=1.5), r"eval.top_p=1.5 must be in \(0, 1\]"),
-    (dict(temperature=0.0), r"eval.temperature=0.0 must be positive"),
+    (dict(temperature=0.0), r"eval.temperature=0.0 must be positive and finite"),
+    (dict(temperature=float("inf")), r"eval.temperature=inf must be positive and finite"),
     (dict(sets=["aime2024"]), r"eval.sets: 'aime2024' not a registered task; choose from: .*aime24"),
     (dict(sets=["aime24", "aime24"]), r"names a set twice"),
     (dict(sets=["aime24"], overrides={"amc23": {"max_test": 3}}), r"eval.overrides has 'amc23', which eval.sets"),
@@ -169,7 +170,8 @@ def test_pass_at_k_of_the_known_model(setup):
     assert set(m) == {f"eval/jsonl/pass@{j}" for j in (1, 2, 4, 8, 16)} | {"eval/jsonl/reward_mean",
                                                                             "eval/jsonl/response_length"}
     assert m["eval/jsonl/pass@16"] == pytest.approx(2 / 3)  # a and b are each answered right in some of 16 samples, c never
-    assert 0.15 < m["eval/jsonl/pass@1"] < 0.5 and math.isclose(m["eval/jsonl/pass@1"], m["eval/jsonl/reward_mean"])
+    assert 0.15 < m["eval/jsonl/pass@1"] < 0.5
+    assert math.isclose(m["eval/jsonl/pass@1"], m["eval/jsonl/reward_mean"], rel_tol=1e-6)  # fp32 mean
     values = [m[f"eval/jsonl/pass@{j}"] for j in (1, 2, 4, 8, 16)]
     assert values == sorted(values)
     assert m["eval/jsonl/response_length"] == 2.0
@@ -190,9 +192,41 @@ def test_evaluate_policy_logs_the_training_task_and_each_set(setup):
     sets = build_eval_sets(cfg, task)
     assert sets["jsonl"] is task and sets["arithmetic"].cfg.n_test == 5
     out = evaluate_policy(engine, model, tok, task, sets, cfg, PromptFormat(), seed=0, step=0)
+    assert engine.decoder is None  # its fp32 policy copy is released for the training step (rebuilt at the next eval)
+    engine.load_weights(model)
     assert out["eval/accuracy"] == pytest.approx(1 / 3, rel=1e-6)  # the training task: greedy, as before
     assert {"eval/jsonl/avg@4", "eval/arithmetic/avg@4"} <= set(out)
     answerable = sum(ex["answer"] in (7, 8) for ex in sets["arithmetic"].examples("test"))
     assert out["eval/arithmetic/avg@4"] <= answerable / 5  # the model only ever answers 7 or 8
     other = build_eval_sets(EvalConfig(sets=["jsonl"], overrides={"jsonl": {**files, "n_test": 2}}), task)
     assert other["jsonl"] is not task and len(other["jsonl"].examples("test")) == 2
+
+
+class OnDevice:
+    """The real engine, reporting that it samples on `device` (a GPU cannot be had here; issue H1)."""
+
+    def __init__(self, engine, device):
+        self.engine, self.sampling_device, self.max_len, self.seen = engine, torch.device(device), None, []
+
+    def generate(self, *args):
+        self.seen.append(args[-1])
+        return self.engine.generate(*args)
+
+
+def test_sampled_eval_makes_its_generator_on_the_engines_device(setup, monkeypatch):
+    """A CPU generator handed to an engine on a GPU stopped every avg@k / pass@k run at step 0 (H1)."""
+    import bench.evaluation as ev
+
+    tok, task, engine, _, _ = setup
+    made = []
+
+    def make_generator(device, seed):  # a generator on `meta` cannot be built: record the device asked for
+        made.append(torch.device(device))
+        return torch.Generator().manual_seed(seed)
+
+    monkeypatch.setattr(ev, "make_generator", make_generator)
+    stub = OnDevice(engine, "meta")
+    evaluate_set(stub, tok, "jsonl", task, EvalConfig(mode="avg@k", k=2, sets=["jsonl"]), PromptFormat(), 0, 0)
+    assert made == [torch.device("meta")]
+    assert stub.seen and all(g is not None and g.device.type == "cpu" for g in stub.seen)
+    assert engine.sampling_device == torch.device("cpu")  # the embedded engine's: its weights' device

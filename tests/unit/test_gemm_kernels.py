@@ -16,6 +16,7 @@ import transformers as tr
 
 from bench.quant import fp8 as fp8_mod
 from bench.quant.fp8 import Fp8ScaledMMLinear, choose_fp8_kernel, fp8_gemm, scaled_mm_scales
+from bench.quant import int8 as int8_mod
 from bench.quant.int8 import Int8Linear, int8_matmul, int_mm_weight, resolve_int8_kernel
 from bench.quant.linear import FakeQuantLinear, make_linear, pad_rows
 from bench.quant.quantizers import Quantizer
@@ -124,9 +125,12 @@ def test_engine_on_the_scaled_mm_path_samples_what_the_emulation_samples(monkeyp
 # ------------------------------------------------------------------------------------------------ INT8
 def test_int8_weight_layout_and_row_padding():
     codes = torch.randint(-128, 128, (48, 64)).float()
-    w = int_mm_weight(codes)
+    w = int_mm_weight(codes, "column_major")  # CUDA's (M2): w.t() column-major [K, N], cuBLASLt's TN case
     assert w.shape == (48, 64) and w.dtype == torch.int8 and torch.equal(w.float(), codes)
-    assert w.t().is_contiguous()  # the row-major [K, N] second operand cuBLAS needs
+    assert w.is_contiguous() and w.t().stride() == (1, 64)
+    row = int_mm_weight(codes)  # on the CPU: w.t() contiguous, the CPU kernel's fast layout
+    assert row.t().is_contiguous() and torch.equal(row, w)
+    assert int8_mod.int_mm_layout("cuda") == "column_major" and int8_mod.int_mm_layout("cpu") == "row_major"
     x = torch.randn(5, 64)
     padded = pad_rows(x, 17)
     assert padded.shape == (17, 64) and torch.equal(padded[:5], x) and not padded[5:].any()
@@ -140,7 +144,8 @@ def test_int_mm_path_equals_the_exact_emulation(rows, k):
     b = torch.randint(-128, 128, (48, k), generator=g).float()
     expected = int8_matmul(a, b, "emulated")
     assert torch.equal(int8_matmul(a, int_mm_weight(b), "int_mm"), expected)
-    assert torch.equal(int8_matmul(a, b, "int_mm"), expected)  # a plain [N, K] weight is made contiguous first
+    assert torch.equal(int8_matmul(a, int_mm_weight(b, "column_major"), "int_mm"), expected)
+    assert torch.equal(int8_matmul(a, b, "int_mm"), expected)  # a plain float [N, K] weight is cast first
     assert torch.equal(torch._int_mm(pad_rows(a.to(torch.int8), 17), int_mm_weight(b).t())[:rows].float(), expected)
 
 
@@ -157,5 +162,5 @@ def test_int8_kernel_choice_by_device_and_layer(monkeypatch):
         assert resolve_int8_kernel("auto", (48, 64), CPU) == ("int_mm" if fast else "emulated")
     w, bias, x = _layer_inputs()
     layer = Int8Linear(w, bias, Quantizer("int8"), kernel="int_mm")
-    assert layer.weight_codes.dtype == torch.int8 and layer.weight_codes.t().is_contiguous()
+    assert layer.weight_codes.dtype == torch.int8 and layer.weight_codes.t().is_contiguous()  # the CPU's layout
     assert torch.equal(layer(x), Int8Linear(w, bias, Quantizer("int8"), kernel="emulated")(x))

@@ -129,7 +129,7 @@ def test_trainer_step_on_cuda_and_resume_on_cpu(tmp_path):
     from bench.train import build, checkpoint, restore, train_step
     from tests.helpers import make_cfg
 
-    cfg = make_cfg(tmp_path, "method=fp8", "train.device=cuda", "train.micro_batch_size=4",
+    cfg = make_cfg(tmp_path, "method=naive", "train.device=cuda", "train.micro_batch_size=4",
                    "train.gradient_checkpointing=true")
     p = build(cfg)
     assert all(t.device.type == "cuda" for t in p.policy.parameters())
@@ -141,7 +141,7 @@ def test_trainer_step_on_cuda_and_resume_on_cpu(tmp_path):
     run.save_checkpoint(checkpoint(p, 1))
     ckpt = run.load_checkpoint()
     assert ckpt["generator_device"] == "cuda" and next(iter(ckpt["policy"].values())).device.type == "cpu"
-    q = build(make_cfg(tmp_path / "cpu", "method=fp8", "train.device=cpu"))
+    q = build(make_cfg(tmp_path / "cpu", "method=naive", "train.device=cpu"))
     with pytest.warns(UserWarning, match="checkpoint written on cuda, resumed on cpu"):
         assert restore(q, ckpt) == 1
     for a, b in zip(p.policy.parameters(), q.policy.parameters()):

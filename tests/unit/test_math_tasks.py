@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from bench.tasks.base import build_task
 from bench.tasks.countdown_tasks import (
     COUNTDOWN_RESPONSE_PREFIX,
     COUNTDOWN_SYSTEM,
@@ -292,6 +293,6 @@ def test_fingerprint_hashes_local_files(tmp_path):
 
 def test_task_classes_by_name():
     assert {cls.name for cls in ALL_TASKS.values()} == set(ALL_TASKS)
-    assert all(cls.config_class().name == name for name, cls in ALL_TASKS.items())
+    assert all(build_task(cls.config_class()).cfg.name == name for name, cls in ALL_TASKS.items())
     assert Gsm8kTask.config_class().config == "main" and DapoMathTask.config_class().reward == "dapo"
     assert Amc23Task.config_class().test_split == "train" and CountdownTasksConfig().test_split is None

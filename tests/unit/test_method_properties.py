@@ -17,7 +17,7 @@ from bench.methods.ess import p3o_weights
 from bench.mismatch import mismatch_metrics
 
 D = torch.float64
-NAMES = ("bf16", "fp8", "fp8_ppo_is", "tis", "acr", "acr_uaq", "ess", "ais")
+NAMES = ("bf16", "naive", "naive_ppo_is", "tis", "acr", "acr_uaq", "ess", "ais")
 SETTINGS = settings(max_examples=60, deadline=None)
 
 logp_value = st.one_of(st.floats(-60.0, 0.0), st.floats(-1e4, 0.0), st.just(0.0))
@@ -131,7 +131,7 @@ def test_reduces_to_naive_when_mu_equals_pi_old(s, name, dual):
     s = dict(s, lmu=s["lold"])
     kw = {"tis-seq": {"is_level": "sequence"}, "tis-mask": {"is_mode": "mask"}}.get(name, {})
     loss, grad, stats, _ = run(make(name.split("-")[0], is_cap_C=s["C"], dual_clip_c=dual, **kw), s)
-    ref_loss, ref_grad, _, _ = run(make("fp8", dual_clip_c=dual), s)
+    ref_loss, ref_grad, _, _ = run(make("naive", dual_clip_c=dual), s)
     torch.testing.assert_close(loss, ref_loss, atol=1e-12, rtol=1e-12)
     torch.testing.assert_close(grad, ref_grad, atol=1e-12, rtol=1e-12)
     if name == "ais":
@@ -142,7 +142,7 @@ def test_reduces_to_naive_when_mu_equals_pi_old(s, name, dual):
 def test_registry_builds_every_arm(name):
     m = make(name)
     assert m.name == name and name in METHODS
-    assert m.needs_recompute is (name not in ("fp8_ppo_is", "ess"))
+    assert m.needs_recompute is (name not in ("naive_ppo_is", "ess"))
 
 
 def test_unknown_method_lists_valid_names():

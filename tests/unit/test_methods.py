@@ -57,7 +57,7 @@ N_LOLD = lg([[0.5], [0.2]])
 N_LMU = lg([[0.25], [0.4]])
 
 
-@pytest.mark.parametrize("name", ["bf16", "fp8"])
+@pytest.mark.parametrize("name", ["bf16", "naive"])
 def test_n1_recompute_form_ignores_mu(name):
     loss, g, _, met = run(method(name), N_LOLD, batch(N_LOLD, N_LMU, [1.0, -1.0]))
     close(loss, 0.0)
@@ -66,7 +66,7 @@ def test_n1_recompute_form_ignores_mu(name):
 
 
 def test_n2_bypass_form_clips_before_any_update():
-    m = method("fp8_ppo_is")
+    m = method("naive_ppo_is")
     assert m.needs_recompute is False
     loss, g, _, met = run(m, N_LOLD, batch(None, N_LMU, [1.0, -1.0]))
     close(loss, -0.2)
@@ -76,7 +76,7 @@ def test_n2_bypass_form_clips_before_any_update():
 
 
 def test_n3_bypass_negative_advantage_is_unbounded():
-    loss, g, _, met = run(method("fp8_ppo_is"), lg([[0.4]]), batch(None, lg([[0.1]]), [-1.0]))
+    loss, g, _, met = run(method("naive_ppo_is"), lg([[0.4]]), batch(None, lg([[0.1]]), [-1.0]))
     close(loss, 4.0)
     close(g, [[4.0]])
     assert met["clipfrac"] == 0.0
@@ -374,7 +374,7 @@ def test_ais_alpha_zero_with_fewer_than_two_responses():
 
 
 # ---------------------------------------------------------------- shared conventions
-@pytest.mark.parametrize("name", ["bf16", "fp8", "tis", "acr", "acr_uaq", "ais"])
+@pytest.mark.parametrize("name", ["bf16", "naive", "tis", "acr", "acr_uaq", "ais"])
 def test_kl_ref_is_added_unweighted(name):
     lref = lg([[0.25, 0.2, 0.9]])
     base, g0, _, _ = run(method(name), T_LOLD, batch(T_LOLD, T_LMU, [1.0]))
@@ -397,6 +397,6 @@ def test_recompute_methods_need_logp_old():
 def test_seq_mean_token_mean_aggregation_is_used():
     lold = lg([[0.5, 0.5], [0.5, 0.5]])
     b = batch(lold, lold, [1.0, 1.0], mask=[[True, True], [True, False]])
-    loss, g, _, _ = run(method("fp8", loss_agg="seq-mean-token-mean"), lold, b)
+    loss, g, _, _ = run(method("naive", loss_agg="seq-mean-token-mean"), lold, b)
     close(loss, -1.0)
     close(g, [[-0.25, -0.25], [-0.5, 0.0]])

@@ -57,6 +57,16 @@ def test_ratio_fractions_and_clamp():
     assert out["mismatch/chi2_seq"] == pytest.approx(math.exp(40.0) - 1.0)  # seq log-ratio clamped at 20
 
 
+def test_chi2_is_the_plain_estimator_and_may_be_negative():
+    """rho = [0.5, 1] on one token each of two sequences: mean rho^2 - 1 = -0.375 at both levels, not clamped
+    at 0 (the unbiased estimator of E_mu[rho^2] - 1; a clamp would bias step averages upward)."""
+    lold = torch.log(torch.tensor([[0.25], [0.5]], dtype=D))
+    lmu = torch.log(torch.tensor([[0.5], [0.5]], dtype=D))
+    out = mismatch_metrics(lold, lmu, torch.ones(2, 1, dtype=torch.bool))
+    assert out["mismatch/chi2_token"] == pytest.approx(-0.375)
+    assert out["mismatch/chi2_seq"] == pytest.approx(-0.375)
+
+
 def test_sequence_level_means_skip_empty_rows():
     lold = torch.log(torch.tensor([[0.5, 0.5], [0.2, 0.9]], dtype=D))
     lmu = torch.log(torch.tensor([[0.25, 0.5], [0.4, 0.1]], dtype=D))

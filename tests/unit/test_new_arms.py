@@ -1,4 +1,4 @@
-"""Hand-computed cases for the arms of issue 12: icepop (I1-I4), seq_mis (S1-S4), opsm (O1-O4), fp16 (F1-F5).
+"""Hand-computed cases for the arms of issue 12: icepop (I1-I4), geo_rs (S1-S4), opsm (O1-O4), fp16 (F1-F5).
 
 Loss values and autograd gradients w.r.t. ltheta as a leaf tensor, float64, token-mean over the valid tokens,
 clip range [0.8, 1.2]. Log-probs are written as log of probabilities chosen so that every ratio is a round
@@ -11,11 +11,10 @@ import pytest
 import torch
 
 from bench.config import validate
-from bench.methods.base import make_method
-from bench.methods.fp16 import FP16Config
+from bench.methods.base import arm_precision, make_method
 from bench.methods.icepop import IcePopConfig
 from bench.methods.opsm import OPSMConfig, opsm_keep
-from bench.methods.seq_mis import SeqMISConfig, geometric_keep
+from bench.methods.geo_rs import GeoRSConfig, geometric_keep
 from bench.models.logprobs import token_logprobs
 from bench.quant.plain import HalfLinear
 from bench.quant.quantizers import Quantizer, quantize
@@ -87,8 +86,8 @@ def test_i4_icepop_equals_tis_mask_mode_with_the_same_band():
 @pytest.mark.parametrize("schema, knobs, match", [
     (IcePopConfig, {"icepop_alpha": 1.5}, "icepop_alpha=1.5"),
     (IcePopConfig, {"icepop_beta": 0.9}, "icepop_beta=0.9"),
-    (SeqMISConfig, {"seq_mis_lo": 1.05}, "seq_mis_lo=1.05"),
-    (SeqMISConfig, {"seq_mis_hi": 0.99}, "seq_mis_hi=0.99"),
+    (GeoRSConfig, {"geo_rs_lo": 1.05}, "geo_rs_lo=1.05"),
+    (GeoRSConfig, {"geo_rs_hi": 0.99}, "geo_rs_hi=0.99"),
     (OPSMConfig, {"opsm_delta": -0.1}, "opsm_delta=-0.1"),
     (OPSMConfig, {"opsm_behaviour": "old"}, "opsm_behaviour='old'.*rollout, recompute"),
 ])
@@ -97,11 +96,11 @@ def test_bad_knobs_are_named(schema, knobs, match):
         schema(name="x", **knobs).check()
 
 
-# ---------------------------------------------------------------- seq_mis
+# ---------------------------------------------------------------- geo_rs
 # per-token log rho = lold - lmu; lold = log 0.5 everywhere
 S_D = tt([[math.log(3.0), -math.log(3.0)],  # mean 0      -> g = 1      kept  (tokens rho = 3 and 1/3)
-          [0.3, 0.1],                        # mean 0.2    -> g = 1.221  > 1.1 dropped
-          [-0.2, 99.0],                      # mean -0.2 (2nd token padded) -> g = 0.819 < 0.9 dropped
+          [0.3, 0.1],                        # mean 0.2    -> g = 1.221  > 1.1 rejected
+          [-0.2, 99.0],                      # mean -0.2 (2nd token padded) -> g = 0.819 < 1/1.1 rejected
           [0.05, 0.05]])                     # mean 0.05   -> g = 1.051  kept
 S_MASK = [[True, True], [True, True], [True, False], [True, True]]
 S_LOLD = torch.full((4, 2), LOG_HALF, dtype=D)
@@ -114,10 +113,10 @@ def s_batch():
     return batch(S_LOLD, lmu, S_ADV, S_MASK)
 
 
-def test_s1_seq_mis_drops_whole_sequences_outside_the_band():
+def test_s1_geo_rs_drops_whole_sequences_outside_the_band():
     # w = keep = rows 0 and 3; r = 1, psi = -A: row 0 -> -1, -1; row 3 -> +0.5, +0.5; 7 valid tokens
     # L = (-2 + 1) / 7 = -1/7; dL/dltheta = keep * (-A) / 7
-    loss, g, stats, _ = run(make_method("seq_mis"), S_LOLD, s_batch())
+    loss, g, stats, _ = run(make_method("geo_rs"), S_LOLD, s_batch())
     close(loss, -1.0 / 7.0)
     close(g, [[-1 / 7, -1 / 7], [0.0, 0.0], [0.0, 0.0], [0.5 / 7, 0.5 / 7]])
     assert stats["seq_masked_frac"] == 0.5
@@ -126,34 +125,34 @@ def test_s1_seq_mis_drops_whole_sequences_outside_the_band():
     assert_detached(stats)
 
 
-def test_s2_seq_mis_with_token_tis_on_the_kept_sequences():
+def test_s2_geo_rs_with_token_tis_on_the_kept_sequences():
     # row 0 weights min(3, 2) = 2 and 1/3; row 3: e^0.05 twice (C = 2)
     # L = (-(2 + 1/3) + 0.5 * 2 e^0.05) / 7
-    loss, g, stats, _ = run(make_method("seq_mis", seq_mis_token_tis=True), S_LOLD, s_batch())
+    loss, g, stats, _ = run(make_method("geo_rs", geo_rs_token_tis=True), S_LOLD, s_batch())
     e = math.exp(0.05)
     close(loss, (-(2.0 + 1.0 / 3.0) + e) / 7.0)
     close(g, [[-2 / 7, -(1 / 3) / 7], [0.0, 0.0], [0.0, 0.0], [0.5 * e / 7, 0.5 * e / 7]])
     close(stats["is_weights"], [[2.0, 1.0 / 3.0], [0.0, 0.0], [0.0, 0.0], [e, e]])
 
 
-def test_s3_seq_mis_band_edges_and_verl_band():
+def test_s3_geo_rs_band_edges_and_verl_band():
     keep, log_g = geometric_keep(S_D, torch.tensor(S_MASK), 0.8, 1.25)  # wider band: every row kept
     assert keep.tolist() == [True, True, True, True]
     close(log_g, [0.0, 0.2, -0.2, 0.05])
     keep, _ = geometric_keep(S_D, torch.tensor(S_MASK), 0.999, 1.001)  # verl's preset: only the exact-mean-0 row
     assert keep.tolist() == [True, False, False, False]
-    keep, log_g = geometric_keep(S_D, torch.zeros(4, 2, dtype=torch.bool), 0.9, 1.1)  # empty rows: g = 1, kept
+    keep, log_g = geometric_keep(S_D, torch.zeros(4, 2, dtype=torch.bool), 1 / 1.1, 1.1)  # empty rows: g = 1, kept
     assert keep.all() and (log_g == 0).all()
 
 
-def test_s4_seq_mis_geometric_mean_is_length_invariant():
+def test_s4_geo_rs_geometric_mean_is_length_invariant():
     # the same per-token drift 0.06 on a 2-token and a 50-token answer: the same g = e^0.06, both kept, whereas
     # the product ratio (Seq-TIS) is e^0.12 against e^3
     short, long_ = torch.full((1, 50), 0.06, dtype=D), torch.full((1, 50), 0.06, dtype=D)
     mask_short = torch.zeros(1, 50, dtype=torch.bool)
     mask_short[0, :2] = True
-    k1, g1 = geometric_keep(short, mask_short, 0.9, 1.1)
-    k2, g2 = geometric_keep(long_, torch.ones(1, 50, dtype=torch.bool), 0.9, 1.1)
+    k1, g1 = geometric_keep(short, mask_short, 1 / 1.1, 1.1)
+    k2, g2 = geometric_keep(long_, torch.ones(1, 50, dtype=torch.bool), 1 / 1.1, 1.1)
     close(g1, [0.06])
     close(g2, [0.06])
     assert bool(k1) and bool(k2)
@@ -228,11 +227,12 @@ def test_f2_fp16_arm_sets_both_precisions(tmp_path):
     cfg = make_cfg(tmp_path, "method=fp16")
     validate(cfg)
     assert cfg.rollout.precision == "fp16" and cfg.train.dtype == "fp16"
-    assert set(cfg.method) == {"name", "precision"}  # the trainer's dtype lives in train.*, not in the arm
+    assert set(cfg.method) == {"name"}  # the trainer's dtype lives in train.*, not in the arm
     assert make_cfg(tmp_path, "method=fp16", "train.dtype=fp32").train.dtype == "fp32"  # still overridable
-    assert make_cfg(tmp_path, "method=fp16", "rollout.precision=bf16").rollout.precision == "bf16"
+    with pytest.raises(ValueError, match="rollout.precision=bf16"):  # the fp16 baseline rolls out in fp16 only
+        validate(make_cfg(tmp_path, "method=fp16", "rollout.precision=bf16"))
     assert make_cfg(tmp_path, "method=tis").train.dtype == "bf16"  # the other arms keep the default
-    assert FP16Config(name="fp16").precision == "fp16"
+    assert arm_precision("fp16") == "fp16"
 
 
 def test_f3_fp16_format_rounds_to_the_ieee_half_grid():

@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 
 from bench.cli import CONF_DIR
 from bench.config import validate
-from bench.identity import parse_run_path, run_name, run_path
+from bench.identity import RunId, parse_run_path, run_path
 from bench.models.load import load_policy
 from bench.models.logprobs import token_logprobs
 from bench.models.tokenizer import PromptFormat, encode_prompts, stop_token_ids
@@ -57,9 +57,10 @@ def test_preset_names_its_hub_id_and_settings(name, tmp_path):
     assert cfg.model.chat_template is True and cfg.model.dtype == "fp32"
     # the name is a run-path segment and a run-name part as it is
     path = RunDir.of(cfg).path
-    assert path == run_path(tmp_path, "default", "bf16", "arithmetic", name, 0)
-    assert parse_run_path(path) == {"method": "bf16", "task": "arithmetic", "model": name, "seed": 0}
-    assert run_name("bf16", "gsm8k", name, 1) == f"bf16-gsm8k-{name}-s1"
+    assert path == run_path(tmp_path, "default", "bf16", "bf16", "arithmetic", name, 0)
+    assert parse_run_path(path) == {"method": "bf16", "precision": "bf16", "task": "arithmetic", "model": name,
+                                     "variant": "", "seed": 0}
+    assert RunId("s", "bf16", "bf16", "gsm8k", name, 1).name == f"bf16@bf16-gsm8k-{name}-s1"
 
 
 def test_every_preset_yaml_is_in_the_table():

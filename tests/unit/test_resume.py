@@ -13,7 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from bench.resume import decide, final_status
+from bench.resume import decide, final_status, preview
 from bench.store import RunDir
 
 
@@ -58,9 +58,21 @@ def test_rows_without_a_checkpoint_are_refused_not_truncated(run):
     assert str(run.path) in plan.message and "train.overwrite=true" in plan.message
     assert "10 metrics rows" in plan.message and "no run.json" in plan.message
     assert run.metrics_file.read_bytes() == before
-    # a run killed before its first checkpoint: the same
-    run.update_info(status="running")
-    assert decide(run, cfg()).action == "refuse" and run.metrics_file.read_bytes() == before
+
+
+@pytest.mark.parametrize("status", ["running", "preempted", "failed"])
+def test_an_unfinished_run_without_a_checkpoint_restarts_from_step_0(run, status):
+    # killed (running), stopped (preempted) or failed (a full disk) before its first checkpoint: issue 19 R1
+    write_rows(run, range(3), [0, 2])
+    run.update_info(status=status, wandb_id="abc", attempts=1)
+    plan = decide(run, cfg())
+    assert (plan.action, plan.start, plan.checkpoint) == ("start", 0, None)
+    assert any("restarting from step 0; its 3 metrics and 2 eval rows are recomputed identically" in n
+               for n in plan.notes), plan.notes
+    assert run.metrics() == [] and run.evals() == []
+    info = run.info()
+    assert info["wandb_id"] is None and info["attempts"] == 1  # a new W&B run; the attempt count is kept
+    assert preview(RunDir(run.path), cfg()) == "run"  # nothing left to restart
 
 
 def test_overwrite_is_the_explicit_way_to_restart(run):
@@ -194,6 +206,8 @@ def test_preview_says_what_decide_will_do_without_touching_anything(run):
     (run.path / "ckpt" / "last.pt.tmp1").write_bytes(b"x")
     before = sorted(p.name for p in run.path.rglob("*"))
     assert preview(run, cfg()) == "refuse" and decide(run, cfg()).action == "refuse"
+    run.update_info(status="preempted")  # stopped before its first checkpoint
+    assert preview(run, cfg()) == "restart" and run.metrics() != []
     save(run, 2)
     assert preview(run, cfg()) == "resume"
     run.update_info(status="diverged")

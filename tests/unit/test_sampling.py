@@ -36,9 +36,14 @@ def test_nucleus_by_hand(top_p, kept):
             assert out[i].item() == float("-inf")
 
 
+def _uniforms(rows: int, seed: int) -> torch.Tensor:
+    """One float64 uniform per row: what the engine hands the sampler at each step."""
+    return torch.rand(rows, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+
 def test_sampled_frequencies_and_logprobs_follow_the_truncated_distribution():
     logits = _logp(PROBS).repeat(20000, 1)
-    tok, lp = _sample(logits, SamplingParams(1, temperature=1.0, top_p=0.7), torch.Generator().manual_seed(0))
+    tok, lp = _sample(logits, SamplingParams(1, temperature=1.0, top_p=0.7), _uniforms(20000, 0))
     assert set(tok.tolist()) == {1, 3}
     freq = (tok == 1).float().mean().item()
     assert abs(freq - 0.625) < 0.01  # binomial sd 0.0034
@@ -48,8 +53,8 @@ def test_sampled_frequencies_and_logprobs_follow_the_truncated_distribution():
 
 def test_top_p_one_is_plain_sampling():
     logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(3))
-    a = _sample(logits, SamplingParams(1, 0.8), torch.Generator().manual_seed(1))
-    b = _sample(logits, SamplingParams(1, 0.8, top_p=1.0), torch.Generator().manual_seed(1))
+    a = _sample(logits, SamplingParams(1, 0.8), _uniforms(64, 1))
+    b = _sample(logits, SamplingParams(1, 0.8, top_p=1.0), _uniforms(64, 1))
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 

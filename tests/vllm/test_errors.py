@@ -40,7 +40,7 @@ def test_build_engine_refuses_int8_from_a_config():
 
 def test_gpu_scheme_mapping():
     """What a GPU gets (vLLM's online FP8 schemes); checked as data since this machine has no GPU."""
-    assert vllm_settings("fp8_e4m3", "per_tensor", "per_token", "gpu") == {"dtype": "bfloat16", "quantization": "fp8"}
+    assert vllm_settings("fp8_e4m3", "per_tensor", "per_token", "gpu") == {"dtype": "bfloat16", "quantization": "fp8_per_tensor"}
     assert vllm_settings("fp8_e4m3", "per_block", "per_token", "gpu")["quantization"] == "fp8_per_block"
     assert vllm_settings("fp8_e4m3", "per_channel", "per_token", "gpu")["quantization"] == "fp8_per_channel"
     assert vllm_settings("bf16", "per_tensor", "none", "gpu") == {"dtype": "bfloat16"}  # granularities unused

@@ -33,7 +33,7 @@ STEP_KEYS = [
 RUN = ["rollout=vllm", "train.steps=5", "model.warmstart_steps=40", "model.warmstart_target_acc=null"]
 
 
-@pytest.mark.parametrize("method, precision", [("bf16", "bf16"), ("fp8", "fp8_e4m3")])
+@pytest.mark.parametrize("method, precision", [("bf16", "bf16"), ("naive", "fp8_e4m3")])
 def test_grpo_run_with_vllm_rollouts(tmp_path, method, precision):
     cfg = make_cfg(tmp_path, *RUN, f"method={method}")
     parts = build(cfg)

@@ -1,0 +1,206 @@
+"""Peak GPU memory of a run, estimated from its composed config (`qrl-bench -m +experiment=... --dry-run`).
+
+Not a measurement: arithmetic over the model's shape and the run's batch settings, in decimal GB (1e9 bytes),
+so a recipe can be checked against its GPU before a job is queued. `scripts/gpu_check.sh` compares it with the
+peak torch reports for two steps of `qurl_table1` on a real GPU. Terms (P = parameters, P_lin = decoder linear
+weights, emb = V x h, L layers, h hidden, i MLP width, V vocabulary; per token of a batch padded to
+prompt + max new tokens, the worst case):
+
+resident, held through the whole step
+    trainer states      fp32 master weights + grads + AdamW m, v: 16 B x P (model.dtype=bf16: 8 B x P)
+    autocast copies     bf16/fp16 weight copies under autocast: 2 B x P
+    update snapshot     the weight-update diagnostic's copy of the linear weights: 4 B x P_lin
+    critic              algo.advantage=gae: a copy of the backbone with its own AdamW (16 B x (P_lin + emb))
+    reference           algo.kl_ref_beta > 0: an fp32 copy, 4 B x P
+    rollout engine      embedded: its weights in the rollout precision (8-bit linears 1 B, bf16 2 B, fake-quant
+                        formats 4 B x P_lin; embedding and lm_head in the activation dtype, both kept even when
+                        tied); vllm: gpu_memory_utilization x the GPU, reserved at start (weights + KV cache)
+transient, one phase at a time (the peak is the resident part plus the largest)
+    generation          embedded KV cache at its chunk size: min(rollout.chunk_tokens, sequences x tokens) x
+                        2 L kv_heads head_dim x bytes (bf16 2, fp32 4), plus the sampler's [rows, V] logits,
+                        log-probs and float64 CDF (24 B x V per row); evaluation the same for the fp32 engine
+                        at eval.batch_size sequences, and that engine's weights, 4 B x (P_lin + 2 emb) (built for
+                        each evaluation and released after it)
+    recompute           no-grad log-prob passes over train.micro_batch_tokens tokens: ~14 B x V per token
+                        (bf16 logits, their fp32 copy, / T, log-softmax) + one layer's activations
+    training            train.micro_batch_size sequences (null: the minibatch): ~20 B x V per token (the above
+                        plus their gradients) + activations: with gradient checkpointing the layer inputs
+                        (L x h x 2 B), without it ~L x (26 h + 8 i) B (the README's GPU section)
+
+Several GPUs (budget.gpus > 1) where one does not hold the run: the trainer states, autocast copies, snapshot,
+critic and reference are divided by the GPU count, as a sharded trainer (FSDP2) would hold them; the rest is per
+GPU. That path is the scale-out path, and the estimate says so (`sharded`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.rollout.embedded import CHUNK_TOKENS
+from bench.rollout.vllm_engine import GPU_MEMORY_UTILIZATION
+
+GB = 1e9
+#: Published config.json shapes of the hub models the recipes name (Hugging Face model cards):
+#: hidden, layers, attention heads, kv heads, head_dim, MLP width, vocabulary, tied embeddings.
+SHAPES: dict[str, tuple[int, int, int, int, int, int, int, bool]] = {
+    "Qwen/Qwen2.5-0.5B-Instruct": (896, 24, 14, 2, 64, 4864, 151936, True),
+    "Qwen/Qwen2.5-1.5B-Instruct": (1536, 28, 12, 2, 128, 8960, 151936, True),
+    "Qwen/Qwen2.5-Math-1.5B": (1536, 28, 12, 2, 128, 8960, 151936, True),
+    "Qwen/Qwen2.5-Math-7B": (3584, 28, 28, 4, 128, 18944, 152064, False),
+    "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": (1536, 28, 12, 2, 128, 8960, 151936, False),
+    "Qwen/Qwen3-1.7B": (2048, 28, 16, 8, 128, 6144, 151936, True),
+    "Qwen/Qwen3-4B": (2560, 36, 32, 8, 128, 9728, 151936, True),
+    "Qwen/Qwen3-8B": (4096, 36, 32, 8, 128, 12288, 151936, False),
+    "meta-llama/Llama-3.2-1B-Instruct": (2048, 16, 32, 8, 64, 8192, 128256, True),
+}
+LOGIT_BYTES_NO_GRAD = 14  # per token and vocabulary entry (module docstring)
+LOGIT_BYTES_GRAD = 20
+SAMPLER_BYTES = 24  # per row and vocabulary entry: fp32 logits, log-probs, probs, float64 CDF
+EIGHT_BIT = ("int8", "fp8_e4m3")  # real 1-byte kernels on a GPU (_int_mm, _scaled_mm)
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    mlp: int
+    vocab: int
+    tied: bool
+
+    @property
+    def linear(self) -> int:
+        """P_lin: q/k/v/o and gate/up/down weights of every layer."""
+        h, D = self.hidden, self.head_dim
+        return self.layers * (h * (self.heads + 2 * self.kv_heads) * D + self.heads * D * h + 3 * h * self.mlp)
+
+    @property
+    def embed(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.linear + self.embed * (1 if self.tied else 2)
+
+    def kv_bytes(self, itemsize: int) -> int:
+        """KV-cache bytes per token position."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * itemsize
+
+
+def model_shape(model: Any) -> Shape | None:
+    """The shape of `cfg.model`: the built-in model's own fields, a hub model from SHAPES, a local directory's
+    config.json (nothing is downloaded), else None."""
+    if model.get("path") is None:
+        return Shape(model.hidden_size, model.num_layers, model.num_heads, model.num_kv_heads,
+                     model.hidden_size // model.num_heads, model.intermediate_size, model.vocab_size, True)
+    known = SHAPES.get(str(model.path))
+    if known is not None:
+        return Shape(*known)
+    config = Path(str(model.path)) / "config.json"
+    if not config.is_file():
+        return None
+    c = json.loads(config.read_text())
+    return Shape(c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
+                 c.get("num_key_value_heads", c["num_attention_heads"]),
+                 c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"], c["intermediate_size"],
+                 c["vocab_size"], bool(c.get("tie_word_embeddings", True)))
+
+
+@dataclass
+class MemoryEstimate:
+    """GB per GPU: resident parts, transient phases, the peak; `sharded` when it assumes the scale-out path."""
+
+    parts: dict[str, float]
+    phases: dict[str, float]
+    gpus: int
+    sharded: bool
+    device_gb: float
+
+    @property
+    def resident(self) -> float:
+        return sum(self.parts.values())
+
+    @property
+    def peak(self) -> float:
+        return self.resident + max(self.phases.values(), default=0.0)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.device_gb
+
+    def line(self) -> str:
+        """The dry run's per-job text."""
+        phase = max(self.phases, key=self.phases.get) if self.phases else "-"
+        where = f"/GPU, sharded over {self.gpus} GPUs: needs the scale-out path (FSDP2)" if self.sharded else "/GPU"
+        warn = "" if self.fits else f"  EXCEEDS {self.device_gb:g} GB"
+        return f"mem ~{self.peak:,.0f} GB{where} (resident {self.resident:,.0f} + {phase} {self.phases.get(phase, 0):,.0f}){warn}"
+
+
+def engine_bytes(shape: Shape, precision: str, act_bytes: int) -> float:
+    """The embedded engine's weights on a GPU: linears in the precision's storage, embedding + lm_head in the
+    activation dtype (M1: bf16 around the 8-bit GEMMs)."""
+    per_linear = {"fp32": 4, "bf16": 2, "fp16": 2}.get(precision, 1 if precision in EIGHT_BIT else 4)
+    return shape.linear * per_linear + 2 * shape.embed * act_bytes
+
+
+def estimate_memory(cfg: Any) -> MemoryEstimate | None:
+    """Peak GB per GPU of one composed run config (the module docstring), or None for an unknown model shape."""
+    shape = model_shape(cfg.model)
+    if shape is None:
+        return None
+    b, train, algo, rollout, task = cfg.budget, cfg.train, cfg.algo, cfg.rollout, cfg.task
+    device_gb = float(b.get("gpu_memory_gb", 80.0))
+    P, V = shape.params, shape.vocab
+    master = 8 if cfg.model.get("dtype") == "bf16" else 16
+    low = train.dtype in ("bf16", "fp16")
+    act_bytes = 2 if rollout.precision != "fp32" else 4
+    critic = algo.get("advantage") == "gae"
+    sharded_parts = {
+        "trainer states": master * P,
+        "autocast copies": 2 * P if low else 0,
+        "update snapshot": 4 * shape.linear,
+        "critic": (master + (2 if low else 0)) * (shape.linear + shape.embed) if critic else 0,
+        "reference": 4 * P if algo.get("kl_ref_beta", 0) > 0 else 0,
+    }
+    parts = {}
+    if rollout.engine == "vllm":
+        parts["vllm engine"] = float(rollout.get("gpu_memory_utilization", GPU_MEMORY_UTILIZATION)) * device_gb * GB
+    else:
+        parts["rollout engine"] = engine_bytes(shape, rollout.precision, act_bytes)
+
+    prompt = float(b.prompt_tokens)
+    seq = prompt + task.max_new_tokens
+    chunk = rollout.get("chunk_tokens")
+    phases = {}
+    if rollout.engine != "vllm":
+        positions = train.batch_size * seq if chunk is None else min(chunk, train.batch_size * seq)
+        rows = positions / seq
+        phases["generation"] = positions * shape.kv_bytes(act_bytes) + rows * V * SAMPLER_BYTES
+    eval_cfg = cfg.get("eval") or {}
+    eval_seq = prompt + (eval_cfg.get("max_new_tokens") or task.max_new_tokens)
+    eval_positions = eval_cfg.get("batch_size", 64) * eval_seq
+    eval_positions = min(eval_positions, CHUNK_TOKENS)  # the evaluation engine's default chunk_tokens
+    phases["evaluation"] = (4 * (shape.linear + 2 * shape.embed) + eval_positions * shape.kv_bytes(4)
+                            + eval_positions / eval_seq * V * SAMPLER_BYTES)
+    layer_act = 2 * shape.hidden * 16  # one layer's transient activations per token (bf16), rough
+    recompute_tokens = train.micro_batch_tokens or train.batch_size * seq
+    phases["recompute"] = recompute_tokens * (LOGIT_BYTES_NO_GRAD * V + layer_act)
+    micro = train.micro_batch_size or train.batch_size // train.minibatches
+    per_token = (shape.layers * shape.hidden * 2 if train.gradient_checkpointing
+                 else shape.layers * (26 * shape.hidden + 8 * shape.mlp))
+    phases["training"] = micro * seq * (LOGIT_BYTES_GRAD * V + per_token + layer_act)
+
+    gpus = int(b.get("gpus", 1))
+    single = sum(sharded_parts.values()) + sum(parts.values()) + max(phases.values())
+    sharded = gpus > 1 and single > device_gb * GB
+    scale = gpus if sharded else 1
+    out_parts = {k: v / scale / GB for k, v in sharded_parts.items() if v} | {k: v / GB for k, v in parts.items()}
+    return MemoryEstimate(out_parts, {k: v / GB for k, v in phases.items()}, gpus, sharded, device_gb)
+
+
+__all__ = ["GB", "MemoryEstimate", "SHAPES", "Shape", "estimate_memory", "model_shape"]

@@ -1,0 +1,125 @@
+"""Command-line overrides checked before Hydra runs them: one line naming the value and what is valid, exit 2.
+
+Hydra reports an unknown choice (`method=bogus`), a key the schema does not have (`train.stepz=3`) or a value of
+the wrong type (`seed=abc`) in a 10-20 line listing with its config search path, and exits 1. `check_overrides`
+composes the config first, the way Hydra will, and turns such an error into the suite's one line (bench.cli),
+with "did you mean" when a valid name is close (difflib):
+
+    task=arithmetc: unknown task 'arithmetc' (did you mean 'arithmetic'?); valid choices: aime24, ...
+    train.stepz=3: train has no key 'stepz' (did you mean 'steps'?); its keys: batch_size, ...
+    seed=abc: 'abc' is not a valid seed (Value 'abc' of type 'str' could not be converted to Integer)
+
+A sweep (-m) is checked value by value: the fixed overrides together, then each value of each swept override
+with them (`method=bf16,tis` composes method=bf16, then method=tis), not every job. Values (ranges, choices a
+type cannot express) are checked later by `bench.config.validate`, per job.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any
+
+#: Hydra flags that take a value or change what runs: with any of them, Hydra parses the command line itself
+HYDRA_FLAGS = ("-m", "--multirun")
+_MISSING = re.compile(r"Could not find '(?P<path>[^']+)'")
+
+
+def check_overrides(args: list[str]) -> str | None:
+    """The one-line error for the first override Hydra cannot compose, or None (see the module docstring)."""
+    flags = [a for a in args if a.startswith("-")]
+    if any(f not in HYDRA_FLAGS + ("--dry-run",) for f in flags):
+        return None  # --cfg, --config-name, ...: Hydra's own command line
+    overrides = [a for a in args if not a.startswith("-")]
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    from bench.config import CONF_DIR
+
+    try:
+        trials = _trials(overrides, multirun=bool(flags and set(flags) & set(HYDRA_FLAGS)))
+    except ValueError as e:
+        return str(e)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for trial in trials:
+            try:
+                compose("config", overrides=trial, return_hydra_config=True)
+            except HydraException as e:
+                return explain(e, trial, compose)
+    return None
+
+
+def _trials(overrides: list[str], multirun: bool) -> list[list[str]]:
+    """The override lists to compose: all of them (one run), or the fixed ones plus each swept value (-m)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for arg in overrides:
+        try:
+            parsed.append(parser.parse_override(arg))
+        except HydraException as e:
+            raise ValueError(f"{arg}: not a valid override ({_first_line(e)}); write key=value, group=option "
+                             "or +key=value") from None
+    if not multirun:
+        return [overrides]
+    fixed = [arg for arg, o in zip(overrides, parsed) if not o.is_sweep_override()]
+    trials = [fixed]
+    for arg, o in zip(overrides, parsed):
+        if o.is_sweep_override():
+            key = arg.split("=", 1)[0]
+            trials += [[*fixed, f"{key}={value}"] for value in o.sweep_string_iterator()]
+    return trials
+
+
+def explain(err: Exception, overrides: list[str], compose: Any) -> str:
+    """Hydra's composition error as one line naming the override, the valid choices or keys, and a close match."""
+    from hydra.errors import MissingConfigException
+
+    if isinstance(err, MissingConfigException):
+        found = _MISSING.search(str(err))
+        path = found["path"] if found else ""
+        group, _, value = path.rpartition("/")
+        options = [str(o) for o in (getattr(err, "options", None) or [])]
+        arg = next((a for a in overrides if a.lstrip("+~").split("=", 1)[0] == group), f"{group}={value}")
+        if options:
+            return f"{arg}: unknown {group} {value!r}{_did_you_mean(value, options)}; valid choices: {', '.join(options)}"
+        return f"{arg}: no config {path!r} ({_first_line(err)})"
+    cause = err.__cause__
+    full_key = getattr(cause, "full_key", None) or ""
+    arg = next((a for a in overrides if a.lstrip("+~").split("=", 1)[0] == full_key), None)
+    if arg is None:  # an error inside the value of a dict override: the override whose key is a prefix
+        arg = next((a for a in overrides if full_key.startswith(a.lstrip("+~").split("=", 1)[0] + ".")), None)
+        if arg is not None:
+            return f"{arg}: {_first_line(err)}" + (f" ({_first_line(cause)})" if cause is not None else "")
+    if arg is not None and type(cause).__name__ == "ConfigAttributeError":
+        parent, _, key = full_key.rpartition(".")
+        keys = _keys_of(parent, [a for a in overrides if a != arg], compose)
+        listing = f"; its keys: {', '.join(keys)}" if keys else ""
+        return f"{arg}: {parent or 'the config'} has no key {key!r}{_did_you_mean(key, keys)}{listing}"
+    if arg is not None and cause is not None:
+        value = arg.split("=", 1)[1] if "=" in arg else ""
+        return f"{arg}: {value!r} is not a valid {full_key} ({_first_line(cause)})"
+    return f"{' '.join(overrides)}: {_first_line(err)}" + (f" ({_first_line(cause)})" if cause is not None else "")
+
+
+def _keys_of(parent: str, overrides: list[str], compose: Any) -> list[str]:
+    """The keys of config node `parent` (dotted; '' = the root) once the other overrides are applied."""
+    try:
+        node: Any = compose("config", overrides=overrides)
+        for part in [p for p in parent.split(".") if p]:
+            node = node[part]
+        return sorted(str(k) for k in node.keys())
+    except Exception:  # noqa: BLE001 -- the listing is a courtesy; the error line stands without it
+        return []
+
+
+def _did_you_mean(value: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    return lines[0] if lines else type(err).__name__

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One command that checks a machine with an NVIDIA GPU end to end and writes one Markdown report
+# (bench/gpu_check.py lists the steps: cuda-marked tests, a few training steps per engine x precision,
+# 2 steps of paper/qurl_table1 at its real shape with peak memory against the dry run's estimate,
+# INT8 weight layouts, vLLM bf16 vs fp8 decode at 1.5B and 8B shapes). Budget: <= 10 min on one H100.
+#
+#   bash scripts/gpu_check.sh                 install (.venv-gpu: CUDA torch + vLLM) and run; report in gpu_check_report.md
+#   bash scripts/gpu_check.sh --dry-run       the CPU self-test only (what a machine without a GPU runs)
+#
+# Environment: GPU_CHECK_REPORT (report path), TORCH_SPEC (default torch==2.13.0, PyPI's CUDA build on Linux
+# x86-64), VLLM_SPEC (default vllm==0.32.*), PIP_EXTRA_INDEX_URL (e.g. the PyTorch cu128 index).
+# On a machine without a usable GPU it says so, runs the CPU self-test and exits 0.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPORT=${GPU_CHECK_REPORT:-gpu_check_report.md}
+dry=0
+case "${1:-}" in
+  --dry-run) dry=1 ;;
+  "") ;;
+  *) echo "gpu_check.sh: unknown argument '$1'; valid: --dry-run (or nothing)" >&2; exit 2 ;;
+esac
+
+has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q "^GPU"; }
+
+self_test() {
+  local py=.venv/bin/python
+  [ -x "$py" ] || { bash scripts/install.sh; }
+  "$py" -m bench.gpu_check --self-test --report "$REPORT"
+}
+
+if [ "$dry" = 1 ] || ! has_gpu; then
+  [ "$dry" = 1 ] || echo "gpu_check.sh: this check needs an NVIDIA GPU (nvidia-smi sees none); running its CPU self-test instead" >&2
+  self_test
+  echo "gpu_check.sh: CPU self-test passed; report in $REPORT (no GPU was used)" >&2
+  exit 0
+fi
+
+VENV=.venv-gpu
+t0=$(date +%s)
+if [ ! -x $VENV/bin/python ]; then
+  echo "[gpu_check] installing ${TORCH_SPEC:-torch==2.13.0} + ${VLLM_SPEC:-vllm==0.32.*} into $VENV" >&2
+  python3 -m venv $VENV
+  $VENV/bin/python -m pip install -q --disable-pip-version-check "${TORCH_SPEC:-torch==2.13.0}" "${VLLM_SPEC:-vllm==0.32.*}" -e ".[dev]"
+fi
+$VENV/bin/python -c "import torch; assert torch.cuda.is_available(), 'torch sees no GPU: ' + str(torch.version.cuda)"
+echo "[gpu_check] environment ready after $(( $(date +%s) - t0 )) s" >&2
+$VENV/bin/python -m bench.gpu_check --report "$REPORT"
+echo "[gpu_check] done in $(( $(date +%s) - t0 )) s; report in $REPORT" >&2

@@ -1,0 +1,78 @@
+"""The dry run's peak-memory estimate (bench/memory.py): shapes against the model cards, terms by hand, and every
+paper recipe within its GPUs (issue H2: null micro-batches and no checkpointing ran out of memory in step 0)."""
+
+from __future__ import annotations
+
+import pytest
+import transformers as tr
+from hydra import compose, initialize_config_dir
+
+from bench.config import CONF_DIR
+from bench.dryrun import dry_run
+from bench.memory import GB, SHAPES, Shape, estimate_memory, model_shape
+
+RECIPES = ("qurl_table1", "qurl_table2", "qurl_table3", "qurl_table4", "ais_table3", "flashrl_gsm8k", "p3o_fp8")
+
+
+def recipe(name: str, *overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=[f"+experiment=paper/{name}", *overrides])
+
+
+@pytest.mark.parametrize("path, billions", [
+    ("Qwen/Qwen2.5-0.5B-Instruct", 0.494), ("Qwen/Qwen2.5-1.5B-Instruct", 1.544), ("Qwen/Qwen2.5-Math-7B", 7.62),
+    ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", 1.78), ("Qwen/Qwen3-8B", 8.19)])
+def test_shapes_give_the_model_cards_parameter_counts(path, billions):
+    assert Shape(*SHAPES[path]).params / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+def test_built_in_model_shape_counts_its_parameters():
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config")
+    shape = model_shape(cfg.model)
+    m = cfg.model
+    model = tr.Qwen2ForCausalLM(tr.Qwen2Config(vocab_size=m.vocab_size, hidden_size=m.hidden_size,
+                                               num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
+                                               num_key_value_heads=m.num_kv_heads, intermediate_size=m.intermediate_size,
+                                               tie_word_embeddings=True))
+    weights = sum(p.numel() for n, p in model.named_parameters() if "norm" not in n and "bias" not in n)
+    assert shape.params == weights
+
+
+def test_qurl_table1_terms_by_hand():
+    est = estimate_memory(recipe("qurl_table1"))
+    s = Shape(*SHAPES["Qwen/Qwen2.5-0.5B-Instruct"])
+    assert est.parts["trainer states"] == pytest.approx(16 * s.params / GB)
+    assert est.parts["critic"] == pytest.approx(18 * (s.linear + s.embed) / GB)  # PPO's critic: backbone + AdamW + autocast
+    assert est.parts["rollout engine"] == pytest.approx((2 * s.linear + 4 * s.embed) / GB)  # bf16 row
+    seq = 105 + 512
+    assert est.phases["training"] == pytest.approx(8 * seq * (20 * s.vocab + 24 * (26 * 896 + 8 * 4864) + 2 * 896 * 16) / GB)
+    assert est.phases["generation"] == pytest.approx((256 * seq * 2 * 24 * 2 * 64 * 2 + 256 * s.vocab * 24) / GB)
+    assert not est.sharded and est.fits
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_every_paper_recipe_fits_its_gpus(name):
+    cfg = recipe(name)
+    est = estimate_memory(cfg)
+    assert est is not None and est.fits, est.line()
+    big = model_shape(cfg.model).params > 5e9
+    assert est.sharded == (big or name == "p3o_fp8")  # 7B/8B (and P3O's 16k-token logits): the scale-out path
+    assert cfg.train.micro_batch_size is not None and cfg.train.micro_batch_tokens is not None
+
+
+def test_null_micro_batch_does_not_fit_and_the_dry_run_warns(capsys, tmp_path):
+    cfg = recipe("qurl_table1", "train.micro_batch_size=null")
+    assert not estimate_memory(cfg).fits  # the recipe as it was: ~200 GB in step 0's update
+    assert dry_run(["+experiment=paper/qurl_table1", "train.micro_batch_size=null", f"out_root={tmp_path}"]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("EXCEEDS 80 GB") == 7 and "mem ~" in out
+    assert "WARNING: memory estimate exceeds the GPU" in err
+    dry_run(["+experiment=paper/qurl_table1", f"out_root={tmp_path}"])
+    out, err = capsys.readouterr()
+    assert out.count("GB/GPU") == 7 and "EXCEEDS" not in out and "WARNING" not in err
+
+
+def test_cpu_configs_have_no_gpu_estimate_in_the_dry_run(capsys, tmp_path):
+    dry_run(["+experiment=smoke", f"out_root={tmp_path}"])
+    assert "GB/GPU" not in capsys.readouterr().out
