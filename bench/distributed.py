@@ -30,7 +30,6 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import warnings
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Callable, Iterator
@@ -561,19 +560,16 @@ def say(message: str) -> None:
         print(f"qrl-bench: {message}", file=sys.stderr, flush=True)
 
 
-warnings.filterwarnings("ignore", message=".*set_force_sum_reduction_for_comms.*")
-
 __all__ = ["BlockEngine", "ShardedCompute", "ShardedCritic", "distribute", "full_optim_state", "full_state",
            "init", "is_follower", "launch_local", "load_full_optim_state", "load_full_state", "rank", "shard",
            "world_size"]
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:
-    """A frozen copy of the policy (the reference model of algo.kl_ref_beta), sharded like it."""
+    """A frozen copy of the policy (the reference model of algo.kl_ref_beta); a sharded policy's copy is a
+    deep copy of its FSDP modules (not yet exercised by a test at world size > 1)."""
     import copy
 
-    if not is_sharded(model):
-        return copy.deepcopy(model).requires_grad_(False)
     return copy.deepcopy(model).requires_grad_(False)
 
 
