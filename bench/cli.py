@@ -48,6 +48,7 @@ from bench.config import CONF_DIR, GROUP_REGISTRIES, NAME_KEYS, RENAMED_METHODS,
 from bench.grpo import AlgoConfig
 from bench.overrides import check_overrides
 from bench.preempt import Stopped, stop_on_signals
+from bench.resume import Plan
 from bench.store import RunDir, RunLocked, root_os_error
 
 EXIT = {"completed": 0, "skipped": 0, "failed": 1, "bad_config": 2, "diverged": 3, "locked": 4, "refused": 5,
@@ -91,6 +92,9 @@ def execute(cfg: DictConfig, overrides: list[str] | None = None) -> Outcome:
     """Run one job to an outcome in EXIT; never raises for bad input, divergence, a busy or finished run
     directory, a signal or an error during the run (it reports each in one line)."""
     name = RunDir.name_of(cfg)
+    from bench.distributed import export_slurm_tasks
+
+    export_slurm_tasks()  # SLURM tasks of one run (hydra.launcher.tasks_per_node / nodes): torchrun's env
     with stop_on_signals():
         try:
             return _execute(cfg, name, overrides)
@@ -119,6 +123,10 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
     if why:  # before the warm start and the lock (RunDir.lock would fail in a traceback)
         return _bad_input(cfg, name, ValueError(f"run directory {run.path} is not writable ({why}); "
                                                 "make it writable, or choose another out_root=DIR"))
+    if cfg.train.nproc_per_node > 1 and distributed_env_size() == 1:  # launch the run's processes here
+        from bench.distributed import launch_local
+
+        return launch_local(cfg.train.nproc_per_node, execute, cfg, overrides)
     if cfg.train.threads > 0:
         import torch
 
@@ -132,9 +140,15 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
         check_inputs(parts)
     except (ValueError, OSError, ImportError) as e:  # ImportError: an optional engine's package is missing
         return _bad_input(cfg, name, e)
+    from bench import distributed
+
+    if distributed.is_follower():  # ranks > 0 of a multi-process run: rank 0 owns the run directory
+        return _follow(parts, run, name, overrides)
     try:
         with run.lock():
             plan = decide(run, cfg)
+            if distributed.world_size() > 1:
+                distributed.broadcast_object(plan)
             for note in plan.notes:
                 say(name, f"note: {note}")
             if plan.action == "skip":
@@ -152,6 +166,8 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
             except Exception as e:  # noqa: BLE001 -- reported in one line, recorded in run.json
                 return _failed(run, name, e)
     except RunLocked as e:
+        if distributed.world_size() > 1:
+            distributed.broadcast_object(Plan("skip", str(e), outcome="locked"))
         print(f"qrl-bench: error: {e}; not starting a second writer", file=sys.stderr)
         return Outcome("locked", str(e), run.path)
     except OSError as e:  # taking the lock or preparing the directory (decide); errors of training are handled above
@@ -161,6 +177,26 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
     reason = run.info().get("reason")
     say(name, f"{status} -> {run.path}" + (f" ({reason})" if reason else ""))
     return Outcome(status, reason, run.path)
+
+
+def distributed_env_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _follow(parts: Any, run: RunDir, name: str, overrides: list[str] | None) -> Outcome:
+    """A rank > 0: train along with rank 0 on its plan, writing nothing (rank 0 reports the outcome)."""
+    from bench import distributed
+    from bench.train import train
+
+    plan = distributed.broadcast_object(None)
+    if plan.action not in ("start", "resume"):
+        return Outcome(plan.outcome or "skipped", plan.message, run.path)
+    try:
+        status = train(parts, distributed.FollowerRun(run.path), OmegaConf.to_yaml(parts.cfg, resolve=True), name,
+                       plan, overrides)
+    except Stopped as e:  # preempted along with rank 0, which reports it
+        return Outcome("preempted", None, run.path, signum=e.signum)
+    return Outcome(status, None, run.path)
 
 
 def _bad_input(cfg: DictConfig, name: str, err: BaseException) -> Outcome:

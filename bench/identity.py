@@ -51,6 +51,7 @@ NON_SEMANTIC_KEYS = (
     "sweep", "out_root", "variant",          # where the run lives, not what it computes
     "tracking",                              # W&B mode, project, entity
     "train.threads",                         # torch threads: same numbers up to float summation order
+    "train.nproc_per_node",                  # processes of one run: a resume may change it (docs/scaling.md)
     "train.overwrite", "train.resume_from",  # what a launch does with an existing directory
     "train.checkpoint_every",                # how often state is saved (a resume recomputes identically)
     "train.keep_checkpoint",                 # whether ckpt/ stays after completion

@@ -15,7 +15,6 @@ precisions is behind the engine (bench/rollout, bench/quant): this file never br
 
 from __future__ import annotations
 
-import copy
 import math
 import random
 import sys
@@ -30,6 +29,7 @@ from tqdm import tqdm
 
 from bench.advantages import AdvantageEstimator, build_estimator
 from bench.compute import Diverged, TrainerCompute, enable_gradient_checkpointing
+from bench import distributed
 from bench.device import DEVICES, describe, make_generator, resolve_device, restore_rng, rng_state
 from bench.evaluation import build_eval_sets, evaluate_policy
 from bench.methods.base import Batch, Method, arm_info, build_method, select_stats
@@ -76,6 +76,8 @@ class TrainConfig:
     keep_checkpoint: bool = False  # keep ckpt/last.pt after completion (it is always kept while resumable)
     overwrite: bool = False  # restart from step 0 even if the run directory holds results (bench/resume.py)
     resume_from: str = "last"  # last | previous: the checkpoint to resume from (previous = ckpt/prev.pt)
+    nproc_per_node: int = 1  # processes of this run on this machine (FSDP2, bench/distributed.py); >1 launches them
+    sampling_shards: Optional[int] = None  # prompt blocks with their own sampling streams; null: 1, or 1 per rank
 
     def check(self) -> None:
         if self.group_size < 1:  # GRPO needs 2 or more: bench.config.check_across
@@ -110,6 +112,9 @@ class TrainConfig:
         if self.device not in DEVICES:
             raise ValueError(f"train.device={self.device!r} is not valid; choose one of: {', '.join(DEVICES)}")
         resolve_device(self.device)  # cuda without a usable GPU fails here, before any work, saying why
+        if self.nproc_per_node < 1 or (self.sampling_shards is not None and self.sampling_shards < 1):
+            raise ValueError(f"train.nproc_per_node={self.nproc_per_node} and train.sampling_shards="
+                             f"{self.sampling_shards} must be at least 1 (sampling_shards may be null)")
         if self.resume_from not in RESUME_FROM:
             raise ValueError(f"train.resume_from={self.resume_from!r} is not valid; choose one of: {', '.join(RESUME_FROM)}")
 
@@ -136,6 +141,7 @@ def build(cfg: DictConfig) -> Parts:
     """Everything a run needs; raises a clear error on bad input before any training."""
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
+    distributed.init(cfg.train.device)  # one process of several (torchrun, SLURM): join the group
     device = resolve_device(cfg.train.device)
     task = build_task(cfg.task)
     eval_sets = build_eval_sets(cfg.eval, task)
@@ -148,7 +154,7 @@ def build(cfg: DictConfig) -> Parts:
     for t in (task, *eval_sets.values()):
         uses_chat_template(tokenizer, t, prompt_format)  # a template asked for but missing fails here
     max_len = context_length(cfg.model, policy)
-    return Parts(
+    return distributed.distribute(Parts(  # untouched at world size 1 (bench/distributed.py)
         cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, method=build_method(cfg.method, cfg.algo),
         engine=build_engine(cfg.rollout, tokenizer, policy, max_len=max_len),
         # evaluate the trainer's policy itself (not its quantized copy), with the embedded engine whatever the
@@ -160,7 +166,7 @@ def build(cfg: DictConfig) -> Parts:
                                micro_batch_tokens=cfg.train.micro_batch_tokens),
         advantage=build_estimator(cfg, policy),
         prompt_format=prompt_format, eval_sets=eval_sets,
-    )
+    ))
 
 
 def train_step(p: Parts, step: int) -> dict[str, float]:
@@ -264,20 +270,23 @@ def runtime_info(p: Parts) -> dict[str, Any]:
 
 
 def checkpoint(p: Parts, next_step: int) -> dict[str, Any]:
-    return {"step": next_step, "policy": p.policy.state_dict(), "optimizer": p.optimizer.state_dict(),
+    """The run's state; with several processes gathered whole to the CPU in the one-process format."""
+    W = distributed.world_size()
+    return {"step": next_step, "policy": distributed.full_state(p.policy),
+            "optimizer": distributed.full_optim_state(p.policy, p.optimizer),
             **rng_state(p.generator), "grad_scaler": p.compute.state_dict(),
-            "ref_policy": p.ref_policy.state_dict() if p.ref_policy else None,
-            "advantage": p.advantage.state_dict()}
+            "ref_policy": distributed.full_state(p.ref_policy) if p.ref_policy else None,
+            "advantage": p.advantage.state_dict(), **({"world_size": W} if W > 1 else {})}
 
 
 def restore(p: Parts, ckpt: dict[str, Any]) -> int:
     """Load a checkpoint (read onto the CPU: it may come from another device); tensors move to the run's."""
-    p.policy.load_state_dict(ckpt["policy"])
-    p.optimizer.load_state_dict(ckpt["optimizer"])  # states follow their parameters' device
+    distributed.load_full_state(p.policy, ckpt["policy"])
+    distributed.load_full_optim_state(p.policy, p.optimizer, ckpt["optimizer"])  # states follow their parameters' device
     restore_rng(p.generator, ckpt, p.cfg.seed, int(ckpt["step"]))
     p.compute.load_state_dict(ckpt.get("grad_scaler") or {})
     if p.ref_policy is not None and ckpt["ref_policy"] is not None:
-        p.ref_policy.load_state_dict(ckpt["ref_policy"])
+        distributed.load_full_state(p.ref_policy, ckpt["ref_policy"])
     p.advantage.load_state_dict(ckpt.get("advantage") or {})
     return int(ckpt["step"])
 
@@ -294,8 +303,10 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
     # UAQ and the like: once, before training, never again on resume (the checkpoint holds the result)
     setup = p.method.setup_model(p.policy) if ckpt is None else {}
     if cfg.algo.kl_ref_beta > 0:
-        p.ref_policy = copy.deepcopy(p.policy).requires_grad_(False)
+        p.ref_policy = distributed.frozen_copy(p.policy)
     start = restore(p, ckpt) if ckpt is not None else 0
+    if note := distributed.resume_note(ckpt, cfg):
+        distributed.say(f"{run_name}: warning: {note}")
     info = run.start(config_yaml, run_name, overrides)
     declared = {"arm": arm_info(p.method.name), "precision": precision_info(cfg), "runtime": runtime_info(p)}
     tracker = start_tracking(cfg, run.path, run_name, resume_id=info.get("wandb_id"), run_info=declared)
@@ -314,9 +325,10 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
                 tracker.log(row, step)
                 bar.set_postfix(reward=f"{row.get('reward/mean', float('nan')):.3f}",
                                 kl=f"{row.get('mismatch/kl_k3', float('nan')):.1e}", refresh=False)
-                if (step + 1) % every.checkpoint_every == 0 or guard.requested:
+                stop = distributed.agree(guard)  # a signal to any rank stops every rank after this step
+                if (step + 1) % every.checkpoint_every == 0 or stop:
                     run.save_checkpoint(checkpoint(p, step + 1))
-                if guard.requested and step + 1 < every.steps:
+                if stop and step + 1 < every.steps:
                     run.finish("preempted", reason=f"signal {guard.signal_name} after step {step}")
                     tracker.mark_preempting()
                     tracker.finish(exit_code=1)

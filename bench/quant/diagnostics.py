@@ -44,10 +44,15 @@ def weight_update(before: dict[str, list[torch.Tensor]], model: torch.nn.Module)
     """`quant/weight_update/<type>` between a `snapshot` and the model now."""
     out = {}
     for kind, ws in linear_weights(model).items():
-        num = sum(float((w.detach() - b).pow(2).sum()) for w, b in zip(ws, before[kind]))
-        den = sum(float(b.pow(2).sum()) for b in before[kind])
+        num = sum(_total((w.detach() - b).pow(2).sum()) for w, b in zip(ws, before[kind]))
+        den = sum(_total(b.pow(2).sum()) for b in before[kind])
         out[f"quant/weight_update/{kind}"] = num / max(den, 1e-30)
     return out
+
+
+def _total(x: torch.Tensor) -> float:
+    """A scalar as a float; the sum over every shard for a sharded (DTensor) weight, not this rank's part."""
+    return float(x.full_tensor() if hasattr(x, "full_tensor") else x)
 
 
 class QuantErrors:

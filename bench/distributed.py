@@ -1,0 +1,620 @@
+"""One run on many processes: PyTorch's process group, FSDP2 sharding and the gathers that keep every arm exact.
+
+World size 1 never reaches this module's machinery (`distribute` returns the parts untouched unless
+`train.sampling_shards` is set), so a one-process run keeps the plain code path and its numbers bit for bit.
+Above it (`train.nproc_per_node=N`, torchrun, or SLURM tasks exporting RANK / WORLD_SIZE / LOCAL_RANK /
+MASTER_ADDR / MASTER_PORT), every rank runs the same loop (bench/train.py) on the same config, and:
+
+    models          policy and critic sharded with `fully_shard` per decoder layer plus the root (FSDP2, fp32
+                    shards: the trainer's numerics are those of one process); gradients are summed, not averaged
+    rollouts        the step's prompts are cut into `sampling_shards` contiguous blocks of whole prompt groups,
+                    each sampled with its own generator seeded from the run's generator; rank r generates the
+                    blocks b with b % N == r, and the blocks are all-gathered, so every rank holds the same batch
+    rewards         computed by every rank on the gathered batch (cheap, and identical everywhere)
+    log-probs       each rank runs its rows of a batch (an equal share, padded), the [B, T] results are
+                    all-gathered: every arm's `prepare` / `loss` sees the whole minibatch, unchanged
+    backward        d loss / d logp is taken on the whole minibatch (as the micro-batched backward of
+                    bench/compute.py does on one process), sliced to the rank's rows and pushed through its own
+                    forward; FSDP2 sums the rows' gradients across ranks, which is the one-process gradient
+    checkpoints     full state dicts gathered to rank 0 and written in the one-process format, so a run resumes
+                    at any world size; only rank 0 writes the run directory and W&B
+
+The rollout blocks are what makes a run independent of its world size: with `train.sampling_shards=S` set,
+world sizes 1, 2, ..., S (dividing S or not) sample the same tokens and train the same numbers (up to the
+summation order of the gradient norm and the weight-update diagnostics). With it unset, a multi-process run uses
+one block per rank: changing the world size then reseeds the sampling streams (resume warns).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from bench.compute import TrainerCompute, micro_slices
+from bench.critic import Critic, token_values
+from bench.models import logprobs as lp
+from bench.models.logprobs import token_logprobs
+from bench.rollout.base import Rollout, SamplingParams
+from bench.store import RunDir
+
+#: what a launcher exports to every rank (torch.distributed.run, submitit's TorchDistributedEnvironment)
+ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+TIMEOUT = timedelta(minutes=int(os.environ.get("QRL_DIST_TIMEOUT_MIN", "30")))
+
+
+# ------------------------------------------------------------------------------------------- process group
+
+
+def env_world_size() -> int:
+    """WORLD_SIZE as the launcher exported it (1 when there is none)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else env_world_size()
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+
+
+def is_follower() -> bool:
+    """A rank other than 0: it computes, but writes nothing (run directory, W&B)."""
+    return rank() != 0
+
+
+def init(device_name: str) -> None:
+    """Join the process group the environment describes (no-op at world size 1 or when already joined):
+    gloo on CPU, nccl on CUDA (one GPU per rank: LOCAL_RANK)."""
+    if env_world_size() <= 1 or dist.is_initialized():
+        return
+    missing = [k for k in ENV_KEYS if k not in os.environ]
+    if missing:
+        raise ValueError(f"WORLD_SIZE={env_world_size()} but {', '.join(missing)} not set: launch with "
+                         "train.nproc_per_node=N, torchrun, or SLURM tasks (hydra/launcher=slurm)")
+    from bench.device import resolve_device
+
+    device = resolve_device(device_name)
+    if device.type == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
+
+
+def export_slurm_tasks() -> bool:
+    """Under submitit with several tasks (hydra.launcher.nodes x tasks_per_node, one task per GPU), export the
+    torchrun environment every rank needs (master = the job's first node, port from the job id). Returns
+    whether it did: not when a launcher already set WORLD_SIZE, nor for a one-task job. Only global rank 0
+    requeues on preemption: submitit's own handler exits without requeueing on the other ranks."""
+    if "WORLD_SIZE" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
+        return False
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return False
+    from submitit.helpers import TorchDistributedEnvironment
+
+    # overwrite: a MASTER_PORT the user set is kept (submitit reads it), the rest is the task's own
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)  # GPU = LOCAL_RANK
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def local_env(rank_: int, nproc: int, port: int) -> dict[str, str]:
+    """The environment torch.distributed.run gives rank `rank_` of a one-node job."""
+    return {"RANK": str(rank_), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank_), "LOCAL_WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def _rank_main(local_rank: int, nproc: int, port: int, fn: Callable[..., Any], args: tuple, results: Any) -> None:
+    os.environ.update(local_env(local_rank, nproc, port))
+    if local_rank:
+        os.environ["WANDB_MODE"] = "disabled"  # rank 0 alone mirrors the run to W&B
+    try:
+        out = fn(*args)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if local_rank == 0:
+        results.put(out)
+
+
+def launch_local(nproc: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """Run `fn(*args)` in `nproc` processes on this machine (torch.multiprocessing spawn, torchrun's env
+    contract); returns rank 0's result. A rank that dies (an error, kill -9) ends the others at once."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    mp.start_processes(_rank_main, args=(nproc, free_port(), fn, args, results), nprocs=nproc, join=True,
+                       start_method="spawn")
+    return results.get()
+
+
+# ------------------------------------------------------------------------------------------------- gathers
+
+
+def all_gather_rows(local: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Rows of every rank in rank order: each rank passes its padded rows (the same count everywhere);
+    rank r's first counts[r] rows are kept."""
+    parts = [torch.empty_like(local) for _ in range(world_size())]
+    dist.all_gather(parts, local.contiguous())
+    return torch.cat([p[:n] for p, n in zip(parts, counts)])
+
+
+def row_shares(n: int) -> tuple[list[torch.Tensor], int]:
+    """Rows 0..n cut into world-size contiguous shares (tensor_split) and the largest share's size."""
+    shares = list(torch.arange(n).tensor_split(world_size()))
+    return shares, max(len(s) for s in shares)
+
+
+def padded(rows: torch.Tensor, width: int) -> torch.Tensor:
+    """`rows` padded to `width` entries by repeating its first row (row 0 of the batch when it is empty):
+    every rank then runs the same number of forwards of the same size, which FSDP's collectives need."""
+    fill = rows[:1] if len(rows) else torch.zeros(1, dtype=torch.long)
+    return torch.cat([rows, fill.expand(width - len(rows))])
+
+
+def gather_object(obj: Any) -> list[Any]:
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's `obj` on every rank."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+# ------------------------------------------------------------------------------------------------- sharding
+
+
+def fsdp_modules(model: nn.Module) -> list[nn.Module]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def is_sharded(model: nn.Module | None) -> bool:
+    return model is not None and bool(fsdp_modules(model))
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks: each becomes one FSDP unit (its parameters all-gathered together)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no decoder layers to shard")
+    return layers
+
+
+def shard(model: nn.Module) -> nn.Module:
+    """fully_shard per decoder layer plus the root, fp32 shards, gradients summed across ranks.
+
+    Summed, not averaged: the loss is already that of the whole minibatch (the arm's own normalization), and
+    every rank back-propagates only its rows' share of it. gloo refuses the PREMUL_SUM reduction FSDP2 uses for
+    a divide factor of 1; forcing plain sums avoids it (NCCL takes either).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in decoder_layers(model):
+        fully_shard(layer)
+    fully_shard(model)
+    for m in fsdp_modules(model):
+        m.set_gradient_divide_factor(1.0)
+        m.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def reshard(model: nn.Module) -> None:
+    """Free every all-gathered parameter: FSDP2 keeps the root's after a forward (for the backward that
+    usually follows), which a no-grad pass never runs."""
+    for m in fsdp_modules(model):
+        m.reshard()
+
+
+@contextmanager
+def unsharded(model: nn.Module) -> Iterator[nn.Module]:
+    """Every parameter of a sharded model whole (all-gathered) for the duration: the engine reads them."""
+    units = fsdp_modules(model)
+    for m in units:
+        m.unshard()
+    try:
+        yield model
+    finally:
+        for m in units:
+            m.reshard()
+
+
+def detach_aliases(root: nn.Module, model: nn.Module) -> None:
+    """Replace every tensor under `root` that shares storage with `model`'s (unsharded) parameters by a copy.
+
+    An fp32 engine keeps the trainer's tensors as they are (the embedding, unquantized linears); the all-gathered
+    parameters they alias are freed when the model is resharded.
+    """
+    ptrs = {p.untyped_storage().data_ptr() for p in model.parameters() if p.untyped_storage().size()}
+    for m in root.modules():
+        for store in (m._parameters, m._buffers, vars(m)):
+            for k, v in list(store.items()):
+                if isinstance(v, torch.Tensor) and v.untyped_storage().size() and v.untyped_storage().data_ptr() in ptrs:
+                    store[k] = v.detach().clone()
+
+
+@contextmanager
+def emulated_shards(model: nn.Module, dtype: str) -> Iterator[None]:
+    """bench.models.logprobs.emulated_weights for a sharded model: each rank rounds its own shards in place
+    (FSDP2 all-gathers from its shard storage, which `p.data = ...` would bypass); rounding is elementwise, so
+    the gathered weights are the one-process rounded weights. Inner `emulated_weights` calls become no-ops."""
+    low = lp.LOW_PRECISION[dtype]
+    params = list(model.parameters())
+    if low is None or model in lp._EMULATING or not params or params[0].device.type == "cuda":
+        yield
+        return
+    def shards() -> list[torch.Tensor]:
+        # FSDP2 registers either the sharded or the (possibly freed) unsharded parameter on a module, depending
+        # on where it is in forward/backward: its own record of each shard is the stable handle
+        return [fp.sharded_param._local_tensor for m in fsdp_modules(model)
+                for group in _param_groups(m) for fp in group.fsdp_params]
+
+    masters = [t.detach().clone() for t in shards()]
+    lp._EMULATING.add(model)
+    try:
+        with torch.no_grad():
+            for t in shards():
+                t.copy_(t.to(low).float())
+        yield
+    finally:
+        with torch.no_grad():
+            for t, m in zip(shards(), masters):
+                t.copy_(m)
+        lp._EMULATING.discard(model)
+
+
+def _param_groups(module: nn.Module) -> list[Any]:
+    group = module._get_fsdp_state()._fsdp_param_group
+    return [] if group is None else [group]
+
+
+def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict, whole, on the CPU (a collective for a sharded model)."""
+    if not is_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    if not is_sharded(model):
+        model.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+
+def full_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state dict in the one-process format (parameters numbered in `model.parameters()`
+    order), whole, on the CPU: a checkpoint of any world size loads at any other."""
+    if not is_sharded(model):
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    sd = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not sd:  # full state dicts offloaded to the CPU land on rank 0 only
+        return {}
+    index = {name: i for i, (name, _) in enumerate(model.named_parameters())}
+    return {"state": {index[k]: v for k, v in sd["state"].items()},
+            "param_groups": [{**g, "params": [index[k] for k in g["params"]]} for g in sd["param_groups"]]}
+
+
+def load_full_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    if not is_sharded(model):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = [name for name, _ in model.named_parameters()]
+    sd = {"state": {names[i]: v for i, v in state["state"].items()},
+          "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
+    set_optimizer_state_dict(model, optimizer, sd, options=StateDictOptions(full_state_dict=True))
+
+
+def rebuilt_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+    """The same optimizer over the model's (now sharded) parameters."""
+    import inspect
+
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    return type(optimizer)(model.parameters(), **{k: v for k, v in optimizer.defaults.items() if k in accepted})
+
+
+# ------------------------------------------------------------------------------------------------- rollouts
+
+
+class BlockEngine:
+    """A rollout engine that samples a batch as `blocks` contiguous blocks of prompt groups, each with its own
+    generator seeded from the caller's, the blocks spread over the ranks and all-gathered (see module doc).
+
+    Everything else (precision, eos_id, max_len, quant_metrics, ...) is the wrapped engine's. `load_weights` of a
+    sharded model all-gathers it for the duration of the engine's copy.
+    """
+
+    def __init__(self, engine: Any, blocks: int, pad_id: int):
+        self.inner, self.blocks, self.pad_id = engine, blocks, pad_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def load_weights(self, model: nn.Module) -> None:
+        if not is_sharded(model):
+            self.inner.load_weights(model)
+            return
+        with unsharded(model):
+            self.inner.load_weights(model)
+            decoder = getattr(self.inner, "decoder", None)
+            if isinstance(decoder, nn.Module):
+                detach_aliases(decoder, model)
+
+    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, sampling: SamplingParams,
+                 generator: torch.Generator | None = None) -> Rollout:
+        from bench.sampling import concat_rollouts
+
+        blocks = list(torch.arange(prompt_ids.shape[0]).tensor_split(self.blocks))
+        seeds = [None] * self.blocks
+        if generator is not None:  # every rank draws the same seeds from the same generator state
+            seeds = torch.randint(0, 2**62, (self.blocks,), generator=generator, device=generator.device).tolist()
+        W, r = world_size(), rank()
+        mine = []
+        for b, rows in enumerate(blocks):
+            if b % W != r or not len(rows):
+                continue
+            g = None if seeds[b] is None else torch.Generator(device=generator.device).manual_seed(int(seeds[b]))
+            out = self.inner.generate(prompt_ids[rows], prompt_mask[rows], n, sampling, g)
+            mine.append((b, out.to("cpu") if W > 1 else out))
+        if W > 1:
+            mine = [part for parts in gather_object(mine) for part in parts]
+        device = prompt_ids.device if W == 1 else _device_of(self.inner)
+        ordered = [out.to(device) for _, out in sorted(mine, key=lambda x: x[0])]
+        return concat_rollouts(ordered, self.pad_id)
+
+
+def _device_of(engine: Any) -> torch.device:
+    decoder = getattr(engine, "decoder", None)
+    dev = getattr(decoder, "device", None)
+    return torch.device(dev) if dev is not None else torch.device("cpu")
+
+
+# ------------------------------------------------------------------------------------------------- compute
+
+
+def sharded_rows(n: int, micro_batch_size: int | None, fn: Callable[[slice, torch.Tensor], list[torch.Tensor]]
+                 ) -> list[torch.Tensor]:
+    """Run `fn(micro slice, rows)` over this rank's padded share of rows 0..n, micro-batch by micro-batch, and
+    all-gather each of its outputs ([rows, ...]) into the whole batch's [n, ...] in row order."""
+    shares, width = row_shares(n)
+    mine = padded(shares[rank()], width)
+    outs = [fn(s, mine[s]) for s in micro_slices(width, micro_batch_size)]
+    counts = [len(s) for s in shares]
+    return [all_gather_rows(torch.cat([o[i] for o in outs]), counts) for i in range(len(outs[0]))]
+
+
+class ShardedCompute(TrainerCompute):
+    """TrainerCompute for a sharded model: no-grad passes and the micro-batched backward over the rank's rows,
+    with the [B, T] log-probs all-gathered so that the loss is the whole minibatch's (bench/compute.py)."""
+
+    @classmethod
+    def of(cls, compute: TrainerCompute) -> "ShardedCompute":
+        return cls(compute.device, compute.dtype, compute.temperature, compute.micro_batch_size, compute.scaler,
+                   compute.micro_batch_tokens)
+
+    @torch.no_grad()
+    def logprobs(self, model: nn.Module, rollout: Rollout, with_entropy: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not is_sharded(model):
+            return super().logprobs(model, rollout, with_entropy)
+        rows = rollout.select
+
+        def part(_: slice, idx: torch.Tensor) -> list[torch.Tensor]:
+            lp_, ent = token_logprobs(model, rows(idx.to(rollout.response_ids.device)), self.temperature, self.dtype,
+                                      with_entropy, micro_batch_tokens=self.micro_batch_tokens)
+            return [lp_] + ([ent] if with_entropy else [])
+
+        with emulated_shards(model, self.dtype):
+            out = sharded_rows(rollout.batch_size, self.micro_batch_size, part)
+        reshard(model)
+        return out[0], (out[1] if with_entropy else None)
+
+    def backward(self, model: nn.Module, rollout: Rollout, loss_fn: Any, step: int
+                 ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor, torch.Tensor]:
+        logp, entropy = self.logprobs(model, rollout, with_entropy=True)
+        leaf = logp.clone().requires_grad_(True)
+        loss, metrics = self._checked(loss_fn, leaf, step)
+        (grad,) = torch.autograd.grad(self.scaler.scale(loss), leaf)
+        shares, width = row_shares(rollout.batch_size)
+        mine = padded(shares[rank()], width).to(grad.device)
+        g = grad[mine] * (torch.arange(width, device=grad.device) < len(shares[rank()]))[:, None]  # pad rows: 0
+        with emulated_shards(model, self.dtype):
+            for s in micro_slices(width, self.micro_batch_size):
+                part, _ = token_logprobs(model, rollout.select(mine[s]), self.temperature, self.dtype)
+                part.backward(g[s])
+        return loss.detach(), metrics, logp, entropy
+
+    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float, step: int) -> float | None:
+        """As TrainerCompute.step; the gradient norm is the norm of the whole (sharded) gradient."""
+        from bench.compute import Diverged
+
+        scaler = self.scaler
+        scaler.unscale_(optimizer)
+        params = [p for p in model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        torch.nn.utils.clip_grads_with_norm_(params, grad_clip, norm)
+        if not torch.isfinite(norm) and (not scaler.is_enabled() or scaler.get_scale() <= 1.0):
+            raise Diverged(f"step {step}: non-finite gradient norm ({norm.item()})")
+        scaler.step(optimizer)
+        scaler.update()
+        if not torch.isfinite(norm):
+            self.skipped += 1
+            return None
+        return float(norm)
+
+
+class ShardedCritic(Critic):
+    """The critic of bench/critic.py over a sharded value model: values and the value loss's gradient by rows."""
+
+    @classmethod
+    def adopt(cls, critic: Critic) -> "ShardedCritic":
+        new = cls.__new__(cls)
+        new.__dict__.update(critic.__dict__)
+        shard(new.model)
+        new.optimizer = rebuilt_optimizer(critic.optimizer, new.model)
+        new.compute = ShardedCompute.of(critic.compute)
+        return new
+
+    @torch.no_grad()
+    def values(self, rollout: Rollout) -> torch.Tensor:
+        def part(_: slice, idx: torch.Tensor) -> list[torch.Tensor]:
+            return [token_values(self.model, rollout.select(idx.to(rollout.response_ids.device)), self.train.dtype)]
+
+        with emulated_shards(self.model, self.train.dtype):
+            out = sharded_rows(rollout.batch_size, self.train.micro_batch_size, part)[0]
+        reshard(self.model)
+        return out
+
+    def _backward(self, rollout: Rollout, loss_fn: Any, step: int) -> tuple[torch.Tensor, float, torch.Tensor]:
+        leaf = self.values(rollout).requires_grad_(True)
+        loss, clipfrac = self._checked(loss_fn, leaf, step)
+        (grad,) = torch.autograd.grad(self.compute.scaler.scale(loss), leaf)
+        shares, width = row_shares(rollout.batch_size)
+        mine = padded(shares[rank()], width).to(grad.device)
+        g = grad[mine] * (torch.arange(width, device=grad.device) < len(shares[rank()]))[:, None]
+        with emulated_shards(self.model, self.train.dtype):
+            for s in micro_slices(width, self.train.micro_batch_size):
+                token_values(self.model, rollout.select(mine[s]), self.train.dtype).backward(g[s])
+        return loss.detach(), clipfrac, leaf.detach()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": full_state(self.model), "optimizer": full_optim_state(self.model, self.optimizer),
+                "grad_scaler": self.compute.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        load_full_state(self.model, state["model"])
+        load_full_optim_state(self.model, self.optimizer, state["optimizer"])
+        self.compute.load_state_dict(state.get("grad_scaler") or {})
+
+
+# ------------------------------------------------------------------------------------------------- the run
+
+
+def distribute(p: Any) -> Any:
+    """Make the parts of one run (bench.train.Parts) work across the process group; at world size 1 without
+    `train.sampling_shards` they are returned untouched (today's code path)."""
+    from bench.models.tokenizer import pad_id
+
+    W, blocks = world_size(), p.cfg.train.get("sampling_shards")
+    if W == 1 and blocks is None:
+        return p
+    blocks = int(blocks or W)
+    pid = pad_id(p.tokenizer)
+    p.engine, p.eval_engine = BlockEngine(p.engine, blocks, pid), BlockEngine(p.eval_engine, blocks, pid)
+    if W == 1:
+        return p
+    if p.cfg.rollout.engine != "embedded":
+        raise ValueError(f"rollout={p.cfg.rollout.engine} with {W} processes is not supported yet; use rollout=embedded")
+    shard(p.policy)
+    p.optimizer = rebuilt_optimizer(p.optimizer, p.policy)
+    p.compute = ShardedCompute.of(p.compute)
+    critic = getattr(p.advantage, "critic", None)
+    if critic is not None:
+        p.advantage.critic = ShardedCritic.adopt(critic)
+    return p
+
+
+def resume_note(ckpt: dict[str, Any] | None, cfg: Any) -> str | None:
+    """A warning when a checkpoint is resumed at another world size with per-rank sampling streams."""
+    if ckpt is None:
+        return None
+    saved, now = ckpt.get("world_size", 1), world_size()
+    if saved != now and cfg.train.get("sampling_shards") is None:
+        return (f"resuming a checkpoint written by {saved} process(es) with {now}: model and optimizer state are "
+                f"restored, but the sampling streams are reseeded (one per rank; set train.sampling_shards to make "
+                f"a run independent of its world size)")
+    return None
+
+
+def say(message: str) -> None:
+    if not is_follower():
+        print(f"qrl-bench: {message}", file=sys.stderr, flush=True)
+
+
+__all__ = ["BlockEngine", "ShardedCompute", "ShardedCritic", "distribute", "full_optim_state", "full_state",
+           "init", "is_follower", "launch_local", "load_full_optim_state", "load_full_state", "rank", "shard",
+           "world_size"]
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A frozen copy of the policy (the reference model of algo.kl_ref_beta); a sharded policy's copy is a
+    deep copy of its FSDP modules (not yet exercised by a test at world size > 1)."""
+    import copy
+
+    return copy.deepcopy(model).requires_grad_(False)
+
+
+def agree(guard: Any) -> bool:
+    """Whether to checkpoint and stop after this step: `guard.requested`, read once. With several ranks, a
+    signal caught by any rank is the decision of every rank (the largest signal number wins), so that all
+    checkpoint after the same step and exit together; a signal that lands while a rank is past this point
+    counts from the next step (the caller must use the returned value, not re-read the flag, or that rank
+    would checkpoint and stop alone)."""
+    if world_size() == 1:
+        return guard.requested
+    import signal
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    mine = torch.tensor([int(guard._signum or 0)], dtype=torch.long, device=device)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    signum = int(mine.item())
+    if signum:
+        guard.requested, guard._signum, guard.signal_name = True, signum, signal.Signals(signum).name
+    return bool(signum)
+
+
+class FollowerRun(RunDir):
+    """A rank > 0's view of the run directory: it reads (run.json, metrics) and writes nothing."""
+
+    def start(self, *args: Any, **kw: Any) -> dict[str, Any]:
+        return self.info()
+
+    def update_info(self, **fields: Any) -> dict[str, Any]:
+        return self.info()
+
+    def finish(self, *args: Any, **kw: Any) -> None: ...
+
+    def append(self, *args: Any, **kw: Any) -> None: ...
+
+    def truncate_to(self, *args: Any, **kw: Any) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def save_checkpoint(self, *args: Any, **kw: Any) -> None: ...
+
+    def drop_checkpoint(self) -> None: ...
+
+    def clean_temporaries(self) -> list:
+        return []
+
+    def set_aside_bad_lines(self) -> list:
+        return []

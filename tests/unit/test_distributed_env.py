@@ -1,0 +1,83 @@
+"""The environment contract of a multi-process run: what SLURM tasks export (through submitit) and what a local
+launch gives each rank, the variables torch.distributed's env:// initialization reads."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bench import distributed
+
+SLURM_TASK = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "16", "SLURM_JOB_NUM_NODES": "2",
+              "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_PROCID": "9", "SLURM_LOCALID": "1"}
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for key in (*distributed.ENV_KEYS, "LOCAL_WORLD_SIZE", *SLURM_TASK):
+        monkeypatch.setenv(key, "")  # recorded, so that whatever the test exports is undone afterwards
+        monkeypatch.delenv(key)
+    return monkeypatch
+
+
+def test_slurm_task_exports_torchrun_env(clean_env):
+    for k, v in SLURM_TASK.items():
+        clean_env.setenv(k, v)
+    assert distributed.export_slurm_tasks()
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("9", "16", "1")
+    assert os.environ["MASTER_ADDR"] == "gpu07"  # the job's first node
+    port = os.environ["MASTER_PORT"]
+    assert 20000 <= int(port) <= 60000
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ or os.environ["CUDA_VISIBLE_DEVICES"] != "1"
+    # every task of the job derives the same port from the job id
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        clean_env.delenv(key)
+    clean_env.setenv("SLURM_PROCID", "0")
+    clean_env.setenv("SLURM_LOCALID", "0")
+    clean_env.setenv("SLURM_NODEID", "0")
+    assert distributed.export_slurm_tasks()
+    assert os.environ["MASTER_PORT"] == port and os.environ["RANK"] == "0"
+
+
+def test_slurm_env_left_alone(clean_env):
+    """One task, or a launcher that already set WORLD_SIZE (torchrun inside the allocation): nothing exported."""
+    for k, v in SLURM_TASK.items():
+        clean_env.setenv(k, v)
+    clean_env.setenv("SLURM_NTASKS", "1")
+    assert not distributed.export_slurm_tasks() and "RANK" not in os.environ
+    clean_env.setenv("SLURM_NTASKS", "16")
+    clean_env.setenv("WORLD_SIZE", "8")
+    assert not distributed.export_slurm_tasks() and "RANK" not in os.environ
+
+
+def test_local_env_is_torchruns():
+    env = distributed.local_env(1, 4, 29500)
+    assert env == {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    assert set(distributed.ENV_KEYS) <= set(env)
+
+
+def test_world_size_one_is_untouched(clean_env):
+    """Without a launcher the run is one process: no group, and distribute() hands the parts back as they are."""
+    assert distributed.env_world_size() == 1 and distributed.world_size() == 1 and not distributed.is_follower()
+    distributed.init("cpu")  # a no-op at world size 1
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+
+    class Parts:  # only what distribute() reads at world size 1
+        class cfg:
+            train = {"sampling_shards": None}
+
+    p = Parts()
+    assert distributed.distribute(p) is p
+
+
+def test_rows_are_shared_evenly_and_padded():
+    assert [len(s) for s in distributed.row_shares(7)[0]] == [7]  # world size 1 here
+    rows = distributed.padded(distributed.row_shares(3)[0][0][2:], 2)
+    assert rows.tolist() == [2, 2]
+    import torch
+
+    assert distributed.padded(torch.zeros(0, dtype=torch.long), 2).tolist() == [0, 0]
