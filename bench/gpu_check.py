@@ -65,7 +65,7 @@ def step_environment() -> str:
 
 
 def step_cuda_tests() -> str:
-    rc, out, s = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests/unit"], 600)
+    rc, out, s = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests/unit", "tests/integration"], 600)
     return f"exit {rc} in {s:.0f} s\n\n" + fenced(out[-1500:])
 
 
@@ -75,12 +75,14 @@ ENGINE_ROWS = (("embedded", "bf16"), ("embedded", "fp8_e4m3"), ("embedded", "int
 def step_engines(device: str, have_vllm: bool) -> str:
     steps, batch = ("3", "32") if device == "cuda" else ("1", "8")
     lines = ["| engine | precision | exit | s | rollout tok/s | sync s | KL k3 |", "|---|---|---|---|---|---|---|"]
+    errors = []
     for engine, precision in ENGINE_ROWS:
         if engine == "vllm" and not have_vllm:
             lines.append(f"| {engine} | {precision} | not run: vLLM is not installed | | | | |")
             continue
         with tempfile.TemporaryDirectory(prefix="qrl-gpu-check-") as out_root:
-            rc, out, s = run([sys.executable, "-m", "bench", "model=mini_qwen2", f"rollout={engine}",
+            method = "bf16" if precision == "bf16" else "naive"  # the uncorrected arm at a low precision
+            rc, out, s = run([sys.executable, "-m", "bench", "model=mini_qwen2", f"method={method}", f"rollout={engine}",
                               f"rollout.precision={precision}", f"train.device={device}", f"train.steps={steps}",
                               f"train.batch_size={batch}", "train.group_size=4", "train.eval_every=100", "task.n_test=16",
                               "tracking=disabled", f"out_root={out_root}"], 600)
@@ -89,8 +91,8 @@ def step_engines(device: str, have_vllm: bool) -> str:
         cells = [f"{last.get(k, float('nan')):.3g}" for k in ("time/rollout_tokens_per_s", "time/sync_s", "mismatch/kl_k3")]
         lines.append(f"| {engine} | {precision} | {rc} | {s:.0f} | " + " | ".join(cells) + " |")
         if rc != 0:
-            lines.append(f"\n{engine} {precision} failed:\n\n{fenced(out[-1200:])}\n")
-    return "\n".join(lines)
+            errors.append(f"{engine} {precision} failed:\n\n{fenced(out[-1200:])}")
+    return "\n".join(lines + [""] + errors)
 
 
 def qurl_child(args: argparse.Namespace) -> None:
@@ -157,7 +159,7 @@ def step_vllm_rollout() -> str:
     parts = []
     for preset, batch in (("qwen2.5-1.5b", ["64", "256"]), ("qwen3-8b", ["64"])):
         rc, out, s = run([sys.executable, "-m", "bench.benchmarks.rollout", "--engines", "vllm", "--preset", preset,
-                          "--batch", *batch, "--new-tokens", "256", "--repeats", "2"], 600)
+                          "--batch", *batch, "--new-tokens", "256", "--repeats", "2", "--precisions", "bf16", "fp8_e4m3"], 600)
         parts.append(f"### {preset} ({s:.0f} s, exit {rc})\n\n" + (out if rc == 0 else fenced(out)))
     return "\n\n".join(parts)
 

@@ -105,7 +105,8 @@ def config_mismatch(run: RunDir, cfg: Any) -> str | None:
     if not diff:
         return None
     return (f"{run.path} holds a run of another configuration ({describe_diff(diff)}); refusing to reuse or mix "
-            f"its results. Use another sweep=NAME, or {OVERWRITE_HINT} to delete them and start this one")
+            f"its results. Use another sweep=NAME, or launch this run alone with {OVERWRITE_HINT} to delete them "
+            f"and start it")
 
 
 def decide(run: RunDir, cfg: Any) -> Plan:

@@ -7,8 +7,8 @@
 #   bash scripts/gpu_check.sh                 install (.venv-gpu: CUDA torch + vLLM) and run; report in gpu_check_report.md
 #   bash scripts/gpu_check.sh --dry-run       the CPU self-test only (what a machine without a GPU runs)
 #
-# Environment: GPU_CHECK_REPORT (report path), TORCH_SPEC (default torch==2.13.0, PyPI's CUDA build on Linux
-# x86-64), VLLM_SPEC (default vllm==0.32.*), PIP_EXTRA_INDEX_URL (e.g. the PyTorch cu128 index).
+# Environment: GPU_CHECK_REPORT (report path), VLLM_SPEC (default vllm==0.32.*; it brings the CUDA torch it
+# pins), TORCH_SPEC (optional: a particular torch build), PIP_EXTRA_INDEX_URL (e.g. the PyTorch cu128 index).
 # On a machine without a usable GPU it says so, runs the CPU self-test and exits 0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,9 +38,10 @@ fi
 VENV=.venv-gpu
 t0=$(date +%s)
 if [ ! -x $VENV/bin/python ]; then
-  echo "[gpu_check] installing ${TORCH_SPEC:-torch==2.13.0} + ${VLLM_SPEC:-vllm==0.32.*} into $VENV" >&2
+  echo "[gpu_check] installing ${VLLM_SPEC:-vllm==0.32.*} (with the CUDA torch it pins${TORCH_SPEC:+, $TORCH_SPEC}) into $VENV" >&2
   python3 -m venv $VENV
-  $VENV/bin/python -m pip install -q --disable-pip-version-check "${TORCH_SPEC:-torch==2.13.0}" "${VLLM_SPEC:-vllm==0.32.*}" -e ".[dev]"
+  # vLLM pins its torch: let it choose unless TORCH_SPEC names one (then both must agree)
+  $VENV/bin/python -m pip install -q --disable-pip-version-check ${TORCH_SPEC:+"$TORCH_SPEC"} "${VLLM_SPEC:-vllm==0.32.*}" -e ".[dev]"
 fi
 $VENV/bin/python -c "import torch; assert torch.cuda.is_available(), 'torch sees no GPU: ' + str(torch.version.cuda)"
 echo "[gpu_check] environment ready after $(( $(date +%s) - t0 )) s" >&2

@@ -15,9 +15,10 @@ adds mismatch). Operand layout (`int_mm_layout`): on CUDA the weight codes are s
 (nn.Linear's layout) and passed as `w.t()`, a column-major [K, N] second operand, with the activations row-major
 [M, K]. torch hands cuBLASLt the transposed problem C^T = W A^T, so this is cuBLASLt's "TN" case (A transposed, B
 not), the only ordering its regular-layout IMMA (int8 tensor-core) kernels document; a row-major [K, N] operand
-makes it "NN" (a third-party A100 measurement: 35.2 ms against 6.4 ms for 28672x5376 at 8192 tokens). On the CPU
-the opposite holds (measured here, bench.benchmarks.int8_layout: 1536x1536 at 17-64 tokens, 0.2-0.7 ms row-major
-against ~8 ms column-major), so the CPU keeps `w.t()` contiguous. `scripts/gpu_check.sh` times both layouts on the
+makes it "NN" (a third-party A100 measurement: 35.2 ms against 6.4 ms for 28672x5376 at 8192 tokens). The CPU keeps
+the layout perf-notes measured its int8 speed-ups with (`w.t()` contiguous): timed on the shared 2-core machine
+(bench.benchmarks.int8_layout, 1.5B shapes at 17-256 tokens) the two layouts came out 0.45-1.7x of each other
+either way, within that machine's noise, so nothing justified changing it. `scripts/gpu_check.sh` times both layouts on the
 GPU; a measurement there that contradicts the documentation changes `INT_MM_LAYOUTS_BY_DEVICE`, nothing else. The
 first operand needs more than 16 rows, so a CUDA call pads small decode batches with zero rows (`pad_rows`).
 The emulation relies on exact fp32 GEMMs: on a GPU keep TF32 off (torch's default,

@@ -78,7 +78,7 @@ def test_qurl_table3_base_row_and_average_column(tmp_path):
     assert base[col("Avg (5 tasks) ours")] == "46.00" and base[col("Avg (5 tasks) Δ")] == "-2.80"  # 46.00 - 48.80
     assert rl[col("MATH-500 ours")] == "90.00" and rl[col("MATH-500 Δ")] == "+2.29"  # 90.00 - 87.71
     assert rl[col("Avg (5 tasks) ours")] == "56.00" and rl[col("Avg (5 tasks) Δ")] == "-0.40"  # 56.00 - 56.40
-    assert rows["INT8 W8A8 | RL [fp8]"][col("Avg (5 tasks) ours")] == "–"
+    assert rows["INT8 W8A8 | RL [naive]"][col("Avg (5 tasks) ours")] == "–"
 
 
 def test_qurl_table4_rows_differ_by_config(tmp_path):

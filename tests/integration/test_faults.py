@@ -41,7 +41,7 @@ def qrl_bench(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedPro
 
 
 def run_of(out: Path, model: str = "tiny") -> RunDir:
-    return RunDir(out / "default" / "bf16" / "arithmetic" / model / "seed0")
+    return RunDir(out / "default" / "bf16@bf16" / "arithmetic" / model / "seed0")
 
 
 def descendants(pid: int) -> list[int]:

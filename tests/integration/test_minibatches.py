@@ -34,6 +34,7 @@ def test_clip_acts_and_acr_differs_from_tis(tmp_path):
 
 
 def test_one_minibatch_never_clips(tmp_path):
-    """The contrast: one optimizer step per batch, so r = 1 at the update and nothing is clipped."""
-    rows = run(tmp_path, "tis", "train.minibatches=1")
+    """The contrast (the named sweeps before issue 21): one optimizer step per batch, so r = 1 at the update and
+    nothing is clipped."""
+    rows = run(tmp_path, "tis", "train.minibatches=1", "train.epochs=1")
     assert all(r["train/clipfrac"] == 0 for r in rows)

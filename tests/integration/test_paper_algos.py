@@ -34,7 +34,7 @@ CONFIGS = {
 
 
 def run_dir(out_root) -> RunDir:
-    return RunDir(out_root / "default" / "bf16" / "arithmetic" / "tiny" / "seed0")
+    return RunDir(out_root / "default" / "bf16@bf16" / "arithmetic" / "tiny" / "seed0")
 
 
 @pytest.mark.parametrize("algo", list(CONFIGS))
@@ -85,7 +85,8 @@ def test_ppo_learns_on_the_embedded_default(tmp_path):
             "tracking=disabled", "train.threads=1", f"out_root={tmp_path}"]
     proc = subprocess.run(bench_cmd(*args), cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = run_dir(tmp_path).metrics()
+    [metrics] = tmp_path.rglob("metrics.jsonl")  # the only run (its path layout is bench/identity.py's)
+    rows = RunDir(metrics.parent).metrics()
     assert [r["step"] for r in rows] == list(range(40))
     early = sum(r["reward/mean"] for r in rows[:5]) / 5
     late = sum(r["reward/mean"] for r in rows[-10:]) / 10

@@ -102,6 +102,8 @@ def test_a_mini_through_the_cli_row_sweeper_and_local_launcher(tmp_path):
     proc = cli("-m", "+experiment=paper/p3o_fp8_mini", f"out_root={tmp_path}", "hydra.launcher.n_jobs=1", timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     done = sorted(str(p.parent.relative_to(tmp_path)) for p in tmp_path.rglob("run.json"))
-    assert done == [f"p3o_fp8_mini/fp8_e4m3/eps{e}/{m}/deepscaler/mini_qwen2/seed0"
-                    for e, m in (("0.2", "ess"), ("0.2", "naive_ppo_is"), ("0.4", "naive_ppo_is"), ("0.6", "naive_ppo_is"))]
+    # one sweep; the three GRPO rows of one arm differ in eps only, which becomes their variant level
+    assert done == ["p3o_fp8_mini/ess@fp8_e4m3/deepscaler/mini_qwen2/seed0"] + [
+        f"p3o_fp8_mini/naive_ppo_is@fp8_e4m3/deepscaler/mini_qwen2/algo.clip_eps_high={e},algo.clip_eps_low={e}/seed0"
+        for e in ("0.2", "0.4", "0.6")]
     assert (tmp_path / "p3o_fp8_mini" / "multirun.yaml").exists()

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bench.store import RunDir
+from bench.methods.base import arm_precision
 from tests.helpers import FAST, REPO, strip_times
 from tests.integration.wandb_readback import history, offline_runs
 
@@ -38,7 +39,7 @@ def bench_cmd(*args: str) -> list[str]:
 
 
 def run_dir(out_root: Path, method: str = "bf16") -> RunDir:
-    return RunDir(out_root / "default" / method / "arithmetic" / "tiny" / "seed0")
+    return RunDir(out_root / "default" / f"{method}@{arm_precision(method)}" / "arithmetic" / "tiny" / "seed0")
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ def test_run_writes_a_complete_run_directory(tmp_path):
     cfg = make_cfg(tmp_path, "method=naive")
     assert execute(cfg) == "completed"
     run = RunDir.of(cfg)
-    assert run.path == tmp_path / "default" / "naive" / "arithmetic" / "tiny" / "seed0"
+    assert run.path == tmp_path / "default" / "naive@fp8_e4m3" / "arithmetic" / "tiny" / "seed0"
     info = run.info()
     assert info["status"] == "completed" and info["reason"] is None
     assert info["host"] and info["versions"]["torch"] == torch.__version__ and "git_sha" in info

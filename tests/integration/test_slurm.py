@@ -232,7 +232,7 @@ def test_preempted_slurm_job_is_requeued_and_resumes(slurm, cleanup, tmp_path):
     cmd = [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", *args, f"out_root={tmp_path / 'slurm'}",
            "hydra.launcher.timeout_min=30"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    run = RunDir(tmp_path / "slurm" / "default" / "bf16" / "arithmetic" / "tiny" / "seed0")
+    run = RunDir(tmp_path / "slurm" / "default" / "bf16@bf16" / "arithmetic" / "tiny" / "seed0")
     try:
         wait_until("a few steps", lambda: len(run.metrics()) >= 3 or proc.poll() is not None, 300)
         assert proc.poll() is None, proc.stdout.read()[-3000:]

@@ -68,9 +68,9 @@ def test_each_runs_log_is_in_its_own_run_directory_when_jobs_set_the_sweep(tmp_p
                           cwd=REPO, env=env(QRL_LOCAL_JOBS="2"), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     for rung in ("a", "b"):
-        run = RunDir(tmp_path / "ladder" / rung / "bf16" / "arithmetic" / "tiny" / "seed0")
+        run = RunDir(tmp_path / "ladder" / rung / "bf16@bf16" / "arithmetic" / "tiny" / "seed0")
         assert run.status == "completed" and "completed ->" in (run.path / "run.log").read_text()
-    assert not (tmp_path / "ladder" / "bf16").exists()  # nothing at Hydra's <sweep dir>/<subdir>
+    assert not (tmp_path / "ladder" / "bf16@bf16").exists()  # nothing at Hydra's <sweep dir>/<subdir>
 
 
 def _start_sweep(tmp_path: Path, *args: str, jobs: int = 2) -> subprocess.Popen:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bench.store import RunDir
+from bench.methods.base import arm_precision
 from tests.helpers import FAST, REPO, strip_times
 from tests.integration.test_faults import alive, descendants, env, interrupt, one_line_error, qrl_bench
 
@@ -31,7 +32,7 @@ RESTART_NOTE = "restarting from step 0"
 
 
 def run_of(out: Path, method: str = "bf16") -> RunDir:
-    return RunDir(out / "default" / method / "arithmetic" / "tiny" / "seed0")
+    return RunDir(out / "default" / f"{method}@{arm_precision(method)}" / "arithmetic" / "tiny" / "seed0")
 
 
 @pytest.fixture(scope="module")
