@@ -81,3 +81,15 @@ def test_rows_are_shared_evenly_and_padded():
     import torch
 
     assert distributed.padded(torch.zeros(0, dtype=torch.long), 2).tolist() == [0, 0]
+
+
+def test_resume_at_another_world_size_warns_only_without_sampling_shards(clean_env):
+    from omegaconf import OmegaConf
+
+    per_rank = OmegaConf.create({"train": {"sampling_shards": None}})
+    fixed = OmegaConf.create({"train": {"sampling_shards": 2}})
+    note = distributed.resume_note({"step": 3, "world_size": 2}, per_rank)  # written by 2 ranks, resumed by 1
+    assert note is not None and "reseeded" in note and "2 process(es) with 1" in note
+    assert distributed.resume_note({"step": 3, "world_size": 2}, fixed) is None  # the blocks do not depend on it
+    assert distributed.resume_note({"step": 3}, per_rank) is None  # a one-process checkpoint, resumed by one
+    assert distributed.resume_note(None, per_rank) is None
