@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from omegaconf import OmegaConf
 
 from bench.cli import execute
 from bench.store import RunDir
@@ -12,14 +13,16 @@ pytestmark = pytest.mark.slow
 
 
 def test_dry_run_lists_jobs_and_skips_completed(tmp_path):
-    done = make_cfg(tmp_path, "sweep=smoke", "method=tis", "task=countdown", "seed=1")
-    assert execute(done) == "completed"
+    # a completed run of one of the sweep's jobs (its config exactly the job's: another config would be refused)
+    done = make_cfg(tmp_path, "+experiment=smoke", "method=tis", "task=countdown", "seed=1", fast=False)
+    RunDir.of(done).start(OmegaConf.to_yaml(done, resolve=True), RunDir.name_of(done))
+    RunDir.of(done).finish("completed")
     proc = cli("-m", "+experiment=smoke", f"out_root={tmp_path}", "--dry-run", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     assert len(lines) == 36  # 6 arms x 2 tasks x 3 seeds
     skipped = [line for line in lines if line.startswith("skip")]
-    assert len(skipped) == 1 and "tis-countdown-tiny-s1" in skipped[0]
+    assert len(skipped) == 1 and "tis@fp8_e4m3-countdown-tiny-s1" in skipped[0]
     assert str(RunDir.of(done).path) in skipped[0]
     assert "36 jobs: 35 to launch, 1 already finished" in proc.stderr
     assert sum(1 for _ in tmp_path.rglob("run.json")) == 1  # nothing was launched

@@ -58,7 +58,7 @@ def test_sweep_exits_nonzero_and_lists_the_jobs_that_did_not_complete(tmp_path):
     assert "[sweep default] " in err and "1/4 done" in err
     assert "%|" not in err and "Loading weights" not in err  # no progress bar reached the terminal
     log = (run_dir(tmp_path).path / "run.log").read_text()
-    assert "bf16-arithmetic-tiny-s0: 100%|" in log and "completed ->" in log
+    assert "bf16@bf16-arithmetic-tiny-s0: 100%|" in log and "completed ->" in log
 
 
 def test_each_runs_log_is_in_its_own_run_directory_when_jobs_set_the_sweep(tmp_path):
