@@ -17,7 +17,7 @@ if [ "${QRL_SLURM:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/
   fi
 fi
 set +e
-timeout 3000 .venv/bin/python -m pytest -q -p no:cacheprovider --ignore=tests/vllm "$@"
+timeout 4200 .venv/bin/python -m pytest -q -p no:cacheprovider --ignore=tests/vllm "$@"
 rc=$?
 set -e
 [ $rc = 5 ] && { echo "[test] pytest collected no tests" >&2; rc=1; }
