@@ -200,7 +200,7 @@ def test_small_sweep_through_slurm_completes_every_run(slurm, cleanup, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[sweep default] 2/2 done · 0 running · 0 failed · 0 skipped · took" in proc.stderr  # the sweep line
     runs = sorted(p.parent for p in tmp_path.glob("default/*/arithmetic/tiny/seed0/run.json"))
-    assert [r.parts[-4] for r in runs] == ["bf16", "tis"], list(tmp_path.rglob("run.json"))
+    assert [r.parts[-4] for r in runs] == ["bf16@bf16", "tis@fp8_e4m3"], list(tmp_path.rglob("run.json"))
     steps = int(next(a for a in FAST if a.startswith("train.steps=")).split("=")[1])
     job_ids = set()
     for path in runs:

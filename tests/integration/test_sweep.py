@@ -20,6 +20,7 @@ import pytest
 from filelock import FileLock
 
 from bench.store import RunDir
+from bench.methods.base import arm_precision
 from tests.helpers import FAST, REPO
 from tests.integration.test_faults import alive, descendants, env
 
@@ -34,14 +35,16 @@ def sweep_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "bench", "-m", *args]
 
 
-def run_dir(out: Path, method: str = "bf16", seed: int = 0) -> RunDir:
-    return RunDir(out / "default" / method / "arithmetic" / "tiny" / f"seed{seed}")
+def run_dir(out: Path, method: str = "bf16", seed: int = 0, variant: str = "") -> RunDir:
+    arm = f"{method}@{arm_precision(method)}"
+    return RunDir(out / "default" / arm / "arithmetic" / "tiny" / variant / f"seed{seed}")
 
 
 def test_sweep_exits_nonzero_and_lists_the_jobs_that_did_not_complete(tmp_path):
     """4 jobs: (steps=3, seed 0) completes; (steps=3, seed 1) finds its run directory locked; the two jobs
     with steps=0 fail validation."""
-    locked = run_dir(tmp_path, seed=1)
+    # the sweep varies train.steps at equal identities: each value is a variant level of the run path
+    locked = run_dir(tmp_path, seed=1, variant="train.steps=3")
     locked.path.mkdir(parents=True)
     with FileLock(str(locked.path / ".lock")):
         proc = subprocess.run(sweep_cmd(*[a for a in SHORT if not a.startswith("train.steps=")],
@@ -49,7 +52,7 @@ def test_sweep_exits_nonzero_and_lists_the_jobs_that_did_not_complete(tmp_path):
                               cwd=REPO, env=env(QRL_LOCAL_JOBS="2"), capture_output=True, text=True, timeout=600)
     err = proc.stderr
     assert proc.returncode == 1, err[-4000:]  # jobs failed with different codes (2 and 4)
-    assert run_dir(tmp_path).status == "completed"
+    assert run_dir(tmp_path, variant="train.steps=3").status == "completed"
     summary = err[err.index("[sweep default] 3 of 4 job(s) did not complete") - 2000:]
     assert "locked" in summary and f"run directory {locked.path} is in use by another process" in summary
     assert summary.count("bad_config") == 2 and "train.steps=0 must be at least 1" in summary
@@ -57,8 +60,8 @@ def test_sweep_exits_nonzero_and_lists_the_jobs_that_did_not_complete(tmp_path):
     # the terminal got the sweep's line, not the runs' progress bars; those are in each run's run.log
     assert "[sweep default] " in err and "1/4 done" in err
     assert "%|" not in err and "Loading weights" not in err  # no progress bar reached the terminal
-    log = (run_dir(tmp_path).path / "run.log").read_text()
-    assert "bf16@bf16-arithmetic-tiny-s0: 100%|" in log and "completed ->" in log
+    log = (run_dir(tmp_path, variant="train.steps=3").path / "run.log").read_text()
+    assert "bf16@bf16-arithmetic-tiny-train.steps=3-s0: 100%|" in log and "completed ->" in log
 
 
 def test_each_runs_log_is_in_its_own_run_directory_when_jobs_set_the_sweep(tmp_path):
