@@ -5,12 +5,12 @@ defined (bench/methods/<arm>.py), the trainer records that in every run's run.js
 rollout precision's label and bit widths (`precision`), and the loader hands each run's declaration to `learn`.
 So a new arm or precision appears in every figure and table without a change here; a run that declares
 nothing (an older run directory) gets a colour derived from its method's name and sorts after the known ones.
-An arm is labelled by its method, as `<method>@<precision>` (bench/identity.py) where the method runs at two precisions.
+An arm is labelled by its method, as `<method>@<precision>` (bench/run/identity.py) where the method runs at two precisions.
 """
 
 from __future__ import annotations
 
-from bench import identity
+from bench.run import identity
 
 import zlib
 from typing import Any, Iterable
@@ -90,7 +90,7 @@ def sorted_arms(arms: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def arm_labels(arms: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """Legend/row label per arm: the method name, spelled as the arm `<method>@<precision>` (bench/identity.py)
+    """Legend/row label per arm: the method name, spelled as the arm `<method>@<precision>` (bench/run/identity.py)
     where the method appears at two precisions."""
     arms = sorted_arms(arms)
     counts: dict[str, int] = {}

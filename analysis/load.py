@@ -9,7 +9,7 @@ its reason), and soft problems that do not invalidate a run become `Run.warnings
 
 Identity comes from the resolved config (method.name, rollout.precision, task.name, model.name, variant, seed),
 with the path as a fallback, so the method is named exactly as the run named itself everywhere downstream. A run
-of a sweep variant (bench/sweeper.py: jobs that differ in a setting outside the identity) is its own arm, named
+of a sweep variant (bench/launch/sweeper.py: jobs that differ in a setting outside the identity) is its own arm, named
 `<method>[<variant>]`, so two settings are never pooled as seeds of one arm.
 """
 
@@ -26,8 +26,8 @@ from typing import Any, Iterable
 import pandas as pd
 import yaml
 
-from bench import identity
-from bench.identity import FINISHED_STATUSES, SEED_DIR, STATUSES
+from bench.run import identity
+from bench.run.identity import FINISHED_STATUSES, SEED_DIR, STATUSES
 
 from . import arms
 
@@ -262,7 +262,7 @@ def _read_config(run_dir: Path) -> dict[str, Any]:
 
 
 def read_jsonl(path: Path, required: bool = True) -> tuple[list[dict[str, Any]], list[str]]:
-    """Records of a JSONL file (bench.identity.read_jsonl) and warnings.
+    """Records of a JSONL file (bench.run.identity.read_jsonl) and warnings.
 
     A bad *last* line is what a killed writer leaves behind (preemption mid-write): it is dropped with a
     warning. A bad line anywhere else means the file is corrupt, and the run is rejected, because silently

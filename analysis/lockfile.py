@@ -1,7 +1,7 @@
 """requirements.lock against the versions each run recorded: which runs were not produced with the pinned stack.
 
 scripts/install.sh installs every package but torch at the version requirements.lock pins (refresh: bash
-scripts/lock.sh); run.json records the versions a run actually imported (bench/store.py `versions`). A package
+scripts/lock.sh); run.json records the versions a run actually imported (bench/run/store.py `versions`). A package
 whose recorded version differs from the pin marks the run as off the lock: its numbers may differ for that
 reason alone (transformers 5.23 -> 5.24 moved the reference accuracies), so the report says so.
 """

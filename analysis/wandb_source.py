@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from bench.identity import STATUSES
+from bench.run.identity import STATUSES
 
 from .load import Sweep, load_sweeps
 

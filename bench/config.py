@@ -3,7 +3,7 @@
 Each component's schema lives beside it (lingua's `OptimArgs` beside `optim.py`): `MethodConfig` and every
 arm's schema in bench/methods/, `AlgoConfig` in bench/grpo.py, task schemas in bench/tasks/, engine schemas in
 bench/rollout/, `ModelConfig` in bench/models/load.py, `TrainConfig` in bench/train.py, `EvalConfig` in
-bench/evaluation.py, `TrackingConfig` in bench/tracking.py. This module composes them into `Config` and hands
+bench/evaluation.py, `TrackingConfig` in bench/run/tracking.py. This module composes them into `Config` and hands
 them to Hydra's ConfigStore, so that a misspelt key or a value of the wrong type fails at start-up naming it;
 `validate` runs every schema's `check()` (ranges and choices a type cannot express) before any work starts.
 
@@ -26,15 +26,15 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from bench.budget import BudgetConfig
+from bench.launch.budget import BudgetConfig
 from bench.evaluation import EvalConfig
 from bench.grpo import AlgoConfig
-from bench.identity import run_path, run_subdir
+from bench.run.identity import run_path, run_subdir
 from bench.methods.base import METHODS, arm_precision
 from bench.models.load import ModelConfig
 from bench.rollout.base import ENGINES
 from bench.tasks.base import TASKS
-from bench.tracking import TrackingConfig, tracking_mode
+from bench.run.tracking import TrackingConfig, tracking_mode
 from bench.train import TrainConfig
 
 #: conf/: the config tree (groups method/ model/ task/ rollout/ tracking/ experiment/, hydra/launcher/)
@@ -62,12 +62,12 @@ class Config:
     rollout: Any = MISSING  # the engine's schema (bench/rollout/<engine>.py)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    budget: BudgetConfig = field(default_factory=BudgetConfig)  # the dry run's GPU-hours estimate (bench/budget.py)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)  # the dry run's GPU-hours estimate (bench/launch/budget.py)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = MISSING
     seed: int = 0
     sweep: str = "default"
-    variant: str = ""  # set by the sweeper when jobs would share a run directory (bench/identity.py)
+    variant: str = ""  # set by the sweeper when jobs would share a run directory (bench/run/identity.py)
     out_root: str = "results"
 
 

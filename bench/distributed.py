@@ -43,7 +43,7 @@ from bench.critic import Critic, token_values
 from bench.models import logprobs as lp
 from bench.models.logprobs import token_logprobs
 from bench.rollout.base import Rollout, SamplingParams
-from bench.store import RunDir
+from bench.run.store import RunDir
 
 #: what a launcher exports to every rank (torch.distributed.run, submitit's TorchDistributedEnvironment)
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

@@ -27,7 +27,7 @@ mixed in by `Reward(format_weight=w)`: a correct answer scores 1, a wrong but we
 else 0 (TinyZero's 1 / 0.1 / 0 scheme, verl's `format_score`). Correct answers stay exactly 1.0, so the
 trainer's accuracy (`reward >= 1`) is unchanged by shaping.
 
-`Reward` runs the scorer under a wall-clock limit (bench/timelimit.py; the docstring there says how it works
+`Reward` runs the scorer under a wall-clock limit (bench/run/timelimit.py; the docstring there says how it works
 and where it does not hold). A scorer that times out or raises scores 0; `Reward.stats` counts both so they
 can be logged: the trainer logs them per step as `reward/scorer_timeouts` / `reward/scorer_errors` and per
 evaluation as `eval/[<set>/]scorer_timeouts` / `scorer_errors` (`scorer_metrics`). Completions may be any
@@ -46,7 +46,7 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from bench.tasks import countdown as countdown_checker
-from bench.timelimit import MODES, ScoreTimeout, TimeLimitUnavailable, call_with_time_limit
+from bench.run.timelimit import MODES, ScoreTimeout, TimeLimitUnavailable, call_with_time_limit
 
 Scorer = Callable[[str, Any], float]
 
@@ -110,7 +110,7 @@ def last_answer_tag(text: str) -> str | None:
 
 
 class _DropTimeoutDisabledWarning(logging.Filter):
-    """math-verify warns once that its own timeout is off; that is deliberate here (bench/timelimit.py)."""
+    """math-verify warns once that its own timeout is off; that is deliberate here (bench/run/timelimit.py)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith("Timeout is disabled")

@@ -37,20 +37,20 @@ from bench.mismatch import mismatch_metrics, sanitize
 from bench.models.load import context_length, load_policy
 from bench.models.logprobs import TRAINER_DTYPES
 from bench.models.tokenizer import PromptFormat, uses_chat_template
-from bench.preempt import PreemptionGuard
-from bench.preflight import check_data
+from bench.run.preempt import PreemptionGuard
+from bench.launch.preflight import check_data
 from bench.quant import diagnostics
 from bench.quant.quantizers import Quantizer
 from bench.rollout import build_engine
 from bench.rewards import scorer_metrics
-from bench.resume import RESUME_FROM, Plan, decide, final_status
+from bench.run.resume import RESUME_FROM, Plan, decide, final_status
 from bench.rollout.base import Rollout, RolloutEngine
 from bench.rollout.embedded import EmbeddedRolloutConfig
 from bench.sampling import Sample, collect
-from bench.store import RunDir
+from bench.run.store import RunDir
 from bench.tasks.base import Task, build_task
 from bench.timing import Timer
-from bench.tracking import start_tracking
+from bench.run.tracking import start_tracking
 
 
 @dataclass
@@ -74,7 +74,7 @@ class TrainConfig:
     checkpoint_every: int = 10
     threads: int = 0  # torch threads; 0 = leave torch's default (sweeps set 1 per job)
     keep_checkpoint: bool = False  # keep ckpt/last.pt after completion (it is always kept while resumable)
-    overwrite: bool = False  # restart from step 0 even if the run directory holds results (bench/resume.py)
+    overwrite: bool = False  # restart from step 0 even if the run directory holds results (bench/run/resume.py)
     resume_from: str = "last"  # last | previous: the checkpoint to resume from (previous = ckpt/prev.pt)
     nproc_per_node: int = 1  # processes of this run on this machine (FSDP2, bench/distributed.py); >1 launches them
     sampling_shards: Optional[int] = None  # prompt blocks with their own sampling streams; null: 1, or 1 per rank
@@ -226,7 +226,7 @@ TRAIN_KEYS = ("loss", "grad_norm", "entropy", "clipfrac", "ppo_kl", *COMPUTE_KEY
 
 def step_metrics(p: Parts, step: int, sample: Sample, logs: dict[str, float],
                  stats: dict[str, Any], measured: dict[str, float], t: Timer) -> dict[str, float]:
-    """The metrics row of one step, in the namespaces of bench/identity.py; `measured` holds the mismatch/*,
+    """The metrics row of one step, in the namespaces of bench/run/identity.py; `measured` holds the mismatch/*,
     quant/* and critic/* metrics, already named."""
     arm, rollout, rewards = p.method.name, sample.rollout, sample.rewards
     row: dict[str, float] = {"step": step}
@@ -294,7 +294,7 @@ def restore(p: Parts, ckpt: dict[str, Any]) -> int:
 def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | None = None,
           overrides: list[str] | None = None) -> str:
     """Run (or resume) training in `run`; returns the final status. The caller holds the run's lock and
-    has decided what to do with the directory (`plan`, bench/resume.py; made here when not given)."""
+    has decided what to do with the directory (`plan`, bench/run/resume.py; made here when not given)."""
     cfg = p.cfg
     plan = plan or decide(run, cfg)
     if plan.action not in ("start", "resume"):

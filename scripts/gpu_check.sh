@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command that checks a machine with an NVIDIA GPU end to end and writes one Markdown report
-# (bench/gpu_check.py lists the steps: cuda-marked tests, a few training steps per engine x precision,
+# (bench/launch/gpu_check.py lists the steps: cuda-marked tests, a few training steps per engine x precision,
 # 2 steps of paper/qurl_table1 at its real shape with peak memory against the dry run's estimate,
 # INT8 weight layouts, vLLM bf16 vs fp8 decode at 1.5B and 8B shapes). Budget: <= 10 min on one H100.
 #
@@ -25,7 +25,7 @@ has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null |
 self_test() {
   local py=.venv/bin/python
   [ -x "$py" ] || { bash scripts/install.sh; }
-  "$py" -m bench.gpu_check --self-test --report "$REPORT"
+  "$py" -m bench.launch.gpu_check --self-test --report "$REPORT"
 }
 
 if [ "$dry" = 1 ] || ! has_gpu; then
@@ -45,5 +45,5 @@ if [ ! -x $VENV/bin/python ]; then
 fi
 $VENV/bin/python -c "import torch; assert torch.cuda.is_available(), 'torch sees no GPU: ' + str(torch.version.cuda)"
 echo "[gpu_check] environment ready after $(( $(date +%s) - t0 )) s" >&2
-$VENV/bin/python -m bench.gpu_check --report "$REPORT"
+$VENV/bin/python -m bench.launch.gpu_check --report "$REPORT"
 echo "[gpu_check] done in $(( $(date +%s) - t0 )) s; report in $REPORT" >&2

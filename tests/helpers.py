@@ -10,7 +10,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from bench.cli import CONF_DIR  # noqa: F401  (importing bench.cli registers the schemas)
+from bench.launch.cli import CONF_DIR  # noqa: F401  (importing bench.launch.cli registers the schemas)
 
 # a few-second run: 3 steps of 16 sequences, tiny eval split
 FAST = ["train.steps=3", "train.batch_size=16", "train.group_size=4", "train.eval_every=2",

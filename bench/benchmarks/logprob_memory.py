@@ -41,7 +41,7 @@ def one(model_name: str, batch: int, prompt_len: int, response_len: int, micro: 
     import torch
     from hydra import compose, initialize_config_dir
 
-    from bench.cli import CONF_DIR
+    from bench.launch.cli import CONF_DIR
     from bench.models.logprobs import token_logprobs
     from bench.models.tiny import build_tiny_model
     from bench.models.tokenizer import build_char_tokenizer

@@ -16,7 +16,7 @@ import time
 import torch
 from hydra import compose, initialize_config_dir
 
-from bench.cli import CONF_DIR
+from bench.launch.cli import CONF_DIR
 from bench.methods.base import METHODS, arm_info
 from bench.train import build, train_step
 

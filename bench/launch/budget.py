@@ -53,7 +53,7 @@ class BudgetConfig:
     train_mfu: float = 0.30  # ours
     source: str = FLOPS_MODEL
     gpus: int = 1  # GPUs per job (wall-clock hours = GPU-hours / gpus)
-    gpu_memory_gb: float = 80.0  # the GPU the memory estimate is checked against (bench/memory.py): H100 80 GB
+    gpu_memory_gb: float = 80.0  # the GPU the memory estimate is checked against (bench/launch/memory.py): H100 80 GB
 
     def check(self) -> None:
         if self.params_b is not None and not self.params_b > 0:

@@ -17,7 +17,7 @@ Exit codes of a single run (every non-zero one comes with a one-line cause on st
     5    refused: the run directory holds rows but neither run.json nor a checkpoint (a completed run that
          lost its run.json), or an unreadable checkpoint; the message names the option that goes on
          (train.overwrite=true, train.resume_from=previous). A run stopped before its first checkpoint is not
-         refused: it restarts from step 0 (bench/resume.py)
+         refused: it restarts from step 0 (bench/run/resume.py)
     6    incomplete: trained to the end, but steps are missing from metrics.jsonl that no checkpoint could
          recompute (their lines were unreadable); also a relaunch of such a run
     128+N  stopped by signal N (SIGINT 130, SIGUSR1 138, SIGTERM 143) after checkpointing: run.json
@@ -43,13 +43,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from bench import sweep_report
+from bench.launch import sweep_report
 from bench.config import CONF_DIR, GROUP_REGISTRIES, NAME_KEYS, RENAMED_METHODS, USER_NAMED_MODELS, register_configs, validate
 from bench.grpo import AlgoConfig
-from bench.overrides import check_overrides
-from bench.preempt import Stopped, stop_on_signals
-from bench.resume import Plan
-from bench.store import RunDir, RunLocked, root_os_error
+from bench.launch.overrides import check_overrides
+from bench.run.preempt import Stopped, stop_on_signals
+from bench.run.resume import Plan
+from bench.run.store import RunDir, RunLocked, root_os_error
 
 EXIT = {"completed": 0, "skipped": 0, "failed": 1, "bad_config": 2, "diverged": 3, "locked": 4, "refused": 5,
         "incomplete": 6, "preempted": 128 + signal.SIGTERM, "interrupted": 128 + signal.SIGTERM}
@@ -110,7 +110,7 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
     except ValueError as e:
         return _bad_input(cfg, name, e)
     run = RunDir.of(cfg)
-    from bench.resume import config_mismatch
+    from bench.run.resume import config_mismatch
 
     mismatch = None if cfg.train.overwrite else config_mismatch(run, cfg)
     if mismatch:  # before any work; decided again under the lock
@@ -131,8 +131,8 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
         import torch
 
         torch.set_num_threads(cfg.train.threads)
-    from bench.preflight import check_inputs
-    from bench.resume import decide
+    from bench.launch.preflight import check_inputs
+    from bench.run.resume import decide
     from bench.train import build, train
 
     try:
@@ -242,7 +242,7 @@ def _failed(run: RunDir, name: str, err: Exception) -> Outcome:
         run.finish("failed", reason=cause)
     except OSError:
         pass
-    from bench.resume import relaunch_effect
+    from bench.run.resume import relaunch_effect
 
     full = os_err is not None and os_err.errno in (errno.ENOSPC, errno.EDQUOT)
     then = "free some space, then relaunch" if full else "relaunch"
@@ -265,7 +265,7 @@ def _stopped(run: RunDir, name: str, err: Stopped) -> Outcome:
     if status != "preempted":  # the signal came after the run ended (final evaluation)
         say(name, f"{status} -> {run.path}")
         return Outcome(status, info.get("reason"), run.path, signum=err.signum)
-    from bench.resume import relaunch_effect
+    from bench.run.resume import relaunch_effect
 
     steps = len(run.metrics())
     how = "checkpointed" if err.checkpointed else "not checkpointed"
@@ -274,7 +274,7 @@ def _stopped(run: RunDir, name: str, err: Stopped) -> Outcome:
     return Outcome("preempted", info.get("reason"), run.path, signum=err.signum)
 
 
-#: why a sweep refuses train.overwrite=true (bench/resume.py: it deletes a run's results, completed ones too)
+#: why a sweep refuses train.overwrite=true (bench/run/resume.py: it deletes a run's results, completed ones too)
 SWEEP_OVERWRITE = ("train.overwrite=true is refused on a sweep (-m): it would delete and retrain every completed "
                    "run of the sweep; a relaunch of the sweep already resumes or restarts the unfinished ones. To "
                    "redo one run, launch it alone (no -m) with train.overwrite=true")
@@ -292,7 +292,7 @@ def hydra_main(cfg: DictConfig) -> Any:
         if outcome.code:
             sys.exit(outcome.code)
         return 0
-    return outcome.as_dict(RunDir.name_of(cfg))  # to the sweep launcher's summary (bench/sweep_report.py)
+    return outcome.as_dict(RunDir.name_of(cfg))  # to the sweep launcher's summary (bench/launch/sweep_report.py)
 
 
 def check_group_overrides(args: list[str]) -> str | None:
@@ -451,7 +451,7 @@ def main() -> None:
         print(f"qrl-bench: error: {error}", file=sys.stderr)
         sys.exit(EXIT["bad_config"])
     if "--dry-run" in args:
-        from bench.dryrun import dry_run
+        from bench.launch.dryrun import dry_run
 
         sys.exit(dry_run([a for a in args if a not in ("--dry-run", "-m", "--multirun")]))
     hydra_main()

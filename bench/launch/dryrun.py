@@ -1,12 +1,12 @@
 """`qrl-bench -m ... --dry-run`: list the jobs a sweep would launch, and which would be skipped as done,
 without launching anything (no SLURM submission, no training). Expands the sweep exactly as its sweeper does:
-the rows of `hydra/sweeper=rows` (bench/sweeper.py) crossed with `hydra.sweeper.params` and the command-line
+the rows of `hydra/sweeper=rows` (bench/launch/sweeper.py) crossed with `hydra.sweeper.params` and the command-line
 overrides (with no rows: Hydra's basic sweeper).
 
 Where a job's config sets `budget.params_b` (the paper recipes), its line ends with the estimated GPU-hours
-(bench/budget.py) and the summary gives the total and the assumptions behind it. Where the model's shape is known
+(bench/launch/budget.py) and the summary gives the total and the assumptions behind it. Where the model's shape is known
 (the recipes' hub models, the built-in ones) and the job runs on a GPU, the line also gives its peak memory per GPU
-(bench/memory.py), and a job whose estimate exceeds `budget.gpu_memory_gb` gets a warning.
+(bench/launch/memory.py), and a job whose estimate exceeds `budget.gpu_memory_gb` gets a warning.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from bench.budget import describe, estimate
+from bench.launch.budget import describe, estimate
 from bench.config import CONF_DIR, register_configs
-from bench.memory import estimate_memory
+from bench.launch.memory import estimate_memory
 from bench.methods.base import METHODS
-from bench.resume import preview
-from bench.store import RunDir
-from bench.sweeper import assign_variants, expand_rows, sweep_default
+from bench.run.resume import preview
+from bench.run.store import RunDir
+from bench.launch.sweeper import assign_variants, expand_rows, sweep_default
 
 register_configs()
 
@@ -49,7 +49,7 @@ def dry_run(overrides: list[str]) -> int:
             cfg = compose("config", overrides=job)
             run = RunDir.of(cfg)
             status = run.status or "new"
-            action = preview(run, cfg)  # what the launch will decide under the run's lock (bench/resume.py)
+            action = preview(run, cfg)  # what the launch will decide under the run's lock (bench/run/resume.py)
             counts[action] = counts.get(action, 0) + 1
             est = estimate(cfg, METHODS.get(cfg.method.name).needs_recompute)
             cost = ""
@@ -68,7 +68,7 @@ def dry_run(overrides: list[str]) -> int:
                if counts.get("refuse") else "")
     print(f"{len(jobs)} jobs: {todo} to launch, {counts.get('skip', 0)} already finished{refused}", file=sys.stderr)
     for line in too_big:
-        print(f"WARNING: memory estimate exceeds the GPU: {line} (bench/memory.py; docs/gpu.md)", file=sys.stderr)
+        print(f"WARNING: memory estimate exceeds the GPU: {line} (bench/launch/memory.py; docs/gpu.md)", file=sys.stderr)
     if assumptions:
         print(f"estimated GPU-hours (all jobs): ~{gpu_hours:,.0f}", file=sys.stderr)
         for line in sorted(assumptions):

@@ -1,7 +1,7 @@
 """The GPU machine check behind `scripts/gpu_check.sh`: every GPU path of the suite, run once, one Markdown report.
 
-    python -m bench.gpu_check [--report gpu_check_report.md]      on a machine with an NVIDIA GPU
-    python -m bench.gpu_check --self-test [--report PATH]         the same steps on the CPU, tiny shapes
+    python -m bench.launch.gpu_check [--report gpu_check_report.md]      on a machine with an NVIDIA GPU
+    python -m bench.launch.gpu_check --self-test [--report PATH]         the same steps on the CPU, tiny shapes
 
 Steps (each in a child process where it holds the GPU, so one step's memory is gone before the next; a failing
 step is reported with its error and the others still run):
@@ -12,7 +12,7 @@ step is reported with its error and the others still run):
                        (where vLLM is installed); tokens/s, sync s and the mismatch KL of the last step
   4. qurl_table1       2 steps of paper/qurl_table1's training shape (256 sequences, micro-batch 8, 512 new tokens,
                        PPO critic) on a random-init Qwen2.5-0.5B built from its config (nothing downloaded; a
-                       character tokenizer, the GSM8K fixture): peak torch memory against bench/memory.py's estimate
+                       character tokenizer, the GSM8K fixture): peak torch memory against bench/launch/memory.py's estimate
   5. int8 layouts      bench.benchmarks.int8_layout: torch._int_mm with column- vs row-major weights (M2)
   6. vLLM rollout      bench.benchmarks.rollout --engines vllm at random-init 1.5B and 8B shapes: bf16 vs fp8 decode
                        tokens/s and sync + re-quantization ms
@@ -31,10 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
        "WANDB_MODE": "offline", "WANDB_SILENT": "true", "TOKENIZERS_PARALLELISM": "false"}
-#: Qwen2.5-0.5B-Instruct's published config.json shape (bench/memory.py SHAPES)
+#: Qwen2.5-0.5B-Instruct's published config.json shape (bench/launch/memory.py SHAPES)
 QWEN05 = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
               intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6)
 TINY05 = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -104,9 +104,9 @@ def qurl_child(args: argparse.Namespace) -> None:
     import transformers as tr
     from hydra import compose, initialize_config_dir
 
-    from bench.cli import execute
+    from bench.launch.cli import execute
     from bench.config import CONF_DIR
-    from bench.memory import estimate_memory
+    from bench.launch.memory import estimate_memory
     from bench.models.tokenizer import build_char_tokenizer
 
     device = args.device
@@ -140,12 +140,12 @@ def qurl_child(args: argparse.Namespace) -> None:
 
 
 def step_qurl_table1(device: str) -> str:
-    rc, out, s = run([sys.executable, "-m", "bench.gpu_check", "--qurl-child", "--device", device], 900)
+    rc, out, s = run([sys.executable, "-m", "bench.launch.gpu_check", "--qurl-child", "--device", device], 900)
     result = next((json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")), None)
     if result is None:
         return f"exit {rc} after {s:.0f} s, no result:\n\n{fenced(out[-1500:])}"
     return (f"exit {rc}, {s:.0f} s, run status {result['status']}\n\n"
-            f"| measured peak allocated GB | peak reserved GB | estimated peak GB (bench/memory.py) |\n|---|---|---|\n"
+            f"| measured peak allocated GB | peak reserved GB | estimated peak GB (bench/launch/memory.py) |\n|---|---|---|\n"
             f"| {result['peak_allocated_gb']} | {result['peak_reserved_gb']} | {result['estimate_gb']:.1f} |\n\n"
             f"estimate: `{result['estimate']}`; phases (GB): {json.dumps({k: round(v, 1) for k, v in result['phases'].items()})}"
             "\n\n(The estimate assumes prompts of 400 tokens (`budget.prompt_tokens`): the fixture's GSM8K questions "

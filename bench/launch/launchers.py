@@ -12,15 +12,15 @@ made after submitting silently changes jobs submitted before it. Here, at submis
      The job then chdirs back to the submission directory, so relative paths (out_root) keep their meaning.
    - local: the snapshot goes first on sys.path while the worker processes are spawned (multiprocessing's
      `spawn` hands the parent's sys.path to its children), so the workers import `bench` from it
-     (bench/sweep_pool.py: the worker pool, signals passed on, one log per run).
+     (bench/launch/sweep_pool.py: the worker pool, signals passed on, one log per run).
 2. config: every job's config is composed in the submitting process and shipped with the job; the job's
    Hydra ConfigLoader is wrapped so that its `load_sweep_config` returns that frozen config instead of
    re-reading conf/ (both stock launchers call it inside the job).
 3. SLURM preemption: submitit's signal is set to `preempt_signal` (USR1) both in `#SBATCH --signal` and in
-   the job (SUBMITIT_PREEMPT_SIGNAL): SIGUSR1 -> bench.preempt checkpoints -> submitit requeues the job.
+   the job (SUBMITIT_PREEMPT_SIGNAL): SIGUSR1 -> bench.run.preempt checkpoints -> submitit requeues the job.
 4. While the sweep runs, both launchers show one live line (runs done / running / failed / skipped, ETA;
    for SLURM also the array's queue state) and at the end list the jobs that did not complete, with reason
-   and log, and set the sweep's exit code (bench/sweep_report.py).
+   and log, and set the sweep's exit code (bench/launch/sweep_report.py).
 
 Hydra only instantiates launchers from the `hydra_plugins` namespace: the classes that conf/hydra/launcher/
 *.yaml name are thin subclasses in hydra_plugins/qrl_bench/launchers.py.
@@ -48,13 +48,13 @@ from hydra.types import HydraContext, TaskFunction
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import DictConfig, OmegaConf
 
-from bench import sweep_report
-from bench.identity import RunId
-from bench.sweep_report import JobView, LiveLine
+from bench.launch import sweep_report
+from bench.run.identity import RunId
+from bench.launch.sweep_report import JobView, LiveLine
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT_PATHS = ("bench", "hydra_plugins", "conf", "pyproject.toml")
 
 
@@ -171,7 +171,7 @@ def job_views(loader: FrozenConfigLoader, master: DictConfig, job_overrides: Seq
     for i, ov in enumerate(job_overrides):
         idx = initial_job_idx + i
         cfg = loader.load_sweep_config(master, list(ov))
-        try:  # the run's own directory (bench/identity.py), not Hydra's sweep dir/subdir: a job may set `sweep`
+        try:  # the run's own directory (bench/run/identity.py), not Hydra's sweep dir/subdir: a job may set `sweep`
             rid = RunId.of(cfg)
             run_dir, name = rid.path(cfg.out_root), rid.name
             key = (str(cfg.task.name), OmegaConf.to_yaml(cfg.task), OmegaConf.to_yaml(cfg.model))
@@ -196,7 +196,7 @@ def _job_returns(jobs: list[JobView], overrides: dict[int, list[str]], config: D
 
 
 class SnapshotLocalLauncher(_Snapshotting, Launcher):
-    """Parallel local worker processes (bench/sweep_pool.py) + code/config snapshot + the sweep's live line."""
+    """Parallel local worker processes (bench/launch/sweep_pool.py) + code/config snapshot + the sweep's live line."""
 
     def __init__(self, n_jobs: int = -1, code_dir: str | None = None) -> None:
         self.n_jobs = int(n_jobs)
@@ -212,7 +212,7 @@ class SnapshotLocalLauncher(_Snapshotting, Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         import cloudpickle
 
-        from bench.sweep_pool import WorkerPool
+        from bench.launch.sweep_pool import WorkerPool
 
         assert self.config is not None and self.hydra_context is not None
         setup_globals()

@@ -2,7 +2,7 @@
 
 Hydra reports an unknown choice (`method=bogus`), a key the schema does not have (`train.stepz=3`) or a value of
 the wrong type (`seed=abc`) in a 10-20 line listing with its config search path, and exits 1. `check_overrides`
-composes the config first, the way Hydra will, and turns such an error into the suite's one line (bench.cli),
+composes the config first, the way Hydra will, and turns such an error into the suite's one line (bench.launch.cli),
 with "did you mean" when a valid name is close (difflib):
 
     task=arithmetc: unknown task 'arithmetc' (did you mean 'arithmetic'?); valid choices: aime24, ...

@@ -8,7 +8,7 @@ line). Here:
 - the parent hands each idle worker the next job (`next_job`: warm starts of different tasks are built
   side by side, never one worker waiting on another's warm-start lock while a job that could run waits);
 - a SIGTERM / SIGINT / SIGUSR1 to the parent is passed on to every worker, once per signal; the parent stops
-  handing out jobs, waits for the running ones to checkpoint (bench.preempt), and the sweep exits 128+N;
+  handing out jobs, waits for the running ones to checkpoint (bench.run.preempt), and the sweep exits 128+N;
 - a worker is its own process group, so a terminal's Ctrl-C reaches only the parent (which passes it on
   once: a second Ctrl-C stops the runs at once); it asks the kernel for a SIGTERM when the parent dies
   (PR_SET_PDEATHSIG), so even a kill -9 of the parent leaves no worker training under init;
@@ -16,10 +16,10 @@ line). Here:
   the parent starts a new worker for the jobs left; a worker that dies (kill -9, out of memory) fails its
   job with the exit status and is replaced;
 - each job's stdout and stderr (file descriptors 1 and 2: progress bar, warnings, W&B) are appended to its
-  run directory's run.log; the parent's terminal shows only the sweep's live line (bench/sweep_report.py).
+  run directory's run.log; the parent's terminal shows only the sweep's live line (bench/launch/sweep_report.py).
 
 Workers are started with the `spawn` method while the launcher has the code snapshot first on sys.path, so
-they import `bench` from the snapshot (bench/launchers.py).
+they import `bench` from the snapshot (bench/launch/launchers.py).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Iterator
 
-from bench.preempt import Stopped
-from bench.sweep_report import JobView, LiveLine, outcome_of
+from bench.run.preempt import Stopped
+from bench.launch.sweep_report import JobView, LiveLine, outcome_of
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 PR_SET_PDEATHSIG = 1
@@ -108,7 +108,7 @@ def _run_one(state: _WorkerState, setup: tuple, job: dict[str, Any]) -> dict[str
                 cfg.hydra.job.id = f"{cfg.hydra.job.name}_{job['idx']}"
                 cfg.hydra.job.num = job["idx"]
             HydraConfig.instance().set_config(cfg)
-            # the job's output dir is its run directory (hydra.run.dir = bench/identity.py run_path), not
+            # the job's output dir is its run directory (hydra.run.dir = bench/run/identity.py run_path), not
             # <sweep dir>/<subdir>: a job may set its own `sweep` (a severity ladder's rungs), and Hydra creates it
             ret = run_job(hydra_context=hydra_context, config=cfg, task_function=task_function,
                           job_dir_key="hydra.run.dir" if job["own_dir"] else "hydra.sweep.dir",
@@ -129,7 +129,7 @@ def _run_one(state: _WorkerState, setup: tuple, job: dict[str, Any]) -> dict[str
     if outcome.get("signal"):
         state.stop = state.stop or int(outcome["signal"])
     if outcome["outcome"] == "bad_config" and new_log:  # validation failed: leave no run directory behind
-        from bench.cli import remove_empty_dirs  # imported already: the worker's first import
+        from bench.launch.cli import remove_empty_dirs  # imported already: the worker's first import
 
         log.unlink(missing_ok=True)
         remove_empty_dirs(log.parent, Path(job["sweep_dir"]))
@@ -149,7 +149,7 @@ def worker_main(conn: Connection, parent_pid: int) -> None:
         return
     import cloudpickle
 
-    import bench.cli  # noqa: F401  (the slow imports: torch, transformers, hydra)
+    import bench.launch.cli  # noqa: F401  (the slow imports: torch, transformers, hydra)
 
     setup = None
     while not state.stop:

@@ -1,4 +1,4 @@
-"""What a sweep shows while it runs and when it ends, for both launchers (bench/launchers.py).
+"""What a sweep shows while it runs and when it ends, for both launchers (bench/launch/launchers.py).
 
 While it runs: one live line on stderr (a terminal gets it redrawn in place every second; a log file gets a
 line when a job starts or ends, and at most every 30 s otherwise):
@@ -7,10 +7,10 @@ line when a job starts or ends, and at most every 30 s otherwise):
 
 Each run's own output (progress bar, warnings) goes to its run directory's run.log, not here. When it ends:
 the counts, then every job that did not complete with its outcome, reason and log, and the sweep's exit
-code (`exit_code`, read by bench.cli.main):
+code (`exit_code`, read by bench.launch.cli.main):
 
     0 every job completed or was skipped as completed; 128+N the sweep was stopped by signal N;
-    otherwise the exit code its failed jobs share (bench/cli.py), or 1 when they differ.
+    otherwise the exit code its failed jobs share (bench/launch/cli.py), or 1 when they differ.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def finish(line: LiveLine, stopped_by: int | None = None) -> int:
 
 
 def outcome_of(value: Any, name: str) -> dict[str, Any]:
-    """A job's return value (bench.cli.hydra_main's dict) or the exception it raised, as an outcome dict."""
+    """A job's return value (bench.launch.cli.hydra_main's dict) or the exception it raised, as an outcome dict."""
     if isinstance(value, dict) and "outcome" in value:
         return value
     if isinstance(value, BaseException):

@@ -19,8 +19,8 @@ rows this is exactly the basic sweeper. It is the default sweeper (conf/config.y
 Variants. Jobs that agree on every identity axis (method, rollout precision, task, model, seed, sweep) but set
 another result-changing key differently (`-m train.lr=1e-4,3e-4`, or QuRL Table 4's rows) would share one run
 directory. `assign_variants` gives each of them `variant=<key>=<value>[,...]` (the keys they differ in), which
-bench/identity.py makes a level of the run path: `.../tis@int8/arithmetic/tiny/train.lr=3e-4/seed0`.
-`bench.dryrun` expands a sweep with the same `expand_rows` and `assign_variants`.
+bench/run/identity.py makes a level of the run path: `.../tis@int8/arithmetic/tiny/train.lr=3e-4/seed0`.
+`bench.launch.dryrun` expands a sweep with the same `expand_rows` and `assign_variants`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.types import Override
 from omegaconf import OmegaConf
 
-from bench.identity import is_semantic
+from bench.run.identity import is_semantic
 
 #: override keys that make up a run's identity (besides `variant` itself): jobs differing here never collide
 IDENTITY_OVERRIDES = ("method", "rollout.precision", "task", "model", "seed", "sweep", "out_root", "variant")
@@ -72,7 +72,7 @@ def _settings(job: Sequence[str]) -> dict[str, str]:
 def assign_variants(jobs: Sequence[Sequence[str]], default_of: Callable[[str], Any]) -> list[list[str]]:
     """Each job, with `variant=...` appended where it would otherwise share its run directory with another job.
 
-    Jobs are grouped by their identity overrides; within a group, the semantic keys (bench.identity.is_semantic)
+    Jobs are grouped by their identity overrides; within a group, the semantic keys (bench.run.identity.is_semantic)
     whose values are not all equal name the variant, `<key>=<value>` joined by commas, sorted by key. A job that
     does not set such a key shows the sweep's value for it (`default_of(key)`).
     """

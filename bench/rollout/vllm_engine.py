@@ -85,7 +85,7 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp8_e4m3": "bfloat16"}
 SLEEP_LEVELS = (0, 1, 2)
 #: The engine's default share of the GPU. vLLM's own default (0.9) or 0.5 leaves a colocated 1.5B trainer too
 #: little at sleep_level 0: it needs ~45 GB of an 80 GB GPU (16 B x P states, autocast copies, activations;
-#: bench/memory.py), so 0.35 x 80 = 28 GB stays for the engine (3 GB of bf16 weights + ~24 GB of KV cache).
+#: bench/launch/memory.py), so 0.35 x 80 = 28 GB stays for the engine (3 GB of bf16 weights + ~24 GB of KV cache).
 GPU_MEMORY_UTILIZATION = 0.35
 
 

@@ -13,11 +13,11 @@ tables). Everything else follows from the RunId here:
 
 `variant` is empty for almost every run. A sweep whose jobs would otherwise share a run directory (they agree on
 every identity axis but differ in another setting, e.g. `-m train.lr=1e-4,3e-4`) gets one variant level per job,
-made of the settings they differ in (`train.lr=3e-4`): bench.sweeper assigns it, `--dry-run` shows it.
+made of the settings they differ in (`train.lr=3e-4`): bench.launch.sweeper assigns it, `--dry-run` shows it.
 
 The identity does not hold every setting, so a run directory also records a hash of its *semantic* config
 (`config_hash`: the resolved config without NON_SEMANTIC_KEYS, the settings that do not change results). A launch
-whose config differs from the one its directory was made with is refused, naming the keys (bench.resume).
+whose config differs from the one its directory was made with is refused, naming the keys (bench.run.resume).
 
 Hydra's own run directory (conf/config.yaml) is computed by `RunId.path` through the `qrl_run_dir` resolver.
 """

@@ -11,11 +11,11 @@ Who requeues the job:
   once our checkpoint is safe, so the requeued job resumes from it.
 - for SIGTERM submitit only logs ("bypass"): SLURM itself requeues a job it preempts (PreemptMode=REQUEUE)
   and a `scancel` must not be undone, so we just exit.
-- outside submitit, bench.cli installs `stop_on_signals` around the whole job: its handler raises `Stopped`,
-  so the previous handler we chain to turns into a clean unwind to bench.cli, which reports the run and exits
+- outside submitit, bench.launch.cli installs `stop_on_signals` around the whole job: its handler raises `Stopped`,
+  so the previous handler we chain to turns into a clean unwind to bench.launch.cli, which reports the run and exits
   with 128 + signal number (the shell's convention for "killed by that signal"); relaunching resumes. The
   same `Stopped` ends a job stopped outside the training loop (during the warm start, the final eval), and
-  tells a sweep worker (bench/sweep_pool.py) to exit after its job.
+  tells a sweep worker (bench/launch/sweep_pool.py) to exit after its job.
 - Ctrl-C (SIGINT) is a preemption too; a second Ctrl-C stops at once (`Stopped`, without a new checkpoint:
   the run resumes from its last one).
 
@@ -137,7 +137,7 @@ class PreemptionGuard:
 
         submitit's requeue handler ends in sys.exit(-1) after `scontrol requeue` (or raises its
         UncompletedJobError when it refuses to requeue, which submitit reports as the job's result);
-        either way it propagates from here. bench.cli's handler (`stop_on_signals`) raises `Stopped`,
+        either way it propagates from here. bench.launch.cli's handler (`stop_on_signals`) raises `Stopped`,
         marked as checkpointed. Handlers that return (submitit's SIGTERM "bypass") fall through to our own exit.
         """
         signum = self._signum if self._signum is not None else signal.SIGTERM

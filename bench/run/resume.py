@@ -1,11 +1,11 @@
 """What a launch does with the run directory it has just locked: skip it, refuse it, start it or resume it.
 
-`decide(run, cfg)` runs under the run directory's lock (bench.cli.execute), so the status it reads is final: a
+`decide(run, cfg)` runs under the run directory's lock (bench.launch.cli.execute), so the status it reads is final: a
 second launch that waited while the first finished sees `completed` and skips, instead of starting over.
 The rules, in order (issue 13):
 
 0. The directory's config.yaml must describe the same run (`config_mismatch`): a launch whose semantic config
-   differs (bench/identity.py NON_SEMANTIC_KEYS are left out) is refused before any work, naming the keys and
+   differs (bench/run/identity.py NON_SEMANTIC_KEYS are left out) is refused before any work, naming the keys and
    both values, unless `train.overwrite=true`. A directory is never silently satisfied by, or resumed into, the
    results of another configuration.
 1. Temporaries a killed or failed writer left (`ckpt/last.pt.tmp<pid>`, `run.json.tmp<pid>`) are removed.
@@ -37,8 +37,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from bench.identity import config_diff, describe_diff
-from bench.store import CheckpointError, RunDir
+from bench.run.identity import config_diff, describe_diff
+from bench.run.store import CheckpointError, RunDir
 
 #: statuses a relaunch does not touch (train.overwrite=true reruns them)
 FINAL_STATUSES = ("completed", "diverged", "incomplete")
@@ -54,7 +54,7 @@ class Plan:
 
     action: str
     message: str = ""
-    outcome: str | None = None  # for skip / refuse: the outcome bench.cli reports
+    outcome: str | None = None  # for skip / refuse: the outcome bench.launch.cli reports
     checkpoint: dict[str, Any] | None = None
     start: int = 0
     notes: list[str] = field(default_factory=list)  # warnings to print (set-aside lines, cleaned files)

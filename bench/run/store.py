@@ -1,11 +1,11 @@
 """The run directory: the source of truth of a run (W&B only mirrors it).
 
-    <out_root>/<sweep>/<method>@<precision>/<task>/<model>[/<variant>]/seed<k>/   (bench/identity.py)
+    <out_root>/<sweep>/<method>@<precision>/<task>/<model>[/<variant>]/seed<k>/   (bench/run/identity.py)
         config.yaml    resolved config            run.json     status, reason, config hash, versions, host, git sha, wandb id
         metrics.jsonl  one line per training step eval.jsonl   one line per evaluation
         ckpt/last.pt   model + optimizer + RNG + step (for resume); ckpt/prev.pt the one before it
         .lock          held while a process owns the run (two processes never write one run dir)
-        run.log        a sweep job's own output (bench/sweep_pool.py)
+        run.log        a sweep job's own output (bench/launch/sweep_pool.py)
 
 Every write is append-only or atomic (write to a temp file, then rename), so a crash never loses metrics
 already written and never leaves a half-written checkpoint. A write that fails (full disk) removes its
@@ -33,7 +33,7 @@ import torch
 import yaml
 from filelock import FileLock, Timeout
 
-from bench.identity import (
+from bench.run.identity import (
     CKPT_DIR,
     CONFIG_FILE,
     EVAL_FILE,
@@ -71,10 +71,10 @@ def now() -> str:
 def git_info(cwd: Path | None = None) -> tuple[str | None, bool | None]:
     """(sha, dirty) of the code checkout, or (None, None) outside git.
 
-    A code snapshot made at sweep submission (bench/launchers.py) is no git checkout; it carries the sha
+    A code snapshot made at sweep submission (bench/launch/launchers.py) is no git checkout; it carries the sha
     and dirty flag of the checkout it was copied from in SNAPSHOT.json.
     """
-    snap = Path(__file__).resolve().parents[1] / "SNAPSHOT.json"
+    snap = Path(__file__).resolve().parents[2] / "SNAPSHOT.json"
     if cwd is None and snap.exists():
         d = json.loads(snap.read_text())
         return d.get("git_sha"), d.get("git_dirty")
@@ -208,7 +208,7 @@ class RunDir:
             status="running", reason=None, run_name=run_name, config_hash=config_hash(resolved), git_sha=sha, git_dirty=dirty,
             versions=versions(), host=socket.gethostname(), argv=sys.argv, overrides=overrides or [],
             slurm_job_id=os.environ.get("SLURM_JOB_ID"), attempts=attempts,
-            code_dir=str(Path(__file__).resolve().parents[1]),
+            code_dir=str(Path(__file__).resolve().parents[2]),
             started_at=prev.get("started_at", now()), finished_at=None,
         )
 

@@ -207,7 +207,7 @@ class _Helper:
         self._stop()
         parent, child = socket.socketpair()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # import what we can
-        code = "import sys; from bench.timelimit import _serve; _serve(int(sys.argv[1]))"
+        code = "import sys; from bench.run.timelimit import _serve; _serve(int(sys.argv[1]))"
         try:
             self._proc = subprocess.Popen([sys.executable, "-c", code, str(child.fileno())],
                                           pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)

@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from bench.identity import RunId
+from bench.run.identity import RunId
 
 MODES = ("offline", "online", "disabled")
 
@@ -160,7 +160,7 @@ def start_tracking(
 
     project/entity from cfg.tracking; group = the sweep (a paper recipe is one group), job_type = the arm
     (`<method>@<precision>`), tags = the identity axes (`method:tis`, `precision:int8`, `task:...`, `model:...`,
-    `seed:0`; bench/identity.py RunId.tags) then cfg.tracking.tags, so W&B's grouping matches
+    `seed:0`; bench/run/identity.py RunId.tags) then cfg.tracking.tags, so W&B's grouping matches
     results/<sweep>/<method>@<precision>/...; the resolved config is attached, with `run_info` (what the arm and
     the precision declare for reports, as in run.json) under the key `run_info`; files go to <run_dir>/wandb.
     """

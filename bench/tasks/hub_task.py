@@ -49,7 +49,7 @@ class HubTaskConfig(TaskConfig):
     chat_template: Optional[bool] = None  # null: the model's setting (model.chat_template); false: plain text
     reward: str = "math_verify"  # a bench.rewards.SCORERS name
     format_weight: float = 0.0  # reward of a wrong but well-formatted answer (bench/rewards.py)
-    reward_time_limit_s: float = 5.0  # per completion; bench/timelimit.py
+    reward_time_limit_s: float = 5.0  # per completion; bench/run/timelimit.py
     max_new_tokens: int = 1024
 
     def check(self) -> None:

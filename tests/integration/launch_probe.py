@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from bench.launchers import SNAPSHOT_PATHS
+from bench.launch.launchers import SNAPSHOT_PATHS
 from tests.helpers import REPO
 
 APP = '''

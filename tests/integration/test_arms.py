@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from bench.cli import execute
-from bench.store import RunDir
+from bench.launch.cli import execute
+from bench.run.store import RunDir
 from bench.mismatch import MISMATCH_KEYS
 from tests.helpers import make_cfg
 

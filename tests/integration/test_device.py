@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from bench.cli import execute
-from bench.store import RunDir
+from bench.launch.cli import execute
+from bench.run.store import RunDir
 from bench.train import build, checkpoint, restore, train_step
 from tests.helpers import make_cfg, strip_times
 

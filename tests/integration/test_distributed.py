@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import execute
+from bench.launch.cli import execute
 from bench.methods.base import METHODS
-from bench.store import RunDir
+from bench.run.store import RunDir
 from tests.helpers import make_cfg, strip_times
 
 pytestmark = pytest.mark.slow

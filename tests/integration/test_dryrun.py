@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from bench.cli import execute
-from bench.store import RunDir
+from bench.launch.cli import execute
+from bench.run.store import RunDir
 from tests.helpers import cli, make_cfg
 
 pytestmark = pytest.mark.slow

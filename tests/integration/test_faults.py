@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.store import RunDir
+from bench.run.store import RunDir
 from tests.helpers import FAST, REPO, make_cfg, strip_times
 from tests.integration.wandb_readback import history, offline_runs
 
@@ -134,7 +134,7 @@ def test_a_launch_that_waited_while_the_run_completed_skips_it(tmp_path, monkeyp
     """Launch B (this process) reads `running`-or-nothing, and while it builds, launch A (a real second
     process) runs the same job to completion; B then takes the lock and must skip, not start over at step 0."""
     import bench.train
-    from bench.cli import execute
+    from bench.launch.cli import execute
 
     cfg = make_cfg(tmp_path, *ARGS, fast=False)
     run = RunDir.of(cfg)

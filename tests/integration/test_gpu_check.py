@@ -1,5 +1,5 @@
 """`scripts/gpu_check.sh --dry-run` on a CPU machine: it runs its own CPU self-test (every step's driver at tiny
-shapes) and exits 0 with a report; a bad argument exits 2. The GPU run itself needs a GPU (bench/gpu_check.py)."""
+shapes) and exits 0 with a report; a bad argument exits 2. The GPU run itself needs a GPU (bench/launch/gpu_check.py)."""
 
 from __future__ import annotations
 

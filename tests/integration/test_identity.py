@@ -10,11 +10,11 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
-from bench.cli import EXIT, check_names, execute
+from bench.launch.cli import EXIT, check_names, execute
 from bench.config import CONF_DIR, NAME_KEYS, USER_NAMED_MODELS
-from bench.dryrun import expand
-from bench.identity import RunId, config_hash, parse_run_path
-from bench.store import RunDir
+from bench.launch.dryrun import expand
+from bench.run.identity import RunId, config_hash, parse_run_path
+from bench.run.store import RunDir
 from tests.helpers import cli, make_cfg
 
 GROUPS = ("method", "task", "rollout", "model")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.cli import execute
-from bench.store import RunDir
+from bench.launch.cli import execute
+from bench.run.store import RunDir
 from tests.helpers import make_cfg
 
 pytestmark = pytest.mark.slow

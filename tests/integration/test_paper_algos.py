@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from bench.store import RunDir
+from bench.run.store import RunDir
 from tests.helpers import FAST, REPO, strip_times
 from tests.integration.test_preemption import bench_cmd, env, interrupt
 
@@ -85,7 +85,7 @@ def test_ppo_learns_on_the_embedded_default(tmp_path):
             "tracking=disabled", "train.threads=1", f"out_root={tmp_path}"]
     proc = subprocess.run(bench_cmd(*args), cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    [metrics] = tmp_path.rglob("metrics.jsonl")  # the only run (its path layout is bench/identity.py's)
+    [metrics] = tmp_path.rglob("metrics.jsonl")  # the only run (its path layout is bench/run/identity.py's)
     rows = RunDir(metrics.parent).metrics()
     assert [r["step"] for r in rows] == list(range(40))
     early = sum(r["reward/mean"] for r in rows[:5]) / 5

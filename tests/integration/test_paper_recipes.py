@@ -11,9 +11,9 @@ import re
 import pytest
 from hydra import compose, initialize_config_dir
 
-from bench.cli import CONF_DIR, execute
-from bench.dryrun import dry_run, expand
-from bench.store import RunDir
+from bench.launch.cli import CONF_DIR, execute
+from bench.launch.dryrun import dry_run, expand
+from bench.run.store import RunDir
 from tests.helpers import REPO, cli
 
 PAPER = CONF_DIR / "experiment" / "paper"

@@ -1,6 +1,6 @@
 """Preemption and resume with the real trainer: signal a run mid-way, relaunch, compare with an uninterrupted run.
 
-The trainer (bench/train.py) polls bench.preempt.PreemptionGuard after every step: on SIGUSR1/SIGTERM it
+The trainer (bench/train.py) polls bench.run.preempt.PreemptionGuard after every step: on SIGUSR1/SIGTERM it
 checkpoints, marks run.json "preempted" and exits non-zero (outside SLURM; under SLURM submitit requeues it,
 see test_slurm.py). Relaunching the same command resumes from the checkpoint and must end with exactly the
 metrics of a run that was never interrupted (all keys but the wall-clock time/* namespace).
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.store import RunDir
+from bench.run.store import RunDir
 from bench.methods.base import arm_precision
 from tests.helpers import FAST, REPO, strip_times
 from tests.integration.wandb_readback import history, offline_runs

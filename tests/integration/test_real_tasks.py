@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from bench.cli import execute
-from bench.store import RunDir
+from bench.launch.cli import execute
+from bench.run.store import RunDir
 from tests.chat_models import save_chat_model
 from tests.helpers import make_cfg
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.store import RunDir
+from bench.run.store import RunDir
 from tests.helpers import FAST, REPO, make_cfg
 from tests.integration.test_faults import env
 

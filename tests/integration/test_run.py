@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from bench.cli import EXIT, execute
-from bench.store import RunDir
+from bench.launch.cli import EXIT, execute
+from bench.run.store import RunDir
 from bench.methods.base import METHODS, Method, MethodConfig
 from bench.registry import Entry
 from tests.helpers import cli, make_cfg, strip_times

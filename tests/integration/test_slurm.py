@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.store import RunDir
+from bench.run.store import RunDir
 from tests.helpers import FAST, REPO, strip_times
 from tests.integration.launch_probe import edit_after_submission, make_probe, probes, snapshot_of
 from tests.integration.wandb_readback import offline_runs

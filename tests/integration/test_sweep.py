@@ -1,4 +1,4 @@
-"""A local sweep (-m, bench/sweep_pool.py) you can watch and stop, with real worker processes and signals.
+"""A local sweep (-m, bench/launch/sweep_pool.py) you can watch and stop, with real worker processes and signals.
 
 - its exit code says when a job failed validation, could not take its lock or failed, and it lists which,
   with the reason and the log; the terminal shows one sweep line, each run's output is in its run.log;
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from bench.store import RunDir
+from bench.run.store import RunDir
 from bench.methods.base import arm_precision
 from tests.helpers import FAST, REPO
 from tests.integration.test_faults import alive, descendants, env

@@ -1,4 +1,4 @@
-"""W&B mirror (bench/tracking.py), checked with real offline W&B runs read back by wandb's own CLI.
+"""W&B mirror (bench/run/tracking.py), checked with real offline W&B runs read back by wandb's own CLI.
 
 Read back with `wandb leet inspect --json` (tests/integration/wandb_readback.py).
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bench.tracking import Tracker, WandbTracker, start_tracking, tracking_mode
+from bench.run.tracking import Tracker, WandbTracker, start_tracking, tracking_mode
 from tests.helpers import make_cfg
 from tests.integration.wandb_readback import history, inspect_records, offline_runs
 
@@ -57,7 +57,7 @@ def test_offline_history_read_back_equals_logged_rows(tmp_path, offline):
 
     meta = next(r["run"] for r in inspect_records(run) if r.get("type") == "run")
     assert meta["run_id"] == tracker.run_id and meta["project"] == "qrl-test"
-    # group = the sweep, job_type = the arm, tags = the identity axes, then the user's (bench/identity.py RunId)
+    # group = the sweep, job_type = the arm, tags = the identity axes, then the user's (bench/run/identity.py RunId)
     assert meta["run_group"] == "trk" and meta["job_type"] == "tis@fp8_e4m3"
     assert meta["display_name"] == "tis-arithmetic-tiny-s2"
     assert meta["tags"] == ["method:tis", "precision:fp8_e4m3", "task:arithmetic", "model:tiny", "seed:2", "a", "b"]
@@ -139,8 +139,8 @@ def test_failing_log_degrades_to_noop_and_keeps_earlier_rows(tmp_path, offline):
 
 @pytest.mark.slow
 def test_real_run_history_equals_metrics_jsonl(tmp_path, offline):
-    from bench.cli import execute
-    from bench.store import RunDir
+    from bench.launch.cli import execute
+    from bench.run.store import RunDir
 
     cfg = make_cfg(tmp_path, "method=tis", "tracking=offline")
     assert execute(cfg) == "completed"
@@ -157,8 +157,8 @@ def test_real_run_history_equals_metrics_jsonl(tmp_path, offline):
 
 @pytest.mark.slow
 def test_real_run_survives_a_failing_wandb(tmp_path, monkeypatch):
-    from bench.cli import execute
-    from bench.store import RunDir
+    from bench.launch.cli import execute
+    from bench.run.store import RunDir
 
     # keep the cached tiny-model warm start where it is (its default path is under HOME)
     monkeypatch.setenv("QRL_BENCH_CACHE", os.environ.get("QRL_BENCH_CACHE", os.path.expanduser("~/.cache/qrl-bench")))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.store import RunDir
+from bench.run.store import RunDir
 from bench.methods.base import arm_precision
 from tests.helpers import FAST, REPO, strip_times
 from tests.integration.test_faults import alive, descendants, env, interrupt, one_line_error, qrl_bench
@@ -69,15 +69,15 @@ def test_kill_9_before_the_first_checkpoint_restarts_from_step_0(tmp_path, refer
 # The checkpoint write fails as on a full disk: torch.save into ckpt/last.pt.tmp<pid> raises ENOSPC after
 # writing part of the file (the way a real full disk ends it); every other write goes through.
 FULL_DISK = """
-import errno, sys, torch, bench.store
+import errno, sys, torch, bench.run.store
 real = torch.save
 def save(obj, f, *a, **k):
     if "last.pt.tmp" in str(getattr(f, "name", f)):
         f.write(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
     return real(obj, f, *a, **k)
-bench.store.torch.save = save
-from bench.cli import main
+bench.run.store.torch.save = save
+from bench.launch.cli import main
 sys.argv = ["qrl-bench", *sys.argv[1:]]
 main()
 """

@@ -1,13 +1,13 @@
-"""The dry run's GPU-hours estimate (bench/budget.py) on hand-computed cases, and the row sweeper's expansion."""
+"""The dry run's GPU-hours estimate (bench/launch/budget.py) on hand-computed cases, and the row sweeper's expansion."""
 
 from __future__ import annotations
 
 import pytest
 from omegaconf import OmegaConf
 
-from bench.budget import BudgetConfig, estimate, throughputs
+from bench.launch.budget import BudgetConfig, estimate, throughputs
 from bench.grpo import AlgoConfig
-from bench.sweeper import expand_rows
+from bench.launch.sweeper import expand_rows
 from bench.train import TrainConfig
 
 

@@ -14,9 +14,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from bench.cli import CONF_DIR, check_group_overrides  # importing bench.cli registers the schemas
+from bench.launch.cli import CONF_DIR, check_group_overrides  # importing bench.launch.cli registers the schemas
 from bench.config import GROUP_REGISTRIES, validate
-from bench.dryrun import expand
+from bench.launch.dryrun import expand
 from bench.grpo import AlgoConfig
 from bench.methods.base import METHODS, Method, build_method
 from bench.models.load import ModelConfig
@@ -89,7 +89,7 @@ def test_every_named_sweep_first_job_composes(name: str):
 def test_every_job_of_a_named_sweep_has_its_own_run_directory(name: str):
     """Two jobs with one run directory would resume (or skip) each other: e.g. one arm at two rollout
     precisions in a severity ladder without the precision in the run path."""
-    from bench.store import RunDir
+    from bench.run.store import RunDir
 
     jobs = expand([f"+experiment={name}"])
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -106,8 +106,9 @@ def test_severity_sweep_is_the_documented_ladder():
     assert rungs == {("bf16", "bf16", None)} | {
         (arm, precision, granularity) for arm in ("naive", "tis")
         for precision, granularity in (("fp8_e4m3", None), ("int8", "per_tensor"), ("fp8_e5m2", None), ("int4", None),
-                                       ("mxfp4", None))}
-    assert len(jobs) == 33 and {c.task.name for c in jobs} == {"chain"} and {c.seed for c in jobs} == {0, 1, 2}
+                                       ("mxfp4", None))} | {
+        (arm, "mxfp4", None) for arm in ("geo_rs", "seq_is_rs")}  # the sequence-level arms at the harshest rung
+    assert len(jobs) == 39 and {c.task.name for c in jobs} == {"chain"} and {c.seed for c in jobs} == {0, 1, 2}
 
 
 def test_resolved_config_carries_only_its_own_arms_knobs():

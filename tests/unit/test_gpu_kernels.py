@@ -125,7 +125,7 @@ def test_quantized_engine_on_cuda_agrees_with_the_cpu_emulation(precision):
 
 
 def test_trainer_step_on_cuda_and_resume_on_cpu(tmp_path):
-    from bench.store import RunDir
+    from bench.run.store import RunDir
     from bench.train import build, checkpoint, restore, train_step
     from tests.helpers import make_cfg
 

@@ -1,9 +1,9 @@
-"""The SLURM launcher's GPU/CPU request coherence (bench.launchers.check_gpu_request); the sbatch text itself is
+"""The SLURM launcher's GPU/CPU request coherence (bench.launch.launchers.check_gpu_request); the sbatch text itself is
 checked against the real cluster in tests/integration/test_slurm.py."""
 
 import pytest
 
-from bench.launchers import check_gpu_request
+from bench.launch.launchers import check_gpu_request
 
 
 def test_one_gpu_per_job_is_the_coherent_request():

@@ -1,4 +1,4 @@
-"""The dry run's peak-memory estimate (bench/memory.py): shapes against the model cards, terms by hand, and every
+"""The dry run's peak-memory estimate (bench/launch/memory.py): shapes against the model cards, terms by hand, and every
 paper recipe within its GPUs (issue H2: null micro-batches and no checkpointing ran out of memory in step 0)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import transformers as tr
 from hydra import compose, initialize_config_dir
 
 from bench.config import CONF_DIR
-from bench.dryrun import dry_run
-from bench.memory import GB, SHAPES, Shape, estimate_memory, model_shape
+from bench.launch.dryrun import dry_run
+from bench.launch.memory import GB, SHAPES, Shape, estimate_memory, model_shape
 
 RECIPES = ("qurl_table1", "qurl_table2", "qurl_table3", "qurl_table4", "ais_table3", "flashrl_gsm8k", "p3o_fp8")
 

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from bench.preempt import PreemptionGuard, Stopped, stop_on_signals, submitit_preempt_signal
+from bench.run.preempt import PreemptionGuard, Stopped, stop_on_signals, submitit_preempt_signal
 
 
 def test_signal_is_recorded_not_acted_on_and_handlers_are_restored():
@@ -89,7 +89,7 @@ def test_ctrl_c_is_a_preemption_and_a_second_one_stops_at_once():
 
 
 def test_stop_on_signals_unwinds_the_job_and_marks_a_checkpointed_stop():
-    """bench.cli's handler around a job: a signal outside the training loop raises Stopped at once; inside
+    """bench.launch.cli's handler around a job: a signal outside the training loop raises Stopped at once; inside
     it, the guard hands over to it after the checkpoint, marked as checkpointed."""
     with stop_on_signals():
         with pytest.raises(Stopped) as outside:

@@ -13,15 +13,15 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from bench.cli import CONF_DIR
+from bench.launch.cli import CONF_DIR
 from bench.config import validate
-from bench.identity import RunId, parse_run_path, run_path
+from bench.run.identity import RunId, parse_run_path, run_path
 from bench.models.load import load_policy
 from bench.models.logprobs import token_logprobs
 from bench.models.tokenizer import PromptFormat, encode_prompts, stop_token_ids
 from bench.rollout import build_engine
 from bench.rollout.base import SamplingParams
-from bench.store import RunDir
+from bench.run.store import RunDir
 from bench.tasks.base import build_task
 from tests.chat_models import save_chat_model
 

@@ -1,4 +1,4 @@
-"""bench/resume.py `decide` and the RunDir operations it relies on, on hand-made run directories.
+"""bench/run/resume.py `decide` and the RunDir operations it relies on, on hand-made run directories.
 
 Each case is one of issue 13's faults: what the relaunch must do with the directory it has just locked.
 The end-to-end versions (real trainer, real processes) are in tests/integration/test_faults.py.
@@ -13,8 +13,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from bench.resume import decide, final_status, preview
-from bench.store import RunDir
+from bench.run.resume import decide, final_status, preview
+from bench.run.store import RunDir
 
 
 def cfg(**train):
@@ -189,7 +189,7 @@ def test_failed_atomic_write_leaves_no_temporary(run, monkeypatch):
     def boom(*a, **k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("bench.store.os.replace", boom)
+    monkeypatch.setattr("bench.run.store.os.replace", boom)
     with pytest.raises(OSError):
         run.save_checkpoint({"step": 1})
     monkeypatch.undo()
@@ -197,7 +197,7 @@ def test_failed_atomic_write_leaves_no_temporary(run, monkeypatch):
 
 
 def test_preview_says_what_decide_will_do_without_touching_anything(run):
-    from bench.resume import preview
+    from bench.run.resume import preview
 
     run.path.mkdir(parents=True)
     assert preview(run, cfg()) == "run"

@@ -157,7 +157,7 @@ def test_math_verify_power_towers_are_bounded(limited_reward, tower):
 
 
 def test_math_verify_limit_holds_in_a_worker_thread():
-    """Outside the main thread the scorer runs in the helper process (bench/timelimit.py)."""
+    """Outside the main thread the scorer runs in the helper process (bench/run/timelimit.py)."""
     reward = Reward("math_verify", time_limit_s=LIMIT_S)
     out: dict = {}
 

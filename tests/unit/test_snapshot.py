@@ -1,4 +1,4 @@
-"""Which files the SLURM launcher's code snapshot takes (bench/launchers.py), on throwaway git repos."""
+"""Which files the SLURM launcher's code snapshot takes (bench/launch/launchers.py), on throwaway git repos."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.launchers import SNAPSHOT_PATHS, snapshot_code
+from bench.launch.launchers import SNAPSHOT_PATHS, snapshot_code
 
 
 def write(root: Path, files: dict[str, str]) -> None:
@@ -61,7 +61,7 @@ def test_the_real_project_snapshot_has_what_jobs_import(tmp_path):
     snap = snapshot_code(tmp_path / "snap")
     top = {p.name for p in snap.iterdir()}
     assert top <= {*SNAPSHOT_PATHS, "SNAPSHOT.json"} and {"bench", "hydra_plugins", "conf"} <= top
-    for rel in ("bench/launchers.py", "bench/preempt.py", "hydra_plugins/qrl_bench/launchers.py",
+    for rel in ("bench/launch/launchers.py", "bench/run/preempt.py", "hydra_plugins/qrl_bench/launchers.py",
                 "conf/config.yaml", "conf/hydra/launcher/slurm.yaml"):
         assert (snap / rel).is_file(), rel
     assert not list(snap.rglob("*.pyc"))

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from bench.timelimit import ScoreTimeout, call_with_time_limit, signal_limit_available
+from bench.run.timelimit import ScoreTimeout, call_with_time_limit, signal_limit_available
 
 # Upper bounds on a cut call's wall time are the limit plus this slack: CI runs on a shared machine of any speed,
 # and the slow calls below run 5-30 s (minutes for stuck_in_c) without the limit, so the bound still separates

@@ -15,7 +15,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from bench.store import RunDir
+from bench.run.store import RunDir
 from bench.train import build, train
 from tests.helpers import make_cfg
 from tests.vllm.helpers import fp8_channel_scale
