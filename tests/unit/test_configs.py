@@ -92,8 +92,13 @@ def test_every_job_of_a_named_sweep_has_its_own_run_directory(name: str):
     from bench.run.store import RunDir
 
     jobs = expand([f"+experiment={name}"])
+    # jobs that differ only in the seed differ in the run path's seed level: compose one seed of each (a compose
+    # costs ~0.3-1 s; the separation sweep has 345 jobs) and check that the seed is a level of the path
+    by_rest = {tuple(o for o in job if not o.startswith("seed=")): job for job in jobs}
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        paths = [RunDir.of(compose("config", overrides=job)).path for job in jobs]
+        cfgs = [compose("config", overrides=job) for job in by_rest.values()]
+    assert all(RunDir.of(c).path.name == f"seed{c.seed}" for c in cfgs)
+    paths = [RunDir.of(c).path.parent for c in cfgs]
     clashes = {str(p) for p in paths if paths.count(p) > 1}
     assert not clashes, f"experiment {name}: jobs share run directories {sorted(clashes)[:3]}"
 
@@ -109,6 +114,37 @@ def test_severity_sweep_is_the_documented_ladder():
                                        ("mxfp4", None))} | {
         (arm, "mxfp4", None) for arm in ("geo_rs", "seq_is_rs")}  # the sequence-level arms at the harshest rung
     assert len(jobs) == 39 and {c.task.name for c in jobs} == {"chain"} and {c.seed for c in jobs} == {0, 1, 2}
+
+
+def test_separation_sweep_crosses_lengths_formats_and_every_arm():
+    """Issue 24: three chain lengths x two 4-bit formats x the token-, sequence-level and original arms, 5 seeds.
+
+    Every rung lists the same arm rows (checked on the override lists); one rung's seed-0 jobs are composed (a
+    compose costs ~1 s of CPU, all 345 would take minutes).
+    """
+    jobs = expand(["+experiment=separation"])
+    assert len(jobs) == 345 and len(expand(["+experiment=separation_slice"])) == 30
+    rung_of = lambda job: next(o.split("=", 1)[1] for o in job if o.startswith("sweep="))  # noqa: E731
+    arm_part = lambda job: frozenset(o for o in job if o.startswith(("method", "rollout.precision")))  # noqa: E731
+    rungs: dict[str, set] = {}
+    for job in jobs:
+        rungs.setdefault(rung_of(job), set()).add(arm_part(job))
+    assert sorted(rungs) == ["separation/len100", "separation/len34", "separation/len60"]
+    assert rungs["separation/len34"] == rungs["separation/len60"] == rungs["separation/len100"]
+    seed0 = [j for j in jobs if "seed=0" in j and rung_of(j) == "separation/len60"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfgs = [compose("config", overrides=job) for job in seed0]
+    arms = set()
+    for c in cfgs:
+        assert c.train.minibatches >= 4 and c.task.n_test == 1000 and 100 <= c.train.steps <= 150
+        assert (c.task.min_steps, c.task.max_steps) == (6, 10)
+        arms.add(((c.method.name, c.method.get("is_level", ""), c.method.get("is_mode", "")), c.rollout.precision))
+    names = {a[0][0] for a in arms}
+    assert {"bf16", "naive", "tis", "acr_uaq", "ess", "ais", "icepop", "geo_rs", "seq_is_rs", "acr"} <= names
+    assert (("tis", "sequence", "truncate"), "int4") in arms and (("tis", "token", "mask"), "mxfp4") in arms
+    low = {a for a, p in arms if p != "bf16"}  # every corrected arm at both formats, bf16 once
+    assert arms == {(a, p) for a in low for p in ("mxfp4", "int4")} | {(("bf16", "", ""), "bf16")}
+    assert len(cfgs) == 1 + 2 * len(low) and 5 * 3 * len(cfgs) == len(jobs)
 
 
 def test_resolved_config_carries_only_its_own_arms_knobs():
