@@ -4,12 +4,21 @@
 # Extra arguments go to the main pytest run, e.g. `bash scripts/test.sh -m "not slow"`.
 # Then the real-vLLM tests (tests/vllm) run in their own venv (.venv-vllm, scripts/install_vllm.sh: ~4 min the
 # first time, 2.9 GB); QRL_VLLM=0 skips them outside CI. The main venv never collects tests/vllm.
+# --quick (first argument): no side effects beyond .venv: no apt packages, no SLURM cluster, no vLLM venv; runs
+# the tests not marked slow or slurm (`-m "not slow and not slurm"`; a later -m replaces it). CI (.ci/run) never
+# passes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=0
+if [ "${1:-}" = --quick ]; then
+  quick=1
+  shift
+  set -- -m "not slow and not slurm" "$@"
+fi
 bash scripts/install.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline WANDB_SILENT=true
 export TOKENIZERS_PARALLELISM=false
-if [ "${QRL_SLURM:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+if [ $quick = 0 ] && [ "${QRL_SLURM:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   if bash scripts/slurm_up.sh; then
     trap 'bash scripts/slurm_down.sh >/dev/null 2>&1 || true' EXIT
   else
@@ -21,6 +30,10 @@ timeout 4200 .venv/bin/python -m pytest -q -p no:cacheprovider --ignore=tests/vl
 rc=$?
 set -e
 [ $rc = 5 ] && { echo "[test] pytest collected no tests" >&2; rc=1; }
+if [ $quick = 1 ]; then
+  echo "[test] --quick: skipped the slow and SLURM tests and the real-vLLM tests (tests/vllm)" >&2
+  exit $rc
+fi
 if [ "${QRL_VLLM:-1}" = 0 ] && [ -z "${CI:-}" ]; then
   echo "[test] QRL_VLLM=0: skipping the real-vLLM tests (tests/vllm)" >&2
   exit $rc
