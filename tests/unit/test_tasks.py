@@ -12,7 +12,8 @@ from bench.tasks.countdown import CountdownTaskConfig
 from bench.tasks.jsonl import JsonlTaskConfig
 from bench.tasks.arithmetic import ArithmeticTask
 from bench.tasks.base import build_task
-from bench.tasks.countdown import CountdownTask, check, evaluate, format_tree
+from bench.rewards import countdown_check as check, countdown_evaluate as evaluate
+from bench.tasks.countdown import CountdownTask, format_tree
 from bench.tasks.jsonl import JsonlTask
 
 SMALL = dict(n_train=300, n_test=50)
