@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from bench.rewards import countdown_check
-from bench.tasks.base import TASKS, Example, Task, GeneratedTaskConfig, stable_seed, unique_examples
+from bench.tasks.base import TASKS, Example, GeneratedTask, GeneratedTaskConfig
 
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}  # the generator's printer: operator precedence
 
@@ -80,7 +80,7 @@ class CountdownTaskConfig(GeneratedTaskConfig):
 
 
 @TASKS.register("countdown", schema=CountdownTaskConfig)
-class CountdownTask(Task):
+class CountdownTask(GeneratedTask):
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
@@ -97,12 +97,6 @@ class CountdownTask(Task):
             if value is not None:
                 return {"numbers": sorted(leaves), "target": value, "solution": format_tree(tree)}
 
-    def _build_splits(self) -> dict[str, list[Example]]:
-        rng = random.Random(stable_seed(self.name, self.cfg.data_seed))
-        seen: set = set()
-        test = unique_examples(self._make, self.prompt, self.cfg.n_test, rng, seen)
-        train = unique_examples(self._make, self.prompt, self.cfg.n_train, rng, seen)
-        return {"train": train, "test": test}
 
     def prompt(self, ex: Example) -> str:
         return " ".join(map(str, ex["numbers"])) + f">{ex['target']}:"
