@@ -18,8 +18,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from bench.device import DTYPES
 
 
 @dataclass
@@ -68,7 +69,7 @@ class ModelConfig:
 
 
 #: model.dtype -> the torch dtype the trainer's weights are loaded and kept in
-LOAD_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+LOAD_DTYPES = {name: DTYPES[name] for name in ("fp32", "bf16")}
 
 
 def load_policy(model_cfg: Any, path: str | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
