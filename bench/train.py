@@ -43,6 +43,7 @@ from bench.quant import diagnostics
 from bench.quant.quantizers import Quantizer
 from bench.rollout import build_engine
 from bench.rewards import scorer_metrics
+from bench.run.identity import method_metric
 from bench.run.resume import RESUME_FROM, Plan, decide, final_status
 from bench.rollout.base import Rollout, RolloutEngine
 from bench.rollout.embedded import EmbeddedRolloutConfig
@@ -242,8 +243,8 @@ def step_metrics(p: Parts, step: int, sample: Sample, logs: dict[str, float],
     row |= {f"train/{k}": v for k, v in logs.items() if k in TRAIN_KEYS}
     row["train/lr"] = p.optimizer.param_groups[0]["lr"]
     row |= {k: v for k, v in measured.items() if k.startswith("mismatch/")}
-    row |= {f"method/{arm}/{k}": v for k, v in stats.items() if isinstance(v, (int, float))}
-    row |= {f"method/{arm}/{k}": v for k, v in logs.items() if k not in ("loss", "grad_norm", "entropy", *COMPUTE_KEYS)}
+    row |= {method_metric(arm, k): v for k, v in stats.items() if isinstance(v, (int, float))}
+    row |= {method_metric(arm, k): v for k, v in logs.items() if k not in TRAIN_KEYS}  # train/* holds those once
     row |= {k: v for k, v in measured.items() if not k.startswith("mismatch/")}
     return row | sample.metrics | time_metrics(t, sample.generated_tokens)
 
