@@ -25,6 +25,8 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from bench.run.identity import method_metric  # noqa: E402
+
 from .arms import (arm_color, arm_diagnostics, arm_labels, arm_linestyle, is_emulated, method_sort_key,  # noqa: E402
                    precision_label, sorted_arms)
 from .load import Sweep  # noqa: E402
@@ -295,7 +297,7 @@ def plot_diagnostics(sweep: Sweep, task: str, model: str, out_dir: Path, smooth:
     long, arms = _subset(sweep, task, model)
     present = []
     for methods, key, title in diagnostics_of(long["method"].unique()):
-        sub = long[long["method"].isin(methods) & (long["metric"] == long["method"].map(lambda m: f"method/{m}/{key}"))]
+        sub = long[long["method"].isin(methods) & (long["metric"] == long["method"].map(lambda m: method_metric(m, key)))]
         if not sub.empty:
             present.append((sub, title))
     if not present:

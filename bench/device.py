@@ -21,6 +21,9 @@ from typing import Any
 import torch
 
 DEVICES = ("auto", "cpu", "cuda")
+#: the one map from the dtype names of the configs (train.dtype, model.dtype, rollout.act_dtype, a format's
+#: act_dtype) to torch dtypes; each user takes the names it allows
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def cuda_problem() -> str | None:

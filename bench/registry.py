@@ -76,7 +76,7 @@ class Registry(Generic[T]):
     def entry(self, name: str) -> Entry[T]:
         self.discover()
         if name not in self._entries:
-            raise ValueError(f"unknown {self.kind} {name!r}; valid choices: {', '.join(self.names())}")
+            check_choice(self.kind, name, self.names())
         return self._entries[name]
 
     def get(self, name: str) -> T:
@@ -102,6 +102,13 @@ class Registry(Generic[T]):
 
     def entries(self) -> list[Entry[T]]:
         return [self._entries[n] for n in self.names()]
+
+
+def check_choice(what: str, value: object, valid: tuple | list) -> None:
+    """The one check of a value against its valid choices: ValueError naming the bad value and listing the valid
+    ones (registries, granularities, kernels, backends)."""
+    if value not in valid:
+        raise ValueError(f"unknown {what} {value!r}; valid choices: {', '.join(map(str, valid))}")
 
 
 def _qualname(obj: Any) -> str:

@@ -17,7 +17,7 @@ Scorers (the `SCORERS` registry; each returns 1.0 for a correct answer and 0.0 o
   its last `\\boxed{}`. DAPO itself uses +1/-1 rewards; this returns 1/0 like the other scorers (group
   normalisation in GRPO makes the two equivalent when advantages are divided by the group std).
 * `countdown`: the expression inside the last `<answer>...</answer>` (TinyZero's format), checked with the
-  project's safe parser (bench/tasks/countdown.py: no eval, exact rational arithmetic); each given number
+  project's safe parser (`countdown_check` below: no eval, exact rational arithmetic); each given number
   may be used at most once. `countdown_all` additionally requires every number to be used exactly once, as
   TinyZero's reward (verl/utils/reward_score/countdown.py in Jiayi-Pan/TinyZero) does. The gold is a mapping
   {"target": int, "nums": [int, ...]} ("numbers" is accepted for "nums").
@@ -45,14 +45,12 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Callable
 
-from bench.tasks import countdown as countdown_checker
 from bench.run.timelimit import MODES, ScoreTimeout, TimeLimitUnavailable, call_with_time_limit
 
 Scorer = Callable[[str, Any], float]
 
 DAPO_TAIL_CHARS = 300  # DAPO / verl: the answer line is at the end
 BOXED_TAIL_CHARS = 100  # verl's strict-box fallback looks at the last 100 characters
-MAX_ANSWER_TAG_CHARS = countdown_checker.MAX_COMPLETION_CHARS
 
 
 # ---- text hygiene -----------------------------------------------------------------------------------
@@ -240,6 +238,103 @@ def score_dapo(completion: str, gold: Any) -> float:
 
 
 # ---- Countdown ---------------------------------------------------------------------------------------
+# The one countdown checker (the countdown task's reward and the hub countdown scorers): a tiny recursive-descent
+# parser over integers, + - * / and parentheses with exact `Fraction` arithmetic; it never evaluates text as code.
+# Anything else (unary minus, names, calls, other operators, numbers not given, numbers used too often, division
+# by zero) scores 0.
+
+MAX_EXPRESSION_CHARS = 200  # longer is malformed: bounds the parser's work on garbage completions
+MAX_EXPRESSION_DEPTH = 32  # parenthesis nesting; bounds recursion
+
+_TOKEN = re.compile(r"\s*(?:(0|[1-9][0-9]*)|([-+*/()]))")
+
+
+class Malformed(ValueError):
+    """The completion is not an expression of the allowed grammar."""
+
+
+def _tokenize(text: str) -> list[str]:
+    tokens, pos, end = [], 0, len(text.rstrip())
+    while pos < end:
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            raise Malformed(f"unexpected character at {pos}: {text[pos:pos + 10]!r}")
+        tokens.append(m.group(1) or m.group(2))
+        pos = m.end()
+    return tokens
+
+
+class _Parser:
+    """expr := term (("+"|"-") term)* ; term := factor (("*"|"/") factor)* ; factor := INT | "(" expr ")" """
+
+    def __init__(self, tokens: list[str]):
+        self.tokens, self.i, self.numbers = tokens, 0, []
+
+    def peek(self) -> str | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def take(self) -> str:
+        tok = self.peek()
+        if tok is None:
+            raise Malformed("unexpected end of expression")
+        self.i += 1
+        return tok
+
+    def expr(self, depth: int) -> Fraction:
+        value = self.term(depth)
+        while self.peek() in ("+", "-"):
+            op, rhs = self.take(), self.term(depth)
+            value = value + rhs if op == "+" else value - rhs
+        return value
+
+    def term(self, depth: int) -> Fraction:
+        value = self.factor(depth)
+        while self.peek() in ("*", "/"):
+            op, rhs = self.take(), self.factor(depth)
+            if op == "/" and rhs == 0:
+                raise ZeroDivisionError
+            value = value * rhs if op == "*" else value / rhs
+        return value
+
+    def factor(self, depth: int) -> Fraction:
+        tok = self.take()
+        if tok == "(":
+            if depth >= MAX_EXPRESSION_DEPTH:
+                raise Malformed("parentheses nested too deep")
+            value = self.expr(depth + 1)
+            if self.take() != ")":
+                raise Malformed("missing ')'")
+            return value
+        if tok.isdigit():
+            self.numbers.append(int(tok))
+            return Fraction(int(tok))
+        raise Malformed(f"unexpected token {tok!r}")
+
+
+def countdown_evaluate(text: str) -> tuple[Fraction, list[int]]:
+    """Value of the expression in `text` and the numbers it uses, in order.
+
+    Raises Malformed for anything outside the grammar and ZeroDivisionError for a division by zero.
+    """
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise Malformed("completion too long")
+    parser = _Parser(_tokenize(text))
+    value = parser.expr(0)
+    if parser.peek() is not None:
+        raise Malformed(f"trailing token {parser.peek()!r}")
+    return value, parser.numbers
+
+
+def countdown_check(numbers: list[int], target: int, completion: str) -> bool:
+    """True iff `completion` is an expression over a sub-multiset of `numbers` equal to `target`."""
+    try:
+        value, used = countdown_evaluate(completion)
+    except (Malformed, ZeroDivisionError):
+        return False
+    if Counter(used) - Counter(numbers):  # some number unlisted or used more often than given
+        return False
+    return value == target
+
 
 
 def _countdown_gold(gold: Any) -> tuple[list[int], int]:
@@ -259,20 +354,20 @@ def score_countdown(completion: str, gold: Any) -> float:
     """1.0 iff the <answer> expression hits the target using each given number at most once."""
     nums, target = _countdown_gold(gold)
     expr = countdown_expression(completion)
-    if expr is None or len(expr) > MAX_ANSWER_TAG_CHARS:
+    if expr is None or len(expr) > MAX_EXPRESSION_CHARS:
         return 0.0
-    return float(countdown_checker.check(nums, target, expr))
+    return float(countdown_check(nums, target, expr))
 
 
 def score_countdown_all(completion: str, gold: Any) -> float:
     """1.0 iff the <answer> expression hits the target using every given number exactly once (TinyZero)."""
     nums, target = _countdown_gold(gold)
     expr = countdown_expression(completion)
-    if expr is None or len(expr) > MAX_ANSWER_TAG_CHARS:
+    if expr is None or len(expr) > MAX_EXPRESSION_CHARS:
         return 0.0
     try:
-        value, used = countdown_checker.evaluate(expr)
-    except (countdown_checker.Malformed, ZeroDivisionError):
+        value, used = countdown_evaluate(expr)
+    except (Malformed, ZeroDivisionError):
         return 0.0
     return float(Counter(used) == Counter(nums) and value == target)
 

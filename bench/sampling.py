@@ -26,10 +26,14 @@ from typing import Any
 
 import torch
 
+from transformers import PreTrainedTokenizerBase
+
 from bench.dapo import apply_soft_overlong_penalty, dynamic_sample, overlong_filter_mask, truncated_responses
-from bench.models.tokenizer import decode_responses, encode_prompts, pad_id
-from bench.rollout.base import Rollout, SamplingParams, response_budget, token_ids
-from bench.tasks.base import stable_seed
+from bench.grpo import AlgoConfig
+from bench.models.tokenizer import PromptFormat, decode_responses, encode_prompts, pad_id
+from bench.rollout.base import Rollout, RolloutEngine, SamplingParams, response_budget, token_ids
+from bench.tasks.base import Task, stable_seed
+from bench.timing import Timer
 
 
 @dataclass
@@ -49,13 +53,6 @@ class Sample:
         return overlong_filter_mask(mask, self.truncated) if self.filter_truncated else mask
 
 
-def score(p: Any, examples: list[dict], rollout: Rollout, n: int) -> torch.Tensor:
-    """The task's reward of every response (n responses per example, group-contiguous), on the trainer's device."""
-    completions = decode_responses(p.tokenizer, rollout.response_ids, rollout.response_mask)
-    rewards = [p.task.reward(ex, c) for ex, c in zip((e for e in examples for _ in range(n)), completions)]
-    return torch.tensor(rewards, device=p.compute.device)
-
-
 def truncated(rollout: Rollout, stop_ids: Any, max_new_tokens: int) -> torch.Tensor:
     """Bool [B]: responses that end on no stop token (cut by the limit); by length when there is no stop id."""
     lengths = rollout.response_mask.sum(1)
@@ -70,21 +67,6 @@ def truncated(rollout: Rollout, stop_ids: Any, max_new_tokens: int) -> torch.Ten
 class Round:
     rollout: Rollout
     scores: torch.Tensor
-
-
-def generate_round(p: Any, step: int, round_index: int, n_prompts: int, timer: Any) -> Round:
-    """Round `round_index` of step `step`: prompts (a pure function of seed, step, round), responses, scores."""
-    cfg = p.cfg
-    G = cfg.train.group_size
-    seed = cfg.seed if round_index == 0 else stable_seed("dynamic_sampling", cfg.seed, round_index)
-    examples = p.task.sample(step, n_prompts, seed)
-    prompt_ids, prompt_mask = encode_prompts(p.tokenizer, p.task, examples, p.prompt_format)
-    budget = response_budget(cfg.task.max_new_tokens, prompt_ids.shape[1], p.engine)
-    with timer("rollout"):
-        rollout = p.engine.generate(prompt_ids, prompt_mask, G, SamplingParams(budget, cfg.rollout.temperature),
-                                    p.generator)
-    rollout = rollout.to(p.compute.device)
-    return Round(rollout, score(p, examples, rollout, G))
 
 
 def concat_rollouts(parts: list[Rollout], pad: int) -> Rollout:
@@ -111,45 +93,92 @@ def dapo_enabled(algo: Any) -> bool:
     return bool(algo.dynamic_sampling or algo.overlong_filter or algo.overlong_penalty)
 
 
-def collect(p: Any, step: int, timer: Any) -> Sample:
-    """The step's batch: one round, or dynamic sampling's rounds until the batch is full or the cap is hit."""
-    cfg = p.cfg
-    G, n_prompts = cfg.train.group_size, cfg.train.batch_size // cfg.train.group_size
-    rounds: list[Round] = []
+@dataclass
+class Sampler:
+    """Everything a step's sampling reads, named and typed; built once by bench.train.build around the final
+    engine (after bench.distributed has wrapped it) and used by `train_step` as `p.sampler.collect(step, timer)`.
 
-    def next_round(index: int) -> tuple[list[tuple[int, int]], torch.Tensor]:
-        rounds.append(generate_round(p, step, index, n_prompts, timer))
-        return [(index, g) for g in range(n_prompts)], rounds[-1].scores.view(n_prompts, G)
+    The settings are the run's `seed`, `train.group_size`, `train.batch_size`, `task.max_new_tokens`,
+    `rollout.temperature` and the DAPO knobs of `algo` (module docstring).
+    """
 
-    metrics: dict[str, float] = {}
-    if cfg.algo.dynamic_sampling:
-        kept, counts = dynamic_sample(next_round, n_prompts, cfg.algo.dynamic_sampling_max_rounds)
-        metrics |= counts.as_metrics("sampling/")
-        all_scores = torch.cat([r.scores for r in rounds])
-        metrics["sampling/generated_accuracy"] = (all_scores >= 1.0).float().mean().item()
-        rows: list[list[int]] = [[] for _ in rounds]  # the kept groups' rows, round by round, earliest first
-        for index, g in kept:
-            rows[index].extend(range(g * G, (g + 1) * G))
-        picked = [(r, torch.tensor(idx, dtype=torch.long, device=r.scores.device)) for r, idx in zip(rounds, rows) if idx]
-        rollout = concat_rollouts([r.rollout.select(idx) for r, idx in picked], pad_id(p.tokenizer)) if picked else None
-        scores = torch.cat([r.scores[idx] for r, idx in picked]) if picked else torch.zeros(0)
-    else:
-        next_round(0)
-        rollout, scores = rounds[0].rollout, rounds[0].scores
-    generated = sum(r.rollout.num_tokens() for r in rounds)
-    if rollout is None:
-        empty = torch.zeros(0, dtype=torch.bool)
-        return Sample(None, scores, scores, empty, generated, metrics)
-    cut = truncated(rollout, getattr(p.engine, "eos_id", p.tokenizer.eos_token_id), cfg.task.max_new_tokens)
-    rewards = scores
-    if cfg.algo.overlong_penalty:
-        lengths = rollout.response_mask.sum(1)
-        rewards = apply_soft_overlong_penalty(scores, lengths, cfg.task.max_new_tokens, cfg.algo.overlong_buffer_len,
-                                              cfg.algo.overlong_penalty_factor)
-        metrics["sampling/overlong_penalty_mean"] = (rewards - scores.to(rewards.dtype)).mean().item()
-    if dapo_enabled(cfg.algo):
-        metrics["sampling/truncated_frac"] = cut.float().mean().item()
-    return Sample(rollout, scores, rewards, cut, generated, metrics, filter_truncated=cfg.algo.overlong_filter)
+    task: Task
+    tokenizer: PreTrainedTokenizerBase
+    engine: RolloutEngine
+    generator: torch.Generator  # the run's sampling stream (checkpointed)
+    device: torch.device  # the trainer's: rollouts and scores are moved there
+    prompt_format: PromptFormat
+    seed: int
+    group_size: int
+    batch_size: int
+    max_new_tokens: int
+    temperature: float
+    algo: AlgoConfig
+
+    @classmethod
+    def from_config(cls, cfg: Any, task: Task, tokenizer: PreTrainedTokenizerBase, engine: RolloutEngine,
+                    generator: torch.Generator, device: torch.device, prompt_format: PromptFormat) -> "Sampler":
+        return cls(task, tokenizer, engine, generator, device, prompt_format, cfg.seed, cfg.train.group_size,
+                   cfg.train.batch_size, cfg.task.max_new_tokens, cfg.rollout.temperature, cfg.algo)
+
+    def score(self, examples: list[dict], rollout: Rollout, n: int) -> torch.Tensor:
+        """The task's reward of every response (n responses per example, group-contiguous), on the trainer's device."""
+        completions = decode_responses(self.tokenizer, rollout.response_ids, rollout.response_mask)
+        rewards = [self.task.reward(ex, c) for ex, c in zip((e for e in examples for _ in range(n)), completions)]
+        return torch.tensor(rewards, device=self.device)
+
+    def generate_round(self, step: int, round_index: int, n_prompts: int, timer: Timer) -> Round:
+        """Round `round_index` of step `step`: prompts (a pure function of seed, step, round), responses, scores."""
+        G = self.group_size
+        seed = self.seed if round_index == 0 else stable_seed("dynamic_sampling", self.seed, round_index)
+        examples = self.task.sample(step, n_prompts, seed)
+        prompt_ids, prompt_mask = encode_prompts(self.tokenizer, self.task, examples, self.prompt_format)
+        budget = response_budget(self.max_new_tokens, prompt_ids.shape[1], self.engine)
+        with timer("rollout"):
+            rollout = self.engine.generate(prompt_ids, prompt_mask, G, SamplingParams(budget, self.temperature),
+                                           self.generator)
+        rollout = rollout.to(self.device)
+        return Round(rollout, self.score(examples, rollout, G))
+
+    def collect(self, step: int, timer: Timer) -> Sample:
+        """The step's batch: one round, or dynamic sampling's rounds until the batch is full or the cap is hit."""
+        algo = self.algo
+        G, n_prompts = self.group_size, self.batch_size // self.group_size
+        rounds: list[Round] = []
+
+        def next_round(index: int) -> tuple[list[tuple[int, int]], torch.Tensor]:
+            rounds.append(self.generate_round(step, index, n_prompts, timer))
+            return [(index, g) for g in range(n_prompts)], rounds[-1].scores.view(n_prompts, G)
+
+        metrics: dict[str, float] = {}
+        if algo.dynamic_sampling:
+            kept, counts = dynamic_sample(next_round, n_prompts, algo.dynamic_sampling_max_rounds)
+            metrics |= counts.as_metrics("sampling/")
+            all_scores = torch.cat([r.scores for r in rounds])
+            metrics["sampling/generated_accuracy"] = (all_scores >= 1.0).float().mean().item()
+            rows: list[list[int]] = [[] for _ in rounds]  # the kept groups' rows, round by round, earliest first
+            for index, g in kept:
+                rows[index].extend(range(g * G, (g + 1) * G))
+            picked = [(r, torch.tensor(idx, dtype=torch.long, device=r.scores.device)) for r, idx in zip(rounds, rows) if idx]
+            rollout = concat_rollouts([r.rollout.select(idx) for r, idx in picked], pad_id(self.tokenizer)) if picked else None
+            scores = torch.cat([r.scores[idx] for r, idx in picked]) if picked else torch.zeros(0)
+        else:
+            next_round(0)
+            rollout, scores = rounds[0].rollout, rounds[0].scores
+        generated = sum(r.rollout.num_tokens() for r in rounds)
+        if rollout is None:
+            empty = torch.zeros(0, dtype=torch.bool)
+            return Sample(None, scores, scores, empty, generated, metrics)
+        cut = truncated(rollout, self.engine.eos_id, self.max_new_tokens)
+        rewards = scores
+        if algo.overlong_penalty:
+            lengths = rollout.response_mask.sum(1)
+            rewards = apply_soft_overlong_penalty(scores, lengths, self.max_new_tokens, algo.overlong_buffer_len,
+                                                  algo.overlong_penalty_factor)
+            metrics["sampling/overlong_penalty_mean"] = (rewards - scores.to(rewards.dtype)).mean().item()
+        if dapo_enabled(algo):
+            metrics["sampling/truncated_frac"] = cut.float().mean().item()
+        return Sample(rollout, scores, rewards, cut, generated, metrics, filter_truncated=algo.overlong_filter)
 
 
-__all__ = ["Round", "Sample", "collect", "concat_rollouts", "dapo_enabled", "generate_round", "score", "truncated"]
+__all__ = ["Round", "Sample", "Sampler", "concat_rollouts", "dapo_enabled", "truncated"]

@@ -1,7 +1,7 @@
 """One GRPO run with a low-precision rollout engine: the training loop.
 
     engine.load_weights(policy)   sync: the rollout copy is re-quantized with fresh scales
-    sample = collect()            engine.generate round(s) + rewards (+ DAPO's knobs, bench/sampling.py)
+    sample = sampler.collect()    engine.generate round(s) + rewards (+ DAPO's knobs, bench/sampling.py)
     lold = policy.logprobs()      recompute pass, only for methods that need pi_old
     adv = estimator.estimate()    GRPO group-normalized [B], or the critic's values + GAE [B, T] (bench/advantages.py)
     stats = method.prepare()      per-batch constants (IS weights, alpha, ...), detached
@@ -36,19 +36,21 @@ from bench.methods.base import Batch, Method, arm_info, build_method, select_sta
 from bench.mismatch import mismatch_metrics, sanitize
 from bench.models.load import context_length, load_policy
 from bench.models.logprobs import TRAINER_DTYPES
-from bench.models.tokenizer import PromptFormat, uses_chat_template
+from bench.models.tokenizer import PromptFormat, engine_ids, uses_chat_template
 from bench.run.preempt import PreemptionGuard
-from bench.launch.preflight import check_data
+from bench.preflight import check_data
 from bench.quant import diagnostics
 from bench.quant.quantizers import Quantizer
 from bench.rollout import build_engine
 from bench.rewards import scorer_metrics
+from bench.run.identity import method_metric
 from bench.run.resume import RESUME_FROM, Plan, decide, final_status
 from bench.rollout.base import Rollout, RolloutEngine
 from bench.rollout.embedded import EmbeddedRolloutConfig
-from bench.sampling import Sample, collect
+from bench.sampling import Sample, Sampler
 from bench.run.store import RunDir
 from bench.tasks.base import Task, build_task
+from bench.warmstart import policy_path
 from bench.timing import Timer
 from bench.run.tracking import start_tracking
 
@@ -135,6 +137,7 @@ class Parts:
     prompt_format: PromptFormat = PromptFormat()
     eval_sets: dict[str, Task] = field(default_factory=dict)
     ref_policy: torch.nn.Module | None = None
+    sampler: Sampler = field(init=False)  # what collect() reads; built last by build(), around the final engine
 
 
 def build(cfg: DictConfig) -> Parts:
@@ -146,7 +149,7 @@ def build(cfg: DictConfig) -> Parts:
     task = build_task(cfg.task)
     eval_sets = build_eval_sets(cfg.eval, task)
     check_data(cfg, task, eval_sets)  # every split read and checked before the warm start trains on the data
-    policy, tokenizer = load_policy(cfg.model, task)
+    policy, tokenizer = load_policy(cfg.model, policy_path(cfg.model, task))  # the built-in model: warm-started
     policy.to(device)  # before the optimizer: its states are allocated beside the parameters
     if cfg.train.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
@@ -154,12 +157,13 @@ def build(cfg: DictConfig) -> Parts:
     for t in (task, *eval_sets.values()):
         uses_chat_template(tokenizer, t, prompt_format)  # a template asked for but missing fails here
     max_len = context_length(cfg.model, policy)
-    return distributed.distribute(Parts(  # untouched at world size 1 (bench/distributed.py)
+    ids = engine_ids(tokenizer, policy)  # every EOS id the model may emit, and the pad id
+    parts = distributed.distribute(Parts(  # untouched at world size 1 (bench/distributed.py)
         cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, method=build_method(cfg.method, cfg.algo),
-        engine=build_engine(cfg.rollout, tokenizer, policy, max_len=max_len),
+        engine=build_engine(cfg.rollout, **ids, max_len=max_len),
         # evaluate the trainer's policy itself (not its quantized copy), with the embedded engine whatever the
         # rollout engine is: a second vLLM engine would claim a second share of the GPU
-        eval_engine=build_engine(EmbeddedRolloutConfig(precision="fp32"), tokenizer, policy, max_len=max_len),
+        eval_engine=build_engine(EmbeddedRolloutConfig(precision="fp32"), **ids, max_len=max_len),
         optimizer=torch.optim.AdamW(policy.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay),
         generator=make_generator(device, cfg.seed),
         compute=TrainerCompute(device, cfg.train.dtype, cfg.rollout.temperature, cfg.train.micro_batch_size,
@@ -167,13 +171,16 @@ def build(cfg: DictConfig) -> Parts:
         advantage=build_estimator(cfg, policy),
         prompt_format=prompt_format, eval_sets=eval_sets,
     ))
+    parts.sampler = Sampler.from_config(cfg, task, tokenizer, parts.engine, parts.generator, parts.compute.device,
+                                        prompt_format)
+    return parts
 
 
 def train_step(p: Parts, step: int) -> dict[str, float]:
     t = Timer(device=p.compute.device)  # waits for the GPU at every phase boundary
     with t("sync"):
         p.engine.load_weights(p.policy)
-    sample = collect(p, step, t)
+    sample = p.sampler.collect(step, t)
     if sample.rollout is None:  # dynamic sampling kept no group within its round cap: no update this step
         return {"step": step} | sample.metrics | time_metrics(t, sample.generated_tokens)
     rollout = sample.rollout
@@ -236,8 +243,8 @@ def step_metrics(p: Parts, step: int, sample: Sample, logs: dict[str, float],
     row |= {f"train/{k}": v for k, v in logs.items() if k in TRAIN_KEYS}
     row["train/lr"] = p.optimizer.param_groups[0]["lr"]
     row |= {k: v for k, v in measured.items() if k.startswith("mismatch/")}
-    row |= {f"method/{arm}/{k}": v for k, v in stats.items() if isinstance(v, (int, float))}
-    row |= {f"method/{arm}/{k}": v for k, v in logs.items() if k not in ("loss", "grad_norm", "entropy", *COMPUTE_KEYS)}
+    row |= {method_metric(arm, k): v for k, v in stats.items() if isinstance(v, (int, float))}
+    row |= {method_metric(arm, k): v for k, v in logs.items() if k not in TRAIN_KEYS}  # train/* holds those once
     row |= {k: v for k, v in measured.items() if not k.startswith("mismatch/")}
     return row | sample.metrics | time_metrics(t, sample.generated_tokens)
 

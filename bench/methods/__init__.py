@@ -2,4 +2,10 @@
 
 Each arm module registers itself (bench.methods.base); `METHODS` imports every module of this package the
 first time a name is looked up, so nothing here lists them.
+
+A new arm is two files: `bench/methods/<arm>.py` (a `Method` subclass, usually of `PPOClipMethod` or
+`ConstantWeightMethod`, under `@METHODS.register("<arm>", schema=<its config>, color=..., order=...)`, with its
+`diagnostics` and the `metric_keys` its steps write) and `conf/method/<arm>.yaml`. The property tests
+(tests/unit/test_method_properties.py) and the end-to-end test (tests/integration/test_arms.py) pick it up from
+the registry.
 """

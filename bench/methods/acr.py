@@ -45,6 +45,7 @@ class ACR(ConstantWeightMethod):
     public code)."""
 
     diagnostics = {"frac_acr_active": "ACR active frac. (ρ>C)"}
+    metric_keys = ("frac_acr_active", "acr_upper_mean", "clipfrac_pos", "clipfrac_neg", "rho_max")
 
     def setup_model(self, model: torch.nn.Module) -> dict[str, float]:
         """UAQ invariant scaling of the trainer's master weights, once before RL, when uaq_scale != 1."""

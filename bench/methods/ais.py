@@ -108,6 +108,7 @@ class AIS(ConstantWeightMethod):
     No verl preset (the paper has no public code)."""
 
     diagnostics = {"alpha": "AIS α"}
+    metric_keys = ("alpha", "R", "B", "V", "c_mean", "c_var", "n")
 
     @torch.no_grad()
     def prepare(self, batch: Batch) -> dict[str, Any]:

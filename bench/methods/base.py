@@ -130,6 +130,9 @@ class Method(ABC):
     needs_recompute: ClassVar[bool] = True
     #: metric key (of `method/<arm>/<key>`) -> panel title in the report's diagnostics figure
     diagnostics: ClassVar[dict[str, str]] = {}
+    #: the keys of `method/<arm>/<key>` that every training step writes (train/* holds loss, clipfrac, ppo_kl);
+    #: the diagnostics are among them. tests/integration/test_arms.py checks each registered arm's.
+    metric_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: Any, algo: Any) -> None:
         self.cfg = cfg

@@ -75,6 +75,7 @@ class ESS(Method):
 
     needs_recompute = False
     diagnostics = {"ess_factor": "P3O ESS factor"}
+    metric_keys = ("ess_factor", "kl_behavioral", "approx_kl", "pi_loss")
 
     def __init__(self, cfg: Any, algo: Any) -> None:
         super().__init__(cfg, algo)

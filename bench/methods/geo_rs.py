@@ -74,6 +74,7 @@ class GeoRS(ConstantWeightMethod):
     """Recompute PPO loss on the sequences whose geometric-mean pi_old/mu lies in [lo, hi]; optional token TIS."""
 
     diagnostics = {"seq_masked_frac": "Geo-RS rejected seq. frac."}
+    metric_keys = ("seq_masked_frac", "geo_mean", "geo_min", "geo_max")
 
     @torch.no_grad()
     def prepare(self, batch: Batch) -> dict[str, Any]:

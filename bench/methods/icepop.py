@@ -52,6 +52,7 @@ class IcePop(ConstantWeightMethod):
     """Recompute PPO loss, each token weighted by rho = pi_old/mu inside [alpha, beta] and dropped outside."""
 
     diagnostics = {"masked_frac": "IcePop masked frac. (ρ∉[α,β])"}
+    metric_keys = ("masked_frac", "is_mean", "is_ess")
 
     @torch.no_grad()
     def prepare(self, batch: Batch) -> dict[str, Any]:

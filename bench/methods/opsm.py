@@ -80,6 +80,7 @@ class OPSM(PPOClipMethod):
     """Recompute PPO loss without the negative-advantage sequences that drifted more than delta per token."""
 
     diagnostics = {"seq_masked_frac": "OPSM masked seq. frac."}
+    metric_keys = ("seq_masked_frac", "seq_log_ratio_mean")
 
     def loss(self, logp: torch.Tensor, batch: Batch, stats: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
         mask = batch.mask.bool()

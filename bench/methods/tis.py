@@ -64,6 +64,7 @@ class TIS(ConstantWeightMethod):
     """Token-level (default) or sequence-level truncated / masked IS on top of the recompute PPO loss."""
 
     diagnostics = {"is_frac_high": "TIS truncated frac. (ρ>C)"}
+    metric_keys = ("is_mean", "is_max", "is_frac_high", "is_ess")
 
     @torch.no_grad()
     def prepare(self, batch: Batch) -> dict[str, Any]:
@@ -126,6 +127,7 @@ class SeqISRS(TIS):
     """verl's Seq-MIS: the TIS arm at sequence level in mask mode (SeqISRSConfig's defaults)."""
 
     diagnostics = {"is_frac_high": "Seq-MIS rejected frac. (ρ_seq>C)"}
+    metric_keys = ("is_mean", "is_frac_high", "is_frac_low", "is_ess", "seq_mean")
 
 
 __all__ = ["SeqISRS", "SeqISRSConfig", "TIS", "TISConfig"]

@@ -1,8 +1,8 @@
 """`load_policy`: the one entry point that turns a model config into (model, tokenizer).
 
-The built-in tiny model (`model.path: null`) is warm-started and cached (bench/models/warmstart.py); its cache
-directory is an ordinary HF model directory, so from there on it goes through exactly the code that loads a
-user's model (a local directory or a hub id). Runs are offline, so a model that is neither a local directory
+The built-in tiny model (`model.path: null`) is warm-started and cached by the caller (bench/warmstart.py:
+`policy_path`); its cache directory is an ordinary HF model directory, so from there on it goes through exactly
+the code that loads a user's model (a local directory or a hub id). Runs are offline, so a model that is neither a local directory
 nor in the HF cache must fail at once with a message naming it, not with a network stack trace.
 
 The model presets (conf/model/<name>.yaml: qwen2.5-0.5b-instruct, qwen3-8b, ...) are ModelConfigs whose `path` is
@@ -18,10 +18,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from bench.tasks.base import Task
+from bench.device import DTYPES
 
 
 @dataclass
@@ -70,23 +69,23 @@ class ModelConfig:
 
 
 #: model.dtype -> the torch dtype the trainer's weights are loaded and kept in
-LOAD_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+LOAD_DTYPES = {name: DTYPES[name] for name in ("fp32", "bf16")}
 
 
-def load_policy(model_cfg: Any, task: Task) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """(model in eval mode, tokenizer) for `model_cfg`; the caller switches to train mode.
+def load_policy(model_cfg: Any, path: str | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """(model in eval mode, tokenizer) for `model_cfg`, read from `path` (default `model.path`); the caller
+    switches to train mode. The built-in model's path is its warm-start directory, which the caller resolves
+    (bench.warmstart.policy_path): loading needs no task.
 
     fp32 by default because the trainer keeps fp32 master weights (bf16 is an autocast choice, not a storage
     one); `model.dtype=bf16` keeps the weights themselves in bf16. `model.stop_tokens` are added to the model's
     generation_config eos ids, where every engine reads its stop tokens (bench.models.tokenizer.stop_token_ids).
     """
-    dtype = getattr(model_cfg, "dtype", "fp32")
-    if model_cfg.path is None:
-        from bench.models.warmstart import warm_start_dir
-
-        model, tokenizer = load_pretrained(str(warm_start_dir(model_cfg, task)), dtype)
-    else:
-        model, tokenizer = load_pretrained(str(model_cfg.path), dtype)
+    path = path if path is not None else model_cfg.path
+    if path is None:
+        raise ValueError("model.path=null is the built-in model: pass its warm-start directory "
+                         "(bench.warmstart.policy_path)")
+    model, tokenizer = load_pretrained(str(path), getattr(model_cfg, "dtype", "fp32"))
     add_stop_tokens(model, tokenizer, list(getattr(model_cfg, "stop_tokens", None) or []))
     context_length(model_cfg, model)  # fails now, naming the key, if model.max_length exceeds the model
     return model, tokenizer

@@ -13,10 +13,11 @@ from typing import Iterator
 
 import torch
 
+from bench.device import DTYPES
 from bench.rollout.base import Rollout
 
 #: train.dtype -> the low-precision compute dtype (None: plain fp32). Master weights are fp32 in every case.
-LOW_PRECISION = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+LOW_PRECISION = {name: None if name == "fp32" else dtype for name, dtype in DTYPES.items()}
 TRAINER_DTYPES = tuple(LOW_PRECISION)
 
 

@@ -169,6 +169,15 @@ def stop_token_ids(tokenizer: PreTrainedTokenizerBase | None, model: Any = None)
     return found
 
 
+
+def engine_ids(tokenizer: PreTrainedTokenizerBase | None, model: Any = None) -> dict[str, Any]:
+    """The token ids a rollout engine is built with (bench.rollout.build_engine's `eos_id` and `pad_id`): the
+    stop ids (one int, or the list when the model has several, None when it has none) and the tokenizer's pad id
+    (None: the engine falls back to the first stop id)."""
+    stops = stop_token_ids(tokenizer, model)
+    return {"eos_id": stops[0] if len(stops) == 1 else (stops or None),
+            "pad_id": getattr(tokenizer, "pad_token_id", None)}
+
 def decode_responses(
     tokenizer: PreTrainedTokenizerBase, response_ids: torch.Tensor, response_mask: torch.Tensor,
     stop_ids: Sequence[int] | None = None,

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bench.registry import check_choice
 from bench.quant.minifloat import E2M1, E4M3, E5M2, MiniFloat, floor_log2, pow2, round_to_minifloat, work_dtype
 
 __all__ = [
@@ -56,11 +57,6 @@ KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
 
 #: float32 machine epsilon, 2^-23: compressed-tensors' floor on integer scales (see `quantize_int4`).
 _F32_EPS = torch.finfo(torch.float32).eps
-
-
-def _check_choice(what: str, value: object, valid: tuple) -> None:
-    if value not in valid:
-        raise ValueError(f"unknown {what} {value!r}; valid choices: {', '.join(map(str, valid))}")
 
 
 def _check_block_size(block_size: int) -> None:
@@ -163,7 +159,7 @@ def mx_shared_exponent(amax: torch.Tensor, elem: MiniFloat = E2M1, rounding: str
     (`calculate_qparams`, is_mxfp4 branch: ceil(log2(amax / 6))) and cuBLAS/torchao "RCEIL".
     An all-zero block gets -127 (E8M0 code 0x00, as torchao's MX cast gives it); its codes are 0 either way.
     """
-    _check_choice("MX scale rounding", rounding, MX_SCALE_ROUNDINGS)
+    check_choice("MX scale rounding", rounding, MX_SCALE_ROUNDINGS)
     a = amax.to(work_dtype(amax)).abs()
     emax_elem = int(floor_log2(torch.tensor(elem.max_finite)))  # E2M1: floor(log2 6) = 2
     flog2 = floor_log2(a)
@@ -249,7 +245,7 @@ def fake_quant_kv(x: torch.Tensor, dtype: str = "fp8_e4m3", scale: float = 1.0) 
     cast: |K| > 448 clips (e4m3), and values below 2^-9 (e4m3) / 2^-16 (e5m2) are subnormal or flushed.
     `dtype` is vLLM's kv_cache_dtype: "fp8" (= fp8_e4m3 on CUDA), "fp8_e4m3" or "fp8_e5m2".
     """
-    _check_choice("kv cache dtype", dtype, KV_CACHE_DTYPES)
+    check_choice("kv cache dtype", dtype, KV_CACHE_DTYPES)
     if not scale > 0:
         raise ValueError(f"kv cache scale must be positive, got {scale!r}")
     f = E5M2 if dtype == "fp8_e5m2" else E4M3

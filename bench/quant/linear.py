@@ -11,13 +11,14 @@ dynamically on every forward. Every layer can return the weight it actually comp
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from abc import abstractmethod
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.quant.quantizers import Quantizer
+from bench.quant.quantizers import Format, Quantizer
 
 
 def _cpu_has(feature: str) -> bool:
@@ -89,6 +90,29 @@ class FakeQuantLinear(QuantLinear):
         xq = self.quantizer.fake_quant_act(x.float())
         return F.linear(xq, self.weight, self.bias).to(self.out_dtype)
 
+
+
+class BlockFormat(Format):
+    """A format whose scales are recomputed from every tensor in blocks or groups (mxfp4, nvfp4, int4), emulated
+    with FakeQuantLinear: a subclass sets the class attributes of Format and `block_quantize`, nothing else."""
+
+    act_dtype = "bf16"
+    scale_kind: ClassVar[str] = "block"  # "block" | "group": how the error below names the scales
+
+    @abstractmethod
+    def block_quantize(self, x: torch.Tensor) -> Any:
+        """The blockscale.py result of `x` (its `codes` and `element_scales()`)."""
+
+    def quantize(self, x: torch.Tensor, granularity: str, scale: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        if scale is not None:
+            raise ValueError(f"{self.name}: {self.scale_kind} scales are always recomputed (no static scale)")
+        q = self.block_quantize(x)
+        return q.codes, q.element_scales()
+
+    def make_linear(self, weight: torch.Tensor, bias: torch.Tensor | None, quantizer: Quantizer,
+                    out_dtype: torch.dtype, int8_kernel: str = "auto") -> nn.Module:
+        return FakeQuantLinear(weight, bias, quantizer, out_dtype)
 
 def make_linear(
     weight: torch.Tensor,

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
+from bench.registry import check_choice
+
 __all__ = [
     "MiniFloat",
     "E4M3",
@@ -127,8 +129,7 @@ def get_minifloat(fmt: MiniFloat | str) -> MiniFloat:
     """The format itself, or the named one; ValueError naming the valid names otherwise."""
     if isinstance(fmt, MiniFloat):
         return fmt
-    if fmt not in MINIFLOATS:
-        raise ValueError(f"unknown minifloat format {fmt!r}; valid choices: {', '.join(MINIFLOATS)}")
+    check_choice("minifloat format", fmt, tuple(MINIFLOATS))
     return MINIFLOATS[fmt]
 
 

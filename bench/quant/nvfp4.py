@@ -6,25 +6,16 @@ the dynamic amax is the closest stand-in), blocks per row; 'none' makes it weigh
 
 from __future__ import annotations
 
-from torch import nn
-
 from bench.quant.blockscale import quantize_nvfp4
-from bench.quant.linear import FakeQuantLinear
-from bench.quant.quantizers import FORMATS, Format, Quantizer
+from bench.quant.linear import BlockFormat
+from bench.quant.quantizers import FORMATS
 
 
 @FORMATS.register("nvfp4")
-class NvFp4(Format):
+class NvFp4(BlockFormat):
     label, bits, act_bits = "NVFP4", 4, 4
     weight_granularities = ("per_block",)
     act_granularities = ("per_block", "none")
-    act_dtype = "bf16"
 
-    def quantize(self, x, granularity, scale=None):
-        if scale is not None:
-            raise ValueError("nvfp4: block scales are always recomputed (no static scale)")
-        q = quantize_nvfp4(x)
-        return q.codes, q.element_scales()
-
-    def make_linear(self, weight, bias, quantizer: Quantizer, out_dtype, int8_kernel="auto") -> nn.Module:
-        return FakeQuantLinear(weight, bias, quantizer, out_dtype)
+    def block_quantize(self, x):
+        return quantize_nvfp4(x)

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.quant.linear import QuantLinear, native_bf16_matmul
-from bench.quant.minifloat import MiniFloat, round_to_minifloat
-from bench.quant.quantizers import FORMATS, Format, Quantizer, work_dtype
+from bench.quant.minifloat import MiniFloat, round_to_minifloat, work_dtype
+from bench.quant.quantizers import FORMATS, Format, Quantizer
 
 
 class Fp32Linear(QuantLinear):

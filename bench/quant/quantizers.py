@@ -24,22 +24,11 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from bench.registry import Registry
+from bench.registry import Registry, check_choice
 
 #: Every granularity `quantize` accepts; each format declares which it supports for weights and activations.
 GRANULARITIES = ("per_tensor", "per_channel", "per_token", "per_group", "per_block")
 NO_ACT_QUANT = "none"  # act_granularity of a weight-only format / setting (W8A16)
-
-
-def check_choice(what: str, value: object, valid: tuple | list) -> None:
-    """ValueError naming the bad value and listing the valid ones."""
-    if value not in valid:
-        raise ValueError(f"unknown {what} {value!r}; valid choices: {', '.join(map(str, valid))}")
-
-
-def work_dtype(x: torch.Tensor) -> torch.dtype:
-    """fp32, or fp64 when given fp64 (the numeric tests): never compute a scale in bf16."""
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def amax_scale(xf: torch.Tensor, qmax: float, granularity: str) -> torch.Tensor:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Optional, Protocol
+from typing import Any, Optional, Protocol, runtime_checkable
 
 import torch
 from omegaconf import MISSING
@@ -127,10 +127,25 @@ class Rollout:
         return int(self.response_mask.sum())
 
 
+@runtime_checkable
 class RolloutEngine(Protocol):
-    """What the trainer needs from a rollout engine."""
+    """What the trainer, the evaluation and the sampler read from a rollout engine: everything here, nothing else.
 
-    precision: str
+    A new engine is one module in bench/rollout/ with `@ENGINES.register("<name>", schema=<its RolloutConfig>)`
+    on a class that has every member below (tests/unit/test_engine_contract.py checks each registered engine).
+    """
+
+    precision: str  # the registered precision name the engine samples in (bench/quant)
+    eos_id: int | Sequence[int] | None  # a response ends after any of these ids (None: only at the length limit)
+    pad_id: int  # right-pads responses, left-pads prompts
+    max_len: int | None  # prompt + new tokens the engine may hold (None: unchecked); bench.rollout.base.response_budget
+    sampling_device: torch.device | str | None  # where a generator handed to `generate` belongs (None: the CPU)
+
+    @classmethod
+    def from_config(cls, cfg: Any, *, eos_id: int | Sequence[int] | None, pad_id: int, max_len: int | None,
+                    **overrides: Any) -> "RolloutEngine":
+        """The engine its registered config schema describes (bench.rollout.build_engine); `overrides` replace
+        config keys (e.g. precision="fp32" for the evaluation engine)."""
 
     def load_weights(self, model: torch.nn.Module) -> None:
         """Copy the trainer's current weights in; quantized engines recompute every scale here."""
@@ -147,3 +162,6 @@ class RolloutEngine(Protocol):
         generator: torch.Generator | None = None,
     ) -> Rollout:
         """Sample `n` responses for every prompt row (rows repeated in place, group-contiguous)."""
+
+    def release(self) -> None:
+        """Free what the engine holds between uses (the evaluation engine's copy of the policy); may do nothing."""

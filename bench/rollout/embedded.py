@@ -34,16 +34,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench.device import DTYPES
 from bench.quant.blockscale import KV_CACHE_DTYPES, fake_quant_kv
 from bench.quant.diagnostics import QuantErrors, layer_type
 from bench.quant.int8 import INT8_KERNELS
 from bench.quant.linear import make_linear, native_bf16_matmul, swap_linears
-from bench.quant.quantizers import Quantizer, check_choice
+from bench.quant.quantizers import Quantizer
+from bench.registry import check_choice
 from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams, token_ids
 
 FAST_FAMILIES = ("llama", "qwen2", "qwen3")
 BACKENDS = ("auto", "fast", "hf")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: Default KV-cache budget of one generate chunk, in token positions (sequences x (prompt + max new tokens)):
 #: 2^18 positions hold 3 GB of bf16 cache for Qwen2.5-0.5B, 7.5 GB for 1.5B, 38 GB for Qwen3-8B (fp32
 #: caches twice that), and every CPU preset's whole batch (64 x 64 positions) in one chunk.

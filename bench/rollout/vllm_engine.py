@@ -206,6 +206,8 @@ class VLLMEngine:
     llm_kwargs            passed to `vllm.LLM` as is (e.g. max_num_seqs, tensor_parallel_size)
     """
 
+    sampling_device = None  # per-request seeds are drawn on the host: a generator handed to `generate` is a CPU one
+
     def __init__(
         self,
         precision: str = "bf16",
@@ -392,6 +394,9 @@ class VLLMEngine:
     def apply_model(self, fn):
         """`fn(model)` on vLLM's model inside the worker (in-process here); returns its result."""
         return self.llm.apply_model(fn)[0]
+
+    def release(self) -> None:
+        """Nothing between uses: the engine keeps vLLM's model for the next sync (`close` drops it)."""
 
     def close(self) -> None:
         """Drop the engine and its temp dir (the process keeps vLLM's imported state). On a GPU the engine core is

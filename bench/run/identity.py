@@ -213,19 +213,13 @@ FINISHED_STATUSES = ("completed", "diverged")
 #:   eval/*     greedy test evaluation (eval/accuracy); eval sets: eval/<set>/<metric> (pass@k, avg@k, ...)
 #:   final/*    run.json summary of a completed run
 #:   critic/*   PPO's value model (algo.advantage=gae)  sampling/*  DAPO dynamic sampling / overlong counts
-NAMESPACES = ("reward", "train", "mismatch", "method", "quant", "time", "eval", "final", "critic", "sampling")
-#: Wall-clock keys: the only metrics that differ between two runs of the same config.
-TIME_KEYS = ("time/rollout_s", "time/sync_s", "time/recompute_s", "time/train_s", "time/step_s",
-             "time/rollout_tokens_per_s")
+#: The rows are written by bench/train.py (`step_metrics`, `evaluate`), mirrored as they are to W&B
+#: (bench/run/tracking.py) and read by analysis/; the keys of each namespace are written where they are computed.
 
 
 def method_metric(method: str, key: str) -> str:
-    """The namespace of an arm's own diagnostic: `method/<arm>/<key>`."""
+    """The name of an arm's own diagnostic, `method/<arm>/<key>`: the trainer writes it, the analysis reads it."""
     return f"method/{method}/{key}"
-
-
-def is_time_metric(key: str) -> bool:
-    return key.startswith("time/")
 
 
 # ----------------------------------------------------------------------------------------------- reading

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.tasks.base import TASKS, Example, Task, GeneratedTaskConfig, stable_seed, unique_examples
+from bench.tasks.base import TASKS, Example, GeneratedTask, GeneratedTaskConfig
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -38,7 +38,7 @@ class ArithmeticTaskConfig(GeneratedTaskConfig):
 
 
 @TASKS.register("arithmetic", schema=ArithmeticTaskConfig)
-class ArithmeticTask(Task):
+class ArithmeticTask(GeneratedTask):
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
@@ -62,13 +62,6 @@ class ArithmeticTask(Task):
             a, b = b, a
         return {"a": a, "b": b, "op": op, "answer": OPS[op](a, b)}
 
-    def _build_splits(self) -> dict[str, list[Example]]:
-        rng = random.Random(stable_seed(self.name, self.cfg.data_seed))
-        seen: set = set()
-        key = self.prompt
-        test = unique_examples(self._make, key, self.cfg.n_test, rng, seen)  # test first: stable under n_train
-        train = unique_examples(self._make, key, self.cfg.n_train, rng, seen)
-        return {"train": train, "test": test}
 
     def prompt(self, ex: Example) -> str:
         return f"{ex['a']}{ex['op']}{ex['b']}="

@@ -179,6 +179,23 @@ class Task(ABC):
         """1.0 if `completion` is a correct answer, 0.0 if it is wrong or malformed. Never raises."""
 
 
+
+class GeneratedTask(Task):
+    """A synthetic task (arithmetic, chain, countdown): the splits are drawn from `_make(rng)`, the test split
+    first (so it stays the same when n_train changes) and then the train split, disjoint by prompt, from one
+    stream seeded by (task name, task.data_seed). A subclass writes `_make`, `prompt`, `target` and `reward`."""
+
+    @abstractmethod
+    def _make(self, rng: random.Random) -> Example:
+        """One random problem."""
+
+    def _build_splits(self) -> dict[str, list[Example]]:
+        rng = random.Random(stable_seed(self.name, self.cfg.data_seed))
+        seen: set = set()
+        test = unique_examples(self._make, self.prompt, self.cfg.n_test, rng, seen)  # test first: stable under n_train
+        train = unique_examples(self._make, self.prompt, self.cfg.n_train, rng, seen)
+        return {"train": train, "test": test}
+
 def build_task(task_cfg: Any) -> Task:
     """The Task named by `task_cfg.name` (a schema instance built in code: the task registered with that schema).
     Unknown names fail listing the valid ones."""

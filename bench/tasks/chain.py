@@ -47,7 +47,7 @@ import string
 from dataclasses import dataclass
 from typing import Any
 
-from bench.tasks.base import TASKS, Example, GeneratedTaskConfig, Task, stable_seed, unique_examples
+from bench.tasks.base import TASKS, Example, GeneratedTask, GeneratedTaskConfig
 
 LABELS = string.ascii_lowercase + string.ascii_uppercase  # step labels, in order: at most 52 steps
 REWARD_MODES = ("exact", "final", "prefix")
@@ -67,7 +67,7 @@ class ChainTaskConfig(GeneratedTaskConfig):
 
 
 @TASKS.register("chain", schema=ChainTaskConfig)
-class ChainTask(Task):
+class ChainTask(GeneratedTask):
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
@@ -111,12 +111,6 @@ class ChainTask(Task):
         ex["answer"] = value
         return ex
 
-    def _build_splits(self) -> dict[str, list[Example]]:
-        rng = random.Random(stable_seed(self.name, self.cfg.data_seed))
-        seen: set = set()
-        test = unique_examples(self._make, self.prompt, self.cfg.n_test, rng, seen)  # test first: stable under n_train
-        train = unique_examples(self._make, self.prompt, self.cfg.n_train, rng, seen)
-        return {"train": train, "test": test}
 
     # ---- format -----------------------------------------------------------------------------------
     def _value(self, v: int) -> str:

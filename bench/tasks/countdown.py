@@ -9,118 +9,19 @@ Every generated instance is solvable: it is built from a random expression over 
 intermediate results are positive integers (the classic rules), and that expression is kept as `target`.
 The checker is more permissive than the generator: any exact rational arithmetic that hits the target counts.
 
-The checker never evaluates text as code: a tiny recursive-descent parser over integers, + - * / and
-parentheses, with exact `Fraction` arithmetic. Anything else (unary minus, names, calls, other operators,
-numbers not in the prompt, numbers used too often, division by zero) gives reward 0.
+The checker is the countdown reward's (bench/rewards.py: `countdown_check`), which never evaluates text as code.
 """
 
 from __future__ import annotations
 
 import random
-import re
-from collections import Counter
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any, Union
 
-from bench.tasks.base import TASKS, Example, Task, GeneratedTaskConfig, stable_seed, unique_examples
+from bench.rewards import countdown_check
+from bench.tasks.base import TASKS, Example, GeneratedTask, GeneratedTaskConfig
 
-MAX_COMPLETION_CHARS = 200  # longer is malformed: bounds the parser's work on garbage completions
-MAX_DEPTH = 32  # parenthesis nesting; bounds recursion
-
-_TOKEN = re.compile(r"\s*(?:(0|[1-9][0-9]*)|([-+*/()]))")
-_PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
-
-
-class Malformed(ValueError):
-    """The completion is not an expression of the allowed grammar."""
-
-
-# ---- checker ---------------------------------------------------------------------------------------
-
-
-def _tokenize(text: str) -> list[str]:
-    tokens, pos, end = [], 0, len(text.rstrip())
-    while pos < end:
-        m = _TOKEN.match(text, pos)
-        if m is None:
-            raise Malformed(f"unexpected character at {pos}: {text[pos:pos + 10]!r}")
-        tokens.append(m.group(1) or m.group(2))
-        pos = m.end()
-    return tokens
-
-
-class _Parser:
-    """expr := term (("+"|"-") term)* ; term := factor (("*"|"/") factor)* ; factor := INT | "(" expr ")" """
-
-    def __init__(self, tokens: list[str]):
-        self.tokens, self.i, self.numbers = tokens, 0, []
-
-    def peek(self) -> str | None:
-        return self.tokens[self.i] if self.i < len(self.tokens) else None
-
-    def take(self) -> str:
-        tok = self.peek()
-        if tok is None:
-            raise Malformed("unexpected end of expression")
-        self.i += 1
-        return tok
-
-    def expr(self, depth: int) -> Fraction:
-        value = self.term(depth)
-        while self.peek() in ("+", "-"):
-            op, rhs = self.take(), self.term(depth)
-            value = value + rhs if op == "+" else value - rhs
-        return value
-
-    def term(self, depth: int) -> Fraction:
-        value = self.factor(depth)
-        while self.peek() in ("*", "/"):
-            op, rhs = self.take(), self.factor(depth)
-            if op == "/" and rhs == 0:
-                raise ZeroDivisionError
-            value = value * rhs if op == "*" else value / rhs
-        return value
-
-    def factor(self, depth: int) -> Fraction:
-        tok = self.take()
-        if tok == "(":
-            if depth >= MAX_DEPTH:
-                raise Malformed("parentheses nested too deep")
-            value = self.expr(depth + 1)
-            if self.take() != ")":
-                raise Malformed("missing ')'")
-            return value
-        if tok.isdigit():
-            self.numbers.append(int(tok))
-            return Fraction(int(tok))
-        raise Malformed(f"unexpected token {tok!r}")
-
-
-def evaluate(text: str) -> tuple[Fraction, list[int]]:
-    """Value of the expression in `text` and the numbers it uses, in order.
-
-    Raises Malformed for anything outside the grammar and ZeroDivisionError for a division by zero.
-    """
-    if len(text) > MAX_COMPLETION_CHARS:
-        raise Malformed("completion too long")
-    parser = _Parser(_tokenize(text))
-    value = parser.expr(0)
-    if parser.peek() is not None:
-        raise Malformed(f"trailing token {parser.peek()!r}")
-    return value, parser.numbers
-
-
-def check(numbers: list[int], target: int, completion: str) -> bool:
-    """True iff `completion` is an expression over a sub-multiset of `numbers` equal to `target`."""
-    try:
-        value, used = evaluate(completion)
-    except (Malformed, ZeroDivisionError):
-        return False
-    if Counter(used) - Counter(numbers):  # some number unlisted or used more often than given
-        return False
-    return value == target
-
+_PREC = {"+": 1, "-": 1, "*": 2, "/": 2}  # the generator's printer: operator precedence
 
 # ---- generator -------------------------------------------------------------------------------------
 
@@ -179,7 +80,7 @@ class CountdownTaskConfig(GeneratedTaskConfig):
 
 
 @TASKS.register("countdown", schema=CountdownTaskConfig)
-class CountdownTask(Task):
+class CountdownTask(GeneratedTask):
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
@@ -196,12 +97,6 @@ class CountdownTask(Task):
             if value is not None:
                 return {"numbers": sorted(leaves), "target": value, "solution": format_tree(tree)}
 
-    def _build_splits(self) -> dict[str, list[Example]]:
-        rng = random.Random(stable_seed(self.name, self.cfg.data_seed))
-        seen: set = set()
-        test = unique_examples(self._make, self.prompt, self.cfg.n_test, rng, seen)
-        train = unique_examples(self._make, self.prompt, self.cfg.n_train, rng, seen)
-        return {"train": train, "test": test}
 
     def prompt(self, ex: Example) -> str:
         return " ".join(map(str, ex["numbers"])) + f">{ex['target']}:"
@@ -210,4 +105,4 @@ class CountdownTask(Task):
         return ex["solution"]
 
     def reward(self, ex: Example, completion: str) -> float:
-        return float(check(ex["numbers"], ex["target"], completion))
+        return float(countdown_check(ex["numbers"], ex["target"], completion))

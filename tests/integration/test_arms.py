@@ -1,4 +1,5 @@
-"""Every arm runs end to end on the embedded default (a few steps) with complete, finite metrics."""
+"""Every registered arm runs end to end on the embedded default (a few steps) with complete, finite metrics: the
+keys it declares (`Method.metric_keys`, beside its diagnostics) under method/<arm>/, each shared metric once."""
 
 from __future__ import annotations
 
@@ -8,31 +9,24 @@ import pytest
 
 from bench.launch.cli import execute
 from bench.run.store import RunDir
+from bench.methods.base import METHODS
 from bench.mismatch import MISMATCH_KEYS
+from bench.train import TRAIN_KEYS
 from tests.helpers import make_cfg
 
 pytestmark = pytest.mark.slow
 
-OWN_KEYS = {
-    "bf16": ["clipfrac", "ppo_kl"],
-    "naive": ["clipfrac", "ppo_kl"],
-    "naive_ppo_is": ["clipfrac", "ppo_kl"],
-    "tis": ["is_mean", "is_max", "is_frac_high", "is_ess", "clipfrac"],
-    "acr": ["frac_acr_active", "acr_upper_mean", "clipfrac_pos", "clipfrac_neg", "rho_max"],
-    "acr_uaq": ["frac_acr_active", "acr_upper_mean", "clipfrac_pos", "clipfrac_neg", "rho_max"],
-    "ess": ["ess_factor", "kl_behavioral", "approx_kl", "pi_loss", "clipfrac"],
-    "ais": ["alpha", "R", "B", "V", "c_mean", "c_var", "n"],
-    "icepop": ["masked_frac", "is_mean", "is_ess", "clipfrac"],
-    "seq_is_rs": ["is_mean", "is_frac_high", "is_frac_low", "is_ess", "seq_mean", "clipfrac"],
-    "geo_rs": ["seq_masked_frac", "geo_mean", "geo_min", "geo_max", "clipfrac"],
-    "opsm": ["seq_masked_frac", "seq_log_ratio_mean", "clipfrac"],
-    "fp16": ["clipfrac", "ppo_kl"],
-}
+def test_every_arm_declares_its_diagnostics_among_its_metric_keys():
+    for arm in METHODS.names():
+        cls = METHODS.get(arm)
+        assert set(cls.diagnostics) <= set(cls.metric_keys), arm
+        assert not set(cls.metric_keys) & set(TRAIN_KEYS), arm  # train/* holds those, once
 
 
-@pytest.mark.parametrize("arm", list(OWN_KEYS))
+@pytest.mark.parametrize("arm", METHODS.names())
 def test_arm_runs_with_complete_finite_metrics(tmp_path, arm):
     cfg = make_cfg(tmp_path, f"method={arm}")
+    declared = METHODS.get(arm).metric_keys
     assert execute(cfg) == "completed"
     run = RunDir.of(cfg)
     rows = run.metrics()
@@ -41,7 +35,9 @@ def test_arm_runs_with_complete_finite_metrics(tmp_path, arm):
         assert all(math.isfinite(v) for v in row.values()), row
         assert set(MISMATCH_KEYS) <= set(row)  # shared mismatch metrics: the same names for every arm
         own = {k.split("/", 2)[2] for k in row if k.startswith(f"method/{arm}/")}
-        assert set(OWN_KEYS[arm]) <= own, set(OWN_KEYS[arm]) - own
+        assert set(declared) <= own, set(declared) - own
+        assert not own & set(TRAIN_KEYS)  # clipfrac, ppo_kl, ...: written once per row, as train/*
+        assert {"train/clipfrac", "train/ppo_kl"} <= set(row)
         assert not any(k.startswith("method/") and not k.startswith(f"method/{arm}/") for k in row)
     if arm == "acr_uaq":
         assert run.info()["setup"]["uaq_scale"] == 1.5  # invariant scaling applied once, before training

@@ -281,7 +281,7 @@ def test_read_only_results_directory_is_one_line(tmp_path):
 @pytest.fixture(scope="module")
 def warm_model() -> str:
     """The built-in model's cached warm start: an ordinary HF model directory (model=hf model.path=...)."""
-    from bench.models.warmstart import warm_start_dir
+    from bench.warmstart import warm_start_dir
     from bench.tasks.base import build_task
 
     cfg = make_cfg(Path("/nonexistent"))

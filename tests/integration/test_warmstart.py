@@ -10,14 +10,19 @@ import time
 import pytest
 import torch
 
-import bench.models.warmstart as ws
+import bench.warmstart as ws
 from bench.models.load import ModelConfig
 from bench.tasks.arithmetic import ArithmeticTaskConfig
 from bench.tasks.countdown import CountdownTaskConfig
 from bench.models.load import load_policy
-from bench.models.warmstart import INFO_FILE, greedy_accuracy, warm_start_dir
+from bench.warmstart import INFO_FILE, greedy_accuracy, policy_path, warm_start_dir
 from bench.models.tokenizer import build_char_tokenizer
 from bench.tasks.base import build_task
+
+
+def load_built_in(cfg, task):
+    """The built-in model as build() loads it: the warm-start directory, then the ordinary loader."""
+    return load_policy(cfg, policy_path(cfg, task))
 
 
 def quick_cfg(tmp_path, **kw) -> ModelConfig:
@@ -44,7 +49,7 @@ def test_default_warm_start_is_in_the_rl_window(tmp_path, task_cfg):
     """Defaults give 10-60 % greedy test accuracy: RL groups then have both successes and failures."""
     task = build_task(task_cfg)
     t0 = time.perf_counter()
-    model, tok = load_policy(ModelConfig(cache_dir=str(tmp_path)), task)
+    model, tok = load_built_in(ModelConfig(cache_dir=str(tmp_path)), task)
     built_s = time.perf_counter() - t0
     acc = greedy_accuracy(model, tok, task)
     info = json.loads((warm_start_dir(ModelConfig(cache_dir=str(tmp_path)), task) / INFO_FILE).read_text())
@@ -56,7 +61,7 @@ def test_default_warm_start_is_in_the_rl_window(tmp_path, task_cfg):
 
 def test_second_call_hits_the_cache_with_identical_weights(tmp_path, small_task, monkeypatch):
     cfg = quick_cfg(tmp_path)
-    first, tok = load_policy(cfg, small_task)
+    first, tok = load_built_in(cfg, small_task)
     assert not first.training and first.dtype == torch.float32
     [built] = [p for p in (tmp_path / "warmstart").iterdir() if p.is_dir()]  # no temporary dir left over
     assert (built / INFO_FILE).is_file() and (built / "model.safetensors").is_file()
@@ -65,7 +70,7 @@ def test_second_call_hits_the_cache_with_identical_weights(tmp_path, small_task,
         raise AssertionError("cache miss: the warm start was trained again")
 
     monkeypatch.setattr(ws, "train_warm_start", no_training)
-    second, _ = load_policy(cfg, small_task)  # no_training above is the cache-hit check (no wall-time bound)
+    second, _ = load_built_in(cfg, small_task)  # no_training above is the cache-hit check (no wall-time bound)
     assert same_weights(weights(first), weights(second))
     # labels and locations are not part of the key; hyper-parameters are
     assert warm_start_dir(dataclasses.replace(cfg, name="renamed"), small_task) == built
@@ -76,9 +81,9 @@ def test_second_call_hits_the_cache_with_identical_weights(tmp_path, small_task,
 
 
 def test_warm_start_is_deterministic_across_cache_dirs(tmp_path, small_task):
-    a, _ = load_policy(quick_cfg(tmp_path / "a"), small_task)
-    b, _ = load_policy(quick_cfg(tmp_path / "b"), small_task)
-    c, _ = load_policy(quick_cfg(tmp_path / "c", warmstart_seed=1), small_task)
+    a, _ = load_built_in(quick_cfg(tmp_path / "a"), small_task)
+    b, _ = load_built_in(quick_cfg(tmp_path / "b"), small_task)
+    c, _ = load_built_in(quick_cfg(tmp_path / "c", warmstart_seed=1), small_task)
     assert same_weights(weights(a), weights(b))
     assert not same_weights(weights(a), weights(c))
 
@@ -154,9 +159,9 @@ def test_thread_count_comes_from_the_config_not_the_caller(tmp_path, small_task,
     caller = torch.get_num_threads()
     try:
         torch.set_num_threads(3)
-        a, _ = load_policy(quick_cfg(tmp_path / "a"), small_task)
+        a, _ = load_built_in(quick_cfg(tmp_path / "a"), small_task)
         torch.set_num_threads(1)
-        b, _ = load_policy(quick_cfg(tmp_path / "b", warmstart_threads=2), small_task)
+        b, _ = load_built_in(quick_cfg(tmp_path / "b", warmstart_threads=2), small_task)
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(caller)

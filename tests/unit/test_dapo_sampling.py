@@ -16,7 +16,7 @@ import torch
 from bench.dapo import soft_overlong_penalty
 from bench.models.tokenizer import encode_prompts
 from bench.rollout.base import Rollout, SamplingParams
-from bench.sampling import collect, concat_rollouts, truncated
+from bench.sampling import concat_rollouts, truncated
 from bench.train import Timer, build, train_step
 from tests.helpers import make_cfg
 
@@ -56,7 +56,7 @@ def test_truncated_means_no_eos_not_a_length():
 def test_without_dapo_knobs_a_step_samples_as_before(tmp_path):
     p = parts(tmp_path)
     state = p.generator.get_state()
-    sample = collect(p, 5, Timer())
+    sample = p.sampler.collect(5, Timer())
     p.generator.set_state(state)
     examples = p.task.sample(5, 32 // G, p.cfg.seed)
     ids, mask = encode_prompts(p.tokenizer, p.task, examples, p.prompt_format)
@@ -69,7 +69,7 @@ def test_without_dapo_knobs_a_step_samples_as_before(tmp_path):
 def test_dynamic_sampling_keeps_mixed_groups_refills_and_counts(tmp_path):
     p = parts(tmp_path, "algo.dynamic_sampling=true")
     state = p.generator.get_state()
-    sample = collect(p, 3, Timer())
+    sample = p.sampler.collect(3, Timer())
     g = groups(sample.scores)
     assert (g != g[:, :1]).any(1).all()  # no all-equal group left
     m = sample.metrics
@@ -80,13 +80,13 @@ def test_dynamic_sampling_keeps_mixed_groups_refills_and_counts(tmp_path):
         assert sample.rollout.batch_size == 32
     # the same step with the same generator state gives the same batch (resume exactness)
     p.generator.set_state(state)
-    again = collect(p, 3, Timer())
+    again = p.sampler.collect(3, Timer())
     assert torch.equal(again.rollout.response_ids, sample.rollout.response_ids) and again.metrics == m
 
 
 def test_round_cap_leaves_a_partial_batch(tmp_path):
     p = parts(tmp_path, "algo.dynamic_sampling=true", "algo.dynamic_sampling_max_rounds=1")
-    sample = collect(p, 3, Timer())
+    sample = p.sampler.collect(3, Timer())
     m = sample.metrics
     assert m["sampling/rounds"] == 1 and m["sampling/generated"] == 8
     assert m["sampling/cap_reached"] == 1.0 and sample.rollout.batch_size == G * m["sampling/kept"] < 32
@@ -109,7 +109,7 @@ def test_soft_overlong_penalty_and_overlong_filter(tmp_path):
     p = parts(tmp_path, "rollout.temperature=3.0", "algo.overlong_penalty=true", "algo.overlong_buffer_len=3",
               "algo.overlong_penalty_factor=0.5", "algo.overlong_filter=true")
     assert p.cfg.task.max_new_tokens == 6
-    sample = collect(p, 0, Timer())
+    sample = p.sampler.collect(0, Timer())
     lengths = sample.rollout.response_mask.sum(1)
     penalty = sample.rewards - sample.scores
     torch.testing.assert_close(penalty, soft_overlong_penalty(lengths, 6, 3, 0.5))

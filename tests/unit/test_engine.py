@@ -12,6 +12,7 @@ from bench.quant import plain
 from bench.quant.quantizers import FORMATS, Quantizer, fake_quant
 from bench.rollout import embedded
 from bench.models.logprobs import token_logprobs
+from bench.models.tokenizer import engine_ids
 from bench.rollout import SamplingParams, build_engine
 from bench.rollout.embedded import EmbeddedEngine
 from bench.rollout.embedded import EmbeddedRolloutConfig, fast_path_problem
@@ -241,13 +242,12 @@ def test_max_len_is_enforced(models):
 def test_build_engine_from_config():
     cfg = EmbeddedRolloutConfig(precision="fp8_e4m3", weight_granularity="per_tensor", quantize_lm_head=True)
     tok = type("Tok", (), {"eos_token_id": 5, "pad_token_id": None})()
-    engine = build_engine(cfg, tok)
+    engine = build_engine(cfg, **engine_ids(tok))
     assert isinstance(engine, EmbeddedEngine) and engine.precision == "fp8_e4m3"
     assert engine.quantizer.weight_granularity == "per_tensor" and engine.quantize_lm_head
     assert (engine.eos_id, engine.pad_id) == (5, 5)
     assert build_engine(EmbeddedRolloutConfig(precision="int8"), eos_id=3, pad_id=0).pad_id == 0
-    with_model = build_engine(EmbeddedRolloutConfig(precision="bf16"), tok, _build("qwen2"))
-    assert with_model.max_len == SMALL["max_position_embeddings"]
+    assert build_engine(EmbeddedRolloutConfig(precision="bf16"), eos_id=[5, 6], max_len=64).max_len == 64
     with pytest.raises(ValueError, match="'tpu'.*embedded, vllm"):
         build_engine(EmbeddedRolloutConfig(engine="tpu", precision="bf16"))
     with pytest.raises(ValueError, match="'fp3'.*valid choices: .*bf16, .*fp8_e4m3, .*int8"):

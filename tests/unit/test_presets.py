@@ -18,7 +18,7 @@ from bench.config import validate
 from bench.run.identity import RunId, parse_run_path, run_path
 from bench.models.load import load_policy
 from bench.models.logprobs import token_logprobs
-from bench.models.tokenizer import PromptFormat, encode_prompts, stop_token_ids
+from bench.models.tokenizer import PromptFormat, encode_prompts, engine_ids, stop_token_ids
 from bench.rollout import build_engine
 from bench.rollout.base import SamplingParams
 from bench.run.store import RunDir
@@ -75,7 +75,7 @@ def test_preset_without_a_local_copy_offline_names_the_hub_id():
     if os.environ.get("HF_HUB_OFFLINE") != "1":
         pytest.skip("the hub may be reachable")
     try:
-        load_policy(cfg.model, task=None)
+        load_policy(cfg.model)
     except OSError as err:
         assert "model 'Qwen/Qwen2.5-0.5B-Instruct' not found locally and the hub is offline" in str(err)
         assert "pass a local directory" in str(err)
@@ -93,11 +93,11 @@ def test_family_model_loads_through_its_preset_generates_and_matches_teacher_for
     local = save_chat_model(family, tmp_path / family)
     cfg = compose_cfg(f"model={FAMILY_PRESET[family]}", f"model.path={local}", "model.max_length=512")
     validate(cfg)
-    model, tok = load_policy(cfg.model, gsm8k)
+    model, tok = load_policy(cfg.model)
     assert model.config.model_type == family and model.dtype == torch.float32 and not model.training
     if family == "qwen2":  # the qwen2.5-math preset adds <|im_end|> to the base model's stop ids
         assert tok.convert_tokens_to_ids("<|im_end|>") in stop_token_ids(tok, model)
-    engine = build_engine(cfg.rollout, tok, model, max_len=512, precision="fp32")
+    engine = build_engine(cfg.rollout, **engine_ids(tok, model), max_len=512, precision="fp32")
     assert sorted(engine.stop_ids.tolist()) == sorted(stop_token_ids(tok, model))
     assert len(engine.stop_ids) >= 2  # several EOS ids from generation_config
     engine.load_weights(model)
@@ -117,7 +117,7 @@ def test_model_path_overrides_a_presets_hub_id_with_a_local_copy(tmp_path, gsm8k
     local = save_chat_model("qwen3", tmp_path / "Qwen3-1.7B")
     cfg = compose_cfg("model=qwen3-1.7b", f"model.path={local}", "model.max_length=256",
                       "+model.chat_template_kwargs.enable_thinking=false")
-    model, tok = load_policy(cfg.model, gsm8k)
+    model, tok = load_policy(cfg.model)
     ids, mask = encode_prompts(tok, gsm8k, gsm8k.examples("test")[:1], PromptFormat.from_config(cfg.model))
     assert tok.decode(ids[0, mask[0]]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert Path(model.name_or_path) == local

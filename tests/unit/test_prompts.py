@@ -15,6 +15,7 @@ from bench.models.tokenizer import (
     build_char_tokenizer,
     decode_responses,
     encode_prompts,
+    engine_ids,
     prompt_text,
     stop_token_ids,
     uses_chat_template,
@@ -115,7 +116,7 @@ def test_stop_ids_are_every_eos_of_tokenizer_and_generation_config(chat):
     model, tok = chat["llama"]
     ids = tok.convert_tokens_to_ids
     assert stop_token_ids(tok, model) == [ids("<|eot_id|>"), ids("<|end_of_text|>"), ids("<|eom_id|>")]
-    engine = build_engine(EmbeddedRolloutConfig(precision="fp32"), tok, model)
+    engine = build_engine(EmbeddedRolloutConfig(precision="fp32"), **engine_ids(tok, model))
     assert sorted(engine.stop_ids.tolist()) == sorted(stop_token_ids(tok, model))
     assert engine.pad_id == tok.pad_token_id == ids("<|eot_id|>")
 

@@ -11,8 +11,9 @@ from bench.tasks.arithmetic import ArithmeticTaskConfig
 from bench.tasks.countdown import CountdownTaskConfig
 from bench.tasks.jsonl import JsonlTaskConfig
 from bench.tasks.arithmetic import ArithmeticTask
-from bench.tasks.base import build_task
-from bench.tasks.countdown import CountdownTask, check, evaluate, format_tree
+from bench.tasks.base import TASKS, GeneratedTask, build_task
+from bench.rewards import countdown_check as check, countdown_evaluate as evaluate
+from bench.tasks.countdown import CountdownTask, format_tree
 from bench.tasks.jsonl import JsonlTask
 
 SMALL = dict(n_train=300, n_test=50)
@@ -24,6 +25,14 @@ def arithmetic(**kw) -> ArithmeticTask:
 
 def countdown(**kw) -> CountdownTask:
     return CountdownTask(CountdownTaskConfig(**{**SMALL, **kw}))
+
+
+#: every registered synthetic task: a new one gets the split and reward properties below without editing a list
+GENERATED = [n for n in TASKS.names() if issubclass(TASKS.get(n), GeneratedTask)]
+
+
+def generated(name: str, **kw) -> GeneratedTask:
+    return build_task(TASKS.schema(name)(name=name, **{**SMALL, **kw}))
 
 
 def write_jsonl(path, rows) -> str:
@@ -203,9 +212,9 @@ def test_jsonl_non_numeric_answer_is_a_clear_error(tmp_path):
 # ---- splits and sampling (all tasks) -----------------------------------------------------------------
 
 
-@pytest.fixture(params=["arithmetic", "countdown", "jsonl"])
+@pytest.fixture(params=[*GENERATED, "jsonl"])
 def any_task(request, jsonl_task):
-    return {"arithmetic": arithmetic, "countdown": countdown, "jsonl": lambda: jsonl_task}[request.param]()
+    return jsonl_task if request.param == "jsonl" else generated(request.param)
 
 
 def test_right_answer_gets_one_and_garbage_gets_zero(any_task):
@@ -221,16 +230,20 @@ def test_train_and_test_are_disjoint(any_task):
     assert len(test) == len(set(test))
 
 
-@pytest.mark.parametrize("make", [arithmetic, countdown])
-def test_splits_are_a_function_of_data_seed(make):
-    a, b, c = make(), make(), make(data_seed=99)
+def test_the_synthetic_tasks_are_found_in_the_registry():
+    assert {"arithmetic", "chain", "countdown"} <= set(GENERATED) and "jsonl" not in GENERATED
+
+
+@pytest.mark.parametrize("name", GENERATED)
+def test_splits_are_a_function_of_data_seed(name):
+    a, b, c = generated(name), generated(name), generated(name, data_seed=99)
     assert a.examples("train") == b.examples("train") and a.examples("test") == b.examples("test")
     assert a.examples("test") != c.examples("test")
 
 
-@pytest.mark.parametrize("make", [arithmetic, countdown])
-def test_test_split_does_not_depend_on_n_train(make):
-    assert make(n_train=100).examples("test") == make(n_train=200).examples("test")
+@pytest.mark.parametrize("name", GENERATED)
+def test_test_split_does_not_depend_on_n_train(name):
+    assert generated(name, n_train=100).examples("test") == generated(name, n_train=200).examples("test")
 
 
 def test_sample_is_a_pure_function_of_seed_and_step(any_task):

@@ -22,7 +22,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from omegaconf import DictConfig
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 from bench.models.tokenizer import PromptFormat, prompt_text
+from bench.tasks.base import Task
 
 #: a prompt is tokenized in full only up to this many characters per token of its budget: beyond, a prefix that
 #: already exceeds the budget proves it too long without tokenizing megabytes (a 5 MB line: ~30 s)
@@ -60,19 +64,18 @@ def load_splits(task: Any, eval_sets: dict[str, Any]) -> dict[tuple[str, str], l
     return splits
 
 
-def check_inputs(parts: Any) -> None:
-    """After `build`: the prompts' lengths for a loaded model (the built-in one was checked by `check_data`);
-    `parts` is bench.train.Parts."""
-    cfg = parts.cfg
+def check_inputs(cfg: DictConfig, task: Task, eval_sets: dict[str, Task], policy: PreTrainedModel,
+                 tokenizer: PreTrainedTokenizerBase, fmt: PromptFormat) -> None:
+    """After `build` (bench.train.Parts holds every argument): the prompts' lengths for a loaded model (the
+    built-in one was checked by `check_data`)."""
     if cfg.model.path is None:
         return
-    context = getattr(getattr(parts.policy, "config", None), "max_position_embeddings", None)
+    context = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
     if cfg.model.get("max_length"):
         context = int(cfg.model.max_length)
     if context:
-        splits = load_splits(parts.task, parts.eval_sets)  # cached on the tasks: no second read
-        check_all_prompts(parts.task, parts.eval_sets, splits, parts.tokenizer, parts.prompt_format,
-                          int(cfg.task.max_new_tokens), int(context))
+        splits = load_splits(task, eval_sets)  # cached on the tasks: no second read
+        check_all_prompts(task, eval_sets, splits, tokenizer, fmt, int(cfg.task.max_new_tokens), int(context))
 
 
 def check_all_prompts(task: Any, eval_sets: dict[str, Any], splits: dict[tuple[str, str], list], tokenizer: Any,

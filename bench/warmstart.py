@@ -73,6 +73,12 @@ def cache_key(model_cfg: Any, task: Task, tokenizer: PreTrainedTokenizerBase) ->
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def policy_path(model_cfg: Any, task: Task) -> str:
+    """Where the policy's weights are: `model.path`, or for the built-in model (`model.path: null`) its
+    warm-start directory for `task`, built first if it is missing."""
+    return str(model_cfg.path) if model_cfg.path is not None else str(warm_start_dir(model_cfg, task))
+
+
 def warm_start_dir(model_cfg: Any, task: Task) -> Path:
     """The cached warm-start directory for (model_cfg, task), built first if it is missing."""
     tokenizer = build_char_tokenizer(model_cfg.max_position_embeddings)

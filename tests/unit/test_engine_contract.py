@@ -1,0 +1,77 @@
+"""Every registered rollout engine has every member of the RolloutEngine protocol (bench/rollout/base.py), with
+the protocol's parameters: a new engine is checked here without editing a list.
+
+Engines whose package is missing here (vLLM on a machine without it) are checked from their class and the
+`self.<name> = ...` assignments of their source, without building one.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+import pytest
+
+from bench.rollout import build_engine
+from bench.rollout.base import ENGINES, RolloutEngine
+
+METHODS = sorted(n for n, v in vars(RolloutEngine).items() if callable(v) or isinstance(v, classmethod)
+                 if not n.startswith("_"))
+ATTRIBUTES = sorted(RolloutEngine.__annotations__)
+
+
+def test_the_protocol_states_what_the_code_reads():
+    assert set(METHODS) == {"from_config", "load_weights", "quant_metrics", "generate", "release"}
+    assert set(ATTRIBUTES) == {"precision", "eos_id", "pad_id", "max_len", "sampling_device"}
+
+
+def assigned_attributes(cls: type) -> set[str]:
+    """Names the class sets on its instances (`self.x = ...`, tuples too) or defines in its body."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    names = set(vars(cls))
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        for target in targets:
+            for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                    names.add(t.attr)
+    return names
+
+
+def params(fn) -> list[tuple[str, object]]:
+    return [(p.name, p.kind) for p in inspect.signature(fn).parameters.values() if p.name not in ("self", "cls")]
+
+
+@pytest.mark.parametrize("name", ENGINES.names())
+def test_registered_engine_has_the_protocol(name):
+    cls = ENGINES.get(name)
+    missing = [m for m in METHODS + ATTRIBUTES if m not in assigned_attributes(cls)]
+    assert missing == [], f"engine {name!r} ({cls.__name__}) lacks {missing}"
+    assert isinstance(inspect.getattr_static(cls, "from_config"), classmethod)
+    for method in METHODS:
+        want = params(getattr(RolloutEngine, method))
+        got = params(getattr(cls, method))
+        assert got[:len(want)] == want, f"{cls.__name__}.{method}{got} does not take {want}"
+
+
+@pytest.mark.parametrize("name", ENGINES.names())
+def test_registered_engine_built_from_its_config_is_an_engine(name):
+    schema = ENGINES.schema(name)
+    try:
+        engine = build_engine(schema(engine=name, precision="fp32"), eos_id=2, pad_id=0, max_len=64)
+    except ImportError as e:  # an optional engine whose package is not installed here
+        pytest.skip(f"{name}: {e}")
+    assert isinstance(engine, RolloutEngine)
+    assert (engine.eos_id, engine.pad_id, engine.max_len, engine.precision) == (2, 0, 64, "fp32")
+
+
+def test_a_class_missing_a_member_fails_the_check():
+    class NoMaxLen:
+        precision, eos_id, pad_id, sampling_device = "bf16", 2, 0, None
+
+        def __init__(self):
+            self.other = 1
+
+    assert "max_len" not in assigned_attributes(NoMaxLen)
+    assert not isinstance(NoMaxLen(), RolloutEngine)
