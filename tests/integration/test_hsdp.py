@@ -1,6 +1,8 @@
 """HSDP across nodes: the device mesh of a run spanning nodes is (nodes, ranks per node), replicate x shard, and
-the summed gradient over it is the one-process gradient. Four gloo ranks on this machine stand in for 2 nodes x 2
-(LOCAL_WORLD_SIZE=2 is what torchrun and submitit export on each of two nodes of 2)."""
+the gradient summed over it (micro-batches reduce-scattered within a node, all-reduced across nodes once) is the
+one-process gradient. Four gloo ranks on this machine stand in for 2 nodes x 2
+(LOCAL_WORLD_SIZE=2 is what torchrun and submitit export on each of two nodes of 2). The same ranks check the
+stream of whole weights a vLLM engine per rank is fed (bench/rollout/vllm_engine.py `whole_weights`)."""
 
 from __future__ import annotations
 
@@ -48,10 +50,16 @@ def two_nodes_of_two() -> dict:
     ids = torch.randint(0, 32, (8, 6), generator=torch.Generator().manual_seed(1))
     reference = {n: g for n, g in zip([n for n, _ in model.named_parameters()],
                                       torch.autograd.grad(loss_of(model, ids), list(model.parameters())))}
+    state = {n: t.clone() for n, t in model.state_dict().items()}
     distributed.shard(model)
     mesh = next(model.parameters()).device_mesh
+    from bench.rollout.vllm_engine import whole_weights  # what a vLLM engine per rank is streamed
+
+    streamed = list(whole_weights(model))
+    assert [n for n, _ in streamed] == list(state) and all(torch.equal(t, state[n]) for n, t in streamed)
     rows = ids.tensor_split(4)[distributed.rank()]
-    loss_of(model, rows).backward()
+    for s in distributed.accumulating(model, [slice(0, 1), slice(1, 2)]):  # two micro-batches, one all-reduce
+        loss_of(model, rows[s]).backward()
     worst = max(float((p.grad.full_tensor() - reference[n]).abs().max()) for n, p in model.named_parameters())
     return {"shape": tuple(mesh.shape), "dims": mesh.mesh_dim_names, "worst": worst,
             "placements": [type(pl).__name__ for pl in next(model.parameters()).placements]}
