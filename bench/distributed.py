@@ -371,6 +371,25 @@ def tensor_states(p: Any) -> dict[str, Any]:
     return states
 
 
+def optimizers(p: Any) -> dict[str, torch.optim.Optimizer]:
+    """The run's optimizers by the key their states have in `tensor_states`."""
+    critic = getattr(p.advantage, "critic", None)
+    return {"optimizer": p.optimizer, **({"critic": critic.optimizer} if critic is not None else {})}
+
+
+def unstepped(p: Any) -> list[str]:
+    """The optimizers that have not stepped yet (no state: e.g. dynamic sampling kept no group so far)."""
+    return [k for k, o in optimizers(p).items() if not o.state]
+
+
+def forget_states(p: Any, keys: list[str]) -> None:
+    """Give back their empty state to optimizers `tensor_states` initialized (its zero-learning-rate step leaves
+    AdamW states at step 1, which the next real step's bias correction would see): the run goes on exactly as
+    if never checkpointed."""
+    for k in keys:
+        optimizers(p)[k].state.clear()
+
+
 def set_tensor_states(p: Any, states: dict[str, Any]) -> None:
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
@@ -402,13 +421,15 @@ def save_checkpoint(run_path: Path, p: Any, extra: dict[str, Any], step: int) ->
         shutil.rmtree(tmp, ignore_errors=True)  # a stale one of a killed attempt at the same step
         tmp.mkdir(parents=True)
     dist.barrier()
+    fresh = unstepped(p)
     dcp.save(tensor_states(p), checkpoint_id=tmp)
+    forget_states(p, fresh)
     dist.barrier()
     error = None
     if rank() == 0:
         try:
             critic = getattr(p.advantage, "critic", None)
-            extra = {**extra, "world_size": world_size(),
+            extra = {**extra, "world_size": world_size(), "unstepped": fresh,
                      "critic_grad_scaler": None if critic is None else critic.compute.state_dict()}
             with open(tmp / DCP_EXTRA, "wb") as f:
                 torch.save(extra, f)
@@ -437,6 +458,7 @@ def load_checkpoint(p: Any, ckpt: dict[str, Any]) -> None:
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
         dcp.load(states, checkpoint_id=ckpt["dcp"])
     set_tensor_states(p, states)
+    forget_states(p, ckpt.get("unstepped", []))
     critic = getattr(p.advantage, "critic", None)
     if critic is not None:
         critic.compute.load_state_dict(ckpt.get("critic_grad_scaler") or {})

@@ -124,3 +124,41 @@ def test_dcp_directory_commit_is_atomic_and_loads_without_a_process_group(tmp_pa
         run.load_checkpoint()
     run.drop_checkpoint()
     assert not list((run.path / "ckpt").iterdir())
+
+
+def test_tensor_states_round_trip_and_an_unstepped_optimizer_stays_unstepped(tmp_path):
+    """The DCP state dicts of a run, saved and read back by one process (no process group, as a 2 -> 1 resume
+    reads them): weights and AdamW moments come back exactly. An optimizer that has not stepped yet (dynamic
+    sampling kept no group) is given back its empty state after the save and after the load, so that its next
+    step's bias correction is the uninterrupted run's."""
+    from types import SimpleNamespace
+
+    import torch.distributed.checkpoint as dcp
+
+    from bench import distributed
+
+    def run_parts(seed: int) -> SimpleNamespace:
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+        return SimpleNamespace(policy=model, optimizer=torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1),
+                               ref_policy=None, advantage=SimpleNamespace())
+
+    p = run_parts(0)
+    before = [t.clone() for t in p.policy.parameters()]
+    fresh = distributed.unstepped(p)
+    dcp.save(distributed.tensor_states(p), checkpoint_id=tmp_path / "a")
+    distributed.forget_states(p, fresh)
+    assert fresh == ["optimizer"] and not p.optimizer.state
+    assert all(torch.equal(a, b) for a, b in zip(before, p.policy.parameters()))  # the zero-lr step moved nothing
+
+    p.policy(torch.randn(5, 4)).sum().backward()
+    p.optimizer.step()
+    dcp.save(distributed.tensor_states(p), checkpoint_id=tmp_path / "b")
+    q = run_parts(1)
+    distributed.load_checkpoint(q, {"dcp": str(tmp_path / "b"), "unstepped": []})
+    assert all(torch.equal(a, b) for a, b in zip(p.policy.parameters(), q.policy.parameters()))
+    for a, b in zip(p.optimizer.state.values(), q.optimizer.state.values()):
+        assert all(torch.equal(a[k], b[k]) for k in ("exp_avg", "exp_avg_sq", "step"))
+    r = run_parts(2)
+    distributed.load_checkpoint(r, {"dcp": str(tmp_path / "a"), "unstepped": ["optimizer"]})
+    assert not r.optimizer.state and all(torch.equal(a, b) for a, b in zip(before, r.policy.parameters()))
