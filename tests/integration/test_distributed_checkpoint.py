@@ -61,7 +61,7 @@ def test_kill_9_of_one_rank_ends_the_run_and_the_relaunch_resumes_identically(tm
     assert ckpt["world_size"] == 2 and 1 <= ckpt["step"] <= 2
 
     again = launch(tmp_path / "two", "sweep=kill", "train.nproc_per_node=2")
-    _, err = again.communicate(timeout=300)
+    _, err = again.communicate(timeout=900)
     assert again.returncode == 0, err[-3000:]
     assert f"resuming from step {ckpt['step']} (ckpt/last.dcp)" in err
     assert not list(run.path.glob("ckpt/*.tmp*"))
@@ -86,7 +86,7 @@ def test_one_process_checkpoint_resumes_on_two_processes(tmp_path):
     run.update_info(status="failed")  # as if it had died during step 2
 
     two = launch(tmp_path, *args[len(ARGS):], "train.resume_from=previous", "train.nproc_per_node=2")
-    _, err = two.communicate(timeout=300)
+    _, err = two.communicate(timeout=900)
     assert two.returncode == 0, err[-3000:]
     assert "resuming from step 2 (ckpt/prev.pt)" in err
     assert run.ckpt_file.name == "last.dcp" and run.load_checkpoint()["world_size"] == 2
