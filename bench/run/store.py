@@ -4,11 +4,13 @@
         config.yaml    resolved config            run.json     status, reason, config hash, versions, host, git sha, wandb id
         metrics.jsonl  one line per training step eval.jsonl   one line per evaluation
         ckpt/last.pt   model + optimizer + RNG + step (for resume); ckpt/prev.pt the one before it
+        ckpt/last.dcp/ the same, written by several processes (bench/distributed.py): a torch.distributed.checkpoint
+                       directory (every rank its shards) plus extra.pt (step, RNG, scaler); ckpt/prev.dcp/ likewise
         .lock          held while a process owns the run (two processes never write one run dir)
         run.log        a sweep job's own output (bench/launch/sweep_pool.py)
 
-Every write is append-only or atomic (write to a temp file, then rename), so a crash never loses metrics
-already written and never leaves a half-written checkpoint. A write that fails (full disk) removes its
+Every write is append-only or atomic (write to a temp file or directory, then rename), so a crash never loses
+metrics already written and never leaves a half-written checkpoint. A write that fails (full disk) removes its
 temporary file; temporaries left by a killed process are removed by `clean_temporaries` on the next start.
 Nothing here deletes a readable row: unreadable lines are moved to `<file>.bad-<time>` (`set_aside_bad_lines`).
 """
@@ -20,6 +22,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -45,10 +48,16 @@ from bench.run.identity import (
     read_jsonl,
 )
 
+#: a sharded checkpoint's directory: ckpt/last.dcp, ckpt/prev.dcp (the one-process form is ckpt/last.pt)
+DCP_SUFFIX = ".dcp"
+#: inside it, what is not a tensor state: step, RNG states, loss scaler, world size (torch.save, rank 0)
+DCP_EXTRA = "extra.pt"
+
 TRACKED_PACKAGES = ("torch", "transformers", "datasets", "hydra-core", "omegaconf", "submitit", "wandb", "qrl-bench")
 
 
-#: temporaries of `_atomic_write` and `save_checkpoint`: <name>.tmp<pid>
+#: temporaries of `_atomic_write` and `save_checkpoint` (<name>.tmp<pid>), and of a sharded checkpoint's
+#: directory (last.dcp.tmp<step>, bench/distributed.py)
 TMP_SUFFIX = re.compile(r"\.tmp\d+$")
 
 
@@ -132,8 +141,20 @@ class RunDir:
         self.metrics_file = self.path / METRICS_FILE
         self.eval_file = self.path / EVAL_FILE
         self.info_file = self.path / INFO_FILE
-        self.ckpt_file = self.path / CKPT_DIR / "last.pt"
-        self.prev_ckpt_file = self.path / CKPT_DIR / "prev.pt"
+
+    # A checkpoint is a file (one process: last.pt) or a DCP directory (several: last.dcp); only one of the two
+    # forms exists at a time (`commit_checkpoint` rotates whichever is there), and these name the one that does.
+    @property
+    def ckpt_file(self) -> Path:
+        return self._checkpoint("last")
+
+    @property
+    def prev_ckpt_file(self) -> Path:
+        return self._checkpoint("prev")
+
+    def _checkpoint(self, which: str) -> Path:
+        sharded = self.path / CKPT_DIR / f"{which}{DCP_SUFFIX}"
+        return sharded if sharded.is_dir() else self.path / CKPT_DIR / f"{which}.pt"
 
     @classmethod
     def of(cls, cfg: Any) -> "RunDir":
@@ -288,16 +309,17 @@ class RunDir:
         for folder in (self.path, self.path / CKPT_DIR):
             if folder.is_dir():
                 for f in folder.iterdir():
-                    if f.is_file() and TMP_SUFFIX.search(f.name):
-                        f.unlink(missing_ok=True)
+                    if TMP_SUFFIX.search(f.name):
+                        _remove(f)
                         removed.append(f)
         return removed
 
     def reset(self) -> None:
         """Forget the run (train.overwrite=true): metrics, evals, checkpoints and run.json go; the W&B
         offline directories of earlier attempts stay (they are W&B runs of their own)."""
-        for f in (self.metrics_file, self.eval_file, self.info_file, self.ckpt_file, self.prev_ckpt_file):
+        for f in (self.metrics_file, self.eval_file, self.info_file):
             f.unlink(missing_ok=True)
+        self.drop_checkpoint()
 
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self, state: dict[str, Any]) -> None:
@@ -310,9 +332,7 @@ class RunDir:
                 torch.save(state, f)
                 f.flush()
                 os.fsync(f.fileno())
-            if self.ckpt_file.exists():
-                os.replace(self.ckpt_file, self.prev_ckpt_file)
-            os.replace(tmp, self.ckpt_file)
+            self.commit_checkpoint(tmp)
         except BaseException as e:
             tmp.unlink(missing_ok=True)
             cause = root_os_error(e)
@@ -320,20 +340,54 @@ class RunDir:
                 raise OSError(cause.errno, cause.strerror or os.strerror(cause.errno), str(self.ckpt_file)) from e
             raise
 
+    def commit_checkpoint(self, new: Path) -> None:
+        """Make `new` (a complete checkpoint file, or DCP directory, beside ckpt/last.*) the last checkpoint; the
+        last one becomes the previous one, in its own form, and the previous one goes. Each step is a rename, so
+        a kill at any point leaves last, or prev, or both, whole (the old prev is moved aside first, then removed)."""
+        folder = self.path / CKPT_DIR
+        aside = []
+        for old in (folder / "prev.pt", folder / f"prev{DCP_SUFFIX}"):
+            if old.exists():
+                aside.append(old.with_name(f"{old.name}.tmp{os.getpid()}"))
+                os.replace(old, aside[-1])
+        last = self.ckpt_file
+        if last.exists():
+            os.replace(last, last.with_name("prev" + last.name[len("last"):]))
+        os.replace(new, folder / ("last" + (DCP_SUFFIX if new.is_dir() else ".pt")))
+        for old in aside:
+            _remove(old)
+
     def load_checkpoint(self, path: Path | None = None) -> dict[str, Any] | None:
-        """The checkpoint at `path` (default ckpt/last.pt), None when there is none; CheckpointError when
-        the file exists but cannot be read."""
+        """The checkpoint at `path` (default ckpt/last.*), None when there is none; CheckpointError when it
+        exists but cannot be read. A DCP directory gives its extra.pt with `dcp` = its path: the tensor states
+        are read by every rank into its own shards when the run is restored (bench/distributed.py)."""
         path = path or self.ckpt_file
         if not path.exists():
             return None
+        if path.is_dir():
+            try:
+                if not (path / ".metadata").is_file():
+                    raise FileNotFoundError(f"no .metadata in {path}")
+                return {**torch.load(path / DCP_EXTRA, map_location="cpu", weights_only=False), "dcp": str(path)}
+            except Exception as e:  # noqa: BLE001
+                raise CheckpointError(path, e) from e
         try:  # onto the CPU: a checkpoint written on a GPU must load anywhere; restore() moves tensors to the run's device
             return torch.load(path, map_location="cpu", weights_only=False)
         except Exception as e:  # noqa: BLE001 -- torch raises EOFError, UnpicklingError, RuntimeError...
             raise CheckpointError(path, e) from e
 
     def drop_checkpoint(self) -> None:
-        self.ckpt_file.unlink(missing_ok=True)
-        self.prev_ckpt_file.unlink(missing_ok=True)
+        for which in ("last", "prev"):
+            for form in (".pt", DCP_SUFFIX):
+                _remove(self.path / CKPT_DIR / f"{which}{form}")
+
+
+def _remove(path: Path) -> None:
+    """Delete a file or a directory tree (a DCP checkpoint); nothing when it is not there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def root_os_error(err: BaseException | None) -> OSError | None:

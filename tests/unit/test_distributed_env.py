@@ -93,3 +93,15 @@ def test_resume_at_another_world_size_warns_only_without_sampling_shards(clean_e
     assert distributed.resume_note({"step": 3, "world_size": 2}, fixed) is None  # the blocks do not depend on it
     assert distributed.resume_note({"step": 3}, per_rank) is None  # a one-process checkpoint, resumed by one
     assert distributed.resume_note(None, per_rank) is None
+
+
+@pytest.mark.parametrize("engine, device, world, blocks, error", [
+    ("embedded", "cpu", 2, 2, None), ("vllm", "cuda", 8, 8, None), ("vllm", "cuda", 8, 16, None),
+    ("vllm", "cpu", 2, 2, "one vLLM engine per GPU"), ("vllm", "cuda", 8, 4, "multiple of 8"),
+    ("hf", "cuda", 2, 2, "rollout=hf with 2 processes is not supported")])
+def test_rollout_engines_a_multi_process_run_can_use(engine, device, world, blocks, error):
+    if error is None:
+        distributed.check_engine(engine, device, world, blocks)
+    else:
+        with pytest.raises(ValueError, match=error):
+            distributed.check_engine(engine, device, world, blocks)

@@ -61,6 +61,37 @@ def test_every_paper_recipe_fits_its_gpus(name):
     assert cfg.train.micro_batch_size is not None and cfg.train.micro_batch_tokens is not None
 
 
+@pytest.mark.parametrize("name, ranks, row", [("qurl_table2", 8, "task=dapo_math"), ("ais_table3", 8, "task=gsm8k")])
+def test_7b_8b_recipes_per_gpu_estimate_divides_the_states_by_the_fsdp_shards(name, ranks, row):
+    """Item 5 of the scale-out issue: one run on the recipe's GPUs, one rank each; the sharded states (trainer,
+    snapshot) are 1/ranks of one process's, the engine is whole on every rank, and the weight sync gathers the
+    whole fp32 model. On one process the run does not fit an 80 GB GPU; sharded it does."""
+    cfg = recipe(name, "method=bf16", row)
+    alone = estimate_memory(recipe(name, "method=bf16", row, "train.nproc_per_node=1", "budget.gpus=1"))
+    est = estimate_memory(cfg)
+    P = model_shape(cfg.model).params
+    assert cfg.train.nproc_per_node == cfg.budget.gpus == ranks and est.gpus == ranks and est.launched
+    assert est.parts["trainer states"] == pytest.approx(16 * P / ranks / GB)
+    for part in ("trainer states", "update snapshot", "autocast copies"):
+        assert est.parts[part] * ranks == pytest.approx(alone.parts[part])
+    assert est.parts["rollout engine"] == alone.parts["rollout engine"]
+    assert est.phases["weight sync"] == pytest.approx(4 * P / GB) and "weight sync" not in alone.phases
+    assert not alone.fits and est.fits and alone.peak - est.peak > 50
+    assert est.tight and "TIGHT" in est.line() and f"FSDP2 over {ranks} ranks" in est.line()  # bf16 engine: 91-93 %
+    int8 = estimate_memory(recipe(name, "method=tis", row))
+    assert int8.fits and not int8.tight  # the 8-bit engine leaves ~15 GB
+
+
+def test_dry_run_names_the_tight_jobs_and_the_ranks(capsys, tmp_path):
+    assert dry_run(["+experiment=paper/ais_table3", f"out_root={tmp_path}"]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("FSDP2 over 8 ranks") == 12 and out.count("TIGHT") == 3 and "EXCEEDS" not in out
+    assert "note: 3 job(s) within 10% of the GPU's memory" in err and "bf16@bf16-gsm8k-qwen3-8b-s0" in err
+    dry_run(["+experiment=paper/ais_table3", "train.nproc_per_node=1", f"out_root={tmp_path}"])
+    out = capsys.readouterr().out
+    assert out.count("needs train.nproc_per_node, the scale-out path") == 12
+
+
 def test_null_micro_batch_does_not_fit_and_the_dry_run_warns(capsys, tmp_path):
     cfg = recipe("qurl_table1", "train.micro_batch_size=null")
     assert not estimate_memory(cfg).fits  # the recipe as it was: ~200 GB in step 0's update

@@ -1,0 +1,164 @@
+"""Checkpoints of a multi-process run: DCP directories written atomically, kill -9 of one rank, resume at the same
+and at another world size (CPU, gloo, 2 ranks, the tiny model).
+
+The reference for "resumes identically" is a one-process run with the same `train.sampling_shards=2` (it trains
+the numbers of a 2-process run to ~1e-7, tests/integration/test_distributed.py), so each test runs one
+2-process launch fewer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from bench.launch.cli import execute
+from bench.run.store import RunDir
+from tests.helpers import REPO, make_cfg, strip_times
+from tests.integration.test_distributed import SMALL, close, rank_pids
+
+pytestmark = pytest.mark.slow
+
+ARGS = [*SMALL, "train.steps=3", "method=tis", "algo.advantage=gae"]  # gae: the critic is checkpointed too
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled"}
+
+
+def launch(out_root, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "bench", *ARGS, *extra, f"out_root={out_root}"], cwd=REPO, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def assert_same_rows(a: list[dict], b: list[dict]) -> None:
+    a, b = strip_times(a), strip_times(b)
+    assert len(a) == len(b) > 0
+    for r1, r2 in zip(a, b):
+        assert r1.keys() == r2.keys()
+        assert not {k: (r1[k], r2[k]) for k in r1 if not close(r1[k], r2[k])}, r1["step"]
+
+
+def test_kill_9_of_one_rank_ends_the_run_and_the_relaunch_resumes_identically(tmp_path):
+    """kill -9 of rank 1 after the first checkpoints: the launch ends (no hang) within 60 s, the last checkpoint
+    is a whole DCP directory (a torn one would be a temporary), and relaunching the same command on 2 processes
+    finishes with the metrics of a run that was never interrupted."""
+    run = RunDir.of(make_cfg(tmp_path / "two", *ARGS, "sweep=kill", fast=False))
+    proc = launch(tmp_path / "two", "sweep=kill", "train.nproc_per_node=2")
+    deadline = time.time() + 300
+    while len(run.metrics()) < 2 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    ranks = rank_pids(proc.pid)
+    assert len(ranks) == 2, ranks
+    os.kill(ranks[1], signal.SIGKILL)
+    killed = time.time()
+    proc.communicate(timeout=120)
+    assert time.time() - killed < 60 and proc.returncode != 0
+    assert run.ckpt_file.is_dir() and run.ckpt_file.name == "last.dcp"
+    ckpt = run.load_checkpoint()
+    assert ckpt["world_size"] == 2 and 1 <= ckpt["step"] <= 2
+
+    again = launch(tmp_path / "two", "sweep=kill", "train.nproc_per_node=2")
+    _, err = again.communicate(timeout=900)
+    assert again.returncode == 0, err[-3000:]
+    assert f"resuming from step {ckpt['step']} (ckpt/last.dcp)" in err
+    assert not list(run.path.glob("ckpt/*.tmp*"))
+
+    reference = make_cfg(tmp_path / "one", *ARGS, "sweep=kill", fast=False)
+    assert execute(reference) == "completed"
+    assert_same_rows(run.metrics(), RunDir.of(reference).metrics())
+    assert_same_rows(run.evals(), RunDir.of(reference).evals())
+
+
+def test_one_process_checkpoint_resumes_on_two_processes(tmp_path):
+    """1 -> 2: a one-process run's ckpt/prev.pt (step 2) resumed on 2 processes recomputes step 2 as the one
+    process did (model, optimizer, critic, generator restored; sharded on load) and then checkpoints as a DCP
+    directory, the one-process file rotating to prev. (2 -> 1 from a DCP directory: test_distributed.py's
+    signal test.)"""
+    args = [*ARGS, "sweep=across", "train.keep_checkpoint=true"]
+    cfg = make_cfg(tmp_path, *args, fast=False)
+    assert execute(cfg) == "completed"
+    run = RunDir.of(cfg)
+    reference = run.metrics()
+    assert run.ckpt_file.name == "last.pt" and run.load_checkpoint(run.prev_ckpt_file)["step"] == 2
+    run.update_info(status="failed")  # as if it had died during step 2
+
+    two = launch(tmp_path, *args[len(ARGS):], "train.resume_from=previous", "train.nproc_per_node=2")
+    _, err = two.communicate(timeout=900)
+    assert two.returncode == 0, err[-3000:]
+    assert "resuming from step 2 (ckpt/prev.pt)" in err
+    assert run.ckpt_file.name == "last.dcp" and run.load_checkpoint()["world_size"] == 2
+    assert run.prev_ckpt_file.name == "prev.pt" and not (run.path / "ckpt" / "last.pt").exists()
+    assert_same_rows(run.metrics(), reference)
+
+
+def test_dcp_directory_commit_is_atomic_and_loads_without_a_process_group(tmp_path):
+    """RunDir's side: a DCP directory becomes ckpt/last.dcp only by a rename, the one before becomes prev.dcp,
+    a directory without DCP's .metadata is refused as unreadable, and temporaries (torn directories) are
+    removed at the next start."""
+    import torch.distributed.checkpoint as dcp
+
+    from bench.run.store import CheckpointError
+
+    run = RunDir(tmp_path / "run")
+    for step in (1, 2):
+        tmp = run.path / "ckpt" / f"last.dcp.tmp{step}"
+        dcp.save({"w": torch.full((3,), float(step))}, checkpoint_id=tmp)  # no process group: one writer
+        torch.save({"step": step}, tmp / "extra.pt")
+        run.commit_checkpoint(tmp)
+    assert run.load_checkpoint()["step"] == 2 and run.load_checkpoint(run.prev_ckpt_file)["step"] == 1
+    state = {"w": torch.zeros(3)}
+    dcp.load(state, checkpoint_id=run.load_checkpoint()["dcp"])
+    assert state["w"].tolist() == [2.0] * 3
+
+    torn = run.path / "ckpt" / "last.dcp.tmp3"
+    torn.mkdir()
+    (torn / "__0_0.distcp").write_bytes(b"half")
+    assert run.load_checkpoint()["step"] == 2  # the temporary is never read
+    assert torn in run.clean_temporaries() and not torn.exists()
+
+    (run.ckpt_file / ".metadata").unlink()
+    with pytest.raises(CheckpointError, match="last.dcp is unreadable"):
+        run.load_checkpoint()
+    run.drop_checkpoint()
+    assert not list((run.path / "ckpt").iterdir())
+
+
+def test_tensor_states_round_trip_and_an_unstepped_optimizer_stays_unstepped(tmp_path):
+    """The DCP state dicts of a run, saved and read back by one process (no process group, as a 2 -> 1 resume
+    reads them): weights and AdamW moments come back exactly. An optimizer that has not stepped yet (dynamic
+    sampling kept no group) is given back its empty state after the save and after the load, so that its next
+    step's bias correction is the uninterrupted run's."""
+    from types import SimpleNamespace
+
+    import torch.distributed.checkpoint as dcp
+
+    from bench import distributed
+
+    def run_parts(seed: int) -> SimpleNamespace:
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+        return SimpleNamespace(policy=model, optimizer=torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1),
+                               ref_policy=None, advantage=SimpleNamespace())
+
+    p = run_parts(0)
+    before = [t.clone() for t in p.policy.parameters()]
+    fresh = distributed.unstepped(p)
+    dcp.save(distributed.tensor_states(p), checkpoint_id=tmp_path / "a")
+    distributed.forget_states(p, fresh)
+    assert fresh == ["optimizer"] and not p.optimizer.state
+    assert all(torch.equal(a, b) for a, b in zip(before, p.policy.parameters()))  # the zero-lr step moved nothing
+
+    p.policy(torch.randn(5, 4)).sum().backward()
+    p.optimizer.step()
+    dcp.save(distributed.tensor_states(p), checkpoint_id=tmp_path / "b")
+    q = run_parts(1)
+    distributed.load_checkpoint(q, {"dcp": str(tmp_path / "b"), "unstepped": []})
+    assert all(torch.equal(a, b) for a, b in zip(p.policy.parameters(), q.policy.parameters()))
+    for a, b in zip(p.optimizer.state.values(), q.optimizer.state.values()):
+        assert all(torch.equal(a[k], b[k]) for k in ("exp_avg", "exp_avg_sq", "step"))
+    r = run_parts(2)
+    distributed.load_checkpoint(r, {"dcp": str(tmp_path / "a"), "unstepped": ["optimizer"]})
+    assert not r.optimizer.state and all(torch.equal(a, b) for a, b in zip(before, r.policy.parameters()))
