@@ -205,6 +205,14 @@ def _reload_weights(worker: Any, weights: dict[str, torch.Tensor] | Iterator[tup
     worker.reload_weights(weights_iterator=pairs, is_checkpoint_format=True)
 
 
+def _is_sharded(model: nn.Module) -> bool:
+    """Whether FSDP2 shards the model (bench.distributed wraps it); asked here without importing the loop's
+    modules, which sit a floor above the engines."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
 def whole_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, whole tensor) of a sharded model's state, in its order (embedding, layer 0, layer 1, ...): each
     gathered (`DTensor.full_tensor`, a collective every rank runs in the same order) just before it is taken."""
@@ -300,9 +308,7 @@ class VLLMEngine:
         re-quantization kernels are asynchronous on a GPU."""
         synchronize()
         t0 = time.perf_counter()
-        from bench.distributed import is_sharded
-
-        sharded = is_sharded(model)
+        sharded = _is_sharded(model)
         if self.llm is None:
             self._build(model, sharded)
             self.build_s = time.perf_counter() - t0
