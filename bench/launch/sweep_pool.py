@@ -149,6 +149,9 @@ def worker_main(conn: Connection, parent_pid: int) -> None:
         return
     import cloudpickle
 
+    from bench.run.progress import HF_BARS_OFF
+
+    os.environ.update(HF_BARS_OFF)  # a job's output goes to its run.log: no carriage-return progress frames
     import bench.launch.cli  # noqa: F401  (the slow imports: torch, transformers, hydra)
 
     setup = None
