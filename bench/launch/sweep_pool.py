@@ -250,6 +250,7 @@ class WorkerPool:
         """Run `jobs`; returns the signal that stopped the sweep, if any. Every job ends with `outcome` set (or
         stays pending when the sweep was stopped before it started)."""
         self.payload = payload
+        line.eta.slots = self.n_workers  # the ETA schedules the jobs left on this many workers
         for w in self.workers:
             w.conn.send(payload)
         pending = list(jobs)
