@@ -36,7 +36,8 @@ class Table:
     display: pd.DataFrame
     caption: str
     bold: pd.DataFrame | None = None  # same shape as display; True = emphasise (best of a column)
-    wide_tasks: tuple[str, ...] = ()  # data columns named <task>_<metric> (the results table's layout)
+    wide: tuple[str, ...] = ()  # data columns named <task>_<metric> (a column per task, or per benchmark)
+    wide_column: str = "task"  # what `wide` names: the long CSV's column for it
 
 
 # --------------------------------------------------------------------------------------------- long CSV
@@ -48,33 +49,35 @@ LONG_COLUMNS = ["metric", "value", "lo", "hi", "n", "interval"]
 ALL_TASKS = "mean over tasks"
 
 
-def long_format(data: pd.DataFrame, wide_tasks: Sequence[str] = ()) -> pd.DataFrame:
+def long_format(data: pd.DataFrame, wide: Sequence[str] = (), wide_column: str = "task") -> pd.DataFrame:
     """One row per arm x task x metric: the identity columns (every non-numeric column: model, task, method,
     precision, labels and notes), then metric, value and, where the table has them, the 95 % interval (lo, hi),
     its n and its method; values rounded to what they mean (`round_value`). A table laid out with a column per
-    task (`wide_tasks`: <task>_mean, ...) gets its task back as a column."""
+    task or benchmark (`wide`: <task>_mean, ...) gets it back as a column (`wide_column`). Where the table has a
+    `metric` of its own (a benchmark's avg@k), the long one is called `statistic`."""
     if data.empty:
         return pd.DataFrame(columns=LONG_COLUMNS)
     numeric = [c for c in data.columns if pd.api.types.is_numeric_dtype(data[c]) and not pd.api.types.is_bool_dtype(data[c])]
     parts = {c for c in data.columns for suffix in INTERVAL_PARTS if c.endswith(suffix) and c[: -len(suffix)] in data}
     ids = [c for c in data.columns if c not in numeric and c not in parts]
     metrics = [c for c in numeric if c not in parts]
+    label = "statistic" if "metric" in ids else "metric"
     rows = []
     for rec in data.to_dict("records"):
         for m in metrics:
             row = {k: rec[k] for k in ids}
-            task, metric = _split_task(m, wide_tasks)
-            if task is not None:
-                row["task"] = task
-            row |= {"metric": metric, "value": round_value(metric, rec[m])}
+            where, metric = _split_task(m, wide)
+            if where is not None:
+                row[wide_column] = where
+            row |= {label: metric, "value": round_value(metric, rec[m])}
             for suffix, col in INTERVAL_PARTS.items():
                 if m + suffix in parts:
                     v = rec[m + suffix]
                     row[col] = v if col == "interval" else round_value(metric if col != "n" else "n", v)
             rows.append(row)
     out = pd.DataFrame(rows, dtype=object)  # object: a count stays "3", not "3.0"
-    front = [c for c in ids if c in out] + (["task"] if "task" in out and "task" not in ids else [])
-    out = out[front + [c for c in LONG_COLUMNS if c in out]]
+    front = [c for c in ids if c in out] + ([wide_column] if wide_column in out and wide_column not in ids else [])
+    out = out[front + [label] + [c for c in LONG_COLUMNS[1:] if c in out]]
     return out.dropna(subset=["value"]).reset_index(drop=True)
 
 
@@ -89,7 +92,8 @@ def _split_task(column: str, tasks: Sequence[str]) -> tuple[str | None, str]:
 
 def round_value(metric: str, value: Any) -> Any:
     """A value rounded to what it means: accuracies, AUCs and gaps in % or pp to 0.1 (one test problem in a few
-    hundred is 0.2-0.5 pp), standard errors to 0.01, shares and speed-ups to 0.01, seconds to 0.001, tokens/s to
+    hundred is 0.2-0.5 pp; a paper table's cells to 0.01, as papers print them), standard errors, shares and
+    speed-ups to 0.01, seconds to 0.001, tokens/s to
     1, counts to integers, KL and other small magnitudes to 3 significant digits."""
     if value is None or isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
         return value
@@ -101,8 +105,8 @@ def round_value(metric: str, value: Any) -> Any:
         return int(round(x))
     if "tokens_per_s" in name:
         return round(x)
-    if name.endswith("_se") or "speedup" in name or "recovered" in name:
-        return round(x, 2)
+    if name.endswith("_se") or "speedup" in name or "recovered" in name or name.startswith(("ours", "paper", "delta")):
+        return round(x, 2)  # a paper's table gives two decimals; ours beside it the same
     if name.endswith("_s"):
         return round(x, 3)
     if any(k in name for k in ("acc", "auc", "gap", "mean", "std", "avg", "accuracy", "delta", "ours", "paper")):
@@ -197,7 +201,7 @@ def write_table(table: Table, out_dir: Path) -> dict[str, Path]:
     """<name>.csv (the numbers, long format: `long_format`), <name>.md and <name>.tex (the display face, same cells)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"csv": out_dir / f"{table.name}.csv", "md": out_dir / f"{table.name}.md", "tex": out_dir / f"{table.name}.tex"}
-    long_format(table.data, table.wide_tasks).to_csv(paths["csv"], index=False)
+    long_format(table.data, table.wide, table.wide_column).to_csv(paths["csv"], index=False)
     paths["md"].write_text(render(table.display, "md", caption=table.caption, bold=table.bold))
     paths["tex"].write_text(render(table.display, "tex", caption=table.caption, label=f"tab:{table.name}", bold=table.bold))
     return paths
@@ -437,7 +441,7 @@ def results_table(sweep: Sweep, baseline: str = "bf16") -> Table:
         f"best arm per column in bold; '{baseline} @ step 0' = accuracy before RL; 'div.' = seeds that diverged "
         "(their last eval before diverging is used; such a cell, and the Avg. of its arm, is never bold)."
     )
-    return Table("results", data_out, display, caption, bold, wide_tasks=tuple(tasks))
+    return Table("results", data_out, display, caption, bold, wide=tuple(tasks))
 
 
 def contends(num: dict[str, Any], column: str, tasks: list[str]) -> bool:
