@@ -134,6 +134,19 @@ _LATEX_SPECIAL = {
     "μ": r"$\mu$",
     "π": r"$\pi$",
     "†": r"$^\dagger$",
+    "‖": r"$\|$",
+    "≥": r"$\geq$",
+    "≤": r"$\leq$",
+    "·": r"$\cdot$",
+    "→": r"$\rightarrow$",
+    "…": r"\ldots{}",
+    "—": "---",
+    "≈": r"$\approx$",
+    "ρ": r"$\rho$",
+    "θ": r"$\theta$",
+    "χ": r"$\chi$",
+    "²": r"$^2$",
+    "’": "'",
 }
 # A number, optionally "± std", a unit (×, %, s) and a parenthesised note ("3 (1 div.)"); "–" and "" count too.
 _NUMERIC = re.compile(r"^\s*(?:[+\-−]?\d+(?:\.\d+)?(?:\s*±\s*\d+(?:\.\d+)?)?\s*(?:×|%|s)?(?:\s*\(.*\))?|–|)\s*$")
@@ -198,10 +211,15 @@ def render(
 
 
 def write_table(table: Table, out_dir: Path) -> dict[str, Path]:
-    """<name>.csv (the numbers, long format: `long_format`), <name>.md and <name>.tex (the display face, same cells)."""
+    """<name>.csv (the numbers, long format: `long_format`), <name>.md and <name>.tex (the display face, same cells;
+    not for a table without rows)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"csv": out_dir / f"{table.name}.csv", "md": out_dir / f"{table.name}.md", "tex": out_dir / f"{table.name}.tex"}
     long_format(table.data, table.wide, table.wide_column).to_csv(paths["csv"], index=False)
+    if table.display.empty:  # no rows (a sweep without eval sets): no Markdown or LaTeX table of nothing
+        for fmt in ("md", "tex"):
+            paths.pop(fmt).unlink(missing_ok=True)
+        return paths
     paths["md"].write_text(render(table.display, "md", caption=table.caption, bold=table.bold))
     paths["tex"].write_text(render(table.display, "tex", caption=table.caption, label=f"tab:{table.name}", bold=table.bold))
     return paths

@@ -6,8 +6,8 @@ Here each job's time is split into the parts that differ, each measured on the j
 
     lead-in     job start -> its first metrics row: config, model build, the warm start (cold: the first job
                 of its task and model builds it; warm: a later one loads it), and step 0
-    per step    between its first and its latest row (evaluations every k steps included), per warm-start key
-                (task and model) where measured, else over every job
+    per step    between its first and its latest row (evaluations every k steps included), per kind of job
+                (task and model, arm) where measured, else per task and model, else over every job
     tail        its latest row -> the job's end: the final evaluation and saving
 
 A running job's remaining time is what is left of its own parts (its own per-step time once it has two rows);
@@ -97,14 +97,22 @@ class Eta:
                 "tail": mean(tails) if tails else None}
 
     def _per_step(self, jobs: Sequence[Any]) -> tuple[dict[Any, float], float | None]:
-        by_key: dict[Any, list[float]] = {}
+        """Mean seconds per step by kind, ("kind", key, arm) and ("key", key) (the task sets the response length,
+        the arm the precision: an emulated FP8 rollout steps slower than bf16), and over every job."""
+        by: dict[Any, list[float]] = {}
+        everything: list[float] = []
         for j in jobs:
             s = self.seen.get(j.idx)
             ps = s.per_step() if s else None
             if ps is not None:
-                by_key.setdefault(j.key, []).append(ps)
-        everything = [p for ps in by_key.values() for p in ps]
-        return {k: mean(v) for k, v in by_key.items()}, (mean(everything) if everything else None)
+                by.setdefault(("kind", j.key, getattr(j, "arm", "")), []).append(ps)
+                by.setdefault(("key", j.key), []).append(ps)
+                everything.append(ps)
+        return {k: mean(v) for k, v in by.items()}, (mean(everything) if everything else None)
+
+    @staticmethod
+    def _step_of(job: Any, per: dict[Any, float], per_all: float) -> float:
+        return per.get(("kind", job.key, getattr(job, "arm", "")), per.get(("key", job.key), per_all))
 
     def _remaining(self, now: float, jobs: Sequence[Any]) -> float | None:
         m = self._measured()
@@ -123,7 +131,7 @@ class Eta:
             s = self.seen.get(j.idx)
             if j.state != "running" or s is None or s.ended is not None:
                 continue
-            step = s.per_step() or per_key.get(j.key, per_all)
+            step = s.per_step() or self._step_of(j, per_key, per_all)
             todo = max(0, j.steps - s.rows0)
             if s.first is None:  # still in its lead-in
                 left = max(0.0, (lead_cold if s.cold else lead_warm) - (now - s.started))
@@ -142,7 +150,7 @@ class Eta:
                 continue
             lead = lead_warm if j.key in started_keys else lead_cold
             started_keys.add(j.key)
-            cost = lead + max(0, j.steps - 1) * per_key.get(j.key, per_all) + tail
+            cost = lead + max(0, j.steps - 1) * self._step_of(j, per_key, per_all) + tail
             heapq.heappush(heap, heapq.heappop(heap) + cost)
         return max(heap) if heap else 0.0
 

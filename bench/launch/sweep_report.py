@@ -53,6 +53,7 @@ class JobView:
     started: float | None = None
     log: Path | None = None  # the job's own output; default <run dir>/run.log (local launcher)
     own_dir: bool = False  # run_dir is the qrl-bench run directory (hydra.run.dir); else Hydra's sweep subdir
+    arm: str = ""  # <method>@<precision>: with `key`, what its seconds per step depend on (bench/launch/eta.py)
     _completed: bool | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
