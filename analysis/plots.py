@@ -90,7 +90,7 @@ def _runs_matrix(df: pd.DataFrame, value: str = "value") -> tuple[np.ndarray, np
 
 
 def _band(ax: plt.Axes, steps: np.ndarray, matrix: np.ndarray, color: str, ls: str, smooth: int, marker: str | None = None,
-          bounds: tuple[float, float] = (-np.inf, np.inf)) -> None:
+          bounds: tuple[float, float] = (-np.inf, np.inf), alpha: float = 0.15) -> None:
     """The mean over seeds and its 95 % t-band, the band clipped to `bounds` (`band_bounds`): with 2-3 seeds a
     t-band is wide and would otherwise show an accuracy below 0 %, a negative KL or, on a log axis, a stripe down
     to the bottom of the panel."""
@@ -99,7 +99,12 @@ def _band(ax: plt.Axes, steps: np.ndarray, matrix: np.ndarray, color: str, ls: s
     ax.plot(steps[ok], mean[ok], color=color, ls=ls, marker=marker, ms=3 if marker else None)
     band = ok & np.isfinite(lo) & np.isfinite(hi)  # no band where fewer than 2 seeds have a value
     if band.any():
-        ax.fill_between(steps[band], np.clip(lo[band], *bounds), np.clip(hi[band], *bounds), color=color, alpha=0.15, lw=0)
+        ax.fill_between(steps[band], np.clip(lo[band], *bounds), np.clip(hi[band], *bounds), color=color, alpha=alpha, lw=0)
+
+
+def band_alpha(n_arms: int) -> float:
+    """Fainter bands where many arms share a panel: at 2-3 seeds six overlapping bands hide every line."""
+    return 0.15 if n_arms <= 3 else 0.06
 
 
 #: the range a metric's values take (so the mean over seeds and its band too); others: the range observed
@@ -189,7 +194,8 @@ def _metric_panels(
             if a.empty:
                 continue
             steps, m, _ = _runs_matrix(a)
-            _band(ax, steps, m, arm_color(arm[0]), arm_linestyle(arm, arms), smooth, bounds=bounds)
+            _band(ax, steps, m, arm_color(arm[0]), arm_linestyle(arm, arms), smooth, bounds=bounds,
+                  alpha=band_alpha(len(arms)))
         if log:
             ax.set_yscale("log")
         if metric in REFERENCE_ONE:
@@ -241,7 +247,7 @@ def plot_curves(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: int 
                 continue
             steps, m, ids = _runs_matrix(a)
             color = arm_color(arm[0])
-            _band(ax, steps, m, color, arm_linestyle(arm, arms), smooth, bounds=bounds)
+            _band(ax, steps, m, color, arm_linestyle(arm, arms), smooth, bounds=bounds, alpha=band_alpha(len(arms)))
             # Mark where a diverged seed stopped: otherwise the band just thins out without explanation.
             # (At the seed's smoothed value, so the marker sits on the same scale as the curves.)
             sm = rolling_mean(m, smooth)
@@ -260,7 +266,7 @@ def plot_curves(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: int 
                 continue
             steps, m, _ = _runs_matrix(a)
             _band(ax, steps, m, arm_color(arm[0]), arm_linestyle(arm, arms), 1, marker="o",
-                  bounds=VALID_RANGE["eval/accuracy"])
+                  bounds=VALID_RANGE["eval/accuracy"], alpha=band_alpha(len(arms)))
         ax.set_title("eval accuracy (eval/accuracy)")
         ax.set_ylabel("accuracy (%)")
     extra = []
