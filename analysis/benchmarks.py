@@ -126,4 +126,5 @@ def benchmark_table(sweep: Sweep) -> Table:
                "sample std over seeds; accuracy = greedy, avg@k = mean correctness of k samples, pass@k = unbiased "
                "estimator from n >= k samples (Chen et al. 2021); Avg. = mean over the benchmarks; best arm per "
                "column in bold, never a cell with a seed that diverged ('div.': its last eval before diverging is used).")
-    return Table("benchmarks", pd.DataFrame(num_rows), display, caption, bold)
+    return Table("benchmarks", pd.DataFrame(num_rows), display, caption, bold, wide=tuple(benches),
+                 wide_column="benchmark")

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         figures = severity_figures(sweep, out / "figures", sev, formats) + figures
     settings = {"baseline": args.baseline, "naive": args.naive, "collapse_k": args.collapse_k, "smooth": args.smooth,
                 "warmup": args.warmup}
-    report = write_report(sweep, out, tables, figures, command, baseline=args.baseline, settings=settings)
+    report = write_report(sweep, out, tables, figures, command, baseline=args.baseline, settings=settings, opts=sev)
     log(f"report: {report}")
     print(report)
     return 0 if sweep.runs else 1

@@ -91,22 +91,48 @@ def _runs_matrix(df: pd.DataFrame, value: str = "value") -> tuple[np.ndarray, np
     return wide.columns.to_numpy(dtype=float), wide.to_numpy(dtype=float), list(wide.index)
 
 
-def _band(ax: plt.Axes, steps: np.ndarray, matrix: np.ndarray, color: str, ls: str, smooth: int, marker: str | None = None) -> None:
+def _band(ax: plt.Axes, steps: np.ndarray, matrix: np.ndarray, color: str, ls: str, smooth: int, marker: str | None = None,
+          bounds: tuple[float, float] = (-np.inf, np.inf), alpha: float = 0.15) -> None:
+    """The mean over seeds and its 95 % t-band, the band clipped to `bounds` (`band_bounds`): with 2-3 seeds a
+    t-band is wide and would otherwise show an accuracy below 0 %, a negative KL or, on a log axis, a stripe down
+    to the bottom of the panel."""
     mean, lo, hi = mean_band(rolling_mean(matrix, smooth))
     ok = np.isfinite(mean)
     ax.plot(steps[ok], mean[ok], color=color, ls=ls, marker=marker, ms=3 if marker else None)
     band = ok & np.isfinite(lo) & np.isfinite(hi)  # no band where fewer than 2 seeds have a value
     if band.any():
-        ax.fill_between(steps[band], lo[band], hi[band], color=color, alpha=0.15, lw=0)
+        ax.fill_between(steps[band], np.clip(lo[band], *bounds), np.clip(hi[band], *bounds), color=color, alpha=alpha, lw=0)
 
 
-def _auto_log(ax: plt.Axes, values: np.ndarray, decades: float = 2.0) -> None:
-    """Log y-axis when positive values span more than `decades` decades (mismatch of bf16 vs fp8 arms
+def band_alpha(n_arms: int) -> float:
+    """Fainter bands where many arms share a panel: at 2-3 seeds six overlapping bands hide every line."""
+    return 0.15 if n_arms <= 3 else 0.06
+
+
+#: the range a metric's values take (so the mean over seeds and its band too); others: the range observed
+VALID_RANGE = {"eval/accuracy": (0.0, 100.0), "mismatch/kl_k3": (0.0, np.inf), "mismatch/kl_k2": (0.0, np.inf),
+               "mismatch/ratio_max": (0.0, np.inf), "mismatch/ratio_min": (0.0, np.inf),
+               "mismatch/logp_diff_mean": (0.0, np.inf), "mismatch/is_ess": (0.0, 1.0),
+               "mismatch/max_prob_diff": (0.0, 1.0)}
+
+
+def band_bounds(metric: str, values: np.ndarray, log: bool = False) -> tuple[float, float]:
+    """Where a panel's bands are clipped: the metric's valid range (VALID_RANGE; otherwise the range of the values
+    the runs logged in the panel, e.g. a task's rewards), and on a log axis not below its smallest value."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    lo, hi = VALID_RANGE.get(metric, (float(v.min()), float(v.max())) if v.size else (-np.inf, np.inf))
+    if log and v.size and (v > 0).any():
+        lo = max(lo, float(v[v > 0].min()))
+    return lo, hi
+
+
+def _is_log(values: np.ndarray, decades: float = 2.0) -> bool:
+    """A log y-axis when positive values span more than `decades` decades (mismatch of bf16 vs fp8 arms
     differs by orders of magnitude; on a linear axis the small one is a flat line at zero)."""
     v = np.asarray(values, dtype=float)
     v = v[np.isfinite(v)]
-    if v.size and (v > 0).all() and np.log10(v.max() / v.min()) > decades:
-        ax.set_yscale("log")
+    return bool(v.size and (v > 0).all() and np.log10(v.max() / v.min()) > decades)
 
 
 def _legend(fig: plt.Figure, arms: list[Arm], extra: list[tuple[Line2D, str]] = ()) -> None:
@@ -163,13 +189,17 @@ def _metric_panels(
         d = long[long["metric"] == metric]
         if transform is not None:
             d = d.assign(value=transform(d["value"]))
+        log = _is_log(d["value"].to_numpy())
+        bounds = band_bounds(metric, d["value"].to_numpy(), log)
         for arm in arms:
             a = d[(d["method"] == arm[0]) & (d["precision"] == arm[1])]
             if a.empty:
                 continue
             steps, m, _ = _runs_matrix(a)
-            _band(ax, steps, m, arm_color(arm[0]), arm_linestyle(arm, arms), smooth)
-        _auto_log(ax, d["value"].to_numpy())
+            _band(ax, steps, m, arm_color(arm[0]), arm_linestyle(arm, arms), smooth, bounds=bounds,
+                  alpha=band_alpha(len(arms)))
+        if log:
+            ax.set_yscale("log")
         if metric in REFERENCE_ONE:
             ax.axhline(1.0, color="0.5", lw=0.7, ls=":", zorder=0)
         ax.set_title(title)
@@ -212,13 +242,14 @@ def plot_curves(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: int 
     if has_reward:
         ax = axes.pop(0)
         d = long[long["metric"] == "reward/mean"]
+        bounds = band_bounds("reward/mean", d["value"].to_numpy())
         for arm in arms:
             a = d[(d["method"] == arm[0]) & (d["precision"] == arm[1])]
             if a.empty:
                 continue
             steps, m, ids = _runs_matrix(a)
             color = arm_color(arm[0])
-            _band(ax, steps, m, color, arm_linestyle(arm, arms), smooth)
+            _band(ax, steps, m, color, arm_linestyle(arm, arms), smooth, bounds=bounds, alpha=band_alpha(len(arms)))
             # Mark where a diverged seed stopped: otherwise the band just thins out without explanation.
             # (At the seed's smoothed value, so the marker sits on the same scale as the curves.)
             sm = rolling_mean(m, smooth)
@@ -236,7 +267,8 @@ def plot_curves(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: int 
             if a.empty:
                 continue
             steps, m, _ = _runs_matrix(a)
-            _band(ax, steps, m, arm_color(arm[0]), arm_linestyle(arm, arms), 1, marker="o")
+            _band(ax, steps, m, arm_color(arm[0]), arm_linestyle(arm, arms), 1, marker="o",
+                  bounds=VALID_RANGE["eval/accuracy"], alpha=band_alpha(len(arms)))
         ax.set_title("eval accuracy (eval/accuracy)")
         ax.set_ylabel("accuracy (%)")
     extra = []
@@ -247,7 +279,8 @@ def plot_curves(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: int 
     name = safe_name("curves", task, model)
     caption = (
         f"{task} / {model}: training reward per step (left) and eval accuracy (right), mean over seeds with a 95 % "
-        f"t-interval band of the mean ({_seed_note(sweep, task, model)}).{_smooth_note(smooth)}"
+        f"t-interval band of the mean ({_seed_note(sweep, task, model)}), clipped to the valid range (accuracy "
+        f"0-100 %, reward: the range the runs' rewards take).{_smooth_note(smooth)}"
     )
     if stopped:
         caption += (" × marks where a diverged seed stopped; later points average the remaining seeds, whereas the "
@@ -261,12 +294,12 @@ def plot_mismatch(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: in
     # k3 is the non-negative, low-variance KL estimator (methods.md §11); k1 is the fallback for runs without it.
     kl = "mismatch/kl_k3" if (long["metric"] == "mismatch/kl_k3").any() else "mismatch/kl_k1"
     panels = [
-        (kl, f"KL(μ‖π_old) ({kl.rsplit('_', 1)[-1]})", None),
-        ("mismatch/ratio_max", "max π_old/μ", None),
-        ("mismatch/ratio_min", "min π_old/μ", None),
-        ("mismatch/logp_diff_mean", "mean |Δ log p|", None),
-        ("mismatch/is_ess", "IS effective sample size", None),
-        ("mismatch/max_prob_diff", "max |π_old − μ| (prob.)", None),
+        (kl, f"KL(μ‖π_old) per token ({kl.rsplit('_', 1)[-1]}, nats)", None),
+        ("mismatch/ratio_max", "max π_old/μ (ratio)", None),
+        ("mismatch/ratio_min", "min π_old/μ (ratio)", None),
+        ("mismatch/logp_diff_mean", "mean |Δ log p| per token (nats)", None),
+        ("mismatch/is_ess", "IS effective sample size (fraction)", None),
+        ("mismatch/max_prob_diff", "max |π_old − μ| (probability)", None),
     ]
     fig = _metric_panels(long, panels, arms, smooth, ncols=3)
     if fig is None:
@@ -275,8 +308,8 @@ def plot_mismatch(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: in
     name = safe_name("mismatch", task, model)
     caption = (
         f"{task} / {model}: rollout–training mismatch per step (`mismatch/*`, methods.md §11), mean over seeds "
-        f"with a 95 % t-interval band ({_seed_note(sweep, task, model)}). Axes spanning several decades are "
-        f"logarithmic.{_smooth_note(smooth)}"
+        f"with a 95 % t-interval band ({_seed_note(sweep, task, model)}), clipped to the metric's valid range. Axes "
+        f"spanning several decades are logarithmic.{_smooth_note(smooth)}"
     )
     return FigureFile(name, "mismatch", f"Mismatch — {task} / {model}", caption, _save(fig, out_dir, name, formats))
 
@@ -306,12 +339,15 @@ def plot_diagnostics(sweep: Sweep, task: str, model: str, out_dir: Path, smooth:
     shown: list[Arm] = []
     for ax, (sub, title) in zip(axes, present):
         sub_arms = sorted_arms(zip(sub["method"], sub["precision"]))
+        log = _is_log(sub["value"].to_numpy())
+        bounds = band_bounds("", sub["value"].to_numpy(), log)  # a diagnostic's own range: the values observed
         for arm in sub_arms:
             a = sub[(sub["method"] == arm[0]) & (sub["precision"] == arm[1])]
             steps, m, _ = _runs_matrix(a)
-            _band(ax, steps, m, arm_color(arm[0]), arm_linestyle(arm, arms), smooth)
+            _band(ax, steps, m, arm_color(arm[0]), arm_linestyle(arm, arms), smooth, bounds=bounds)
         shown += sub_arms
-        _auto_log(ax, sub["value"].to_numpy())
+        if log:
+            ax.set_yscale("log")
         ax.set_title(title)
     _legend(fig, sorted_arms(shown))
     name = safe_name("diagnostics", task, model)
@@ -333,17 +369,20 @@ def plot_throughput(sweep: Sweep, model: str, out_dir: Path, baseline: str = "bf
     data = data[data["model"] == model]
     if data.empty or data[["tokens_per_s_mean", "step_s"]].isna().all().all():
         return None
-    # rows as throughput_summary orders them (engine/device group, then canonical arm order), top to bottom
+    # rows as throughput_summary orders them (engine/device, task, then canonical arm order), top to bottom: one
+    # row per task and arm, so that a bar is compared with the bars of its own task only (like with like)
     data = data.iloc[::-1].reset_index(drop=True)
     arms = list(zip(data["method"], data["precision"]))
     # "method (PRECISION)" always: this figure is per arm *and* precision, so the precision is never redundant;
-    # the engine/device only where the figure mixes several.
+    # the task where the figure has several, the engine/device only where it mixes several.
     runtimes = list(zip(data["engine"], data["device"]))
     mixed = len(set(runtimes)) > 1
-    ylabels = [f"{m} ({precision_label(p)}{', emulated' if is_emulated(p, d) else ''})"
-               + (f" · {e}/{d}" if mixed else "") for (m, p), (e, d) in zip(arms, runtimes)]
+    tasks = list(data["task"])
+    multi_task = len(set(tasks)) > 1
+    ylabels = [(f"{t} · " if multi_task else "") + f"{m} ({precision_label(p)}{', emulated' if is_emulated(p, d) else ''})"
+               + (f" · {e}/{d}" if mixed else "") for t, (m, p), (e, d) in zip(tasks, arms, runtimes)]
     y = np.arange(len(arms))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(FULL_WIDTH, 0.32 * len(arms) + 1.1), layout="constrained")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(FULL_WIDTH, 0.28 * len(arms) + 1.1), layout="constrained")
     tps = data["tokens_per_s_mean"].to_numpy()
     err = np.nan_to_num(data["tokens_per_s_std"].to_numpy())
     ax1.barh(y, tps, color=[arm_color(a[0]) for a in arms], height=0.65)
@@ -376,6 +415,9 @@ def plot_throughput(sweep: Sweep, model: str, out_dir: Path, baseline: str = "bf
     else:
         ax2.text(0.5, 0.5, "no time/* split logged", transform=ax2.transAxes, ha="center", va="center", color="0.4")
     for ax in (ax1, ax2):
+        for yi in range(1, len(tasks)):
+            if tasks[yi] != tasks[yi - 1]:  # a rule between two tasks' blocks
+                ax.axhline(yi - 0.5, color="0.6", lw=0.6)
         ax.set_yticks(y, ylabels)
         ax.grid(axis="y", visible=False)
         for tick, arm in zip(ax.get_yticklabels(), arms):
@@ -384,10 +426,11 @@ def plot_throughput(sweep: Sweep, model: str, out_dir: Path, baseline: str = "bf
     fig.suptitle(f"throughput — {model}", fontsize=9)
     name = safe_name("throughput", model)
     caption = (
-        f"{model}: rollout tokens/s per arm and rollout precision (mean ± std over runs, all tasks; label = speed-up "
-        f"vs {baseline} on the same engine and device, geometric mean over tasks of per-task ratios) and the mean time "
-        f"split of a training step (generation, weight sync + re-quantization, recompute, train); steps < {warmup} "
-        "excluded as warm-up. 'emulated': a quantized precision on a CPU (fake quantization, fp32 arithmetic)."
+        f"{model}: rollout tokens/s per task, arm and rollout precision (mean ± std over seeds; label = speed-up vs "
+        f"{baseline} on the same task, engine and device: compare a bar only with those of its own task, whose "
+        f"responses have the same length scale) and the mean time split of a training step (generation, weight sync + "
+        f"re-quantization, recompute, train), in seconds; steps < {warmup} excluded as warm-up. 'emulated': a "
+        "quantized precision on a CPU (fake quantization, fp32 arithmetic), whose speed says nothing about hardware."
     )
     return FigureFile(name, "throughput", f"Throughput — {model}", caption, _save(fig, out_dir, name, formats))
 
@@ -410,14 +453,16 @@ def plot_quant(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: int =
     fig, axes = _grid(len(layers), 4, height=1.75, sharey=True)
     for ax, layer in zip(axes, layers):
         d = q[q["layer"] == layer]
+        vals = d["value"].to_numpy()
+        log = bool((vals[np.isfinite(vals)] > 0).all())
+        bounds = band_bounds("", vals, log)  # both ratios are >= 0: the observed range, above 0 on the log axis
         for arm in arms:
             for kind, ls in (("weight_update", "-"), ("quant_error", "--")):
                 a = d[(d["method"] == arm[0]) & (d["precision"] == arm[1]) & (d["kind"] == kind)]
                 if not a.empty:
                     steps, m, _ = _runs_matrix(a)
-                    _band(ax, steps, m, arm_color(arm[0]), ls, smooth)
-        vals = d["value"].to_numpy()
-        if (vals[np.isfinite(vals)] > 0).all():
+                    _band(ax, steps, m, arm_color(arm[0]), ls, smooth, bounds=bounds)
+        if log:
             ax.set_yscale("log")
         ax.set_title(layer)
     extra = [(Line2D([], [], color="0.3", ls="-"), "weight update (Eq. 13)"),

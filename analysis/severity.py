@@ -37,6 +37,7 @@ eval SE         beside a gap: the binomial standard error the finite test set al
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -50,6 +51,9 @@ from .stats import METHOD_SENTENCE, NAN_INTERVAL, Interval, diff_interval, mean_
 from .tables import MISSING, Table, eval_curve, fmt_ci, fmt_se, gap_eval_se, n_test
 
 KL_METRICS = ("mismatch/kl_k3", "mismatch/kl_k1")
+#: one marker per method in the severity figure: methods at one severity often measure the same mismatch and
+#: similar accuracies, and colour alone does not tell overlapping points apart
+METHOD_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "p", "h", "*")
 REWARD_METRICS = ("eval/reward_mean", "eval/accuracy")
 NO_NAIVE_GAP = "naive gap within noise"
 NAIVE_BETTER = "naive better than baseline"
@@ -320,64 +324,78 @@ def plot_severity(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Seve
     data = data[(data["task"] == task) & (data["model"] == model)] if not data.empty else data
     if data.empty or data["severity"].nunique() < 2 or not np.isfinite(data["kl"]).any():
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(FULL_WIDTH, 2.7), layout="constrained")
+    fig, axes = plt.subplots(1, 2, figsize=(FULL_WIDTH, 3.1), layout="constrained")
     methods = sorted(data["method"].unique(), key=method_sort_key)
+    markers = {m: METHOD_MARKERS[i % len(METHOD_MARKERS)] for i, m in enumerate(methods)}
     kl = data["kl"].to_numpy(dtype=float)
     for ax, (col, title) in zip(axes, (("acc", "final eval accuracy"), ("auc", "AUC (time-averaged eval accuracy)"))):
         for method in methods:
             d = data[data["method"] == method].sort_values("kl")
             color = arm_color(method)
             x, y = d["kl"].to_numpy(float), d[col].to_numpy(float)
-            xerr = _err(x, d["kl_lo"], d["kl_hi"])
-            yerr = _err(y, d[f"{col}_lo"], d[f"{col}_hi"])
-            ax.errorbar(x, y, xerr=xerr, yerr=yerr, color=color, marker="o", ms=3.5, lw=1.2, elinewidth=0.7, capsize=2)
+            xerr = _err(x, d["kl_lo"].clip(lower=0), d["kl_hi"])
+            yerr = _err(y, d[f"{col}_lo"].clip(0, 100), d[f"{col}_hi"].clip(0, 100))  # an accuracy is in [0, 100]
+            ax.errorbar(x, y, xerr=xerr, yerr=yerr, color=color, marker=markers[method], ms=4, lw=1.2, elinewidth=0.7,
+                        capsize=2, mfc=color, mec="white", mew=0.4)
             hit = d["n_collapsed"].to_numpy() > 0
-            if hit.any():
-                ax.plot(x[hit], y[hit], ls="none", marker="x", color="0.15", ms=7, mew=1.4, zorder=5)
+            if hit.any():  # a ring around the point: the arm's own marker stays visible inside it
+                ax.plot(x[hit], y[hit], ls="none", marker="o", mfc="none", mec="0.15", ms=9, mew=0.9, zorder=5)
             if method == opts.baseline and d["severity"].nunique() == 1:
                 ax.axhline(y[0], color=color, lw=0.8, ls="--", zorder=0)
                 lo, hi = d[f"{col}_lo"].iloc[0], d[f"{col}_hi"].iloc[0]
                 if np.isfinite(lo) and np.isfinite(hi):
-                    ax.axhspan(lo, hi, color=color, alpha=0.08, lw=0, zorder=0)
+                    ax.axhspan(max(lo, 0.0), min(hi, 100.0), color=color, alpha=0.08, lw=0, zorder=0)
         _kl_axis(ax, kl)
         ax.margins(x=0.08, y=0.12)
-        _label_severities(ax, data, col, opts.naive)
-        ax.set_title(f"{title} vs mismatch")
-        ax.set_xlabel("mean KL(μ‖π_old) per token (k3)")
+        options = _label_severities(ax, data)
+        ax.set_title(f"{title} vs mismatch", pad=4)
+        ax.set_xlabel("mean KL(μ‖π_old) per token (k3, nats)")
         ax.set_ylabel(f"{'accuracy' if col == 'acc' else 'AUC'} (%)")
-    handles = [Line2D([], [], color=arm_color(m), marker="o", ms=3.5, lw=1.2) for m in methods]
+    handles = [Line2D([], [], color=arm_color(m), marker=markers[m], ms=4, lw=1.2, mec="white", mew=0.4) for m in methods]
     names = list(methods)
     if (data["n_collapsed"] > 0).any():
-        handles.append(Line2D([], [], ls="none", marker="x", color="0.15", ms=7, mew=1.4))
+        handles.append(Line2D([], [], ls="none", marker="o", mfc="none", mec="0.15", ms=9, mew=0.9))
         names.append(f"≥1 seed collapsed (k={opts.collapse_k})")
     fig.legend(handles, names, loc="outside upper center", ncol=min(len(names), 7), frameon=False)
+    if options:  # what the top axis's short names leave out
+        text = "severities: " + "; ".join(f"{k} = {v}" for k, v in options.items())
+        fig.supxlabel(textwrap.fill(text, 190), fontsize=6, color="0.3")
     name = safe_name("severity", task, model)
     caption = (
         f"{task} / {model}: final eval accuracy (left) and AUC (right) against the measured rollout–training mismatch "
         f"(mean over steps of the per-token KL(μ‖π_old), k3), one line per method across the severities it ran "
-        f"(labelled at the {opts.naive} points); 95 % t-intervals over seeds on both axes; dashed line and band: "
-        f"{opts.baseline}. × marks a severity where at least one seed collapsed."
+        f"(labelled on the top axis, at each severity's mean mismatch); 95 % t-intervals over seeds on both axes, "
+        f"clipped to 0-100 %; dashed line and band: {opts.baseline}. A ring marks a severity where at least one "
+        f"seed collapsed."
     )
     return FigureFile(name, "severity", f"Accuracy against mismatch — {task} / {model}", caption,
                       _save(fig, out_dir, name, formats))
 
 
-def _label_severities(ax, data: pd.DataFrame, col: str, naive: str) -> None:
-    """Name the severities at the naive method's points (every severity's first point when the sweep has no naive
-    run; a severity without one, e.g. the baseline's own, is named by its method): the precision on the first
-    line, its options below; right-aligned in the right half of the axes so the label stays inside."""
-    points = data[data["method"] == naive]
-    if points.empty:
-        points = data.drop_duplicates("severity")
-    x_mid = np.mean(ax.get_xlim()) if ax.get_xscale() == "linear" else np.exp(np.mean(np.log(ax.get_xlim())))
-    for r in points.itertuples(index=False):
-        x, y = r.kl, getattr(r, col)
-        if not (np.isfinite(x) and np.isfinite(y)):
-            continue
-        text = r.severity_label.replace(" (", "\n(", 1)
-        right = x > x_mid
-        ax.annotate(text, (x, y), textcoords="offset points", xytext=(-4 if right else 4, -4), ha="right" if right else "left",
-                    va="top", fontsize=5.5, color="0.35", annotation_clip=True)
+def _label_severities(ax, data: pd.DataFrame) -> dict[str, str]:
+    """Name each severity once, on a top axis at its mean mismatch (the mean over its methods' KL), instead of
+    beside a point: a label over the data hides points and, where two severities measure close mismatch
+    (fp8_e4m3 and int8 per-tensor), labels land on each other. The tick says the precision (numbered where a
+    precision has several severities); returns tick -> full label for those whose options it leaves out."""
+    from matplotlib.ticker import NullLocator
+
+    at = data.groupby("severity_label")["kl"].mean().dropna().sort_values()
+    if at.empty:
+        return {}
+    precisions = [str(s).split(" (", 1)[0] for s in at.index]
+    ticks, full = [], {}
+    for i, (label, precision) in enumerate(zip(at.index, precisions)):
+        tick = precision if precisions.count(precision) == 1 else f"{precision} #{i + 1}"
+        ticks.append(tick)
+        if tick != label:
+            full[tick] = str(label)
+    top = ax.secondary_xaxis("top")
+    top.set_xticks(at.to_numpy(), ticks, rotation=30, ha="left", rotation_mode="anchor", fontsize=6, color="0.3")
+    top.tick_params(axis="x", length=2, pad=1)
+    top.xaxis.set_minor_locator(NullLocator())
+    for x in at.to_numpy():
+        ax.axvline(x, color="0.85", lw=0.6, zorder=0)
+    return full
 
 
 def _err(center: np.ndarray, lo: pd.Series, hi: pd.Series) -> np.ndarray | None:

@@ -14,14 +14,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
 from .arms import arm_labels, bitwidth, is_emulated, rollout_label, sorted_arms
 from .load import Run, Sweep, get
-from .stats import METHOD_SENTENCE, diff_interval, gap_binomial_se, geometric_mean, summarize
+from .stats import METHOD_SENTENCE, diff_interval, gap_binomial_se, summarize
 
 MISSING = "–"
 TIME_PARTS = ["rollout_s", "sync_s", "recompute_s", "train_s"]
@@ -36,6 +36,82 @@ class Table:
     display: pd.DataFrame
     caption: str
     bold: pd.DataFrame | None = None  # same shape as display; True = emphasise (best of a column)
+    wide: tuple[str, ...] = ()  # data columns named <task>_<metric> (a column per task, or per benchmark)
+    wide_column: str = "task"  # what `wide` names: the long CSV's column for it
+
+
+# --------------------------------------------------------------------------------------------- long CSV
+#: interval parts of a metric X in a table's data: X_lo, X_hi, X_n, X_ci -> columns of X's long row
+INTERVAL_PARTS = {"_lo": "lo", "_hi": "hi", "_n": "n", "_ci": "interval"}
+#: the long CSV's columns after a table's identity columns
+LONG_COLUMNS = ["metric", "value", "lo", "hi", "n", "interval"]
+#: the task of a results-table average over tasks
+ALL_TASKS = "mean over tasks"
+
+
+def long_format(data: pd.DataFrame, wide: Sequence[str] = (), wide_column: str = "task") -> pd.DataFrame:
+    """One row per arm x task x metric: the identity columns (every non-numeric column: model, task, method,
+    precision, labels and notes), then metric, value and, where the table has them, the 95 % interval (lo, hi),
+    its n and its method; values rounded to what they mean (`round_value`). A table laid out with a column per
+    task or benchmark (`wide`: <task>_mean, ...) gets it back as a column (`wide_column`). Where the table has a
+    `metric` of its own (a benchmark's avg@k), the long one is called `statistic`."""
+    if data.empty:
+        return pd.DataFrame(columns=LONG_COLUMNS)
+    numeric = [c for c in data.columns if pd.api.types.is_numeric_dtype(data[c]) and not pd.api.types.is_bool_dtype(data[c])]
+    parts = {c for c in data.columns for suffix in INTERVAL_PARTS if c.endswith(suffix) and c[: -len(suffix)] in data}
+    ids = [c for c in data.columns if c not in numeric and c not in parts]
+    metrics = [c for c in numeric if c not in parts]
+    label = "statistic" if "metric" in ids else "metric"
+    rows = []
+    for rec in data.to_dict("records"):
+        for m in metrics:
+            row = {k: rec[k] for k in ids}
+            where, metric = _split_task(m, wide)
+            if where is not None:
+                row[wide_column] = where
+            row |= {label: metric, "value": round_value(metric, rec[m])}
+            for suffix, col in INTERVAL_PARTS.items():
+                if m + suffix in parts:
+                    v = rec[m + suffix]
+                    row[col] = v if col == "interval" else round_value(metric if col != "n" else "n", v)
+            rows.append(row)
+    out = pd.DataFrame(rows, dtype=object)  # object: a count stays "3", not "3.0"
+    front = [c for c in ids if c in out] + ([wide_column] if wide_column in out and wide_column not in ids else [])
+    out = out[front + [label] + [c for c in LONG_COLUMNS[1:] if c in out]]
+    return out.dropna(subset=["value"]).reset_index(drop=True)
+
+
+def _split_task(column: str, tasks: Sequence[str]) -> tuple[str | None, str]:
+    if not tasks:
+        return None, column
+    for t in sorted(tasks, key=len, reverse=True):
+        if column.startswith(f"{t}_"):
+            return t, column[len(t) + 1:]
+    return ALL_TASKS, column
+
+
+def round_value(metric: str, value: Any) -> Any:
+    """A value rounded to what it means: accuracies, AUCs and gaps in % or pp to 0.1 (one test problem in a few
+    hundred is 0.2-0.5 pp; a paper table's cells to 0.01, as papers print them), standard errors, shares and
+    speed-ups to 0.01, seconds to 0.001, tokens/s to
+    1, counts to integers, KL and other small magnitudes to 3 significant digits."""
+    if value is None or isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        return value
+    x = float(value)
+    if not np.isfinite(x):
+        return np.nan
+    name = metric.lower()
+    if name == "n" or name.startswith("n_") or name.endswith("_n"):
+        return int(round(x))
+    if "tokens_per_s" in name:
+        return round(x)
+    if name.endswith("_se") or "speedup" in name or "recovered" in name or name.startswith(("ours", "paper", "delta")):
+        return round(x, 2)  # a paper's table gives two decimals; ours beside it the same
+    if name.endswith("_s"):
+        return round(x, 3)
+    if any(k in name for k in ("acc", "auc", "gap", "mean", "std", "avg", "accuracy", "delta", "ours", "paper")):
+        return round(x, 1)
+    return float(f"{x:.3g}")
 
 
 # --------------------------------------------------------------------------------------------- rendering
@@ -58,6 +134,19 @@ _LATEX_SPECIAL = {
     "μ": r"$\mu$",
     "π": r"$\pi$",
     "†": r"$^\dagger$",
+    "‖": r"$\|$",
+    "≥": r"$\geq$",
+    "≤": r"$\leq$",
+    "·": r"$\cdot$",
+    "→": r"$\rightarrow$",
+    "…": r"\ldots{}",
+    "—": "---",
+    "≈": r"$\approx$",
+    "ρ": r"$\rho$",
+    "θ": r"$\theta$",
+    "χ": r"$\chi$",
+    "²": r"$^2$",
+    "’": "'",
 }
 # A number, optionally "± std", a unit (×, %, s) and a parenthesised note ("3 (1 div.)"); "–" and "" count too.
 _NUMERIC = re.compile(r"^\s*(?:[+\-−]?\d+(?:\.\d+)?(?:\s*±\s*\d+(?:\.\d+)?)?\s*(?:×|%|s)?(?:\s*\(.*\))?|–|)\s*$")
@@ -122,10 +211,15 @@ def render(
 
 
 def write_table(table: Table, out_dir: Path) -> dict[str, Path]:
-    """<name>.csv (numbers), <name>.md and <name>.tex (the display face, same cells)."""
+    """<name>.csv (the numbers, long format: `long_format`), <name>.md and <name>.tex (the display face, same cells;
+    not for a table without rows)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"csv": out_dir / f"{table.name}.csv", "md": out_dir / f"{table.name}.md", "tex": out_dir / f"{table.name}.tex"}
-    table.data.to_csv(paths["csv"], index=False)
+    long_format(table.data, table.wide, table.wide_column).to_csv(paths["csv"], index=False)
+    if table.display.empty:  # no rows (a sweep without eval sets): no Markdown or LaTeX table of nothing
+        for fmt in ("md", "tex"):
+            paths.pop(fmt).unlink(missing_ok=True)
+        return paths
     paths["md"].write_text(render(table.display, "md", caption=table.caption, bold=table.bold))
     paths["tex"].write_text(render(table.display, "tex", caption=table.caption, label=f"tab:{table.name}", bold=table.bold))
     return paths
@@ -365,7 +459,7 @@ def results_table(sweep: Sweep, baseline: str = "bf16") -> Table:
         f"best arm per column in bold; '{baseline} @ step 0' = accuracy before RL; 'div.' = seeds that diverged "
         "(their last eval before diverging is used; such a cell, and the Avg. of its arm, is never bold)."
     )
-    return Table("results", data_out, display, caption, bold)
+    return Table("results", data_out, display, caption, bold, wide=tuple(tasks))
 
 
 def contends(num: dict[str, Any], column: str, tasks: list[str]) -> bool:
@@ -421,24 +515,24 @@ def run_timings(sweep: Sweep, warmup: int = 1) -> pd.DataFrame:
 
 
 def throughput_summary(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) -> pd.DataFrame:
-    """Per (model, engine, device, arm): tokens/s mean ± std over runs, mean seconds per step by part, speed-ups.
+    """Per (model, engine, device, task, arm): tokens/s mean ± std over runs (seeds), mean seconds per step by
+    part, and the speed-ups against the baseline arm on the same model, engine, device and task.
 
-    A speed-up compares an arm with the baseline arm on the same model, engine and device (an FP8 GPU rollout
-    against a BF16 CPU one would say nothing about FP8); it is computed per task (arm mean / baseline mean on
-    that task) and then averaged over tasks with a geometric mean: tasks differ in response length, so pooling
-    runs across tasks would weight the comparison by whichever tasks an arm happened to run. `emulated` marks a
-    quantized precision on a CPU (analysis.arms.is_emulated).
+    Like with like: an FP8 GPU rollout against a BF16 CPU one would say nothing about FP8, and tasks differ in
+    response length (tokens/s and seconds per step with them), so a number pooled over tasks would weight an arm
+    by the tasks it happened to run; every row and every ratio here is one task's. `emulated` marks a quantized
+    precision on a CPU (analysis.arms.is_emulated).
     """
     t = run_timings(sweep, warmup)
-    cols = ["model", *RUNTIME_COLUMNS, "method", "precision", "emulated", "n_runs", "tokens_per_s_mean",
+    cols = ["model", *RUNTIME_COLUMNS, "task", "method", "precision", "emulated", "n_runs", "tokens_per_s_mean",
             "tokens_per_s_std", *TIME_PARTS, "other_s", "step_s", "rollout_speedup", "step_speedup"]
     if t.empty or t["rollout_tokens_per_s"].isna().all() and t["step_s"].isna().all():
         return pd.DataFrame(columns=cols)
     rows = []
-    for (model, engine, device), g in t.groupby(["model", *RUNTIME_COLUMNS], sort=True):
+    for (model, engine, device, task), g in t.groupby(["model", *RUNTIME_COLUMNS, "task"], sort=True):
         arms = sorted_arms(zip(g["method"], g["precision"]))
         base = _baseline_arm(arms, baseline)
-        per_task = g.groupby(["method", "precision", "task"])[["rollout_tokens_per_s", "step_s"]].mean()
+        b = g[(g.method == base[0]) & (g.precision == base[1])] if base is not None else g.iloc[0:0]
         for arm in arms:
             a = g[(g.method == arm[0]) & (g.precision == arm[1])]
             tps = summarize(a["rollout_tokens_per_s"])
@@ -446,34 +540,33 @@ def throughput_summary(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) ->
             step_s = float(a["step_s"].mean())
             known = np.nansum(list(parts.values()))
             other = step_s - known if np.isfinite(step_s) and step_s - known > 1e-9 else 0.0
-            r_speed, s_speed = [], []
-            if base is not None:
-                for task in sorted(a["task"].unique()):
-                    if (base[0], base[1], task) in per_task.index:
-                        b = per_task.loc[(base[0], base[1], task)]
-                        x = per_task.loc[(arm[0], arm[1], task)]
-                        r_speed.append(x["rollout_tokens_per_s"] / b["rollout_tokens_per_s"])
-                        s_speed.append(b["step_s"] / x["step_s"])
             rows.append(
                 {
-                    "model": model, "engine": engine, "device": device, "method": arm[0], "precision": arm[1],
-                    "emulated": is_emulated(arm[1], device), "n_runs": len(a),
+                    "model": model, "engine": engine, "device": device, "task": task, "method": arm[0],
+                    "precision": arm[1], "emulated": is_emulated(arm[1], device), "n_runs": len(a),
                     "tokens_per_s_mean": tps.mean, "tokens_per_s_std": tps.std, **parts, "other_s": other,
-                    "step_s": step_s, "rollout_speedup": geometric_mean(r_speed), "step_speedup": geometric_mean(s_speed),
+                    "step_s": step_s,
+                    "rollout_speedup": _ratio(tps.mean, b["rollout_tokens_per_s"].mean()),
+                    "step_speedup": _ratio(b["step_s"].mean(), step_s),
                 }
             )
     return pd.DataFrame(rows, columns=cols)
 
 
+def _ratio(a: float, b: float) -> float:
+    return float(a / b) if np.isfinite(a) and np.isfinite(b) and b > 0 else float("nan")
+
+
 def throughput_table(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) -> Table:
-    """Rollout throughput and where a training step's time goes, per arm, rollout precision, engine and device."""
+    """Rollout throughput and where a training step's time goes, per task, arm, rollout precision, engine and device."""
     data = throughput_summary(sweep, baseline, warmup)
     multi_model = data["model"].nunique() > 1
     labels = arm_labels(zip(data["method"], data["precision"]))
-    rows = []
+    rows, prev = [], None
     for r in data.itertuples(index=False):
         row = {
             "Model": r.model,
+            "Task": r.task if (r.model, r.task) != prev else "",
             "Method": labels[(r.method, r.precision)],
             "Rollout": rollout_label(r.precision, r.device),
             "Engine": f"{r.engine} ({r.device})",
@@ -486,13 +579,14 @@ def throughput_table(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) -> T
         if not multi_model:
             row.pop("Model")
         rows.append(row)
+        prev = (r.model, r.task)
     caption = (
         f"Throughput per arm, rollout precision, engine and device: rollout tokens/s (mean ± std over runs) and "
         f"seconds per training step by part (generation; weight sync incl. re-quantization; recompute of log π_old; "
-        f"optimizer steps), averaged over steps >= {warmup} (warm-up excluded); speed-ups vs {baseline} on the same "
-        "model, engine and device are per-task ratios of means, geometric-mean over tasks (step speed-up = ratio of "
-        "step times). 'emulated': a quantized precision on a CPU, computed by fake quantization in fp32, whose speed "
-        "says nothing about FP8/INT8 hardware."
+        f"optimizer steps), averaged over steps >= {warmup} (warm-up excluded), per task (tasks differ in response "
+        f"length); speed-ups vs {baseline} on the same task, model, engine and device are ratios of means (step "
+        "speed-up = ratio of step times). 'emulated': a quantized precision on a CPU, computed by fake quantization "
+        "in fp32, whose speed says nothing about FP8/INT8 hardware."
     )
     return Table("throughput", data, pd.DataFrame(rows), caption)
 

@@ -1,4 +1,4 @@
-from bench.launch.cli import main
+from bench.launch.entry import main
 
 if __name__ == "__main__":
     main()

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from bench import CONF_DIR  # defined where `qrl-bench --help` reads it without this module's imports
 from bench.launch.budget import BudgetConfig
 from bench.evaluation import EvalConfig
 from bench.grpo import AlgoConfig
@@ -37,8 +37,6 @@ from bench.tasks.base import TASKS
 from bench.run.tracking import TrackingConfig, tracking_mode
 from bench.train import TrainConfig
 
-#: conf/: the config tree (groups method/ model/ task/ rollout/ tracking/ experiment/, hydra/launcher/)
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 #: group name -> the registry whose names are its choices (the other groups are plain data: model/, tracking/)
 GROUP_REGISTRIES = {"method": METHODS, "task": TASKS, "rollout": ENGINES}
 #: the key of each group's node that holds the option's name
@@ -125,16 +123,26 @@ def _as_object(node: DictConfig, schema: type, where: str) -> Any:
 
 def validate(cfg: DictConfig) -> None:
     """Every schema's `check()`, then the checks across sections: raises ValueError naming the bad value."""
+    for check in checks(cfg):
+        check()
+
+
+def checks(cfg: DictConfig) -> list[Callable[[], Any]]:
+    """The checks `validate` runs, in order, each on its own: bench.launch.entry runs them before torch is
+    imported and leaves the ones that need torch (is CUDA usable?) to the run."""
     parts = [("method", group_schema("method", cfg.method.name)), ("task", group_schema("task", cfg.task.name)),
              ("rollout", group_schema("rollout", cfg.rollout.engine)), ("algo", AlgoConfig), ("train", TrainConfig),
              ("tracking", TrackingConfig), ("model", ModelConfig), ("eval", EvalConfig), ("budget", BudgetConfig)]
-    for key, schema in parts:
-        obj = _as_object(cfg[key], schema, key)
-        check = getattr(obj, "check", None)
-        if check is not None:
-            check()
-    tracking_mode(cfg)  # WANDB_MODE overrides tracking.mode: a bad one must fail here, not inside the run
-    check_across(cfg)
+    out: list[Callable[[], Any]] = [lambda key=key, schema=schema: _check_part(cfg, key, schema) for key, schema in parts]
+    # WANDB_MODE overrides tracking.mode: a bad one must fail here, not inside the run
+    return out + [lambda: tracking_mode(cfg), lambda: check_across(cfg)]
+
+
+def _check_part(cfg: DictConfig, key: str, schema: type) -> None:
+    obj = _as_object(cfg[key], schema, key)
+    check = getattr(obj, "check", None)
+    if check is not None:
+        check()
 
 
 def check_across(cfg: DictConfig) -> None:

@@ -25,7 +25,6 @@ from typing import Any, Optional
 
 import torch
 from omegaconf import DictConfig
-from tqdm import tqdm
 
 from bench.advantages import AdvantageEstimator, build_estimator
 from bench.compute import Diverged, TrainerCompute, enable_gradient_checkpointing
@@ -39,6 +38,7 @@ from bench.models.logprobs import TRAINER_DTYPES
 from bench.models.tokenizer import PromptFormat, engine_ids, uses_chat_template
 from bench.run.preempt import PreemptionGuard
 from bench.preflight import check_data
+from bench.run.progress import progress
 from bench.quant import diagnostics
 from bench.quant.quantizers import Quantizer
 from bench.rollout import build_engine
@@ -330,7 +330,7 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
     tracker.replay(run.metrics(), run.evals(), below=start)  # rows an earlier attempt's W&B mirror lost
     run.update_info(wandb_id=tracker.run_id, setup=setup, **declared)
     t0, every = time.perf_counter(), cfg.train
-    bar = tqdm(range(start, every.steps), initial=start, total=every.steps, desc=run_name, mininterval=1.0, dynamic_ncols=True)
+    bar = progress(range(start, every.steps), run_name)  # a tqdm bar on a terminal, plain lines in a log file
     with PreemptionGuard() as guard:
         try:
             for step in bar:

@@ -25,6 +25,11 @@ if [ $quick = 0 ] && [ "${QRL_SLURM:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command
     echo "[test] SLURM bring-up failed; SLURM tests will fail in CI and skip elsewhere" >&2
   fi
 fi
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v pdflatex >/dev/null; then
+  # pdflatex for tests/analysis/test_latex.py (compiles every .tex table the report writes; ~100 MB of TeX)
+  apt-get install -y -q texlive-latex-base >/dev/null \
+    || echo "[test] texlive-latex-base not installed; the LaTeX compile test will skip" >&2
+fi
 set +e
 timeout 4200 .venv/bin/python -m pytest -q -p no:cacheprovider --ignore=tests/vllm "$@"
 rc=$?

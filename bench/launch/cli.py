@@ -1,36 +1,15 @@
-"""`qrl-bench` (= `python -m bench`): Hydra entry point for one run or a multirun sweep.
+"""The run and the sweep behind `qrl-bench` (bench/launch/entry.py parses the command line and answers --help
+and config errors before this module's imports: torch, transformers).
 
-    qrl-bench                                  the embedded default: tiny model, CPU, W&B offline
-    qrl-bench method=tis task=countdown        one run of another arm / task
-    qrl-bench -m +experiment=smoke             a named sweep (conf/experiment/), local launcher in parallel
-    qrl-bench -m +experiment=smoke hydra/launcher=slurm     the same sweep on SLURM (submitit)
-    qrl-bench -m +experiment=smoke --dry-run   list the jobs (and which would be skipped as done)
-
-Exit codes of a single run (every non-zero one comes with a one-line cause on stderr):
-    0    completed, or already completed (skipped)
-    1    failed: an error during the run (run.json `failed` with the cause; a traceback for unexpected errors)
-    2    bad configuration or input, found before any work (nothing written): an unknown choice or key, a value
-         out of range, unreadable or too long data, a missing optional engine, a bad WANDB_MODE, a run
-         directory that cannot be written
-    3    diverged: a non-finite loss or gradient (run.json `diverged`; metrics kept); also a relaunch of one
-    4    the run directory is in use by another process (its lock is held)
-    5    refused: the run directory holds rows but neither run.json nor a checkpoint (a completed run that
-         lost its run.json), or an unreadable checkpoint; the message names the option that goes on
-         (train.overwrite=true, train.resume_from=previous). A run stopped before its first checkpoint is not
-         refused: it restarts from step 0 (bench/run/resume.py)
-    6    incomplete: trained to the end, but steps are missing from metrics.jsonl that no checkpoint could
-         recompute (their lines were unreadable); also a relaunch of such a run
-    128+N  stopped by signal N (SIGINT 130, SIGUSR1 138, SIGTERM 143) after checkpointing: run.json
-         `preempted`; the same command resumes it
-A sweep (-m) exits 0 when every job completed or was skipped as completed; otherwise with the code its failed
-jobs share, 1 when they differ, 128+N when the sweep itself was stopped by signal N; it lists every job that
-did not complete, with its reason and log.
+`execute` runs one job to an outcome (a key of EXIT, each with a one-line cause; the codes are listed by
+`qrl-bench --exit-codes`, bench/launch/entry.py); `hydra_main` is the Hydra task of a run or of each sweep job.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import errno
+import math
 import os
 import signal
 import sys
@@ -175,8 +154,27 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
         print(f"qrl-bench: error: {message}", file=sys.stderr, flush=True)
         return Outcome("bad_config", message, run.path)
     reason = run.info().get("reason")
-    say(name, f"{status} -> {run.path}" + (f" ({reason})" if reason else ""))
+    say(name, result_line(run, status) + (f" ({reason})" if reason else ""))
     return Outcome(status, reason, run.path)
+
+
+def result_line(run: RunDir, status: str) -> str:
+    """The run's result in one line, whether or not W&B is on: 'completed · eval accuracy 41.5 % (step 20) ·
+    KL(mu||pi_old) 2.1e-04 · 20 steps · 1m32s -> DIR'. KL is the mean over the run's steps of mismatch/kl_k3,
+    as the analysis's severity axis reads it (analysis/severity.py); the time is this attempt's training time."""
+    info, rows, evals = run.info(), run.metrics(), [e for e in run.evals() if "eval/accuracy" in e]
+    parts = [status]
+    if evals:
+        parts.append(f"eval accuracy {100 * evals[-1]['eval/accuracy']:.1f} % (step {evals[-1].get('step')})")
+    kl = [r["mismatch/kl_k3"] for r in rows if isinstance(r.get("mismatch/kl_k3"), (int, float))]
+    kl = [k for k in kl if math.isfinite(k)]
+    if kl:
+        parts.append(f"KL(mu||pi_old) {sum(kl) / len(kl):.2e}")
+    parts.append(f"{len(rows)} steps")
+    wall = info.get("final/wall_s") or info.get("wall_s")
+    if isinstance(wall, (int, float)):
+        parts.append(sweep_report.fmt_duration(wall))
+    return " · ".join(parts) + f" -> {run.path}"
 
 
 def distributed_env_size() -> int:
@@ -401,55 +399,15 @@ def _read_only_fs(path: Path) -> bool:
         return False
 
 
-HELP = """usage: qrl-bench [-m] [--dry-run] [key=value ...]     (python -m bench)
-
-One GRPO run, or with -m a sweep, of an arm (a method at a rollout precision) on a task and a model.
-
-examples:
-  qrl-bench                                          the embedded default: bf16 arm, arithmetic, tiny model, CPU
-  qrl-bench method=tis rollout.precision=int8 seed=1  one arm at another precision -> results/default/tis@int8/...
-  qrl-bench -m method=bf16,naive,tis seed=0,1,2      a sweep (local workers in parallel)
-  qrl-bench -m +experiment=smoke_short --dry-run     list a named sweep's jobs and what each launch would do
-  qrl-bench -m +experiment=smoke hydra/launcher=slurm      the same sweep on SLURM (submitit)
-  qrl-bench -m +experiment=paper/qurl_table1 --dry-run     a paper recipe: its rows, GPU-hours
-  qrl-analyze results/smoke_short                    figures, tables and report.md of a sweep
-
-config groups (choose with group=option):
-{groups}
-Every key of the resolved config can be set as key=value (e.g. train.steps=20 algo.clip_eps_high=0.28);
-`qrl-bench --cfg job` prints the resolved config. Exit codes: see `python -m bench --exit-codes`.
-"""
-
-
-def help_text() -> str:
-    """The help: usage examples and every config group with its options (the yaml files of conf/)."""
-    lines = []
-    for group in ("method", "rollout", "task", "model", "tracking", "experiment"):
-        folder = CONF_DIR / group
-        options = sorted(str(p.relative_to(folder).with_suffix("")) for p in folder.rglob("*.yaml"))
-        lines.append(f"{group}: {', '.join(options)}")
-    return HELP.format(groups="\n".join(lines))
-
-
-def main() -> None:
-    # A W&B service inherited from the launching process (wandb exports WANDB_SERVICE to its children) would
-    # carry this run's W&B stream: a resumed run then writes into the stream its killed attempt left open in
-    # that service, and its own offline run directory stays empty. Nothing in this process has started W&B
-    # yet, so any WANDB_SERVICE here is inherited: every qrl-bench process starts its own.
-    os.environ.pop("WANDB_SERVICE", None)
-    args = sys.argv[1:]
-    if "--help" in args or "-h" in args:
-        print(help_text())
-        return
-    if "--exit-codes" in args:
-        print(__doc__[__doc__.index("Exit codes"):].rstrip())
-        return
-    plain = [a for a in args if not a.startswith("-")]
-    error = (check_names(plain) or check_group_overrides(plain) or unwritable_out_root(args) or overwrite_on_sweep(args)
-             or check_overrides(args))
-    if error:
-        print(f"qrl-bench: error: {error}", file=sys.stderr)
-        sys.exit(EXIT["bad_config"])
+def run(args: list[str], checked: bool = False) -> None:
+    """The command line after bench.launch.entry: its checks (unless the entry point's quick check `checked` them
+    already), then the dry run, the run or the sweep; exits with the code of EXIT."""
+    if not checked:
+        plain = [a for a in args if not a.startswith("-")]
+        error = config_error(args, plain) or check_overrides(args)
+        if error:
+            print(f"qrl-bench: error: {error}", file=sys.stderr)
+            sys.exit(EXIT["bad_config"])
     if "--dry-run" in args:
         from bench.launch.dryrun import dry_run
 
@@ -458,6 +416,17 @@ def main() -> None:
     code = sweep_report.exit_code()  # a sweep: its launcher recorded the jobs' outcomes (None for one run)
     if code:
         sys.exit(code)
+
+
+def config_error(args: list[str], plain: list[str]) -> str | None:
+    """The checks of the command line that come before composing it (bench.launch.overrides composes it)."""
+    return check_names(plain) or check_group_overrides(plain) or unwritable_out_root(args) or overwrite_on_sweep(args)
+
+
+def main() -> None:
+    from bench.launch.entry import main as entry_main  # the console script's entry point; kept here for callers
+
+    entry_main()
 
 
 if __name__ == "__main__":

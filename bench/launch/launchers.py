@@ -175,11 +175,11 @@ def job_views(loader: FrozenConfigLoader, master: DictConfig, job_overrides: Seq
             rid = RunId.of(cfg)
             run_dir, name = rid.path(cfg.out_root), rid.name
             key = (str(cfg.task.name), OmegaConf.to_yaml(cfg.task), OmegaConf.to_yaml(cfg.model))
-            steps = int(cfg.train.steps)
+            steps, arm = int(cfg.train.steps), rid.arm
         except Exception:  # noqa: BLE001 -- another Hydra app (the launcher tests' probe)
             run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
-            name, key, steps = " ".join(filter_overrides(ov)) or f"job{idx}", (), 1
-        views.append(JobView(idx, name, run_dir.absolute(), steps, key, own_dir=bool(key)))
+            name, key, steps, arm = " ".join(filter_overrides(ov)) or f"job{idx}", (), 1, ""
+        views.append(JobView(idx, name, run_dir.absolute(), steps, key, own_dir=bool(key), arm=arm))
         overrides[idx] = list(ov)
     return views, overrides
 

@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Any
+from typing import Any, Callable
 
 #: Hydra flags that take a value or change what runs: with any of them, Hydra parses the command line itself
 HYDRA_FLAGS = ("-m", "--multirun")
 _MISSING = re.compile(r"Could not find '(?P<path>[^']+)'")
 
 
-def check_overrides(args: list[str]) -> str | None:
-    """The one-line error for the first override Hydra cannot compose, or None (see the module docstring)."""
+def check_overrides(args: list[str], check: Callable[[Any], str | None] | None = None) -> str | None:
+    """The one-line error for the first override Hydra cannot compose, or None (see the module docstring);
+    `check(cfg)` (bench.launch.entry: the value checks) is asked about each composed config too."""
     flags = [a for a in args if a.startswith("-")]
     if any(f not in HYDRA_FLAGS + ("--dry-run",) for f in flags):
         return None  # --cfg, --config-name, ...: Hydra's own command line
@@ -43,9 +44,12 @@ def check_overrides(args: list[str]) -> str | None:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for trial in trials:
             try:
-                compose("config", overrides=trial, return_hydra_config=True)
+                cfg = compose("config", overrides=trial, return_hydra_config=True)
             except HydraException as e:
                 return explain(e, trial, compose)
+            error = check(cfg) if check is not None else None
+            if error:
+                return error
     return None
 
 

@@ -5,6 +5,8 @@ line when a job starts or ends, and at most every 30 s otherwise):
 
     [sweep smoke_short] 10/24 done · 2 running · 1 failed · 3 skipped · 8 pending · ETA 3m10s
 
+(the ETA: measured lead-in, per-step and tail times scheduled on the workers, bench/launch/eta.py)
+
 Each run's own output (progress bar, warnings) goes to its run directory's run.log, not here. When it ends:
 the counts, then every job that did not complete with its outcome, reason and log, and the sweep's exit
 code (`exit_code`, read by bench.launch.cli.main):
@@ -20,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from bench.launch.eta import Eta, completed_before
 
 _EXIT_CODE: int | None = None
 OK_OUTCOMES = ("completed", "skipped")
@@ -49,9 +53,24 @@ class JobView:
     started: float | None = None
     log: Path | None = None  # the job's own output; default <run dir>/run.log (local launcher)
     own_dir: bool = False  # run_dir is the qrl-bench run directory (hydra.run.dir); else Hydra's sweep subdir
+    arm: str = ""  # <method>@<precision>: with `key`, what its seconds per step depend on (bench/launch/eta.py)
+    _completed: bool | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.log = self.log or self.run_dir / "run.log"
+
+    def rows(self) -> int:
+        """Rows of its metrics.jsonl (steps trained, by this and earlier attempts)."""
+        try:
+            return (self.run_dir / "metrics.jsonl").read_bytes().count(b"\n")
+        except OSError:
+            return 0
+
+    def will_skip(self) -> bool:
+        """Whether its run was completed before the sweep started (the launch skips it); read once."""
+        if self._completed is None:
+            self._completed = completed_before(self.run_dir)
+        return self._completed
 
     def progress(self) -> float:
         """Fraction of its steps done: 1 when done, rows of metrics.jsonl / steps while running."""
@@ -59,11 +78,7 @@ class JobView:
             return 1.0
         if self.state != "running":
             return 0.0
-        try:
-            rows = (self.run_dir / "metrics.jsonl").read_bytes().count(b"\n")
-        except OSError:
-            return 0.0
-        return min(1.0, rows / max(1, self.steps))
+        return min(1.0, self.rows() / max(1, self.steps))
 
 
 def counts(jobs: list[JobView]) -> dict[str, int]:
@@ -82,33 +97,6 @@ def fmt_duration(seconds: float) -> str:
     if seconds >= 3600:
         return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
-
-
-def steps_done(jobs: list[JobView]) -> tuple[float, float]:
-    """(training steps done, steps left) over the jobs that do work (jobs skipped as completed do not count)."""
-    work = [j for j in jobs if (j.outcome or {}).get("outcome") != "skipped"]
-    done = sum(j.progress() * j.steps for j in work)
-    return done, sum(j.steps for j in work) - done
-
-
-@dataclass
-class Rate:
-    """Training steps per second over the last `window` seconds: a sweep's first minutes go to warm starts
-    (no steps), so an average since the start would promise hours; a recent rate does not."""
-
-    window: float = 180.0
-    samples: list[tuple[float, float]] = field(default_factory=list)
-
-    def eta(self, now: float, done: float, left: float) -> str:
-        self.samples.append((now, done))
-        while len(self.samples) > 2 and now - self.samples[1][0] >= self.window:
-            self.samples.pop(0)
-        t0, d0 = self.samples[0]
-        if left <= 0:
-            return "0s"
-        if now - t0 < 5.0 or done - d0 <= 0:
-            return "?"
-        return fmt_duration(left * (now - t0) / (done - d0))
 
 
 def status_line(sweep: str, jobs: list[JobView], elapsed: float, extra: str = "", eta_text: str = "?") -> str:
@@ -135,7 +123,7 @@ class LiveLine:
     _last: str = ""
     _last_t: float = 0.0
     _width: int = 0
-    _rate: Rate = field(default_factory=Rate)
+    eta: Eta = field(default_factory=Eta)  # its `slots`: the local pool's workers (None: SLURM, as seen running)
 
     @property
     def tty(self) -> bool:
@@ -143,7 +131,8 @@ class LiveLine:
 
     def refresh(self, extra: str = "", force: bool = False) -> None:
         now = time.monotonic()
-        line = status_line(self.sweep, self.jobs, now - self.t0, extra, self._rate.eta(now, *steps_done(self.jobs)))
+        left = self.eta.update(now, self.jobs)
+        line = status_line(self.sweep, self.jobs, now - self.t0, extra, "?" if left is None else fmt_duration(left))
         changed = _without_eta(line) != _without_eta(self._last)
         if self.tty:
             if force or changed or now - self._last_t >= 1.0:

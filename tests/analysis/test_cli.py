@@ -47,12 +47,19 @@ def test_tables_are_written_in_three_formats(cli_run: CliResult):
 
 def test_report_embeds_everything_and_states_provenance(cli_run: CliResult):
     text = (cli_run.out / "report.md").read_text()
+    # issue 25 item 4: it opens with the verdict (sentences, before any table), then the headline figure
+    opening = text.split("\n\n")[1]
+    assert opening.startswith("36 runs: 6 arms × 2 tasks (arithmetic, countdown), n = 3 seeds per arm")
+    assert "95 % interval" in opening and not opening.startswith("|")
+    assert text.split("\n\n")[2].startswith("![")
     links = re.findall(r"\]\(([^)#]+)\)", text)
     assert links, "no links in report"
     for link in links:
         assert (cli_run.out / link).is_file(), link
     embedded = set(re.findall(r"!\[[^\]]*\]\(figures/([^)]+)\.png\)", text))
     assert embedded == set(FIGURES)
+    assert "[appendix](appendix.md)" in text
+    text += (cli_run.out / "appendix.md").read_text()  # provenance, configuration and the runs used
     assert GIT_SHA in text
     for pkg, ver in VERSIONS.items():
         assert f"| {pkg} | {ver} (36) |" in text
@@ -75,7 +82,8 @@ def test_report_lists_every_broken_run_with_its_reason(cli_run: CliResult):
         line = next((ln for ln in left_out.splitlines() if f"sweep/{rel} |" in ln), None)
         assert line is not None, rel
         assert fragment.replace("|", "\\|") in line, (rel, line)
-    assert "dropped unreadable last line" in text  # the warning on a run that was kept
+    assert "**Warnings on runs used**: 1 (listed in the appendix)" in text
+    assert "dropped unreadable last line" in (cli_run.out / "appendix.md").read_text()  # the warning on a kept run
 
 
 def test_sweep_with_no_usable_run_still_reports_and_exits_1(tmp_path: Path):

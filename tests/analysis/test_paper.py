@@ -54,9 +54,11 @@ def test_qurl_table1_cells_by_hand(tmp_path):
     assert len(rows) == 1 + 7  # the paper's seven rows, in its order
     tables = tmp_path / "rep" / "tables"
     data = pd.read_csv(tables / "paper_qurl_table1.csv")
-    bf16 = data[(data.method == "bf16")].iloc[0]
-    assert bf16.ours_mean == pytest.approx(52.0) and bf16.paper == pytest.approx(55.35) and bf16.delta == pytest.approx(-3.35)
-    assert bf16.n_runs == 2 and bf16.metric == "eval/accuracy"
+    # long format (issue 25 item 4): one row per arm x statistic; the table's own metric stays a column
+    bf16 = data[data.method == "bf16"].set_index("statistic")["value"]
+    assert bf16["ours_mean"] == pytest.approx(52.0) and bf16["paper"] == pytest.approx(55.35)
+    assert bf16["delta"] == pytest.approx(-3.35) and bf16["n_runs"] == 2
+    assert set(data[data.method == "bf16"]["metric"]) == {"eval/accuracy"}
     tex = (tables / "paper_qurl_table1.tex").read_text()
     assert "\\begin{tabular}" in tex and "52.00 $\\pm$ 2.83" in tex and "$\\Delta$" in tex
     assert (tables / "paper_qurl_table1.md").read_text().strip() == out.strip()

@@ -8,6 +8,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from analysis.cli import main
@@ -199,8 +200,12 @@ def test_cli_report_has_the_severity_section(tmp_path):
     assert rc == 0, err.getvalue()
     report = (root / "report" / "report.md").read_text()
     assert "## Severity ladder: gap to bf16 and the recovered share of the naive gap" in report
-    assert "## Accuracy against mismatch across severities" in report
-    assert "![Accuracy against mismatch — arithmetic / tiny](figures/severity_arithmetic_tiny.png)" in report
+    # the headline figure: right after the verdict, before the tables (issue 25 item 4)
+    headline = "![Accuracy against mismatch — arithmetic / tiny](figures/severity_arithmetic_tiny.png)"
+    assert report.index(headline) < report.index("## Severity ladder")
+    assert report.split("\n\n")[2] == headline
     assert "naive=naive, collapse_k=2" in report
     assert "| 2/3 (step 4 8) |" in report  # k = 2 reached the table
-    assert (root / "report" / "tables" / "severity.csv").read_text().count("\n") == 1 + 8
+    csv = pd.read_csv(root / "report" / "tables" / "severity.csv")  # long: one row per method x severity x metric
+    acc = csv[csv.metric == "acc"]
+    assert len(acc) == 8 and (acc["lo"].isna() | (acc["lo"] <= acc["value"])).all() and set(acc["n"]) <= {1, 2, 3}

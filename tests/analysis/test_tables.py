@@ -100,28 +100,32 @@ def test_results_table_marks_a_diverged_seed(sweep: Sweep):
 
 def test_throughput_excludes_warmup_and_gives_speedup_vs_bf16(sweep: Sweep):
     data = throughput_table(sweep).data
-    fp8 = _cell(data, method="naive")
+    fp8 = _cell(data, method="naive", task="arithmetic")  # one row per task: like with like
     assert math.isclose(fp8.tokens_per_s_mean, 1600.0)  # step 0 (100 tok/s) is warm-up
     assert math.isclose(fp8.rollout_speedup, 1.6)
-    assert math.isclose(_cell(data, method="acr_uaq").rollout_speedup, 1.8)
+    assert math.isclose(_cell(data, method="acr_uaq", task="arithmetic").rollout_speedup, 1.8)
     assert math.isclose(fp8.step_speedup, (2.0 + 0.8) / (1.25 + 0.8))
     assert math.isclose(fp8.rollout_s + fp8.sync_s + fp8.recompute_s + fp8.train_s, fp8.step_s)
-    with_warmup = _cell(throughput_table(sweep, warmup=0).data, method="tis")
+    with_warmup = _cell(throughput_table(sweep, warmup=0).data, method="tis", task="arithmetic")
     assert math.isclose(with_warmup.tokens_per_s_mean, (100.0 + 11 * 1600.0) / 12)
 
 
 def test_throughput_rows_split_the_step_and_call_cpu_low_precision_emulated(sweep: Sweep):
     t = throughput_table(sweep)
-    assert list(t.display.columns) == ["Method", "Rollout", "Engine", "Rollout tok/s", "Rollout speed-up", "generation s",
-                                       "sync + requant s", "recompute s", "train s", "step s", "Step speed-up"]
-    fp8 = _cell(t.display, Method="naive")
+    assert list(t.display.columns) == ["Task", "Method", "Rollout", "Engine", "Rollout tok/s", "Rollout speed-up",
+                                       "generation s", "sync + requant s", "recompute s", "train s", "step s",
+                                       "Step speed-up"]
+    assert list(t.display["Task"]).count("arithmetic") == 1  # named once, at the top of its block
+    first = t.display.iloc[: list(t.display["Task"]).index("countdown")]  # the arithmetic block
+    fp8 = _cell(first, Method="naive")
     # synth: 2000 tokens at 1600 tok/s = 1.25 s of generation; sync 0.1, recompute 0.2, train 0.5 -> step 2.05 s
     assert (fp8["Rollout"], fp8["Engine"]) == ("FP8 (emulated)", "embedded (cpu)")
     assert [fp8[c] for c in ("generation s", "sync + requant s", "recompute s", "train s", "step s")] == [
         "1.250", "0.100", "0.200", "0.500", "2.050"]
-    assert _cell(t.display, Method="acr_uaq")["Rollout"] == "INT8 (emulated)"
-    assert _cell(t.display, Method="bf16")["Rollout"] == "BF16"  # not quantized: nothing to emulate
-    assert bool(_cell(t.data, method="naive").emulated) and not bool(_cell(t.data, method="bf16").emulated)
+    assert _cell(first, Method="acr_uaq")["Rollout"] == "INT8 (emulated)"
+    assert _cell(first, Method="bf16")["Rollout"] == "BF16"  # not quantized: nothing to emulate
+    data = t.data[t.data.task == "arithmetic"]
+    assert bool(_cell(data, method="naive").emulated) and not bool(_cell(data, method="bf16").emulated)
 
 
 def _timed_run(method, precision, engine, device, tps, parts, info_runtime=True, task="a") -> Run:
@@ -182,13 +186,16 @@ def _run(method: str, precision: str, task: str, tps: float, step_s: float) -> R
                pd.DataFrame(columns=["step"]))
 
 
-def test_speedup_is_a_geometric_mean_of_per_task_ratios():
-    # Task b's responses are longer (higher tok/s); pooling the runs would weight the ratio by task.
+def test_throughput_compares_like_with_like_per_task():
+    """Issue 25 item 4: task b's responses are longer (higher tok/s); a bar pooled over tasks would weight an arm by
+    the tasks it ran. Every row, and every speed-up, is one task's."""
     sweep = Sweep([_run("bf16", "bf16", "a", 1000, 2.0), _run("bf16", "bf16", "b", 2000, 4.0),
                    _run("naive", "fp8_e4m3", "a", 1500, 1.0), _run("naive", "fp8_e4m3", "b", 4000, 1.0)], [])
-    fp8 = _cell(throughput_table(sweep).data, method="naive")
-    assert math.isclose(fp8.rollout_speedup, math.sqrt(1.5 * 2.0))
-    assert math.isclose(fp8.step_speedup, math.sqrt(2.0 * 4.0))
+    data = throughput_table(sweep).data
+    a, b = _cell(data, method="naive", task="a"), _cell(data, method="naive", task="b")
+    assert (a.tokens_per_s_mean, b.tokens_per_s_mean) == (1500, 4000)
+    assert math.isclose(a.rollout_speedup, 1.5) and math.isclose(b.rollout_speedup, 2.0)
+    assert math.isclose(a.step_speedup, 2.0) and math.isclose(b.step_speedup, 4.0)
 
 
 def test_markdown_and_latex_render_the_same_cells():
@@ -216,7 +223,13 @@ def test_write_table_writes_csv_markdown_and_latex(sweep: Sweep, tmp_path: Path)
     t = accuracy_table(sweep)
     paths = write_table(t, tmp_path)
     assert sorted(paths) == ["csv", "md", "tex"]
-    back = pd.read_csv(paths["csv"])
-    pd.testing.assert_frame_equal(back[["acc_mean", "acc_std"]], t.data[["acc_mean", "acc_std"]].astype(float))
+    back = pd.read_csv(paths["csv"])  # long: one row per arm x task x metric, rounded to 0.1 pp
+    assert list(back.columns[:4]) == ["model", "task", "method", "precision"] and "metric" in back and "value" in back
+    for metric in ("acc_mean", "acc_std"):
+        got = back[back.metric == metric].set_index(["task", "method", "precision"])["value"]
+        want = t.data.set_index(["task", "method", "precision"])[metric].round(1)
+        pd.testing.assert_series_equal(got.sort_index(), want.sort_index(), check_names=False, check_dtype=False)
+    gap = back[back.metric == "gap_to_bf16"].dropna(subset=["lo"]).iloc[0]
+    assert gap["lo"] <= gap["value"] <= gap["hi"] and gap["n"] >= 2 and gap["interval"] in ("paired t", "Welch")
     assert paths["md"].read_text().count("\n| ") == 1 + len(t.display)  # header + one line per row
     assert "\\begin{table}" in paths["tex"].read_text()

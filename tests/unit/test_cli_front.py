@@ -1,0 +1,96 @@
+"""Issue 25 item 2: `qrl-bench --help` and every config error answer within a second or so of CPU, before torch and
+transformers load (bench/launch/entry.py): one line naming the value, its valid choices and a close match, exit 2.
+
+Each case is the real command in a subprocess; its CPU time (user + sys, the forked checker included) is read
+from getrusage(RUSAGE_CHILDREN). Measured on a busy 2-core machine: --help 0.03 s, an error 0.6-0.9 s; before
+the change every one of them cost ~10 s (torch and transformers imported before parsing). The bound is wide
+(3 s) so that a slow CI machine passes, and still fails if torch is imported again (~10 s).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+CPU_BOUND_S = 3.0
+
+
+def run_cli(*args: str) -> tuple[subprocess.CompletedProcess, float]:
+    """`python -m bench ARGS` and the CPU seconds it used (with every process it waited for)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_SILENT": "true",
+           "WANDB_MODE": "offline"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cp = subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                        timeout=300)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return cp, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def test_help_shows_examples_and_groups_fast():
+    cp, cpu = run_cli("--help")
+    assert cp.returncode == 0, cp.stderr
+    out = cp.stdout
+    for example in ("qrl-bench method=", "qrl-bench -m method=", "--dry-run", "-m +experiment=smoke_short",
+                    "hydra/launcher=slurm", "qrl-analyze results/"):
+        assert example in out, example
+    groups = {line.split(":")[0] for line in out.splitlines() if ": " in line and line[0].isalpha()}
+    assert {"method", "rollout", "task", "model", "tracking", "experiment"} <= groups
+    assert "tis" in next(line for line in out.splitlines() if line.startswith("method:"))
+    assert cpu < CPU_BOUND_S, f"--help took {cpu:.1f} s of CPU"
+
+
+def test_exit_codes_are_listed_fast():
+    cp, cpu = run_cli("--exit-codes")
+    assert cp.returncode == 0 and "2    bad configuration" in cp.stdout and "128+N" in cp.stdout
+    assert cpu < CPU_BOUND_S
+
+
+@pytest.mark.parametrize("args, needles", [
+    # an unknown group option: the choices and the close one
+    (["method=tiss"], ["method=tiss: unknown method 'tiss'", "(did you mean 'tis'?)", "valid choices: acr, "]),
+    # an unknown key: the keys of its section and the close one (not Hydra's "+train.stepz" advice)
+    (["train.stepz=3"], ["train.stepz=3: train has no key 'stepz'", "(did you mean 'steps'?)", "its keys: batch_size"]),
+    # a value of the wrong type
+    (["seed=abc"], ["seed=abc: 'abc' is not a valid seed"]),
+    # a value out of range, and a choice a type cannot express (the schemas' check(), run before torch)
+    (["train.lr=-1"], ["train.lr=-1.0 must be positive and finite"]),
+    (["method=naive", "rollout.precision=fp9"], ["rollout.precision='fp9' is not valid; choose one of: ", "fp8_e4m3"]),
+    # a sweep: each swept value is checked
+    (["-m", "method=bf16,tiss"], ["method=tiss: unknown method 'tiss'", "(did you mean 'tis'?)"]),
+])
+def test_config_errors_are_one_line_exit_2_fast(args, needles):
+    cp, cpu = run_cli(*args)
+    assert cp.returncode == 2, cp.stderr
+    lines = cp.stderr.strip().splitlines()
+    assert len(lines) == 1, cp.stderr
+    assert lines[0].startswith("qrl-bench: error: ")
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert cpu < CPU_BOUND_S, f"{' '.join(args)} took {cpu:.1f} s of CPU"
+
+
+def test_the_checker_imports_no_torch():
+    """The check's child imports the suite with stand-ins (bench/launch/stubs.py); the real packages are never
+    loaded there, and a check that needs them raises NeedsTorch instead of being answered by a stand-in."""
+    code = (
+        "import sys\n"
+        "from bench.launch.stubs import NeedsTorch, strict, stubbed\n"
+        "with stubbed():\n"
+        "    import bench.config, bench.launch.cli\n"
+        "    import torch\n"
+        "    assert not hasattr(torch, '__file__'), 'the real torch was imported'\n"
+        "    strict()\n"
+        "    try:\n"
+        "        torch.cuda.is_available()\n"
+        "    except NeedsTorch:\n"
+        "        print('needs torch')\n"
+    )
+    cp = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.strip() == "needs torch"
