@@ -43,3 +43,11 @@ class Timer(dict):
         yield
         sync(self.device)
         self[name] = self.get(name, 0.0) + time.perf_counter() - t0
+
+
+def fmt_duration(seconds: float) -> str:
+    """`42s`, `3m07s`, `1h05m`: durations in progress and result lines (a run's log, the sweep line)."""
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"

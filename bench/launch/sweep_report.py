@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bench.launch.eta import Eta, completed_before
+from bench.timing import fmt_duration  # noqa: F401  (re-exported: the sweep line and its tests use it)
 
 _EXIT_CODE: int | None = None
 OK_OUTCOMES = ("completed", "skipped")
@@ -90,13 +91,6 @@ def counts(jobs: list[JobView]) -> dict[str, int]:
         else:
             out[j.state] += 1
     return out
-
-
-def fmt_duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def status_line(sweep: str, jobs: list[JobView], elapsed: float, extra: str = "", eta_text: str = "?") -> str:

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any, Iterator, TextIO
 
-from bench.launch.sweep_report import fmt_duration
+from bench.timing import fmt_duration
 
 #: seconds between two progress lines in a log file
 LOG_EVERY_S = 15.0

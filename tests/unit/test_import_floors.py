@@ -51,7 +51,11 @@ def imports(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.split(".")[0] == "bench"}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.split(".")[0] == "bench":
-            found |= {f"bench.{a.name}" for a in node.names} if node.module == "bench" else {node.module}
+            if node.module != "bench":
+                found.add(node.module)
+            else:  # `from bench import x` imports the module bench.x only when x is one (not bench.CONF_DIR)
+                found |= {f"bench.{a.name}" for a in node.names
+                          if (BENCH / f"{a.name}.py").exists() or (BENCH / a.name).is_dir()}
     return found
 
 
