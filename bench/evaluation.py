@@ -143,7 +143,8 @@ def build_eval_engine(eval_cfg: Any, rollout_cfg: Any, rollout_engine: RolloutEn
 
     if isinstance(rollout_engine, VLLMEngine):
         return VLLMEvalEngine(rollout_engine, owns_template=True)
-    template = build_engine(VLLMRolloutConfig(), tokenizer, policy, max_len=max_len)
+    # an unbuilt engine for its stop ids, context and GPU share; the evaluation builds its sibling at EVAL_PRECISION
+    template = build_engine(VLLMRolloutConfig(precision="bf16"), tokenizer, policy, max_len=max_len)
     return VLLMEvalEngine(template, owns_template=False)
 
 
