@@ -16,7 +16,14 @@
   renormalized); it is offered for evaluation only, since the trainer's log-probs are never truncated
   (methods.md section 0).
 
-The policy is copied into an fp32 engine (the trainer's policy itself, not its quantized rollout copy).
+The evaluation engine (`eval.engine`, `build_eval_engine`) holds the trainer's policy itself, never its quantized
+rollout copy:
+    embedded  an fp32 copy in the embedded engine, built for each evaluation and released after it (an eager
+              decoder: fine at the CPU presets' lengths, hours at avg@32 x 8k-32k tokens on a GPU);
+    vllm      a vLLM engine, bf16 on a GPU / fp32 on a CPU (bench.rollout.vllm_engine.VLLMEvalEngine: with fp8
+              rollouts the rollout engine is closed for the evaluation and rebuilt, re-quantized, at the next sync;
+              docs/gpu.md "Evaluation through vLLM" says why);
+    auto      (default) the rollout engine's kind.
 Correct = reward >= 1 (a correct answer: format credit is always below 1, bench/rewards.py). Prompts are built
 by bench.models.tokenizer.encode_prompts (the chat template when the model uses one) and each generate call
 holds at most `eval.batch_size` sequences, so a long benchmark does not need one KV cache for all of it.
@@ -26,7 +33,9 @@ engine samples on (bench.rollout.base.sampling_device): evaluating never moves t
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -37,10 +46,13 @@ from bench.device import make_generator
 from bench.models.tokenizer import PromptFormat, decode_responses, encode_prompts
 from bench.passk import mean_pass_at_k
 from bench.rewards import scorer_metrics
+from bench.rollout import build_engine
 from bench.rollout.base import RolloutEngine, SamplingParams, response_budget, sampling_device
+from bench.rollout.embedded import EmbeddedRolloutConfig
 from bench.tasks.base import TASKS, Example, Task, config_to_dict, stable_seed
 
 EVAL_MODES = ("greedy", "avg@k", "pass@k")
+EVAL_ENGINES = ("auto", "embedded", "vllm")  # auto: the rollout engine's kind
 
 
 @dataclass
@@ -56,6 +68,7 @@ class EvalConfig:
     overrides: Dict[str, Any] = field(default_factory=dict)  # per set, task keys: {aime24: {source: /data/aime24}}
     max_new_tokens: Optional[int] = None  # null: each set's task.max_new_tokens
     batch_size: int = 64  # sequences per generate call (the KV cache of one call); also for eval/accuracy
+    engine: str = "auto"  # auto | embedded | vllm: the evaluation's engine (auto: the rollout engine's kind)
 
     @property
     def samples(self) -> int:
@@ -65,6 +78,12 @@ class EvalConfig:
         return self.n if (self.mode == "pass@k" and self.n is not None) else self.k
 
     def check(self) -> None:
+        if self.engine not in EVAL_ENGINES:
+            raise ValueError(f"eval.engine={self.engine!r} is not valid; choose one of: {', '.join(EVAL_ENGINES)} "
+                             "(auto: the rollout engine's kind)")
+        if self.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ValueError(f"eval.engine=vllm needs vLLM, which {sys.executable} does not have: on a GPU "
+                             "`pip install -e .[vllm]`, on a CPU `bash scripts/install_vllm.sh`; or use eval.engine=embedded")
         if self.mode not in EVAL_MODES:
             raise ValueError(f"eval.mode={self.mode!r} is not valid; choose one of: {', '.join(EVAL_MODES)}")
         if self.k < 1:
@@ -99,6 +118,35 @@ def as_eval_config(cfg: Any) -> EvalConfig:
     if isinstance(cfg, EvalConfig):
         return cfg
     return EvalConfig(**OmegaConf.to_container(cfg, resolve=True))
+
+
+def eval_engine_kind(choice: str, rollout_engine: str) -> str:
+    """The engine kind (`embedded` or `vllm`) an evaluation runs on: `eval.engine`, where auto is the rollout
+    engine's kind (`rollout.engine`)."""
+    if choice not in EVAL_ENGINES:
+        raise ValueError(f"eval.engine={choice!r} is not valid; choose one of: {', '.join(EVAL_ENGINES)}")
+    kind = rollout_engine if choice == "auto" else choice
+    if kind not in EVAL_ENGINES[1:]:
+        raise ValueError(f"eval.engine=auto: rollout.engine={rollout_engine!r} has no evaluation engine; "
+                         f"set eval.engine to one of: {', '.join(EVAL_ENGINES[1:])}")
+    return kind
+
+
+def build_eval_engine(eval_cfg: Any, rollout_cfg: Any, rollout_engine: RolloutEngine, ids: dict[str, Any],
+                      max_len: int | None) -> RolloutEngine:
+    """The evaluation's engine (module docstring). With eval.engine=vllm it is built around the rollout engine
+    when that is vLLM (they take turns on the GPU), else around an unbuilt vLLM engine of the same context.
+    `ids`: the stop and pad ids every engine is built with (bench.models.tokenizer.engine_ids)."""
+    kind = eval_engine_kind(as_eval_config(eval_cfg).engine, rollout_cfg.engine)
+    if kind == "embedded":
+        return build_engine(EmbeddedRolloutConfig(precision="fp32"), **ids, max_len=max_len)
+    from bench.rollout.vllm_engine import VLLMEngine, VLLMEvalEngine, VLLMRolloutConfig
+
+    if isinstance(rollout_engine, VLLMEngine):
+        return VLLMEvalEngine(rollout_engine, owns_template=True)
+    # an unbuilt engine for its stop ids, context and GPU share; the evaluation builds its sibling at EVAL_PRECISION
+    template = build_engine(VLLMRolloutConfig(precision="bf16"), **ids, max_len=max_len)
+    return VLLMEvalEngine(template, owns_template=False)
 
 
 def set_config(name: str, overrides: Any = None) -> Any:

@@ -30,7 +30,7 @@ from bench.advantages import AdvantageEstimator, build_estimator
 from bench.compute import Diverged, TrainerCompute, enable_gradient_checkpointing
 from bench import distributed
 from bench.device import DEVICES, describe, make_generator, resolve_device, restore_rng, rng_state
-from bench.evaluation import build_eval_sets, evaluate_policy
+from bench.evaluation import build_eval_engine, build_eval_sets, evaluate_policy
 from bench.methods.base import Batch, Method, arm_info, build_method, select_stats
 from bench.mismatch import mismatch_metrics, sanitize
 from bench.models.load import context_length, load_policy
@@ -46,7 +46,6 @@ from bench.rewards import scorer_metrics
 from bench.run.identity import method_metric
 from bench.run.resume import RESUME_FROM, Plan, decide, final_status
 from bench.rollout.base import Rollout, RolloutEngine
-from bench.rollout.embedded import EmbeddedRolloutConfig
 from bench.sampling import Sample, Sampler
 from bench.run.store import RunDir
 from bench.tasks.base import Task, build_task
@@ -158,12 +157,12 @@ def build(cfg: DictConfig) -> Parts:
         uses_chat_template(tokenizer, t, prompt_format)  # a template asked for but missing fails here
     max_len = context_length(cfg.model, policy)
     ids = engine_ids(tokenizer, policy)  # every EOS id the model may emit, and the pad id
+    engine = build_engine(cfg.rollout, **ids, max_len=max_len)
     parts = distributed.distribute(Parts(  # untouched at world size 1 (bench/distributed.py)
         cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, method=build_method(cfg.method, cfg.algo),
-        engine=build_engine(cfg.rollout, **ids, max_len=max_len),
-        # evaluate the trainer's policy itself (not its quantized copy), with the embedded engine whatever the
-        # rollout engine is: a second vLLM engine would claim a second share of the GPU
-        eval_engine=build_engine(EmbeddedRolloutConfig(precision="fp32"), **ids, max_len=max_len),
+        engine=engine,
+        # the trainer's policy itself, not its quantized copy: eval.engine (bench/evaluation.py)
+        eval_engine=build_eval_engine(cfg.eval, cfg.rollout, engine, ids, max_len),
         optimizer=torch.optim.AdamW(policy.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay),
         generator=make_generator(device, cfg.seed),
         compute=TrainerCompute(device, cfg.train.dtype, cfg.rollout.temperature, cfg.train.micro_batch_size,

@@ -126,4 +126,111 @@ def describe(cfg: Any) -> str:
             f"{fwd:,.0f} forward tokens/s: {how}")
 
 
-__all__ = ["BudgetConfig", "Estimate", "FLOPS_MODEL", "VERL_QUICKSTART", "describe", "estimate", "throughputs"]
+# ------------------------------------------------------------------ evaluation time per engine (eval.engine)
+#
+# The evaluation's generated tokens are counted at their upper bound, every response running to its max tokens T:
+#     per evaluation   test problems x 1 x task.max_new_tokens                  (eval/accuracy: greedy)
+#                    + sum over eval.sets: problems x samples x max new tokens (eval.max_new_tokens or the set's)
+#     evaluations      step 0, every train.eval_every steps, and the final one
+# and decoded on one GPU by either engine:
+#     vllm      at the rollout rate `throughputs(b)[0]` (stated, or the FLOPs model), the rate the GPU-hours use
+#     embedded  an eager decoder, memory-bound: B = min(eval.batch_size, CHUNK_TOKENS // (L_p + T)) sequences per
+#               decode step (bench/rollout/embedded.py chunks a batch by KV-cache positions), and a step reads
+#               the fp32 evaluation copy (4 B x params) and the fp32 KV cache of the B sequences at their mean
+#               length L_p + T/2, at H100 HBM bandwidth, plus a host-side launch overhead per layer:
+#                   tokens/s = B / ((4 P + B (L_p + T/2) kv_bytes) / HBM_BYTES_PER_S + layers x EAGER_LAYER_S)
+# Problem counts come from the task config (n_test, max_test, test_size) or, for a hub test split, the dataset
+# card's row count (HUB_TEST_ROWS); an unknown set size (a local file without max_test) or model shape gives no
+# estimate. An upper bound on tokens and a lower bound on the eager decoder's time: a small model at short
+# lengths decodes eagerly about as fast as the quoted vLLM rate (qurl_table1); the gap opens with model size
+# and length (docs/gpu.md "Evaluation through vLLM").
+
+HBM_BYTES_PER_S = 3.35e12  # H100 SXM HBM3 (NVIDIA datasheet)
+EAGER_LAYER_S = 3.5e-4  # ours: ~35 eager PyTorch ops per decoder layer (norms, RoPE, cache writes, GEMMs) x ~10 us
+EVAL_BYTES = 4  # the embedded evaluation engine is fp32 (weights and KV cache)
+#: test rows of the hub sets the recipes evaluate on (the dataset cards), for the split the task reads
+HUB_TEST_ROWS = {"HuggingFaceH4/aime_2024": 30, "math-ai/aime25": 30, "AI-MO/aimo-validation-amc": 83,
+                 "HuggingFaceH4/MATH-500": 500, "openai/gsm8k": 1319, "nlile/hendrycks-MATH-benchmark": 5000}
+
+
+def problem_count(task: Any) -> int | None:
+    """How many problems a task config's test split holds (None: unknown without reading the data)."""
+    get = task.get if hasattr(task, "get") else lambda k, d=None: getattr(task, k, d)
+    if get("n_test") is not None:  # generated tasks
+        return int(get("n_test"))
+    rows = int(get("test_size") or 0) if get("test_split") is None else HUB_TEST_ROWS.get(get("source"))
+    cap = get("max_test")
+    if rows is None:
+        return None if cap is None else int(cap)
+    return rows if cap is None else min(rows, int(cap))
+
+
+def eval_passes(cfg: Any) -> list[tuple[int, int, int]] | None:
+    """(problems, samples, max new tokens) of every generation pass of one evaluation: the training task's
+    greedy eval/accuracy, then each eval set; None when a set's size is unknown."""
+    from bench.evaluation import as_eval_config, set_config
+
+    ev = as_eval_config(cfg.eval)
+    passes = [(problem_count(cfg.task), 1, int(cfg.task.max_new_tokens))]
+    for name in ev.sets:
+        own = name == cfg.task.name and name not in ev.overrides
+        task = cfg.task if own else set_config(name, ev.overrides.get(name))
+        passes.append((problem_count(task), ev.samples, int(ev.max_new_tokens or task.max_new_tokens)))
+    return None if any(n is None for n, _, _ in passes) else passes  # type: ignore[return-value]
+
+
+def eager_tokens_per_s(shape: Any, batch_size: int, prompt_tokens: float, max_new: int) -> float:
+    """The embedded fp32 engine's decode rate on one GPU (the model above)."""
+    from bench.rollout.embedded import CHUNK_TOKENS
+
+    batch = max(1, min(batch_size, CHUNK_TOKENS // int(prompt_tokens + max_new)))
+    read = EVAL_BYTES * shape.params + batch * (prompt_tokens + max_new / 2) * shape.kv_bytes(EVAL_BYTES)
+    return batch / (read / HBM_BYTES_PER_S + shape.layers * EAGER_LAYER_S)
+
+
+@dataclass
+class EvalEstimate:
+    """The run's evaluations on one GPU through either engine."""
+
+    tokens_per_eval: float
+    evals: int
+    embedded_s_per_eval: float
+    vllm_s_per_eval: float
+
+    @property
+    def embedded_hours(self) -> float:
+        return self.evals * self.embedded_s_per_eval / 3600.0
+
+    @property
+    def vllm_hours(self) -> float:
+        return self.evals * self.vllm_s_per_eval / 3600.0
+
+    def line(self) -> str:
+        return (f"eval ~{self.embedded_hours:,.1f} h embedded / ~{self.vllm_hours:,.1f} h vLLM "
+                f"({self.evals} x <= {self.tokens_per_eval:,.0f} tokens)")
+
+
+def eval_estimate(cfg: Any) -> EvalEstimate | None:
+    """The evaluation time of one composed run config through either engine (above), or None without a
+    throughput, the model's shape or a set's size."""
+    from bench.launch.memory import model_shape
+
+    rates, passes, shape = throughputs(cfg.budget), eval_passes(cfg), model_shape(cfg.model)
+    if rates is None or passes is None or shape is None:
+        return None
+    tokens = sum(n * k * t for n, k, t in passes)
+    eager_s = sum(n * k * t / eager_tokens_per_s(shape, cfg.eval.batch_size, cfg.budget.prompt_tokens, t)
+                  for n, k, t in passes)
+    evals = math.ceil(cfg.train.steps / cfg.train.eval_every) + 1
+    return EvalEstimate(float(tokens), evals, eager_s, tokens / rates[0])
+
+
+def describe_eval() -> str:
+    """One line: what the evaluation-time estimate assumes (for the dry run's summary)."""
+    return (f"evaluation on one GPU, every response at its max tokens: vLLM at the generation rate above; the "
+            f"embedded eager fp32 decoder reading weights + KV cache at {HBM_BYTES_PER_S / 1e12:g} TB/s (H100 HBM3) "
+            f"+ {EAGER_LAYER_S * 1e3:g} ms of launches per layer and step (ours; bench/launch/budget.py)")
+
+
+__all__ = ["BudgetConfig", "Estimate", "EvalEstimate", "FLOPS_MODEL", "VERL_QUICKSTART", "describe", "describe_eval",
+           "eager_tokens_per_s", "estimate", "eval_estimate", "eval_passes", "problem_count", "throughputs"]

@@ -8,7 +8,9 @@ Where a job's config sets `budget.params_b` (the paper recipes), its line ends w
 (the recipes' hub models, the built-in ones) and the job runs on a GPU, the line also gives its peak memory per GPU
 (bench/launch/memory.py; per GPU, with the trainer states divided by the FSDP shard count when the job runs one
 rank per GPU, `train.nproc_per_node`), a job whose estimate exceeds `budget.gpu_memory_gb` gets a warning, and one
-within 10 % of it is named as tight.
+within 10 % of it is named as tight. It also gives the hours of the run's evaluations through the embedded eager
+decoder and through vLLM (`eval.engine`; bench/launch/budget.py `eval_estimate`, an upper bound: every response at
+its max tokens).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from bench.launch.budget import describe, estimate
+from bench.launch.budget import describe, describe_eval, estimate, eval_estimate
 from bench.config import CONF_DIR, register_configs
 from bench.launch.memory import estimate_memory
 from bench.methods.base import METHODS
@@ -59,6 +61,10 @@ def dry_run(overrides: list[str]) -> int:
                 gpu_hours += est.gpu_hours
                 assumptions.add(describe(cfg))
                 cost = f"  ~{est.gpu_hours:,.1f} GPU-h ({est.generated_per_step:,.0f} generated + {est.trained_per_step:,.0f} trained tokens/step)"
+                ev = eval_estimate(cfg)  # the evaluations through either engine (eval.engine)
+                if ev is not None:
+                    cost += f"  {ev.line()}"
+                    assumptions.add(describe_eval())
                 mem = estimate_memory(cfg)  # GPU recipes only: a CPU config has no GPU to fit
                 if mem is not None:
                     cost += f"  {mem.line()}"

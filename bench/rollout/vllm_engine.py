@@ -96,6 +96,10 @@ SLEEP_LEVELS = (0, 1, 2)
 #: little at sleep_level 0: it needs ~45 GB of an 80 GB GPU (16 B x P states, autocast copies, activations;
 #: bench/launch/memory.py), so 0.35 x 80 = 28 GB stays for the engine (3 GB of bf16 weights + ~24 GB of KV cache).
 GPU_MEMORY_UTILIZATION = 0.35
+#: The precision of the evaluation's vLLM engine (VLLMEvalEngine), by platform: bf16 on a GPU (vLLM's fast path,
+#: the dtype the papers evaluate in); fp32 on a CPU, where AVX2 has no bf16 (vLLM bf16 is 7-8x slower than fp32
+#: there, vllm-notes) and fp32 greedy decoding is the embedded fp32 engine's.
+EVAL_PRECISION = {"gpu": "bf16", "cpu": "fp32"}
 
 
 @dataclass
@@ -253,6 +257,9 @@ class VLLMEngine:
         seed: int = 0,
         **llm_kwargs: Any,
     ):
+        self._args = dict(weight_granularity=weight_granularity, act_granularity=act_granularity, eos_id=eos_id,
+                          pad_id=pad_id, max_len=max_len, gpu_memory_utilization=gpu_memory_utilization,
+                          enforce_eager=enforce_eager, seed=seed, **llm_kwargs)  # for `sibling`
         if sleep_level not in SLEEP_LEVELS:
             raise ValueError(f"vllm engine: sleep_level={sleep_level!r} is not valid; choose one of 0 (off), 1, 2")
         if not 0 < gpu_memory_utilization <= 1:
@@ -291,6 +298,11 @@ class VLLMEngine:
                   **{k: getattr(cfg, k) for k in ("gpu_memory_utilization", "sleep_level", "enforce_eager")
                      if hasattr(cfg, k)}} | overrides
         return cls(**kwargs, eos_id=eos_id, pad_id=pad_id, **({} if max_len is None else {"max_len": max_len}))
+
+    def sibling(self, precision: str) -> "VLLMEngine":
+        """A new, not yet built engine like this one (stop ids, context, GPU share, seed) at another precision,
+        without sleep mode: the evaluation's engine (VLLMEvalEngine)."""
+        return VLLMEngine(precision, **self._args)
 
     def quant_metrics(self) -> dict[str, float]:
         """quant/quant_error/<type> of the weights of the last sync under vLLM's FP8 scheme, recomputed with the
@@ -416,9 +428,11 @@ class VLLMEngine:
 
         ids = prompt_ids.long().repeat_interleave(n, dim=0)
         mask = prompt_mask.repeat_interleave(n, dim=0)
-        # the trainer's generator may live on the GPU: draw the per-request seeds on its device
+        # the trainer's generator may live on the GPU: draw the per-request seeds on its device. Greedy requests
+        # need none: drawing them without a generator would move torch's global stream (an evaluation must not)
         device = generator.device if generator is not None else "cpu"
-        seeds = torch.randint(0, 2**31 - 1, (ids.shape[0],), generator=generator, device=device).tolist()
+        seeds = ([0] * ids.shape[0] if sampling.greedy else
+                 torch.randint(0, 2**31 - 1, (ids.shape[0],), generator=generator, device=device).tolist())
         common = dict(
             n=1, top_p=sampling.top_p, top_k=0, max_tokens=T, logprobs=0,
             # stop on our stop ids only (bench.models.tokenizer.stop_token_ids, given by build_engine), not the
@@ -473,6 +487,76 @@ class VLLMEngine:
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
+        self._asleep = self._weights_dropped = False  # a rebuilt engine starts awake
+
+
+class VLLMEvalEngine:
+    """The evaluation's engine when it runs through vLLM (`eval.engine`, bench/evaluation.py): the trainer's
+    unquantized weights in a vLLM engine of EVAL_PRECISION, with at most one vLLM engine alive at a time.
+
+    `template` is the rollout engine (rollout=vllm; `owns_template`) or an unbuilt engine giving the stop ids,
+    context and GPU share (rollout=embedded, eval.engine=vllm).
+    * The rollout engine already runs at EVAL_PRECISION (rollout.precision=bf16 on a GPU, fp32 on a CPU): the
+      evaluation syncs the policy into it and generates there. Nothing is built; the next training step syncs
+      it again as usual.
+    * Otherwise (fp8 rollouts): the rollout engine is closed (`close`: engine core shut down, its GPU share
+      freed), an engine of EVAL_PRECISION with the same `gpu_memory_utilization` is built from the policy,
+      evaluates, and is closed by `release()` (bench.evaluation.evaluate_policy calls it after the last set). The
+      rollout engine's next `load_weights` rebuilds it at the rollout precision from the policy: vLLM's online
+      quantization at load computes fresh scales, as a sync does. So the rollout after an evaluation is
+      quantized exactly like one without it, and the evaluation never sees the quantized copy.
+    Why not a second engine beside the sleeping rollout engine, or a split `gpu_memory_utilization`
+    (docs/gpu.md, "Evaluation through vLLM"): vLLM's sleep mode is one allocator per process (CuMemAllocator is
+    a singleton whose `sleep` walks every allocation in the process; vLLM 0.32's GPU worker asserts "CuMem
+    allocator can only be used for one instance per process" when a second sleep-mode engine loads weights),
+    and a second permanent share does not fit beside a 1.5B trainer. The price of this choice is two engine
+    starts per evaluation (fp8 rollouts only), against an eager evaluation of hours.
+    """
+
+    def __init__(self, template: VLLMEngine, owns_template: bool):
+        self.template, self.owns_template = template, owns_template
+        self.active: VLLMEngine | None = None
+
+    @property
+    def precision(self) -> str:
+        return EVAL_PRECISION[self.template.device]
+
+    @property
+    def max_len(self) -> int:
+        return self.template.max_len
+
+    @property
+    def shares_rollout_engine(self) -> bool:
+        """Whether the evaluation runs in the rollout engine itself (it already holds unquantized weights)."""
+        return self.owns_template and self.template.precision == self.precision
+
+    def load_weights(self, model: nn.Module) -> None:
+        if self.active is None:
+            if self.shares_rollout_engine:
+                self.active = self.template
+            else:
+                if self.owns_template:
+                    self.template.close()  # its GPU share goes to the evaluation; rebuilt at the next sync
+                self.active = self.template.sibling(self.precision)
+        self.active.load_weights(model)
+
+    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, sampling: SamplingParams,
+                 generator: torch.Generator | None = None) -> Rollout:
+        if self.active is None:
+            raise RuntimeError("VLLMEvalEngine.generate called before load_weights")
+        return self.active.generate(prompt_ids, prompt_mask, n, sampling, generator)
+
+    def quant_metrics(self) -> dict[str, float]:
+        return {}  # unquantized
+
+    def release(self) -> None:
+        """After an evaluation: close the evaluation's own engine (the rollout engine, if shared, stays)."""
+        if self.active is not None and self.active is not self.template:
+            self.active.close()
+        self.active = None
+
+    def close(self) -> None:
+        self.release()
 
 
 def _rng_state() -> dict[str, Any]:

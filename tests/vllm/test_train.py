@@ -30,7 +30,9 @@ STEP_KEYS = [
     "time/rollout_s", "time/sync_s", "time/train_s", "time/step_s", "time/rollout_tokens_per_s",
 ]
 # a short SFT warm start of its own (cached like any other): the runs need a policy, not a good one
-RUN = ["rollout=vllm", "train.steps=5", "model.warmstart_steps=40", "model.warmstart_target_acc=null"]
+# eval.engine=embedded: these runs test the rollouts; evaluation through vLLM is test_eval_vllm.py's
+RUN = ["rollout=vllm", "train.steps=5", "model.warmstart_steps=40", "model.warmstart_target_acc=null",
+       "eval.engine=embedded"]
 
 
 @pytest.mark.parametrize("method, precision", [("bf16", "bf16"), ("naive", "fp8_e4m3")])
@@ -62,7 +64,7 @@ def test_grpo_run_with_vllm_rollouts(tmp_path, method, precision):
             scales = engine.apply_model(lambda m: m.model.layers[0].self_attn.qkv_proj.weight_scale.detach().clone())
             assert torch.equal(scales.flatten(), fp8_channel_scale(qkv).flatten())  # fresh from the trained policy
     finally:
-        assert type(parts.eval_engine).__name__ == "EmbeddedEngine"  # evaluation never starts a second vLLM
+        assert type(parts.eval_engine).__name__ == "EmbeddedEngine"  # eval.engine=embedded
         parts.engine.close()
         del parts
         gc.collect()
