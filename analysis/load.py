@@ -1,6 +1,6 @@
 """Run discovery, validation and the DataFrames every other module reads.
 
-The run directory is the source of truth (DESIGN.md): `<sweep>/<method>@<precision>/<task>/<model>[/<variant>]/seed<k>/` with
+The run directory is the source of truth: `<sweep>/<method>@<precision>/<task>/<model>[/<variant>]/seed<k>/` with
 `config.yaml`, `run.json`, `metrics.jsonl`, `eval.jsonl`. A sweep on disk is always partly broken: jobs
 still running, jobs that failed, a metrics file cut mid-line by preemption, a config written by an older
 trainer. Analysis must never die on one bad directory, and must never silently mix a half-finished run

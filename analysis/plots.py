@@ -291,7 +291,7 @@ def plot_curves(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: int 
 def plot_mismatch(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: int = 1, formats: Sequence[str] = FORMATS) -> FigureFile | None:
     """Rollout-training mismatch over training: KL(μ‖π_old), π_old/μ extremes, |Δ log p|, IS ESS, max prob gap."""
     long, arms = _subset(sweep, task, model)
-    # k3 is the non-negative, low-variance KL estimator (methods.md §11); k1 is the fallback for runs without it.
+    # k3 is the non-negative, low-variance KL estimator (docs/arms.md §7); k1 is the fallback for runs without it.
     kl = "mismatch/kl_k3" if (long["metric"] == "mismatch/kl_k3").any() else "mismatch/kl_k1"
     panels = [
         (kl, f"KL(μ‖π_old) per token ({kl.rsplit('_', 1)[-1]}, nats)", None),
@@ -307,7 +307,7 @@ def plot_mismatch(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: in
     _legend(fig, arms)
     name = safe_name("mismatch", task, model)
     caption = (
-        f"{task} / {model}: rollout–training mismatch per step (`mismatch/*`, methods.md §11), mean over seeds "
+        f"{task} / {model}: rollout–training mismatch per step (`mismatch/*`, docs/arms.md §7), mean over seeds "
         f"with a 95 % t-interval band ({_seed_note(sweep, task, model)}), clipped to the metric's valid range. Axes "
         f"spanning several decades are logarithmic.{_smooth_note(smooth)}"
     )

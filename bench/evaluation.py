@@ -14,7 +14,7 @@
             `response_length`.
   Sampling uses `eval.temperature` and `eval.top_p`. Top-p is applied by the engine's sampler (truncated and
   renormalized); it is offered for evaluation only, since the trainer's log-probs are never truncated
-  (methods.md section 0).
+  (docs/arms.md §1).
 
 The evaluation engine (`eval.engine`, `build_eval_engine`) holds the trainer's policy itself, never its quantized
 rollout copy:

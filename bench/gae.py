@@ -3,11 +3,11 @@ masked whitening and the clipped value loss (issue 11, QuRL Table 1: "PPO on GSM
 
 Pure tensor functions on [B, T] response tensors (B responses, T padded response positions), so the trainer can
 swap `algo.advantage=grpo` for `gae` without touching the arms: the arms' corrections act on the policy loss
-only, exactly as with GRPO (methods.md section 9); this module only changes where the advantage comes from.
+only, exactly as with GRPO (docs/arms.md §5); this module only changes where the advantage comes from.
 
 Conventions (the same as verl, read at volcengine/verl@b178a3c; formulas re-derived, not copied):
 
-* `mask[i, t]` is True for a response token that is trained on (methods.md section 0). Masked positions are
+* `mask[i, t]` is True for a response token that is trained on (docs/arms.md §1). Masked positions are
   *skipped*: they contribute no reward, no value and no discount, so a response with a hole in its mask (e.g. a
   tool observation) is treated as the contiguous sequence of its valid tokens. This is what verl's
   `compute_gae_advantage_return` does ("skip values and TD-error on observation tokens"); for ordinary

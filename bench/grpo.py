@@ -1,8 +1,8 @@
-"""GRPO core shared by every arm (methods.md section 1): advantages, clipped surrogate, KL-to-ref, aggregation.
+"""GRPO core shared by every arm (docs/arms.md §2): advantages, clipped surrogate, KL-to-ref, aggregation.
 
 Every function here is pure tensor math with no knowledge of the method being trained, so that the six arms
-differ only in the ratio they clip and the constant weight they multiply the per-token loss by (methods.md
-section 9). Masked positions never reach `exp`: log-ratios are set to 0 there first (methods.md section 0),
+differ only in the ratio they clip and the constant weight they multiply the per-token loss by (docs/arms.md
+§5). Masked positions never reach `exp`: log-ratios are set to 0 there first (docs/arms.md §1),
 so padding with -inf/garbage log-probs can produce neither inf/NaN values nor NaN gradients.
 """
 
@@ -21,7 +21,7 @@ ADVANTAGES = ("grpo", "gae")
 
 @dataclass
 class AlgoConfig:
-    """`algo.*`: the policy-gradient knobs every arm shares (methods.md section 9.1), the advantage estimator
+    """`algo.*`: the policy-gradient knobs every arm shares (docs/arms.md §5), the advantage estimator
     (GRPO or PPO's critic + GAE) and DAPO's data-side knobs. The arms' own knobs live in their schemas
     (bench/methods/<arm>.py); checks that need `train.*` or `task.*` too are in bench/config.py `check_across`."""
 
@@ -78,14 +78,14 @@ class AlgoConfig:
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """Ratio/weight arithmetic runs in at least fp32 (methods.md section 0); fp64 inputs stay fp64 (tests)."""
+    """Ratio/weight arithmetic runs in at least fp32 (docs/arms.md §1); fp64 inputs stay fp64 (tests)."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def group_advantages(
     rewards: torch.Tensor, group_size: int, eps: float = 1e-6, norm_by_std: bool = True
 ) -> torch.Tensor:
-    """GRPO group-normalized advantages Â_i = (R_i - mean_g R) / (std_g R + eps)  (methods.md 1.1).
+    """GRPO group-normalized advantages Â_i = (R_i - mean_g R) / (std_g R + eps)  (docs/arms.md §2.1).
 
     `rewards` [B] is ordered group by group (B = n_groups * group_size). std is the Bessel (ddof=1) std as in
     verl/TRL/FeynRL; norm_by_std=False gives Dr.GRPO's R_i - mean_g R. Groups whose rewards are all equal get
@@ -99,7 +99,7 @@ def group_advantages(
         raise ValueError(f"batch of {rewards.numel()} rewards is not divisible into groups of {group_size}")
     out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
     if group_size == 1:
-        warnings.warn("group_size=1: GRPO advantages are undefined, returning 0 (methods.md 1.1)", stacklevel=2)
+        warnings.warn("group_size=1: GRPO advantages are undefined, returning 0 (docs/arms.md §2.1)", stacklevel=2)
         return torch.zeros_like(rewards, dtype=out_dtype)
     r = rewards.detach().to(torch.float64).view(-1, group_size)
     centered = r - r.mean(dim=1, keepdim=True)
@@ -110,7 +110,7 @@ def group_advantages(
 
 
 def safe_log_ratio(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor, clamp: float = 20.0) -> torch.Tensor:
-    """where(mask, clamp(a - b, -clamp, clamp), 0)  (methods.md section 0, LR(x)).
+    """where(mask, clamp(a - b, -clamp, clamp), 0)  (docs/arms.md §1, LR(x)).
 
     Both inputs are zeroed at masked positions *before* subtracting (double-where), so -inf - -inf = NaN never
     appears anywhere in the graph and masked positions receive exactly zero gradient.
@@ -133,9 +133,9 @@ def clipped_surrogate_bounds(
     upper: float | torch.Tensor,
     dual_clip_c: float | None = None,
 ) -> torch.Tensor:
-    """psi = max(-r*A, -clip(r, lower, upper)*A), optional dual-clip min(psi, -c*A) for A<0 (methods.md 1.2).
+    """psi = max(-r*A, -clip(r, lower, upper)*A), optional dual-clip min(psi, -c*A) for A<0 (docs/arms.md §2.2).
 
-    `lower`/`upper` may be per-token tensors (ACR's adaptive upper bound, methods.md M2.1); they must be
+    `lower`/`upper` may be per-token tensors (ACR's adaptive upper bound, docs/arms.md §4.6); they must be
     detached. The clip is written with `where` so a clipped token has exactly zero gradient and an unclipped one
     exactly -r*A (torch.maximum splits a tie evenly between two identical branches, which sums to the same).
     """
@@ -167,7 +167,7 @@ def clip_mask(
     upper: float | torch.Tensor,
     dual_clip_c: float | None = None,
 ) -> torch.Tensor:
-    """Bool [.]: token on a clipped (zero-gradient) branch of psi (methods.md 1.2, 11 'PPO clipfrac').
+    """Bool [.]: token on a clipped (zero-gradient) branch of psi (docs/arms.md §2.2, 11 'PPO clipfrac').
 
     Clipped <=> (A>0 and r>upper) or (A<0 and r<lower); with dual-clip also A<0 and r>c.
     """
@@ -190,7 +190,7 @@ def agg_loss(
     n_tokens: float | None = None,
     t_max: int | None = None,
 ) -> torch.Tensor:
-    """Reduce a [B, T] per-token loss to a scalar (methods.md 1.4, verl agg_loss / TRL loss_type).
+    """Reduce a [B, T] per-token loss to a scalar (docs/arms.md §2.4, verl agg_loss / TRL loss_type).
 
     token-mean              sum(m*l) / max(1, n_tokens); n_tokens = valid tokens of the optimizer step
                             (defaults to mask.sum(), i.e. this call is the whole step)
@@ -216,7 +216,7 @@ def agg_loss(
 
 def k3_kl(logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token k3 estimate of KL(pi_theta || pi_ref): exp(d) - d - 1, d = clamp(lref - ltheta, -20, 20),
-    clamped to [-10, 10] (methods.md 1.3, verl "low_var_kl"). 0 at masked positions when a mask is given."""
+    clamped to [-10, 10] (docs/arms.md §2.3, verl "low_var_kl"). 0 at masked positions when a mask is given."""
     if mask is None:
         mask = torch.ones_like(logp, dtype=torch.bool)
     d = safe_log_ratio(logp_ref.to(logp.dtype), logp, mask, 20.0)
@@ -231,7 +231,7 @@ def kl_ref_penalty(
     mode: str = "token-mean",
     n_tokens: float | None = None,
 ) -> tuple[torch.Tensor, float]:
-    """beta * agg(k3(ltheta, lref)) and the detached mean k3 for logging (methods.md 1.3).
+    """beta * agg(k3(ltheta, lref)) and the detached mean k3 for logging (docs/arms.md §2.3).
 
     Added outside any importance weighting, as verl and TRL do.
     """

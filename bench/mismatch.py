@@ -1,13 +1,13 @@
-"""Rollout/trainer mismatch metrics (methods.md section 11), shared by every method and logged every step.
+"""Rollout/trainer mismatch metrics (docs/arms.md §7), shared by every method and logged every step.
 
 One function, `mismatch_metrics(logp_old, logp_mu, mask)`, so that "kl_k3" or "is_ess" means the same number
 for every arm. For bypass arms (naive_ppo_is, ess) the trainer passes log pi_theta in place of log pi_old
-(methods.md 11). Everything is computed in fp64 under no_grad and returned as Python floats.
+(docs/arms.md §7). Everything is computed in fp64 under no_grad and returned as Python floats.
 
 Empty-mask conventions (no valid token / sequence): KLs, chi2, log-prob gaps, log-PPL differences, fractions and
 max_prob_diff are 0 (no mismatch observed); ratio mean/max/min are 1 and ratio_std 0 (the on-policy ratio);
 ppl_train, ppl_rollout and ppl_ratio are 1 (exp of an empty mean of log-probs, taken as 0); is_ess is 1 (the
-P3O convention for an all-masked batch, methods.md M3.3). Per-sequence perplexities saturate at e^LOG_PPL_CAP.
+P3O convention for an all-masked batch, docs/arms.md §4.7). Per-sequence perplexities saturate at e^LOG_PPL_CAP.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ MISMATCH_KEYS = (
 def sanitize(
     logp: torch.Tensor | None, logp_mu: torch.Tensor, mask: torch.Tensor, *others: torch.Tensor | None
 ) -> tuple[torch.Tensor, float]:
-    """Drop tokens whose log-probs are non-finite from the mask (methods.md section 0; FeynRL sanitize_logprobs).
+    """Drop tokens whose log-probs are non-finite from the mask (docs/arms.md §1; FeynRL sanitize_logprobs).
 
     Returns (clean bool mask, fraction of the originally valid tokens removed), the latter logged by the trainer
     as mismatch/frac_nonfinite_logprob. `logp` (log pi_theta or log pi_old) may be None (bypass arms before the
@@ -73,7 +73,7 @@ def _seq_means(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def mismatch_metrics(
     logp_old: torch.Tensor, logp_mu: torch.Tensor, mask: torch.Tensor, cap_C: float = 2.0  # noqa: N803
 ) -> dict[str, float]:
-    """The methods.md section 11 table for delta = lold - lmu on valid tokens, rho = exp(LR(delta)).
+    """The docs/arms.md §7 table for delta = lold - lmu on valid tokens, rho = exp(LR(delta)).
 
     k1/k2/log-prob gaps and the chi2_seq sequence sum use the raw delta; rho and chi2_token use the
     +-20-clamped delta.
@@ -84,7 +84,7 @@ def mismatch_metrics(
     E_mu[rho] < 1. It is logged as is, never clamped at 0 (a clamp would bias step averages upward); the
     self-normalised form N sum rho^2 / (sum rho)^2 - 1 is >= 0 but biased and blind to a uniform shift of rho.
 
-    kl_k3 = mean(rho - delta - 1) with the clamp on rho only (methods.md section 11 as written; verl's k3_kl
+    kl_k3 = mean(rho - delta - 1) with the clamp on rho only (docs/arms.md §7 as written; verl's k3_kl
     clamps nothing): for delta < -20 it is the exact k3 up to e^-20 (1 - delta - 1 + e^delta ~ -delta), for
     delta > 20 it is e^20 - delta - 1, finite and still >= 0 for any delta below e^20 - 1 (~4.9e8). Clamping
     delta in both terms instead would report 19 for every token with delta <= -20, hiding how far mu is off.

@@ -196,7 +196,7 @@ def train_step(p: Parts, step: int) -> dict[str, float]:
         stats = p.method.prepare(batch)
         logs, logp_theta0 = update(p, rollout, batch, stats, step)
         measured |= p.advantage.update(rollout, mask, step)
-    # bypass arms have no pi_old: their mismatch uses log pi_theta at theta_old (methods.md section 11)
+    # bypass arms have no pi_old: their mismatch uses log pi_theta at theta_old (docs/arms.md §7)
     measured |= mismatch_metrics(logp_old if logp_old is not None else logp_theta0, rollout.logp_mu, mask)
     measured |= {"mismatch/frac_nonfinite_logprob": frac_nonfinite}
     measured |= diagnostics.weight_update(before, p.policy) | p.engine.quant_metrics() | scorer_metrics(p.task, "reward")
@@ -214,7 +214,7 @@ def update(p: Parts, rollout: Rollout, batch: Batch, stats: dict, step: int) -> 
             p.optimizer.zero_grad(set_to_none=True)
             loss, metrics, logp, entropy = p.compute.backward(
                 p.policy, rollout.select(idx), lambda lp, mb=mb, st=mb_stats: p.method.loss(lp, mb.drop_nonfinite(lp), st), step)
-            # (a non-finite log pi_theta leaves the mask too: methods.md section 0)
+            # (a non-finite log pi_theta leaves the mask too: docs/arms.md §1)
             grad_norm = p.compute.step(p.policy, p.optimizer, cfg.grad_clip, step)  # None: fp16 overflow, skipped
             if epoch == 0:
                 logp_theta0[idx] = logp

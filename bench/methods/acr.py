@@ -1,4 +1,4 @@
-"""M2 QuRL: Adaptive Clipping Range (ACR) + Update-Aware Quantization (UAQ) (methods.md M2; QuRL Eq. 6-9, 10-12).
+"""M2 QuRL: Adaptive Clipping Range (ACR) + Update-Aware Quantization (UAQ) (docs/arms.md §4.6; QuRL Eq. 6-9, 10-12).
 
 rho     = exp(LR(lold - lmu)),   rho_bar = min(rho, C)                       (constants, prepare)
 upper   = (1 + eps_high) * max(1, rho / C)    == (1 + eps_high) / kappa, kappa = min(1, C/rho), no division by kappa
@@ -23,7 +23,7 @@ from bench.quant.uaq import apply_uaq, check_targets
 
 @dataclass
 class ACRConfig(MethodConfig):
-    is_cap_C: float = 2.0  # noqa: N815  (not stated in QuRL; ours, as TIS: methods.md M2.1)
+    is_cap_C: float = 2.0  # noqa: N815  (not stated in QuRL; ours, as TIS: docs/arms.md §4.6)
     uaq_scale: float = 1.0  # 1.0 = no UAQ (`acr`); `acr_uaq` sets 1.5 (QuRL's ablation optimum)
     uaq_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj"])
 

@@ -1,10 +1,10 @@
-"""M4 AIS, adaptive importance sampling for quantized RL: the "AIS-R" reconstruction of methods.md M4.2.
+"""M4 AIS, adaptive importance sampling for quantized RL: the "AIS-R" reconstruction of docs/arms.md §4.8.
 
 THIS IS OUR RECONSTRUCTION, NOT THE PAPER'S FORMULA. The AIS paper (Zhou et al., arXiv 2605.13907) states only
 that a per-batch coefficient alpha, built from three diagnostics (weight reliability, divergence severity,
 variance amplification), interpolates between the uncorrected and the importance-weighted gradient; its exact
 diagnostics, combination rule, truncation constant and level were not available and no code was found
-(methods.md M4.1, section 12 question 1). The definitions below are ours, chosen to satisfy the paper's stated
+(docs/arms.md §4.8, section 12 question 1). The definitions below are ours, chosen to satisfy the paper's stated
 properties (P2 bounded second moment of the truncated estimator, P3 on-policy recovery):
 
 rho_bar[i,t] = min( exp(LR(lold - lmu)), C )                          constant
@@ -20,7 +20,7 @@ When n < max(2, ais_n_min) forces alpha to 0 (c_var undefined), B and V are repo
 response B = c_mean^2 and V = 0 would read as "all bias, alpha should be 1" for a batch alpha ignores.
 
 Precision: everything that feeds alpha is float64, rho_bar included: the (fp32) log-probs are cast to fp64
-before rho_bar = min(exp(LR(lold - lmu)), C) is formed (methods.md section 11.1 item 10). In a nearly matched
+before rho_bar = min(exp(LR(lold - lmu)), C) is formed (docs/arms.md §7 item 10). In a nearly matched
 batch (rho - 1 ~ 1e-2) the ~6e-8 relative rounding of an fp32 rho is a ~1e-5 relative error of each c_i, which
 B / (B + V) amplifies (up to 1.7e-3 relative in the cross-check's fp32 cases). The applied weights w are formed
 from the same fp64 rho_bar and then cast to the log-probs' working dtype (fp32, or fp64 for fp64 inputs).
@@ -66,7 +66,7 @@ def ais_alpha(
     n_min: int = 2,
     alpha_range: tuple[float, float] = (0.0, 1.0),
 ) -> dict[str, float]:
-    """alpha and its diagnostics (alpha, R, B, V, c_mean, c_var, n) in fp64, as Python floats (methods.md M4.2).
+    """alpha and its diagnostics (alpha, R, B, V, c_mean, c_var, n) in fp64, as Python floats (docs/arms.md §4.8).
 
     Degenerate batches: with n < max(2, n_min) (c_var undefined) alpha = 0 and B = V = 0; with no valid token
     in S, R = 1. The final alpha is clamped to alpha_range.

@@ -4,7 +4,7 @@
 tensors whose first dimension is the batch size (sliced per minibatch by the trainer) and Python floats
 (logged as metrics `method/<name>/<key>`). `loss(logp, batch, stats)` runs per minibatch with the trainer's
 differentiable log pi_theta and returns the scalar loss and float metrics. The trainer never branches on
-the method: everything method-specific lives behind this interface (methods.md, ../shared/DESIGN.md).
+the method: everything method-specific lives behind this interface (docs/arms.md).
 
 An arm is one module in this package plus one yaml in conf/method/:
 
@@ -95,7 +95,7 @@ class Batch:
 
     def drop_nonfinite(self, logp: torch.Tensor) -> "Batch":
         """This batch without the tokens whose log pi_theta (`logp`, the trainer's forward) is non-finite
-        (methods.md section 0: like non-finite log pi_old / log mu, they leave the mask and the token-mean
+        (docs/arms.md §1: like non-finite log pi_old / log mu, they leave the mask and the token-mean
         denominator). Returns `self` when every valid token is finite."""
         keep = torch.isfinite(logp.detach())
         if bool(keep[self.mask.bool()].all()):

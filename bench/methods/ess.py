@@ -1,5 +1,5 @@
 """M3 P3O "Trust the Batch": ESS-adaptive score-function objective, as implemented in FeynRL algs/P3O/p3o.py
-(methods.md M3.1).
+(docs/arms.md §4.7).
 
 x      = where(m, LR(ltheta - lmu), 0);   w = exp(x)              no recompute: lmu plays the role of old
 ESS    = (sum_m w)^2 / (sum_m w^2 + 1e-8) / N                     fp64, per loss call (= per minibatch), Python float

@@ -1,4 +1,4 @@
-"""Importance weights pi_old / mu shared by the IS-based arms (TIS, ACR, AIS; methods.md section 0, M1).
+"""Importance weights pi_old / mu shared by the IS-based arms (TIS, ACR, AIS; docs/arms.md §1, M1).
 
 rho[i,t] = exp(LR(lold - lmu)) on valid tokens (0 log-ratio elsewhere), computed once per rollout batch from
 detached inputs; `truncated_weights` turns it into TIS's min(rho, C) or MIS's masked rho, and `weight_stats`
@@ -17,7 +17,7 @@ from bench.methods.ppo_clip import PPOClipMethod
 
 
 def behaviour_log_ratio(batch: Batch, clamp: float, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """LR(lold - lmu) [B, T], 0 off-mask: the log of rho = pi_old / mu (methods.md section 0). Detached.
+    """LR(lold - lmu) [B, T], 0 off-mask: the log of rho = pi_old / mu (docs/arms.md §1). Detached.
 
     Computed in `dtype` (both log-probs cast first), by default fp32, or fp64 when lold is fp64."""
     if batch.logp_old is None:
@@ -39,7 +39,7 @@ def truncated_weights(rho: torch.Tensor, cap: float, mode: str, cap_low: float |
 
 @torch.no_grad()
 def weight_stats(w: torch.Tensor, rho: torch.Tensor, mask: torch.Tensor, cap: float) -> dict[str, float]:
-    """verl-style rollout_is_* statistics of the applied weights w over valid tokens (methods.md M1 Metrics).
+    """verl-style rollout_is_* statistics of the applied weights w over valid tokens (docs/arms.md §4.4 Metrics).
 
     is_mean/max/min/std (population std) of w; is_frac_high: rho > C, is_frac_low: rho < 1/C (rho before
     truncation); is_ess = (sum w)^2 / (N sum w^2). Empty mask: mean/max/min 1, std 0, fractions 0, ESS 1;

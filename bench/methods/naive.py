@@ -1,4 +1,4 @@
-"""B0 BF16 rollout and B1(a) naive low-precision rollout, recompute form (methods.md B0, B1(a)).
+"""B0 BF16 rollout and B1(a) naive low-precision rollout, recompute form (docs/arms.md §4.1, B1(a)).
 
 L = agg( psi(r, A) ) [+ beta * agg(k3_ref)],   r = exp(LR(ltheta - lold)),   lmu unused.
 

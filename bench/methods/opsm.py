@@ -63,7 +63,7 @@ def opsm_keep(
     logp: torch.Tensor, logp_b: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, delta: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(keep [B] bool, D [B]): M_i = 0 where A_i < 0 and mean_t(l_b - ltheta) > delta, on the unclamped
-    log-ratios (methods.md M7).
+    log-ratios (docs/arms.md §4.11).
 
     Per-token advantages [B, T] (PPO's GAE) give keep [B, T]: the tokens with A_t < 0 of a drifted sequence [ours].
     """

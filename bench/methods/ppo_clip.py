@@ -1,9 +1,9 @@
-"""The PPO-clip core shared by every ratio-based arm (methods.md section 1.2, B0, B1, M1, M2, M4).
+"""The PPO-clip core shared by every ratio-based arm (docs/arms.md §2.2, B0, B1, M1, M2, M4).
 
 L = agg( w * psi(exp(LR(ltheta - l_prox)), A; 1 - eps_low, upper) ) [+ beta * agg(k3_ref)]
 
 The arms differ only in the proximal log-prob (lold, or lmu for the bypass arm), the constant per-token
-weight w (1, TIS/AIS weights) and the upper clip bound (ACR): methods.md section 9's summary table.
+weight w (1, TIS/AIS weights) and the upper clip bound (ACR): docs/arms.md §5's summary table.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class PPOClipMethod(Method):
 
 
 def add_kl_ref(method: Method, loss: torch.Tensor, logp: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, float]:
-    """loss + beta * agg(k3(ltheta, lref)) when algo.kl_ref_beta > 0 (methods.md 1.3); returns the mean k3 (0 if off).
+    """loss + beta * agg(k3(ltheta, lref)) when algo.kl_ref_beta > 0 (docs/arms.md §2.3); returns the mean k3 (0 if off).
 
     A configured KL that silently does nothing would be a bug, so beta > 0 without batch.logp_ref raises.
     """

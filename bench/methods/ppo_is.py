@@ -1,4 +1,4 @@
-"""B1(b) naive low-precision rollout, PPO-IS / bypass form (methods.md B1(b); QuRL Eq. 3; verl bypass_mode ppo_clip).
+"""B1(b) naive low-precision rollout, PPO-IS / bypass form (docs/arms.md §4.2(b); QuRL Eq. 3; verl bypass_mode ppo_clip).
 
 L = agg( psi(u, A) ),   u = exp(LR(ltheta - lmu)):  no recompute pass, the rollout engine's log mu plays the role
 of log pi_old. At theta = theta_old the ratio is already pi_old/mu != 1, so tokens are clipped before any update

@@ -1,4 +1,4 @@
-"""M1 TIS, truncated importance sampling (methods.md M1; FlashRL, verl rollout_corr_helper, TRL vllm IS).
+"""M1 TIS, truncated importance sampling (docs/arms.md §4.4; FlashRL, verl rollout_corr_helper, TRL vllm IS).
 
 rho_bar[i,t] = min( exp(LR(lold - lmu)), C ) * m          (constant, computed once per rollout batch in prepare)
 L            = agg( rho_bar * psi(r, A) ) [+ beta * agg(k3_ref)],   r = exp(LR(ltheta - lold))
@@ -42,7 +42,7 @@ IS_MODES = ("truncate", "mask")
 
 @dataclass
 class TISConfig(MethodConfig):
-    is_cap_C: float = 2.0  # noqa: N815  (the C of methods.md: verl rollout_is_threshold, FlashRL "TIS-2")
+    is_cap_C: float = 2.0  # noqa: N815  (the C of docs/arms.md: verl rollout_is_threshold, FlashRL "TIS-2")
     is_level: str = "token"  # token | sequence (Seq-TIS)
     is_mode: str = "truncate"  # truncate (TIS) | mask (MIS: weight 0 outside [is_cap_low, C])
     is_cap_low: Optional[float] = None
@@ -73,7 +73,7 @@ class TIS(ConstantWeightMethod):
         if cfg.is_level == "token":
             rho = torch.exp(behaviour_log_ratio(batch, self.algo.log_ratio_clamp))
         elif cfg.is_level == "sequence":
-            # LR is applied to the sequence sum, not per token (methods.md M1 Seq-TIS)
+            # LR is applied to the sequence sum, not per token (docs/arms.md §4.4 Seq-TIS)
             raw = behaviour_log_ratio(batch, float("inf"))
             seq_log_rho = raw.sum(-1).clamp(-self.algo.log_ratio_clamp, self.algo.log_ratio_clamp)
             rho = torch.exp(seq_log_rho)[:, None].expand_as(raw)

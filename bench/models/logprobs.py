@@ -2,7 +2,7 @@
 
 One function for the trainer, the recompute pass and the tests, so that "trainer log-prob" means the same
 computation everywhere. Temperature is applied exactly as the rollout engine applies it (logits / T), so
-that log pi and log mu are log-probs of the same family of distributions (methods.md section 0).
+that log pi and log mu are log-probs of the same family of distributions (docs/arms.md §1).
 """
 
 from __future__ import annotations

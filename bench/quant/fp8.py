@@ -2,7 +2,7 @@
 bit: a rung further down the severity ladder), emulated bit-exactly by fake quantization.
 
 Q_fp8(x; s) = s * fp8_RNE( clamp(x/s, -qmax, qmax) ),  s = amax / qmax,  qmax = 448 (e4m3) / 57344 (e5m2)
-(methods.md 2.2): the clamp comes BEFORE the rounding, so nothing overflows to NaN/inf. fp32 inputs are rounded
+(docs/arms.md §3): the clamp comes BEFORE the rounding, so nothing overflows to NaN/inf. fp32 inputs are rounded
 with a bit trick, fp64 inputs (the numeric tests) in fp64 (bench.quant.minifloat: rounding fp64 through fp32
 can land one grid step off next to a midpoint, -(400+2^-30) -> -384 instead of -416). Weights are quantized once
 per weight sync (per channel or per tensor), activations per token (or per tensor) on every call, then an fp32

@@ -1,6 +1,6 @@
 """INT8 W8A8 (QuRL's INT8 rollouts): int8 codes, exact int32 accumulation, fp32 rescale.
 
-Q_int8(x; s) = s * clamp(round_half_even(x/s), -128, 127), s = amax/127 (methods.md 2.2). Per-channel (or
+Q_int8(x; s) = s * clamp(round_half_even(x/s), -128, 127), s = amax/127 (docs/arms.md §3). Per-channel (or
 per-tensor) int8 weights, per-token (or per-tensor) dynamic int8 activations, rescale by s_x * s_w. The GEMM is
 `torch._int_mm` (real int8 kernel; fast where the CPU has VNNI, perf-notes 3a) or an exact emulation: an fp32
 GEMM over K-chunks of at most 1024 codes, where every partial sum (|.| <= 1024*128*128 = 2^24) is an exact fp32

@@ -1,4 +1,4 @@
-"""Rollout precisions: the `Format` contract, its registry, and the amax-scaled quantizers (methods.md section 2.2).
+"""Rollout precisions: the `Format` contract, its registry, and the amax-scaled quantizers (docs/arms.md §3).
 
 A precision (`rollout.precision=<name>`) is one `Format` subclass registered under its name in a module of
 bench/quant/ (plain.py: fp32, bf16; fp8.py: fp8_e4m3, fp8_e5m2; int8.py: int8; int4.py; mxfp4.py; nvfp4.py).

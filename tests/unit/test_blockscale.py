@@ -261,9 +261,9 @@ def test_fp8_e5m2_per_channel_by_hand():
 
 def test_fp8_e4m3_matches_methods_q1_q2():
     codes, _ = quantize(torch.tensor([1.0, 0.3, -0.05], **f64), "fp8_e4m3", "per_tensor")
-    assert codes.tolist() == [448.0, 128.0, -22.0]  # methods.md Q1
+    assert codes.tolist() == [448.0, 128.0, -22.0]  # docs/arms.md §6
     codes, _ = quantize(torch.tensor([[2.0, 0.7], [0.01, -0.003]], **f64), "fp8_e4m3", "per_channel")
-    assert codes.tolist() == [[448.0, 160.0], [448.0, -128.0]]  # methods.md Q2
+    assert codes.tolist() == [[448.0, 160.0], [448.0, -128.0]]  # docs/arms.md §6
 
 
 def test_fp8_e4m3_rounds_fp64_in_fp64():

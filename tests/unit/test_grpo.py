@@ -1,4 +1,4 @@
-"""GRPO core (methods.md 1.5, tests G1-G4) plus the masking / k3 / log-ratio helpers."""
+"""GRPO core (docs/arms.md §2, tests G1-G4) plus the masking / k3 / log-ratio helpers."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Numeric cases of methods.md for every arm: N1-N3 (B1), T1-T5 (TIS), ACR1-ACR4, P1-P5 (P3O), AIS1-AIS4.
+"""Numeric cases of docs/arms.md for every arm: N1-N3 (B1), T1-T5 (TIS), ACR1-ACR4, P1-P5 (P3O), AIS1-AIS4.
 
 Loss values and autograd gradients w.r.t. ltheta as a leaf tensor, float64, atol 1e-6. Each response is one row;
 "single token" cases are [1, 1] batches, token-mean with n_tokens = number of valid tokens.

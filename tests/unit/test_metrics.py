@@ -1,4 +1,4 @@
-"""Mismatch metrics (methods.md section 11, test MET1) and their edge cases; sanitize (section 0)."""
+"""Mismatch metrics (docs/arms.md §7, test MET1) and their edge cases; sanitize (section 0)."""
 
 import math
 

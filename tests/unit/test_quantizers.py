@@ -1,4 +1,4 @@
-"""Quantizers (methods.md 2.2, tests Q1-Q4 of 2.4) and the quantized linear layers built on them."""
+"""Quantizers (docs/arms.md §3, tests Q1-Q4 of 2.4) and the quantized linear layers built on them."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""UAQ invariant scaling (methods.md M2.2, tests U1-U3): output invariance, gradient scaling, quantizer codes."""
+"""UAQ invariant scaling (docs/arms.md §4.6, tests U1-U3): output invariance, gradient scaling, quantizer codes."""
 
 import math
 
