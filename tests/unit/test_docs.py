@@ -104,7 +104,7 @@ def test_relative_links_resolve(page: Path):
 def test_no_reference_outside_the_repository(page: Path):
     """The repository is complete on its own: no pointer to the research notes it was written from."""
     bad = [f"line {n}: {line.strip()}" for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
-           if "../shared" in line or "docs/arms.md" in line]
+           if "../shared" in line or "methods.md" in line]
     assert not bad, f"{page.relative_to(ROOT)} refers outside the repository:\n" + "\n".join(bad)
 
 
