@@ -1,4 +1,4 @@
-"""The conventions of docs/arms.md §4.9-M8 and section 11.1: GR1-GR3 (geo_rs, seq_is_rs), OP1-OP3 (opsm), IP1-IP3
+"""The conventions of docs/arms.md §4.9-4.12 and §7: GR1-GR3 (geo_rs, seq_is_rs), OP1-OP3 (opsm), IP1-IP3
 (icepop), AIS's fp64 alpha, FH2-FH3 (fp16/bf16 rounding, loss-scaler schedule), MET2-MET3 (mismatch metrics).
 
 Loss values and autograd gradients w.r.t. ltheta as a leaf tensor, float64, token-mean over the valid tokens,

@@ -1,6 +1,6 @@
-"""Issue 13 item 8: a non-finite log pi_theta leaves the mask, and the metric conventions docs/arms.md left open.
+"""Issue 13 item 8: a non-finite log pi_theta leaves the mask, and the metric conventions of docs/arms.md §7.
 
-Hand-computed float64 cases (docs/arms.md §1 and 11, M1, M4.2):
+Hand-computed float64 cases (docs/arms.md §1, §7, §4.4, §4.8):
 - a token whose log pi_theta is -inf at a valid position is dropped like a non-finite log pi_old / log mu
   (before: kept, and the P3O loss became NaN);
 - Seq-TIS is_frac_high/low count sequences whose sequence ratio leaves [1/C, C] (not tokens);
