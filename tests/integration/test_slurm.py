@@ -220,8 +220,9 @@ def test_small_sweep_through_slurm_completes_every_run(slurm, cleanup, tmp_path)
 
 def test_preempted_slurm_job_is_requeued_and_resumes(slurm, cleanup, tmp_path):
     """SIGUSR1 to a running SLURM job: it checkpoints, submitit requeues it, it resumes and completes with
-    the metrics of an uninterrupted run."""
-    steps = 12
+    the metrics of an uninterrupted run. 40 steps: the signal must land before the last step (with 12 a fast
+    machine finished the job first)."""
+    steps = 40
     args = [a for a in QUICK if not a.startswith(("train.steps=", "train.checkpoint_every="))]
     args += [f"train.steps={steps}", "train.checkpoint_every=100"]
     ref = subprocess.run([sys.executable, "-m", "bench", *args, f"out_root={tmp_path / 'ref'}"], cwd=REPO,

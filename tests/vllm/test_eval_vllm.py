@@ -16,6 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from bench.evaluation import evaluate_policy
+from bench.models.tokenizer import engine_ids
 from bench.rollout import build_engine
 from bench.rollout.embedded import EmbeddedRolloutConfig
 from bench.run.store import RunDir
@@ -51,7 +52,7 @@ def test_training_evaluates_through_an_unquantized_vllm_engine_and_rolls_out_fp8
 
         # the same weights in the embedded fp32 engine: the same greedy accuracy (fp32 argmax on both sides;
         # one flipped near-tie per 32 problems allowed)
-        embedded = build_engine(EmbeddedRolloutConfig(precision="fp32"), parts.tokenizer, parts.policy,
+        embedded = build_engine(EmbeddedRolloutConfig(precision="fp32"), **engine_ids(parts.tokenizer, parts.policy),
                                 max_len=engine.max_len)
         want = evaluate_policy(embedded, parts.policy, parts.tokenizer, parts.task, {}, cfg.eval,
                                parts.prompt_format, cfg.seed, 2)
