@@ -421,13 +421,3 @@ def run(args: list[str], checked: bool = False) -> None:
 def config_error(args: list[str], plain: list[str]) -> str | None:
     """The checks of the command line that come before composing it (bench.launch.overrides composes it)."""
     return check_names(plain) or check_group_overrides(plain) or unwritable_out_root(args) or overwrite_on_sweep(args)
-
-
-def main() -> None:
-    from bench.launch.entry import main as entry_main  # the console script's entry point; kept here for callers
-
-    entry_main()
-
-
-if __name__ == "__main__":
-    main()

@@ -2,7 +2,7 @@
 
     python -m tests.integration.cli_cases CASES.json RESULTS.json
 
-CASES.json: [{"name", "args", "env", "log"}]. Each case is the real `bench.launch.cli.main()` in a process of its own,
+CASES.json: [{"name", "args", "env", "log"}]. Each case is the real `bench.launch.entry.main()` in a process of its own,
 forked from this one after the heavy imports (torch, transformers, Hydra: ~10 s of CPU per process, minutes for
 the dozens of refusal cases of tests/integration/test_refusals.py). Its stdout and stderr go to `log`, its
 environment gets `env`; RESULTS.json maps each name to its exit code.
@@ -25,7 +25,7 @@ def run_case(case: dict) -> int:
             os.dup2(fd, 2)
             os.environ.update(case.get("env") or {})
             sys.argv = ["qrl-bench", *case["args"]]
-            from bench.launch.cli import main
+            from bench.launch.entry import main
 
             try:
                 main()

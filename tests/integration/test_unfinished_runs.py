@@ -77,7 +77,7 @@ def save(obj, f, *a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
     return real(obj, f, *a, **k)
 bench.run.store.torch.save = save
-from bench.launch.cli import main
+from bench.launch.entry import main
 sys.argv = ["qrl-bench", *sys.argv[1:]]
 main()
 """
