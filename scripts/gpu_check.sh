@@ -8,7 +8,9 @@
 #   bash scripts/gpu_check.sh --dry-run       the CPU self-test only (what a machine without a GPU runs)
 #
 # Environment: GPU_CHECK_REPORT (report path), VLLM_SPEC (default vllm==0.32.*; it brings the CUDA torch it
-# pins), TORCH_SPEC (optional: a particular torch build), PIP_EXTRA_INDEX_URL (e.g. the PyTorch cu128 index).
+# pins), TORCH_SPEC (optional: a particular torch build), PIP_EXTRA_INDEX_URL (e.g. the PyTorch cu128 index),
+# GPU_CHECK_PYTHON (an interpreter that already has a CUDA torch and the project's dependencies, e.g. on a machine
+# without network access: nothing is installed, and the vLLM rows say they did not run unless it has vLLM).
 # On a machine without a usable GPU it says so, runs the CPU self-test and exits 0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,13 +39,20 @@ fi
 
 VENV=.venv-gpu
 t0=$(date +%s)
-if [ ! -x $VENV/bin/python ]; then
+if [ -n "${GPU_CHECK_PYTHON:-}" ]; then
+  PY=$GPU_CHECK_PYTHON
+  echo "[gpu_check] using $PY as it is (GPU_CHECK_PYTHON): nothing installed" >&2
+elif [ ! -x $VENV/bin/python ]; then
+  PY=$VENV/bin/python
   echo "[gpu_check] installing ${VLLM_SPEC:-vllm==0.32.*} (with the CUDA torch it pins${TORCH_SPEC:+, $TORCH_SPEC}) into $VENV" >&2
   python3 -m venv $VENV
   # vLLM pins its torch: let it choose unless TORCH_SPEC names one (then both must agree)
-  $VENV/bin/python -m pip install -q --disable-pip-version-check ${TORCH_SPEC:+"$TORCH_SPEC"} "${VLLM_SPEC:-vllm==0.32.*}" -e ".[dev]"
+  $VENV/bin/python -m pip install -q --disable-pip-version-check ${TORCH_SPEC:+"$TORCH_SPEC"} "${VLLM_SPEC:-vllm==0.32.*}" -e ".[dev]" \
+    || { echo "gpu_check.sh: the install failed (no network? then set GPU_CHECK_PYTHON to a python with a CUDA torch)" >&2; exit 1; }
+else
+  PY=$VENV/bin/python
 fi
-$VENV/bin/python -c "import torch; assert torch.cuda.is_available(), 'torch sees no GPU: ' + str(torch.version.cuda)"
+$PY -c "import torch; assert torch.cuda.is_available(), 'torch sees no GPU: ' + str(torch.version.cuda)"
 echo "[gpu_check] environment ready after $(( $(date +%s) - t0 )) s" >&2
-$VENV/bin/python -m bench.launch.gpu_check --report "$REPORT"
+$PY -m bench.launch.gpu_check --report "$REPORT" ${GPU_CHECK_DEADLINE:+--deadline "$GPU_CHECK_DEADLINE"}
 echo "[gpu_check] done in $(( $(date +%s) - t0 )) s; report in $REPORT" >&2

@@ -57,15 +57,17 @@ def fenced(text: str) -> str:
 
 
 def step_environment() -> str:
-    code = ("import torch, json; d = {'torch': torch.__version__, 'cuda': torch.version.cuda, "
-            "'gpu': torch.cuda.get_device_name() if torch.cuda.is_available() else None}\n"
-            "try:\n import vllm; d['vllm'] = vllm.__version__\nexcept ImportError: d['vllm'] = None\nprint(json.dumps(d))")
+    code = ("import torch, json, importlib.metadata as md; d = {'torch': torch.__version__, 'cuda': torch.version.cuda, "
+            "'gpu': torch.cuda.get_device_name() if torch.cuda.is_available() else None, 'python': __import__('sys').version.split()[0]}\n"
+            "for name in ('transformers', 'hydra-core', 'datasets', 'vllm'):\n"
+            " try: d[name] = md.version(name)\n except md.PackageNotFoundError: d[name] = None\nprint(json.dumps(d))")
     rc, out, _ = run([sys.executable, "-c", code], 300)
     return fenced(out)
 
 
 def step_cuda_tests() -> str:
-    rc, out, s = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests/unit", "tests/integration"], 600)
+    rc, out, s = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "-rs",
+                      "tests/unit", "tests/integration"], 240)
     return f"exit {rc} in {s:.0f} s\n\n" + fenced(out[-1500:])
 
 
@@ -88,7 +90,7 @@ def step_engines(device: str, have_vllm: bool) -> str:
             rc, out, s = run([sys.executable, "-m", "bench", *MODEL, f"method={method}", f"rollout={engine}",
                               f"rollout.precision={precision}", f"train.device={device}", f"train.steps={steps}",
                               f"train.batch_size={batch}", "train.group_size=4", "train.eval_every=100", "task.n_test=16",
-                              "tracking=disabled", f"out_root={out_root}"], 600)
+                              "tracking=disabled", f"out_root={out_root}"], 150)
             rows = [json.loads(line) for f in Path(out_root).rglob("metrics.jsonl") for line in f.read_text().splitlines()]
         last = rows[-1] if rows else {}
         cells = [f"{last.get(k, float('nan')):.3g}" for k in ("time/rollout_tokens_per_s", "time/sync_s", "mismatch/kl_k3")]
@@ -140,7 +142,7 @@ def qurl_child(args: argparse.Namespace) -> None:
 
 
 def step_qurl_table1(device: str) -> str:
-    rc, out, s = run([sys.executable, "-m", "bench.launch.gpu_check", "--qurl-child", "--device", device], 900)
+    rc, out, s = run([sys.executable, "-m", "bench.launch.gpu_check", "--qurl-child", "--device", device], 300)
     result = next((json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")), None)
     if result is None:
         return f"exit {rc} after {s:.0f} s, no result:\n\n{fenced(out[-1500:])}"
@@ -154,7 +156,7 @@ def step_qurl_table1(device: str) -> str:
 
 def step_int8_layouts(device: str) -> str:
     extra = [] if device == "cuda" else ["--tokens", "17", "64", "--repeats", "2", "--shapes", "2"]
-    rc, out, s = run([sys.executable, "-m", "bench.benchmarks.int8_layout", "--device", device, *extra], 600)
+    rc, out, s = run([sys.executable, "-m", "bench.benchmarks.int8_layout", "--device", device, *extra], 180)
     return out if rc == 0 else f"exit {rc}:\n\n{fenced(out)}"
 
 
@@ -171,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--self-test", action="store_true", help="run the steps on the CPU at tiny shapes")
     ap.add_argument("--report", default="gpu_check_report.md")
+    ap.add_argument("--deadline", type=float, default=480.0,
+                    help="seconds after which the remaining steps are skipped (reported as such); default 480")
     ap.add_argument("--qurl-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -184,23 +188,31 @@ def main(argv: list[str] | None = None) -> int:
     steps = [("Environment", step_environment)]
     if not args.self_test:
         steps.append(("CUDA-marked tests", step_cuda_tests))
-    steps += [("Engine x precision: a few training steps each", lambda: step_engines(device, have_vllm)),
-              ("qurl_table1 at its real shape: peak memory against the estimate", lambda: step_qurl_table1(device)),
+    steps += [("qurl_table1 at its real shape: peak memory against the estimate", lambda: step_qurl_table1(device)),
+              ("Engine x precision: a few training steps each", lambda: step_engines(device, have_vllm)),
               ("INT8 weight layouts (M2)", lambda: step_int8_layouts(device))]
     if have_vllm:
         steps.append(("vLLM rollout: bf16 vs fp8 decode, sync + re-quantization", step_vllm_rollout))
+    elif not args.self_test:
+        steps.append(("vLLM rollout: bf16 vs fp8 decode, sync + re-quantization",
+                      lambda: "not run: vLLM is not installed in this interpreter (scripts/gpu_check.sh installs it "
+                              "where pip can reach PyPI)"))
     title = "CPU self-test (no GPU: this checks the driver, not a GPU)" if args.self_test else "GPU check"
     sections, failed = [f"# qrl-bench {title}", "", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())], 0
+    start = time.perf_counter()
     for name, step in steps:
         t0 = time.perf_counter()
-        try:
-            body = step()
-        except Exception as e:  # a broken step must not hide the others' results
-            body, failed = f"step failed: {type(e).__name__}: {e}", failed + 1
+        if t0 - start > args.deadline:  # the report must exist before the caller's own limit kills us
+            body = f"not run: the check's deadline (--deadline {args.deadline:.0f} s) had passed"
+        else:
+            try:
+                body = step()
+            except Exception as e:  # a broken step must not hide the others' results
+                body, failed = f"step failed: {type(e).__name__}: {e}", failed + 1
         print(f"gpu_check: {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-        sections += ["", f"## {name}", "", body]
-    Path(args.report).write_text("\n".join(sections) + "\n")
-    print(f"gpu_check: report written to {args.report}", file=sys.stderr)
+        sections += ["", f"## {name}", "", f"({time.perf_counter() - t0:.0f} s)", "", body]
+        Path(args.report).write_text("\n".join(sections) + "\n")  # after every step: a killed check keeps its results
+    print(f"gpu_check: report written to {args.report} after {time.perf_counter() - start:.0f} s", file=sys.stderr)
     return 1 if failed else 0
 
 

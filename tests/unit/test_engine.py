@@ -348,3 +348,15 @@ def test_chunk_rows():
         EmbeddedEngine("fp32", chunk_tokens=0)
     with pytest.raises(ValueError, match="rollout.chunk_tokens=0"):
         EmbeddedRolloutConfig(precision="fp32", chunk_tokens=0).check()
+
+
+def test_int8_engine_computes_in_bf16_on_cuda_and_fp32_on_cpu(models):
+    """M1: QuRL/FlashRL run INT8 GEMMs inside a bf16 engine on a GPU; on a CPU the engine stays fp32 (the
+    device is read from the weights at load time; test_gpu_fixes.py checks the GPU side on a GPU)."""
+    fmt, fp8 = Quantizer("int8").fmt, Quantizer("fp8_e4m3").fmt
+    assert (fmt.act_dtype_on("cuda"), fmt.act_dtype_on("cpu")) == ("bf16", "fp32")
+    assert fp8.act_dtype_on("cuda") == fp8.act_dtype_on("cpu")
+    engine = EmbeddedEngine("int8")
+    engine.load_weights(next(iter(models.values())))
+    assert engine.act_dtype == torch.float32
+    assert EmbeddedEngine("int8", act_dtype="bf16").act_dtype == torch.bfloat16  # an explicit choice wins
