@@ -139,7 +139,8 @@ def quantize_int4(w: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> BlockQu
     """
     _check_block_size(group_size)
     wb = _to_blocks(w, group_size)
-    scale = (wb.abs().amax(dim=-1) / 7.5).clamp_(min=_F32_EPS)
+    amax = wb.abs().amax(dim=-1)
+    scale = (amax / torch.full_like(amax, 7.5)).clamp_(min=_F32_EPS)  # a tensor divisor: exact on CUDA too (amax_scale)
     codes = torch.round((wb / scale.unsqueeze(-1)).clamp_(INT4_QMIN, INT4_QMAX))
     return BlockQuant(_from_blocks(codes, w.shape[-1]), scale, group_size)
 

@@ -37,9 +37,14 @@ def amax_scale(xf: torch.Tensor, qmax: float, granularity: str) -> torch.Tensor:
 
     All-zero rows would give s = 0 and 0/0 codes; the scale is floored at the dtype's smallest normal, which
     keeps their codes at 0 and their dequantized values exactly 0.
+
+    qmax is divided as a tensor on xf's device, not as a Python number: CUDA turns `t / number` into
+    `t * (1 / number)`, which misses the correctly rounded quotient by an ulp for some amax (seen on an H100:
+    scales, hence FP8 codes and INT8 outputs, differed from the CPU's), while tensor / tensor divides exactly
+    on every device.
     """
     amax = xf.abs().amax() if granularity == "per_tensor" else xf.abs().amax(dim=-1, keepdim=True)
-    return amax.div_(qmax).clamp_(min=torch.finfo(xf.dtype).tiny)
+    return amax.div_(torch.full_like(amax, qmax)).clamp_(min=torch.finfo(xf.dtype).tiny)
 
 
 class Format(ABC):

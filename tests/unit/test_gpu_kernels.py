@@ -10,9 +10,11 @@ Tolerances, and why:
   e4m3 x e4m3 products scaled by fp32 scales, to bf16; only the fp32 summation order (and the scaling's
   rounding, ~1e-7 relative) differs, so they are at most one bf16 ulp apart (2^-8 relative) except where a
   tiny result comes from cancellation. Asserted: |y_cuda - y_cpu| <= 2^-7 |y_cpu| + 2^-12 max|y_cpu|.
-* The engine: first-step log-probs of the CUDA FP8 engine vs the CPU-emulated one differ by rounding in bf16
-  activations, which must be far below the FP8 quantization effect itself: mean |dlogp(cuda, cpu)| < 0.1 x mean
-  |dlogp(fp8, fp32)|.
+* The engine: first-step log-probs of the CUDA FP8/INT8 engine vs the CPU-emulated one, both with fp32
+  activations (so the comparison isolates the GEMM kernels: in their default bf16 activations, CPU and GPU
+  round attention and norms differently and FP8 activation codes flip on those differences), differ by fp32
+  summation order only, far below the quantization effect itself: mean |dlogp(cuda, cpu)| < 0.1 x mean
+  |dlogp(quantized, fp32)|. (The first H100 run, before amax_scale divided by a tensor, failed this at 0.44.)
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def test_quantized_engine_on_cuda_agrees_with_the_cpu_emulation(precision):
     mask = torch.ones(24, 9, dtype=torch.bool)
 
     def first_logp(engine_precision, m):
-        engine = EmbeddedEngine(engine_precision)
+        engine = EmbeddedEngine(engine_precision, act_dtype="fp32")  # the GEMM kernels alone (module docstring)
         engine.load_weights(m)
         device = engine.decoder.device
         with torch.no_grad():
@@ -117,11 +119,12 @@ def test_quantized_engine_on_cuda_agrees_with_the_cpu_emulation(precision):
     cpu, ref = first_logp(precision, model), first_logp("fp32", model)
     gpu_model = copy.deepcopy(model).to(GPU)
     gpu = first_logp(precision, gpu_model)
-    engine = EmbeddedEngine(precision)
+    engine = EmbeddedEngine(precision, act_dtype="fp32")
     engine.load_weights(gpu_model)
     expected = Fp8ScaledMMLinear if precision == "fp8_e4m3" else Int8Linear
     assert isinstance(engine.decoder.layers[0].qkv, expected)
-    assert (gpu - cpu).abs().mean() < 0.1 * (cpu - ref).abs().mean()
+    kernel, effect = (gpu - cpu).abs().mean().item(), (cpu - ref).abs().mean().item()
+    assert kernel < 0.1 * effect, f"GPU vs CPU emulation {kernel:.3g}, quantization effect {effect:.3g}"
 
 
 def test_trainer_step_on_cuda_and_resume_on_cpu(tmp_path):
