@@ -42,14 +42,14 @@ TINY05 = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_ke
 
 
 def run(cmd: list[str], timeout: float) -> tuple[int, str, float]:
-    """(exit code, the last 3000 characters of stdout + stderr, seconds) of a child process in the repo."""
+    """(exit code, the last 6000 characters of stdout + stderr, seconds) of a child process in the repo."""
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
-        return p.returncode, (p.stdout + p.stderr)[-3000:], time.perf_counter() - t0
+        return p.returncode, (p.stdout + p.stderr)[-6000:], time.perf_counter() - t0
     except subprocess.TimeoutExpired as e:
         out = ((e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""))
-        return 124, out[-3000:] + f"\n(timed out after {timeout:.0f} s)", time.perf_counter() - t0
+        return 124, out[-6000:] + f"\n(timed out after {timeout:.0f} s)", time.perf_counter() - t0
 
 
 def fenced(text: str) -> str:
@@ -66,9 +66,9 @@ def step_environment() -> str:
 
 
 def step_cuda_tests() -> str:
-    rc, out, s = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "-rs",
+    rc, out, s = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "-rfs", "--tb=line",
                       "tests/unit", "tests/integration"], 240)
-    return f"exit {rc} in {s:.0f} s\n\n" + fenced(out[-1500:])
+    return f"exit {rc} in {s:.0f} s\n\n" + fenced(out[-4000:])  # --tb=line: one line per failure, its message
 
 
 #: the engine rows' model: the random-init mini Qwen2 widened to head_dim 64 (vLLM's CPU attention has no kernel

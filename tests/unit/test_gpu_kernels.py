@@ -61,17 +61,18 @@ def _model() -> torch.nn.Module:
     return tr.Qwen2ForCausalLM(cfg).eval()
 
 
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])  # fp32: an engine at act_dtype=fp32 (M4's path)
 @pytest.mark.parametrize("wg, ag", GRANULARITIES)
 @pytest.mark.parametrize("rows", [5, 33])  # 5: the padded decode path
-def test_fp8_scaled_mm_on_cuda_matches_the_cpu_emulation(wg, ag, rows):
+def test_fp8_scaled_mm_on_cuda_matches_the_cpu_emulation(wg, ag, rows, out_dtype):
     _needs_fp8()
     w, bias, x = _weights(rows=rows)
     q = Quantizer("fp8_e4m3", wg, ag)
-    layer = make_linear(w.to(GPU), bias.to(GPU), q, torch.bfloat16)
+    layer = make_linear(w.to(GPU), bias.to(GPU), q, out_dtype)
     assert isinstance(layer, Fp8ScaledMMLinear)  # auto on a capable GPU: the real kernel
     y = layer(x.to(GPU)).float().cpu()
-    ref = FakeQuantLinear(w, bias, q, torch.bfloat16)(x).float()
-    assert torch.equal(layer.dequantized_weight().cpu(), FakeQuantLinear(w, bias, q, torch.bfloat16).dequantized_weight())
+    ref = FakeQuantLinear(w, bias, q, out_dtype)(x).float()
+    assert torch.equal(layer.dequantized_weight().cpu(), FakeQuantLinear(w, bias, q, out_dtype).dequantized_weight())
     bound = 2**-7 * ref.abs() + 2**-12 * ref.abs().max()
     assert ((y - ref).abs() <= bound).all(), f"max excess {((y - ref).abs() - bound).max():.3g}"
 
