@@ -15,6 +15,14 @@ warm-start hyper-parameters, the tokenizer vocabulary and `CODE_VERSION` (bump i
 recipe changes). The cache directory is an ordinary HF model directory (model + tokenizer + warmstart.json),
 loaded by the same code as any user model. It is built under a file lock into a temporary directory and renamed into place, so
 concurrent sweep jobs neither corrupt it nor build it twice, and a crash never leaves a half-written cache.
+
+Shipped warm starts: the SFT's result depends on the CPU's float kernels (the long-chain warm start ended at 8 %
+test accuracy on one CPU and 27 % on another with the same seed), so a reference number reproduced on another
+machine would start from other weights. The warm starts of the quickstart and the severity sweep are therefore
+committed under `bench/warmstarts/<task>-<arch>-<key16>/` (the cache's own layout and key, ~4 MB each, with the
+sha256 of their weights and the CPU that built them in warmstart.json). `warm_start_dir` uses a shipped directory
+whose key matches before it builds anything, and checks its hash. Build or refresh one with
+`python -m bench.launch.ship_warmstart <the run's overrides>` (scripts/ship_warmstarts.sh lists the shipped ones).
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ from bench.tasks.base import Task, config_to_dict, stable_seed
 
 CODE_VERSION = "warmstart-v2"  # v2: small-batch cosine recipe + accuracy stopping rule
 INFO_FILE = "warmstart.json"
+WEIGHTS_FILE = "model.safetensors"
+SHIPPED_DIR = Path(__file__).resolve().parent / "warmstarts"  # committed warm starts (module docstring)
 WARMUP_STEPS = 50
 EVAL_EVERY = 50  # steps between accuracy checks of the stopping rule
 EVAL_EXAMPLES = 128  # train examples in each check (~0.2 s)
@@ -79,14 +89,23 @@ def policy_path(model_cfg: Any, task: Task) -> str:
     return str(model_cfg.path) if model_cfg.path is not None else str(warm_start_dir(model_cfg, task))
 
 
+def warm_start_name(model_cfg: Any, task: Task, key: str | None = None) -> str:
+    """`<task>-<arch>-<first 16 hex digits of cache_key>`: the directory name in the cache and in SHIPPED_DIR."""
+    key = key or cache_key(model_cfg, task, build_char_tokenizer(model_cfg.max_position_embeddings))
+    return f"{task.name}-{model_cfg.arch}-{key[:16]}"
+
+
 def warm_start_dir(model_cfg: Any, task: Task) -> Path:
     """The cached warm-start directory for (model_cfg, task), built first if it is missing."""
     tokenizer = build_char_tokenizer(model_cfg.max_position_embeddings)
     key = cache_key(model_cfg, task, tokenizer)
     root = resolve_cache_dir(model_cfg.cache_dir) / "warmstart"
-    final = root / f"{task.name}-{model_cfg.arch}-{key[:16]}"
+    final = root / warm_start_name(model_cfg, task, key)
     if final.is_dir():  # it only appears by an atomic rename, so it is complete
         return final
+    shipped = shipped_dir(final.name)
+    if shipped is not None:
+        return shipped
     root.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(final) + ".lock")
     try:
@@ -121,6 +140,54 @@ def warm_start_dir(model_cfg: Any, task: Task) -> Path:
              f"at {checks[-1][1]:.1%} train accuracy, below model.warmstart_target_acc={target}: RL groups from it "
              "may all score 0 and learn nothing; a larger model.warmstart_steps gives the SFT time to get there")
     return final
+
+
+def weights_sha256(directory: Path) -> str:
+    return hashlib.sha256((directory / WEIGHTS_FILE).read_bytes()).hexdigest()
+
+
+def shipped_dir(name: str) -> Path | None:
+    """The committed warm start `name` (`<task>-<arch>-<key16>`), its weights checked against their recorded hash;
+    None if none is shipped under that name."""
+    shipped = SHIPPED_DIR / name
+    if not (shipped / INFO_FILE).is_file():
+        return None
+    info = json.loads((shipped / INFO_FILE).read_text())
+    if weights_sha256(shipped) != info.get("weights_sha256"):
+        raise RuntimeError(f"the shipped warm start {shipped} does not match its recorded sha256 "
+                           f"{info.get('weights_sha256')!r} (a partial checkout or a Git LFS pointer?); restore it "
+                           f"with git, or rebuild it: python -m bench.launch.ship_warmstart <the run's overrides>")
+    _say(f"using the shipped {info['task']} warm start {name} ({info['steps_run']} SFT steps, greedy test accuracy "
+         f"{info['test_greedy_accuracy']:.1%}, built on {info.get('built_on', 'an unrecorded CPU')})")
+    return shipped
+
+
+def ship(model_cfg: Any, task: Task) -> Path:
+    """Copy the warm start of (model_cfg, task), built here first if it is not cached, into SHIPPED_DIR with the
+    sha256 of its weights and the CPU that built it; returns the shipped directory. The build runs here, so the
+    shipped weights are this machine's: ship from the machine whose reference numbers the repository keeps."""
+    from bench.device import cpu_model
+
+    built = warm_start_dir(model_cfg, task)
+    if built.parent == SHIPPED_DIR:
+        return built
+    tmp = Path(tempfile.mkdtemp(prefix=built.name + ".tmp-", dir=SHIPPED_DIR.parent))
+    try:
+        for name in (WEIGHTS_FILE, "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+            if (built / name).is_file():
+                shutil.copy2(built / name, tmp / name)
+        info = json.loads((built / INFO_FILE).read_text())
+        info.update(weights_sha256=weights_sha256(tmp), built_on=f"{cpu_model()}, torch {torch.__version__}")
+        (tmp / INFO_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
+        for f in tmp.iterdir():
+            os.chmod(f, 0o644)
+        SHIPPED_DIR.mkdir(exist_ok=True)
+        os.chmod(tmp, 0o755)
+        os.rename(tmp, SHIPPED_DIR / built.name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return SHIPPED_DIR / built.name
 
 
 def _say(message: str) -> None:
@@ -285,3 +352,4 @@ def greedy_accuracy(
     acc = greedy_eval(engine, model, tokenizer, task, examples)["eval/accuracy"]
     model.train(was_training)
     return acc
+
