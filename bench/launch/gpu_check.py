@@ -7,17 +7,19 @@ Steps (each in a child process where it holds the GPU, so one step's memory is g
 step is reported with its error and the others still run):
   1. environment       torch / CUDA / GPU / vLLM versions
   2. cuda tests        `pytest -m cuda` (tests/unit/test_gpu_kernels.py and the other cuda-marked tests)
-  3. engine steps      3 training steps per engine x precision on a small random Qwen2 (head_dim 64): embedded bf16, fp8_e4m3
-                       (torch._scaled_mm), int8 (torch._int_mm); vLLM bf16 and fp8_e4m3 with in-place sync
-                       (where vLLM is installed); tokens/s, sync s and the mismatch KL of the last step
-  4. qurl_table1       2 steps of paper/qurl_table1's training shape (256 sequences, micro-batch 8, 512 new tokens,
+  3. qurl_table1       2 steps of paper/qurl_table1's training shape (256 sequences, micro-batch 8, 512 new tokens,
                        PPO critic) on a random-init Qwen2.5-0.5B built from its config (nothing downloaded; a
                        character tokenizer, the GSM8K fixture): peak torch memory against bench/launch/memory.py's estimate
+  4. engine steps      3 training steps per engine x precision on a small random Qwen2 (head_dim 64): embedded bf16, fp8_e4m3
+                       (torch._scaled_mm), int8 (torch._int_mm); vLLM bf16 and fp8_e4m3 with in-place sync
+                       (where vLLM is installed); tokens/s, sync s and the mismatch KL of the last step
   5. int8 layouts      bench.benchmarks.int8_layout: torch._int_mm with column- vs row-major weights (M2)
-  6. vLLM rollout      bench.benchmarks.rollout --engines vllm at random-init 1.5B and 8B shapes: bf16 vs fp8 decode
+  6. multi-GPU         on a machine with several GPUs: one run over all of them (train.nproc_per_node), embedded and
+                       vLLM engines (one per rank)
+  7. vLLM rollout      bench.benchmarks.rollout --engines vllm at random-init 1.5B and 8B shapes: bf16 vs fp8 decode
                        tokens/s and sync + re-quantization ms
-The self-test runs steps 1, 3 (embedded only), 4 at a tiny shape and 5 at small shapes on the CPU: it checks the
-driver, not the GPU.
+The self-test runs steps 1, 3 at a tiny shape, 4 (embedded only), 5 at small shapes and 6 on 2 CPU processes
+(gloo): it checks the driver, not the GPU.
 """
 
 from __future__ import annotations
@@ -100,6 +102,28 @@ def step_engines(device: str, have_vllm: bool) -> str:
     return "\n".join(lines + [""] + errors)
 
 
+def step_multi_gpu(gpus: int, have_vllm: bool, device: str = "cuda") -> str:
+    """One run over every GPU (train.nproc_per_node): FSDP2 shards, one engine per rank (docs/scaling.md)."""
+    lines = ["| engine | precision | ranks | exit | s | rollout tok/s | KL k3 |", "|---|---|---|---|---|---|---|"]
+    errors = []
+    for engine, precision in (("embedded", "fp8_e4m3"), ("vllm", "fp8_e4m3")):
+        if engine == "vllm" and not have_vllm:
+            lines.append(f"| {engine} | {precision} | {gpus} | not run: vLLM is not installed | | | |")
+            continue
+        with tempfile.TemporaryDirectory(prefix="qrl-gpu-check-") as out_root:
+            rc, out, s = run([sys.executable, "-m", "bench", *MODEL, "method=tis", f"rollout={engine}",
+                              f"rollout.precision={precision}", f"train.device={device}", f"train.nproc_per_node={gpus}",
+                              "train.steps=3", f"train.batch_size={8 * gpus}", "train.group_size=4",
+                              "train.eval_every=100", "task.n_test=16", "tracking=disabled", f"out_root={out_root}"], 300)
+            rows = [json.loads(line) for f in Path(out_root).rglob("metrics.jsonl") for line in f.read_text().splitlines()]
+        last = rows[-1] if rows else {}
+        cells = [f"{last.get(k, float('nan')):.3g}" for k in ("time/rollout_tokens_per_s", "mismatch/kl_k3")]
+        lines.append(f"| {engine} | {precision} | {gpus} | {rc} | {s:.0f} | " + " | ".join(cells) + " |")
+        if rc != 0:
+            errors.append(f"{engine} {precision} on {gpus} ranks failed:\n\n{fenced(out[-1200:])}")
+    return "\n".join(lines + [""] + errors)
+
+
 def qurl_child(args: argparse.Namespace) -> None:
     """Inside the child: build the random-init model dir, run 2 steps, print the peak memory and the estimate."""
     import torch
@@ -169,6 +193,12 @@ def step_vllm_rollout() -> str:
     return "\n\n".join(parts)
 
 
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--self-test", action="store_true", help="run the steps on the CPU at tiny shapes")
@@ -191,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     steps += [("qurl_table1 at its real shape: peak memory against the estimate", lambda: step_qurl_table1(device)),
               ("Engine x precision: a few training steps each", lambda: step_engines(device, have_vllm)),
               ("INT8 weight layouts (M2)", lambda: step_int8_layouts(device))]
+    gpus = 2 if args.self_test else _cuda_count()
+    if gpus > 1:
+        where = "CPU processes (gloo)" if args.self_test else "GPUs"
+        steps.append((f"One run on {gpus} {where} (FSDP2, an engine per rank)",
+                      lambda: step_multi_gpu(gpus, have_vllm, device)))
     if have_vllm:
         steps.append(("vLLM rollout: bf16 vs fp8 decode, sync + re-quantization", step_vllm_rollout))
     elif not args.self_test:
