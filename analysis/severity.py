@@ -333,7 +333,7 @@ def plot_severity(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Seve
             d = data[data["method"] == method].sort_values("kl")
             color = arm_color(method)
             x, y = d["kl"].to_numpy(float), d[col].to_numpy(float)
-            xerr = _err(x, d["kl_lo"].clip(lower=0), d["kl_hi"])
+            xerr = _err(x, kl_lower(d["kl_lo"], kl), d["kl_hi"])
             yerr = _err(y, d[f"{col}_lo"].clip(0, 100), d[f"{col}_hi"].clip(0, 100))  # an accuracy is in [0, 100]
             ax.errorbar(x, y, xerr=xerr, yerr=yerr, color=color, marker=markers[method], ms=4, lw=1.2, elinewidth=0.7,
                         capsize=2, mfc=color, mec="white", mew=0.4)
@@ -396,6 +396,13 @@ def _label_severities(ax, data: pd.DataFrame) -> dict[str, str]:
     for x in at.to_numpy():
         ax.axvline(x, color="0.85", lw=0.6, zorder=0)
     return full
+
+
+def kl_lower(lo: pd.Series, kl: np.ndarray) -> pd.Series:
+    """The KL intervals' lower ends as drawn: one below 0 (a t-interval over few seeds) stops at half the smallest
+    positive KL of the figure, not at 0, which on the log axis is at -infinity (the bar ran to the left edge)."""
+    positive = kl[np.isfinite(kl) & (kl > 0)]
+    return lo.clip(lower=0.5 * positive.min() if positive.size else 0.0)
 
 
 def _err(center: np.ndarray, lo: pd.Series, hi: pd.Series) -> np.ndarray | None:

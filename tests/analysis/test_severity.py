@@ -20,6 +20,7 @@ from analysis.severity import (
     collapse_step,
     eval_auc,
     has_severity_axis,
+    kl_lower,
     run_rows,
     severity_labels,
     severity_summary,
@@ -209,3 +210,11 @@ def test_cli_report_has_the_severity_section(tmp_path):
     csv = pd.read_csv(root / "report" / "tables" / "severity.csv")  # long: one row per method x severity x metric
     acc = csv[csv.metric == "acc"]
     assert len(acc) == 8 and (acc["lo"].isna() | (acc["lo"] <= acc["value"])).all() and set(acc["n"]) <= {1, 2, 3}
+
+
+def test_a_kl_interval_below_zero_stops_inside_the_log_axis():
+    """A t-interval over 3 seeds can reach below 0; drawn to 0 it ran to the left edge of the log axis."""
+    kl = np.array([2e-5, 3e-3, 0.3])
+    lo = kl_lower(pd.Series([-1e-5, 1e-3, -0.1]), kl)
+    assert list(lo) == [1e-5, 1e-3, 1e-5]  # half the smallest KL shown; an interval inside stays as it is
+    assert list(kl_lower(pd.Series([-1.0]), np.array([0.0]))) == [0.0]  # no positive KL: a linear axis, 0
