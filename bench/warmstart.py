@@ -21,7 +21,8 @@ test accuracy on one CPU and 27 % on another with the same seed), so a reference
 machine would start from other weights. The warm starts of the quickstart and the severity sweep are therefore
 committed under `bench/warmstarts/<task>-<arch>-<key16>/` (the cache's own layout and key, ~4 MB each, with the
 sha256 of their weights and the CPU that built them in warmstart.json). `warm_start_dir` uses a shipped directory
-whose key matches before it builds anything, and checks its hash. Build or refresh one with
+whose key matches, after checking its hash, before its own cache (which may hold this machine's build of the same
+key) and before building anything. Build or refresh one with
 `python -m bench.launch.ship_warmstart <the run's overrides>` (scripts/ship_warmstarts.sh lists the shipped ones).
 """
 
@@ -101,11 +102,11 @@ def warm_start_dir(model_cfg: Any, task: Task) -> Path:
     key = cache_key(model_cfg, task, tokenizer)
     root = resolve_cache_dir(model_cfg.cache_dir) / "warmstart"
     final = root / warm_start_name(model_cfg, task, key)
-    if final.is_dir():  # it only appears by an atomic rename, so it is complete
-        return final
-    shipped = shipped_dir(final.name)
+    shipped = shipped_dir(final.name)  # before the cache: a build of this machine's may differ (module docstring)
     if shipped is not None:
         return shipped
+    if final.is_dir():  # it only appears by an atomic rename, so it is complete
+        return final
     root.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(final) + ".lock")
     try:

@@ -52,6 +52,8 @@ def test_a_run_uses_the_shipped_warm_start_without_building(tmp_path, monkeypatc
     cfg.cache_dir = str(tmp_path)  # an empty cache
     assert ws.warm_start_dir(cfg, task) == ws.SHIPPED_DIR / name
     assert not (tmp_path / "warmstart" / name).exists()
+    (tmp_path / "warmstart" / name).mkdir(parents=True)  # this machine's own build of the same key
+    assert ws.warm_start_dir(cfg, task) == ws.SHIPPED_DIR / name  # the shipped one wins
 
 
 def test_a_shipped_warm_start_whose_weights_changed_is_refused(tmp_path, monkeypatch):
