@@ -12,6 +12,11 @@ severity        a run's rollout precision plus the rollout options that change i
                 config or varying between runs of that precision; ordered by the mean mismatch of its runs.
 mismatch        per run: the mean over its training steps of `mismatch/kl_k3`, the k3 estimate of the per-token
                 KL(mu || pi_old) (`mismatch/kl_k1` for a run without k3).
+T·KL            per run: the mean over its training steps of reward/response_length x the per-token KL above, the
+                sequence-level mismatch in nats (the quantity token-level corrections' bias grows with).
+sampler acc.    per run: the step-0 training batch's reward/accuracy in %: how often the rollout policy mu itself
+                answers right before any update. The naive arm's against bf16's tells a worse sampler apart from
+                a biased gradient.
 final accuracy  per run: its last eval/accuracy, in %.
 AUC             per run: the trapezoid area under its eval/accuracy curve divided by the step span, i.e. the
                 time-averaged accuracy in % (it credits learning early and charges a late collapse).
@@ -106,6 +111,23 @@ def run_mismatch(run: Run) -> float:
     return float("nan")
 
 
+def run_seq_mismatch(run: Run) -> float:
+    """Mean over the run's steps of response length x per-token KL (T·KL, nats); NaN without both metrics."""
+    m = run.metrics
+    kl = next((k for k in KL_METRICS if k in m and m[k].notna().any()), None)
+    if kl is None or "reward/response_length" not in m:
+        return float("nan")
+    return float((m["reward/response_length"] * m[kl]).mean())
+
+
+def sampler_accuracy0(run: Run) -> float:
+    """The step-0 training batch's reward/accuracy in % (mu's own accuracy before any update); NaN if not logged."""
+    m = run.metrics
+    if "reward/accuracy" not in m or m.empty or (m["step"] != 0).all():
+        return float("nan")
+    return 100 * float(m.loc[m["step"] == 0, "reward/accuracy"].iloc[0])
+
+
 def run_rows(sweep: Sweep, k: int = 3) -> pd.DataFrame:
     """One row per run with an eval: identity, severity, mismatch, final accuracy, AUC (%) and collapse."""
     rows = []
@@ -118,12 +140,13 @@ def run_rows(sweep: Sweep, k: int = 3) -> pd.DataFrame:
         rows.append({
             "run_id": r.run_id, "model": r.model, "task": r.task, "method": r.method, "precision": r.precision,
             "severity": r.severity, "seed": r.seed, "status": r.status, "kl": run_mismatch(r),
+            "seq_kl": run_seq_mismatch(r), "sampler_acc0": sampler_accuracy0(r),
             "final_acc": 100 * float(e["eval/accuracy"].iloc[-1]),
             "auc": 100 * eval_auc(e["step"].tolist(), e["eval/accuracy"].tolist()),
             "collapsed": step is not None, "collapse_step": step, "n_test": n_test(r),
         })
-    cols = ["run_id", "model", "task", "method", "precision", "severity", "seed", "status", "kl", "final_acc", "auc",
-            "collapsed", "collapse_step", "n_test"]
+    cols = ["run_id", "model", "task", "method", "precision", "severity", "seed", "status", "kl", "seq_kl",
+            "sampler_acc0", "final_acc", "auc", "collapsed", "collapse_step", "n_test"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -226,6 +249,8 @@ def severity_summary(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) ->
                     "precision": a["precision"].iloc[0], "method": method, "n_seeds": len(a),
                     "seeds": " ".join(str(s) for s in sorted(a["seed"])),
                     **_interval_columns("kl", mean_interval(a["kl"])),
+                    **_interval_columns("seq_kl", mean_interval(a["seq_kl"])),
+                    **_interval_columns("sampler_acc0", mean_interval(a["sampler_acc0"])),
                     **_interval_columns("acc", mean_interval(a["final_acc"])),
                     **_interval_columns("auc", mean_interval(a["auc"])),
                     **_interval_columns(f"gap_to_{opts.baseline}", gap),
@@ -372,6 +397,77 @@ def plot_severity(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Seve
                       _save(fig, out_dir, name, formats))
 
 
+def plot_recovered(sweep: Sweep, task: str, model: str, out_dir: Path, opts: SeverityOptions = SeverityOptions(),
+                   formats: Sequence[str] = ("png", "pdf")):
+    """Where correction stops working: each correction's recovered share of the naive gap against the sequence-level
+    mismatch T·KL (left), and mu's own step-0 accuracy against bf16's (right: a worse sampler, which no reweighting
+    repairs, versus a biased gradient). None when no severity has a recovered share."""
+    from matplotlib.lines import Line2D
+
+    from .plots import FULL_WIDTH, FigureFile, _save, plt, safe_name
+
+    data = severity_summary(sweep, opts)
+    data = data[(data["task"] == task) & (data["model"] == model)] if not data.empty else data
+    if data.empty or not np.isfinite(data["recovered"]).any() or not np.isfinite(data["seq_kl"]).any():
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(FULL_WIDTH, 3.1), layout="constrained", sharex=True,
+                                      gridspec_kw={"width_ratios": [3, 2]})
+    arms = [m for m in sorted(data["method"].unique(), key=method_sort_key) if m not in (opts.naive, opts.baseline)]
+    markers = {m: METHOD_MARKERS[i % len(METHOD_MARKERS)] for i, m in enumerate(arms)}
+    seq_kl = data["seq_kl"].to_numpy(float)
+    shown = []
+    for method in arms:
+        d = data[(data["method"] == method) & np.isfinite(data["recovered"])].sort_values("seq_kl")
+        if d.empty:
+            continue
+        x, y = d["seq_kl"].to_numpy(float), 100 * d["recovered"].to_numpy(float)
+        # Fieller's interval can be unbounded or huge at a small naive gap: drawn up to [-100, 200] %
+        yerr = _err(y, (100 * d["recovered_lo"]).clip(-100, 200), (100 * d["recovered_hi"]).clip(-100, 200))
+        left.errorbar(x, y, yerr=yerr, color=arm_color(method), marker=markers[method], ms=4, lw=1.0, elinewidth=0.7,
+                      capsize=2, mfc=arm_color(method), mec="white", mew=0.4)
+        shown.append(method)
+    for level in (0, 100):
+        left.axhline(level, color="0.5", lw=0.7, ls="--" if level else "-", zorder=0)
+    _kl_axis(left, seq_kl)
+    left.set_xlabel("T·KL: response length x KL(μ‖π_old) per token (nats)")
+    left.set_ylabel(f"recovered share of the {opts.naive} gap (%)")
+    left.set_title("correction vs sequence-level mismatch", pad=4)
+    naive = data[data["method"] == opts.naive].sort_values("seq_kl")
+    base = data[data["method"] == opts.baseline]
+    if not naive.empty:
+        x, y = naive["seq_kl"].to_numpy(float), naive["sampler_acc0"].to_numpy(float)
+        right.errorbar(x, y, yerr=_err(y, naive["sampler_acc0_lo"].clip(0, 100), naive["sampler_acc0_hi"].clip(0, 100)),
+                       color=arm_color(opts.naive), marker="o", ms=4, lw=1.0, elinewidth=0.7, capsize=2)
+    if not base.empty and np.isfinite(base["sampler_acc0"]).any():
+        b = base.iloc[0]
+        right.axhline(b["sampler_acc0"], color=arm_color(opts.baseline), lw=0.9, ls="--")
+        if np.isfinite(b["sampler_acc0_lo"]) and np.isfinite(b["sampler_acc0_hi"]):
+            right.axhspan(max(b["sampler_acc0_lo"], 0), min(b["sampler_acc0_hi"], 100), color=arm_color(opts.baseline),
+                          alpha=0.1, lw=0)
+    _kl_axis(right, seq_kl)
+    right.set_xlabel("T·KL (nats)")
+    right.set_ylabel("step-0 batch accuracy (%)")
+    right.set_title("μ's own accuracy (sampler quality)", pad=4)
+    handles = [Line2D([], [], color=arm_color(m), marker=markers[m], ms=4, lw=1.0) for m in shown]
+    handles += [Line2D([], [], color=arm_color(opts.naive), marker="o", ms=4, lw=1.0),
+                Line2D([], [], color=arm_color(opts.baseline), lw=0.9, ls="--")]
+    names = shown + [f"{opts.naive} (right)", f"{opts.baseline} (right)"]
+    fig.legend(handles, names, loc="outside upper center", ncol=min(len(names), 7), frameon=False)
+    name = safe_name("recovered", task, model)
+    caption = (
+        f"{task} / {model}. Left: the share of the {opts.naive} arm's final-accuracy gap to {opts.baseline} that each "
+        f"correction recovers ((acc − acc_{opts.naive}) / (acc_{opts.baseline} − acc_{opts.naive}); 100 % closes it, 0 % "
+        f"is no better than {opts.naive}) against the sequence-level mismatch T·KL (mean over steps of response length "
+        f"× per-token KL(μ‖π_old), nats, of that arm's runs), with Fieller 95 % intervals over paired seeds drawn "
+        f"within [−100, 200] %; severities where the {opts.naive} gap is within noise have no point (the severity "
+        f"table says why). Right: the step-0 training batch accuracy of the {opts.naive} arm's rollout policy μ at each "
+        f"severity against {opts.baseline}'s (dashed, band: 95 % t-interval over seeds): a μ that answers worse is a "
+        f"worse sampler, a floor no reweighting of its samples removes."
+    )
+    return FigureFile(name, "severity", f"Recovered share against T·KL — {task} / {model}", caption,
+                      _save(fig, out_dir, name, formats))
+
+
 def _label_severities(ax, data: pd.DataFrame) -> dict[str, str]:
     """Name each severity once, on a top axis at its mean mismatch (the mean over its methods' KL), instead of
     beside a point: a label over the data hides points and, where two severities measure close mismatch
@@ -430,11 +526,13 @@ def severity_figures(sweep: Sweep, out_dir: Path, opts: SeverityOptions = Severi
     out = []
     with plt.rc_context(PAPER_STYLE):
         for task, model in sorted({(r.task, r.model) for r in sweep.runs}):
-            f = plot_severity(sweep, task, model, out_dir, opts, formats)
-            if f is not None:
-                out.append(f)
+            for plot in (plot_severity, plot_recovered):
+                f = plot(sweep, task, model, out_dir, opts, formats)
+                if f is not None:
+                    out.append(f)
     return out
 
 
-__all__ = ["SeverityOptions", "collapse_step", "eval_auc", "has_severity_axis", "plot_severity", "run_mismatch",
-           "run_rows", "severity_figures", "severity_labels", "severity_summary", "severity_table"]
+__all__ = ["SeverityOptions", "collapse_step", "eval_auc", "has_severity_axis", "plot_recovered", "plot_severity",
+           "run_mismatch", "run_rows", "run_seq_mismatch", "sampler_accuracy0", "severity_figures", "severity_labels",
+           "severity_summary", "severity_table"]

@@ -21,6 +21,7 @@ from analysis.severity import (
     eval_auc,
     has_severity_axis,
     kl_lower,
+    plot_recovered,
     run_rows,
     severity_labels,
     severity_summary,
@@ -66,6 +67,9 @@ def test_run_rows_hold_hand_values(sev_sweep):
     assert math.isclose(r["auc"], 34.0) and math.isclose(r["final_acc"], 34.0)
     assert r["collapsed"] and r["collapse_step"] == 4
     assert math.isclose(r["kl"], 0.1 * 1.1)  # kl_k3 logged constant at every step
+    assert math.isclose(r["seq_kl"], 5.0 * 0.1 * 1.1)  # x the response length, 5 tokens at every step
+    run = next(x for x in sev_sweep.runs if x.run_id == r["run_id"])
+    assert math.isclose(r["sampler_acc0"], 100 * float(run.metrics.loc[run.metrics["step"] == 0, "reward/accuracy"].iloc[0]))
     assert not rows[(rows["method"] == "naive") & (rows["precision"] == "int4") & (rows["seed"] == 1)].iloc[0]["collapsed"]
 
 
@@ -207,6 +211,9 @@ def test_cli_report_has_the_severity_section(tmp_path):
     assert report.split("\n\n")[2] == headline
     assert "naive=naive, collapse_k=2" in report
     assert "| 2/3 (step 4 8) |" in report  # k = 2 reached the table
+    # the recovered share against T·KL follows (int4 has a resolved naive gap; fp8_e4m3 does not)
+    assert "![Recovered share against T·KL — arithmetic / tiny](figures/recovered_arithmetic_tiny.png)" in report
+    assert (root / "report" / "figures" / "recovered_arithmetic_tiny.png").stat().st_size > 10_000
     csv = pd.read_csv(root / "report" / "tables" / "severity.csv")  # long: one row per method x severity x metric
     acc = csv[csv.metric == "acc"]
     assert len(acc) == 8 and (acc["lo"].isna() | (acc["lo"] <= acc["value"])).all() and set(acc["n"]) <= {1, 2, 3}
@@ -218,3 +225,10 @@ def test_a_kl_interval_below_zero_stops_inside_the_log_axis():
     lo = kl_lower(pd.Series([-1e-5, 1e-3, -0.1]), kl)
     assert list(lo) == [1e-5, 1e-3, 1e-5]  # half the smallest KL shown; an interval inside stays as it is
     assert list(kl_lower(pd.Series([-1.0]), np.array([0.0]))) == [0.0]  # no positive KL: a linear axis, 0
+
+
+def test_no_recovered_figure_without_a_resolved_naive_gap(sev_sweep, tmp_path):
+    """Only int4 resolves the naive gap in the synthetic ladder; with the baseline renamed away nothing does."""
+    assert plot_recovered(sev_sweep, "arithmetic", "tiny", tmp_path, formats=("png",)) is not None
+    assert plot_recovered(sev_sweep, "arithmetic", "tiny", tmp_path, SeverityOptions(baseline="nope"),
+                          formats=("png",)) is None
