@@ -730,11 +730,24 @@ __all__ = ["BlockEngine", "ShardedCompute", "ShardedCritic", "distribute", "init
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:
-    """A frozen copy of the policy (the reference model of algo.kl_ref_beta); a sharded policy's copy is a
-    deep copy of its FSDP modules (not yet exercised by a test at world size > 1)."""
+    """A frozen copy of the policy (the reference model of algo.kl_ref_beta), sharded like it at N > 1.
+
+    FSDP2 refuses `copy.deepcopy` of a sharded module, so a sharded policy's copy is built as a new model of its
+    class and config, sharded over the same mesh, and loaded from the policy's full state dict (every rank
+    gathers it once, at the start of the run)."""
     import copy
 
-    return copy.deepcopy(model).requires_grad_(False)
+    if not is_sharded(model):
+        return copy.deepcopy(model).requires_grad_(False)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    device = next(iter(full.values())).device
+    dtype = next(model.parameters()).dtype
+    ref = type(model)(model.config).to(device=device, dtype=dtype)
+    shard(ref)
+    load_full_state(ref, full)
+    return ref.requires_grad_(False)
 
 
 def agree(guard: Any) -> bool:

@@ -70,6 +70,41 @@ def test_two_processes_train_what_one_does(tmp_path):
         assert runs[0].info()["status"] == runs[1].info()["status"] == "completed"
 
 
+#: settings the arms' sweep above leaves at their defaults, each run at both world sizes too
+EXTRA = {"dynamic": ["algo.dynamic_sampling=true", "algo.dynamic_sampling_max_rounds=3"],  # DAPO's refill rounds
+         "reference": ["algo.kl_ref_beta=0.05", "train.steps=3"]}  # a reference model, sharded like the policy
+
+
+def extra_cfg(out_root: Path, name: str):
+    return make_cfg(out_root, *SMALL, "method=tis", *EXTRA[name], f"sweep=extra-{name}", fast=False)
+
+
+def run_extra(out_root: str) -> dict[str, str]:
+    return {name: str(execute(extra_cfg(Path(out_root), name))) for name in EXTRA}
+
+
+def test_dynamic_sampling_and_a_reference_model_on_two_processes(tmp_path):
+    from bench.distributed import launch_local
+
+    one = run_extra(str(tmp_path / "one"))
+    two = launch_local(2, run_extra, str(tmp_path / "two"))
+    assert set(one.values()) == {"completed"} and two == one
+    for name in EXTRA:
+        runs = [RunDir.of(extra_cfg(tmp_path / w, name)) for w in ("one", "two")]
+        rows_1, rows_2 = (strip_times(r.metrics()) for r in runs)
+        assert len(rows_1) == len(rows_2) >= 2, name
+        for r1, r2 in zip(rows_1, rows_2):
+            assert r1.keys() == r2.keys(), (name, set(r1) ^ set(r2))
+            bad = {k: (r1[k], r2[k]) for k in r1 if not close(r1[k], r2[k])}
+            assert not bad, (name, r1["step"], bad)
+        if name == "dynamic":
+            assert all("sampling/rounds" in r for r in rows_1)
+        else:  # the reference is the policy until the first update moves the policy away from it
+            for i, r in enumerate(rows_1):
+                moved = any(q["train/grad_norm"] > 0 for q in rows_1[:i])
+                assert (r["method/tis/kl_ref"] != 0) == moved, (i, r["method/tis/kl_ref"], moved)
+
+
 def rank_pids(parent: int) -> list[int]:
     """The rank processes a local launch spawned (children of `parent`, in start order; not the
     multiprocessing resource tracker)."""
