@@ -12,6 +12,7 @@ import sys
 from hydra import compose, initialize_config_dir
 
 from bench.config import CONF_DIR, register_configs
+from bench.launch.overrides import check_overrides
 from bench.tasks.base import build_task
 from bench.warmstart import ship
 
@@ -22,6 +23,10 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__ + "\ne.g.  python -m bench.launch.ship_warmstart task=chain model=tiny_long")
         return 0
     register_configs()
+    error = check_overrides(overrides)  # one line naming the bad override and the valid choices
+    if error:
+        print(f"ship_warmstart: error: {error}", file=sys.stderr)
+        return 2
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     if cfg.model.path is not None:

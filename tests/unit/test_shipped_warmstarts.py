@@ -83,3 +83,12 @@ def test_ship_copies_a_cached_warm_start_with_its_hash_and_cpu(tmp_path, monkeyp
     info = json.loads((shipped / ws.INFO_FILE).read_text())
     assert info["weights_sha256"] == ws.weights_sha256(cache) and "torch" in info["built_on"]
     assert sorted(p.name for p in shipped.iterdir()) == ["config.json", ws.WEIGHTS_FILE, ws.INFO_FILE]
+
+
+def test_the_ship_command_refuses_bad_input_in_one_line(capsys):
+    from bench.launch.ship_warmstart import main
+
+    assert main(["task=chian"]) == 2
+    assert "task=chian: unknown task 'chian' (did you mean 'chain'?)" in capsys.readouterr().err
+    assert main(["model=hf", "model.path=/nowhere"]) == 2  # a user model is not warm-started
+    assert "only the built-in tiny models" in capsys.readouterr().err
