@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import pytest
 from bench.run.store import RunDir
 from bench.methods.base import arm_precision
 from tests.helpers import FAST, REPO, strip_times
+from tests.integration import signals
 from tests.integration.wandb_readback import history, offline_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -57,20 +57,8 @@ def reference(tmp_path_factory) -> dict[str, RunDir]:
 
 
 def interrupt(cmd: list[str], run: RunDir, sig: signal.Signals, after_rows: int = 3) -> subprocess.CompletedProcess:
-    """Start `cmd`, send `sig` once metrics.jsonl has `after_rows` rows, wait for it to exit."""
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while len(run.metrics()) < after_rows:
-            assert proc.poll() is None, f"run ended before the signal:\n{proc.stderr.read()[-3000:]}"
-            assert time.monotonic() < deadline, "run did not reach the signal point in time"
-            time.sleep(0.05)
-        proc.send_signal(sig)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    """Start `cmd`, send `sig` once metrics.jsonl has `after_rows` rows (frozen meanwhile), wait for it to exit."""
+    return signals.interrupt(cmd, run, sig, after_rows, env=env())
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM], ids=["SIGUSR1", "SIGTERM"])

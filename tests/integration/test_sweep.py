@@ -22,7 +22,8 @@ from filelock import FileLock
 from bench.run.store import RunDir
 from bench.methods.base import arm_precision
 from tests.helpers import FAST, REPO
-from tests.integration.test_faults import alive, descendants, env
+from tests.integration.signals import alive, descendants
+from tests.integration.test_faults import env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -20,7 +20,8 @@ import pytest
 from bench.run.store import RunDir
 from bench.methods.base import arm_precision
 from tests.helpers import FAST, REPO, strip_times
-from tests.integration.test_faults import alive, descendants, env, interrupt, one_line_error, qrl_bench
+from tests.integration.signals import alive, descendants
+from tests.integration.test_faults import env, interrupt, one_line_error, qrl_bench
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -1,0 +1,74 @@
+"""Signalling a real trainer process at a chosen step, the way SLURM and a user's Ctrl-C do.
+
+The point of the signal is a step count (`after_rows` rows in metrics.jsonl). Polling the file races the trainer:
+on a fast machine it finishes another step or two between the poll and the signal. So the process (with its
+children, for a tree) is frozen with SIGSTOP the moment the rows are there, signalled while frozen, and thawed:
+the signal then lands at most one step later than the rows observed, on any machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from bench.run.store import RunDir
+from tests.helpers import REPO
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (children, their children, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _send(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def interrupt(cmd: list[str], run: RunDir, sig: int, after_rows: int, env: dict[str, str], tree: bool = False,
+              ) -> subprocess.CompletedProcess:
+    """Start `cmd`, and once metrics.jsonl has `after_rows` rows send `sig` (to the whole process tree with
+    `tree`, as SLURM signals every process of a job) while the process is frozen; wait for it to exit."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while len(run.metrics()) < after_rows:
+            assert proc.poll() is None, f"run ended before the signal:\n{proc.stderr.read()[-3000:]}"
+            assert time.monotonic() < deadline, "run did not reach the signal point in time"
+            time.sleep(0.01)
+        frozen = [proc.pid, *descendants(proc.pid)]
+        _send(frozen, signal.SIGSTOP)
+        _send([proc.pid, *(descendants(proc.pid) if tree else [])], sig)
+        _send(frozen, signal.SIGCONT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
