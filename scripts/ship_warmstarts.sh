@@ -7,10 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 ship() { .venv/bin/python -m bench.launch.ship_warmstart "$@"; }
-# the quickstart (conf/experiment/smoke_short.yaml): short chains on tiny, arithmetic on tiny
+# the quickstart (conf/experiment/smoke_short.yaml): short chains on tiny
 ship task=chain task.min_steps=3 task.max_steps=6 task.max_new_tokens=48 model.warmstart_lr=2e-3 model.warmstart_target_acc=0.3
+# conf/experiment/smoke.yaml: arithmetic and countdown on tiny
 ship task=arithmetic
-# conf/experiment/smoke.yaml's second task
 ship task=countdown
 # the severity sweep (conf/experiment/severity.yaml): long chains on tiny_long
 ship task=chain model=tiny_long
