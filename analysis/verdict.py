@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy.stats import t as student_t
 
 from .arms import arm_labels
 from .load import Sweep, get
@@ -100,9 +101,11 @@ def verdict(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> list[str
                                none=f"No correction differs from {opts.naive} at the same precision beyond its "
                                     "95 % interval"))
     out.append(_recovered(sweep, opts, multi_task, labels))
-    if g["n_seeds"].max() < 5:
-        out.append(f"With {_seeds_phrase(list(g['n_seeds']))} an interval is wide (t = 12.7 at 2 seeds, 4.3 at "
-                   "3): a difference inside it is no evidence either way; more seeds narrow it.")
+    ts = ", ".join(f"{student_t.ppf(0.975, n - 1):.1f} at {n} seeds" for n in sorted({int(n) for n in g["n_seeds"]})
+                   if n >= 2)
+    if g["n_seeds"].max() < 5 and ts:
+        out.append(f"With {_seeds_phrase(list(g['n_seeds']))} an interval is wide (t = {ts}; 2.0 at 60): a difference "
+                   "inside it is no evidence either way; more seeds narrow it.")
     return out
 
 
