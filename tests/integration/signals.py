@@ -52,6 +52,15 @@ def _send(pids: list[int], sig: int) -> None:
             pass
 
 
+def signal_frozen(root: int, targets: list[int], sig: int) -> None:
+    """Freeze `root` and every process below it, send `sig` to `targets`, thaw: no process moves on between the
+    moment the caller saw what it waited for and the signal."""
+    frozen = [root, *descendants(root)]
+    _send(frozen, signal.SIGSTOP)
+    _send(targets, sig)
+    _send(frozen, signal.SIGCONT)
+
+
 def interrupt(cmd: list[str], run: RunDir, sig: int, after_rows: int, env: dict[str, str], tree: bool = False,
               ) -> subprocess.CompletedProcess:
     """Start `cmd`, and once metrics.jsonl has `after_rows` rows send `sig` (to the whole process tree with
@@ -63,10 +72,7 @@ def interrupt(cmd: list[str], run: RunDir, sig: int, after_rows: int, env: dict[
             assert proc.poll() is None, f"run ended before the signal:\n{proc.stderr.read()[-3000:]}"
             assert time.monotonic() < deadline, "run did not reach the signal point in time"
             time.sleep(0.01)
-        frozen = [proc.pid, *descendants(proc.pid)]
-        _send(frozen, signal.SIGSTOP)
-        _send([proc.pid, *(descendants(proc.pid) if tree else [])], sig)
-        _send(frozen, signal.SIGCONT)
+        signal_frozen(proc.pid, [proc.pid, *(descendants(proc.pid) if tree else [])], sig)
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
