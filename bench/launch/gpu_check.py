@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -79,6 +80,16 @@ MODEL = ("model=mini_qwen2", "model.hidden_size=256", "model.intermediate_size=5
 ENGINE_ROWS = (("embedded", "bf16"), ("embedded", "fp8_e4m3"), ("embedded", "int8"), ("vllm", "bf16"), ("vllm", "fp8_e4m3"))
 
 
+def run_briefly(overrides: list[str], timeout: float) -> tuple[int, str, float, dict[str, Any]]:
+    """A few steps of the tiny model with `overrides` in a scratch results directory: (exit code, output, seconds,
+    its last metrics row or {})."""
+    with tempfile.TemporaryDirectory(prefix="qrl-gpu-check-") as out_root:
+        rc, out, s = run([sys.executable, "-m", "bench", *MODEL, *overrides, "train.group_size=4", "train.eval_every=100",
+                          "task.n_test=16", "tracking=disabled", f"out_root={out_root}"], timeout)
+        rows = [json.loads(line) for f in Path(out_root).rglob("metrics.jsonl") for line in f.read_text().splitlines()]
+    return rc, out, s, (rows[-1] if rows else {})
+
+
 def step_engines(device: str, have_vllm: bool) -> str:
     steps, batch = ("3", "32") if device == "cuda" else ("1", "8")
     lines = ["| engine | precision | exit | s | rollout tok/s | sync s | KL k3 |", "|---|---|---|---|---|---|---|"]
@@ -87,14 +98,10 @@ def step_engines(device: str, have_vllm: bool) -> str:
         if engine == "vllm" and not have_vllm:
             lines.append(f"| {engine} | {precision} | not run: vLLM is not installed | | | | |")
             continue
-        with tempfile.TemporaryDirectory(prefix="qrl-gpu-check-") as out_root:
-            method = "bf16" if precision == "bf16" else "naive"  # the uncorrected arm at a low precision
-            rc, out, s = run([sys.executable, "-m", "bench", *MODEL, f"method={method}", f"rollout={engine}",
-                              f"rollout.precision={precision}", f"train.device={device}", f"train.steps={steps}",
-                              f"train.batch_size={batch}", "train.group_size=4", "train.eval_every=100", "task.n_test=16",
-                              "tracking=disabled", f"out_root={out_root}"], 150)
-            rows = [json.loads(line) for f in Path(out_root).rglob("metrics.jsonl") for line in f.read_text().splitlines()]
-        last = rows[-1] if rows else {}
+        method = "bf16" if precision == "bf16" else "naive"  # the uncorrected arm at a low precision
+        rc, out, s, last = run_briefly([f"method={method}", f"rollout={engine}", f"rollout.precision={precision}",
+                                        f"train.device={device}", f"train.steps={steps}", f"train.batch_size={batch}"],
+                                       150)
         cells = [f"{last.get(k, float('nan')):.3g}" for k in ("time/rollout_tokens_per_s", "time/sync_s", "mismatch/kl_k3")]
         lines.append(f"| {engine} | {precision} | {rc} | {s:.0f} | " + " | ".join(cells) + " |")
         if rc != 0:
@@ -110,13 +117,9 @@ def step_multi_gpu(gpus: int, have_vllm: bool, device: str = "cuda") -> str:
         if engine == "vllm" and not have_vllm:
             lines.append(f"| {engine} | {precision} | {gpus} | not run: vLLM is not installed | | | |")
             continue
-        with tempfile.TemporaryDirectory(prefix="qrl-gpu-check-") as out_root:
-            rc, out, s = run([sys.executable, "-m", "bench", *MODEL, "method=tis", f"rollout={engine}",
-                              f"rollout.precision={precision}", f"train.device={device}", f"train.nproc_per_node={gpus}",
-                              "train.steps=3", f"train.batch_size={8 * gpus}", "train.group_size=4",
-                              "train.eval_every=100", "task.n_test=16", "tracking=disabled", f"out_root={out_root}"], 300)
-            rows = [json.loads(line) for f in Path(out_root).rglob("metrics.jsonl") for line in f.read_text().splitlines()]
-        last = rows[-1] if rows else {}
+        rc, out, s, last = run_briefly(["method=tis", f"rollout={engine}", f"rollout.precision={precision}",
+                                        f"train.device={device}", f"train.nproc_per_node={gpus}", "train.steps=3",
+                                        f"train.batch_size={8 * gpus}"], 300)
         cells = [f"{last.get(k, float('nan')):.3g}" for k in ("time/rollout_tokens_per_s", "mismatch/kl_k3")]
         lines.append(f"| {engine} | {precision} | {gpus} | {rc} | {s:.0f} | " + " | ".join(cells) + " |")
         if rc != 0:
