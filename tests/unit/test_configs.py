@@ -129,8 +129,8 @@ def test_separation_sweep_crosses_lengths_formats_and_every_arm():
     rungs: dict[str, set] = {}
     for job in jobs:
         rungs.setdefault(rung_of(job), set()).add(arm_part(job))
-    assert sorted(rungs) == ["separation/len100", "separation/len34", "separation/len60"]
-    assert rungs["separation/len34"] == rungs["separation/len60"] == rungs["separation/len100"]
+    assert sorted(rungs) == ["separation/len34", "separation/len60", "separation/len90"]
+    assert rungs["separation/len34"] == rungs["separation/len60"] == rungs["separation/len90"]
     seed0 = [j for j in jobs if "seed=0" in j and rung_of(j) == "separation/len60"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfgs = [compose("config", overrides=job) for job in seed0]

@@ -18,7 +18,7 @@ from bench.config import CONF_DIR
 from bench.launch.dryrun import expand
 from bench.tasks.base import build_task
 
-REFERENCE_SWEEPS = ("smoke_short", "smoke", "severity")
+REFERENCE_SWEEPS = ("smoke_short", "smoke", "severity", "separation_slice")
 
 
 def _warm_starts(sweep: str) -> dict[str, tuple]:
