@@ -414,7 +414,8 @@ def plot_recovered(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Sev
                                       gridspec_kw={"width_ratios": [3, 2]})
     arms = [m for m in sorted(data["method"].unique(), key=method_sort_key) if m not in (opts.naive, opts.baseline)]
     markers = {m: METHOD_MARKERS[i % len(METHOD_MARKERS)] for i, m in enumerate(arms)}
-    seq_kl = data["seq_kl"].to_numpy(float)
+    plotted = np.isfinite(data["recovered"]) | (data["method"] == opts.naive)
+    seq_kl = data.loc[plotted, "seq_kl"].to_numpy(float)  # the x values drawn: the axis is chosen for them
     shown = []
     for method in arms:
         d = data[(data["method"] == method) & np.isfinite(data["recovered"])].sort_values("seq_kl")
@@ -510,10 +511,12 @@ def _err(center: np.ndarray, lo: pd.Series, hi: pd.Series) -> np.ndarray | None:
 
 
 def _kl_axis(ax, kl: np.ndarray) -> None:
-    """Log x when every mismatch is positive (they span decades: bf16 ~1e-5, 4-bit ~1e-1), else symlog around 0."""
+    """Log x when every mismatch is positive and they span a decade or more (bf16 ~1e-5, 4-bit ~1e-1); linear when
+    they span less (a log axis would label only its crowded minor ticks); symlog around 0 when some are <= 0."""
     v = kl[np.isfinite(kl)]
     if v.size and (v > 0).all():
-        ax.set_xscale("log")
+        if v.max() >= 10 * v.min():
+            ax.set_xscale("log")
     elif v.size and (v > 0).any():
         ax.set_xscale("symlog", linthresh=float(v[v > 0].min()))
 

@@ -232,3 +232,19 @@ def test_no_recovered_figure_without_a_resolved_naive_gap(sev_sweep, tmp_path):
     assert plot_recovered(sev_sweep, "arithmetic", "tiny", tmp_path, formats=("png",)) is not None
     assert plot_recovered(sev_sweep, "arithmetic", "tiny", tmp_path, SeverityOptions(baseline="nope"),
                           formats=("png",)) is None
+
+
+@pytest.mark.parametrize("kl, scale", [([2e-5, 3e-3, 0.3], "log"), ([5.4, 5.8, 6.0], "linear"),
+                                       ([0.0, 1e-3, 0.2], "symlog")])
+def test_the_kl_axis_is_log_only_across_a_decade(kl, scale):
+    """Under a decade a log axis labels only its crowded minor ticks (seen on the separation report's figure)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from analysis.severity import _kl_axis
+
+    fig, ax = plt.subplots()
+    _kl_axis(ax, np.array(kl))
+    assert ax.get_xscale() == scale
+    plt.close(fig)
