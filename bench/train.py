@@ -51,7 +51,7 @@ from bench.run.store import RunDir
 from bench.tasks.base import Task, build_task
 from bench.warmstart import policy_path
 from bench.timing import Timer
-from bench.run.tracking import start_tracking
+from bench.run.tracking import Tracker, start_tracking
 
 
 @dataclass
@@ -143,12 +143,14 @@ def build(cfg: DictConfig) -> Parts:
     """Everything a run needs; raises a clear error on bad input before any training."""
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
-    distributed.init(cfg.train.device)  # one process of several (torchrun, SLURM): join the group
-    device = resolve_device(cfg.train.device)
     task = build_task(cfg.task)
     eval_sets = build_eval_sets(cfg.eval, task)
     check_data(cfg, task, eval_sets)  # every split read and checked before the warm start trains on the data
-    policy, tokenizer = load_policy(cfg.model, policy_path(cfg.model, task))  # the built-in model: warm-started
+    # the built-in model is warm-started, by whichever rank gets the build's lock: before the process group
+    # exists, since transformers' save_pretrained writes nothing on a rank other than 0 of an initialized group
+    policy, tokenizer = load_policy(cfg.model, policy_path(cfg.model, task))
+    distributed.init(cfg.train.device)  # one process of several (torchrun, SLURM): join the group
+    device = resolve_device(cfg.train.device)
     policy.to(device)  # before the optimizer: its states are allocated beside the parameters
     if cfg.train.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
@@ -325,7 +327,10 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
         distributed.say(f"{run_name}: warning: {note}")
     info = run.start(config_yaml, run_name, overrides)
     declared = {"arm": arm_info(p.method.name), "precision": precision_info(cfg), "runtime": runtime_info(p)}
-    tracker = start_tracking(cfg, run.path, run_name, resume_id=info.get("wandb_id"), run_info=declared)
+    if distributed.is_follower():  # rank 0 alone mirrors the run to W&B (a follower's run.json is not written)
+        tracker = Tracker(info.get("wandb_id"))
+    else:
+        tracker = start_tracking(cfg, run.path, run_name, resume_id=info.get("wandb_id"), run_info=declared)
     tracker.replay(run.metrics(), run.evals(), below=start)  # rows an earlier attempt's W&B mirror lost
     run.update_info(wandb_id=tracker.run_id, setup=setup, **declared)
     t0, every = time.perf_counter(), cfg.train

@@ -105,7 +105,7 @@ def warm_start_dir(model_cfg: Any, task: Task) -> Path:
     shipped = shipped_dir(final.name)  # before the cache: a build of this machine's may differ (module docstring)
     if shipped is not None:
         return shipped
-    if final.is_dir():  # it only appears by an atomic rename, so it is complete
+    if _complete(final):  # it only appears by an atomic rename of a checked directory
         return final
     root.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(final) + ".lock")
@@ -115,8 +115,11 @@ def warm_start_dir(model_cfg: Any, task: Task) -> Path:
         _say(f"waiting for another job to finish the {task.name} warm start ({final})")
         lock.acquire()
     try:
-        if final.is_dir():  # another job built it while we waited for the lock
+        if _complete(final):  # another job built it while we waited for the lock
             return final
+        if final.is_dir():  # left without its model by an older build (saved on a rank other than 0): rebuilt
+            _say(f"{final} lacks {', '.join(_missing(final))}: rebuilding it")
+            shutil.rmtree(final)
         _say(f"building the {task.name} warm start once (at most {model_cfg.warmstart_steps} SFT steps on "
              f"{getattr(model_cfg, 'warmstart_threads', 1)} thread(s)); cached at {final}")
         tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=root))
@@ -126,6 +129,10 @@ def warm_start_dir(model_cfg: Any, task: Task) -> Path:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             (tmp / INFO_FILE).write_text(json.dumps(info, indent=2, default=str))
+            if _missing(tmp):  # never install a directory that cannot be loaded: every later run would fail on it
+                raise RuntimeError(f"the warm start saved into {tmp} lacks {', '.join(_missing(tmp))} "
+                                   "(save_pretrained wrote no model: was it called on a rank other than 0 of an "
+                                   "initialized process group?)")
             os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared by every job of the user
             os.rename(tmp, final)
         except BaseException:
@@ -141,6 +148,18 @@ def warm_start_dir(model_cfg: Any, task: Task) -> Path:
              f"at {checks[-1][1]:.1%} train accuracy, below model.warmstart_target_acc={target}: RL groups from it "
              "may all score 0 and learn nothing; a larger model.warmstart_steps gives the SFT time to get there")
     return final
+
+
+#: what a loadable warm start holds (bench.models.load reads the first two; the info says how it was built)
+REQUIRED_FILES = ("config.json", WEIGHTS_FILE, INFO_FILE)
+
+
+def _missing(directory: Path) -> list[str]:
+    return [name for name in REQUIRED_FILES if not (directory / name).is_file()]
+
+
+def _complete(directory: Path) -> bool:
+    return directory.is_dir() and not _missing(directory)
 
 
 def weights_sha256(directory: Path) -> str:

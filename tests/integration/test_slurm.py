@@ -252,3 +252,38 @@ def test_preempted_slurm_job_is_requeued_and_resumes(slurm, cleanup, tmp_path):
     assert "caught SIGUSR1" in logs and "this job is preempted" in logs and "DUE TO JOB REQUEUE" in logs, logs[-3000:]
     attempts = offline_runs(run.path)  # one W&B run id across the requeue
     assert len(attempts) == 2 and all(info["wandb_id"] in a.name for a in attempts)
+
+
+def test_one_run_as_two_slurm_tasks_trains_what_one_process_does(slurm, cleanup, tmp_path):
+    """`hydra.launcher.tasks_per_node=2`: one run on two SLURM tasks, each one rank (FSDP2 over gloo, the torchrun
+    environment exported from SLURM's by submitit). It equals the one-process run with the same sampling shards and
+    micro-batches (every metric but time/* to 1e-6 relative); rank 0 alone writes run.json and W&B. The warm start
+    is built inside the job, by whichever task takes its lock first (a build on rank 1 used to save no weights:
+    transformers writes only on rank 0 of an initialized process group)."""
+    args = [a for a in QUICK if not a.startswith("train.steps=")] + [
+        "method=tis", "train.steps=2", "train.batch_size=8", "train.group_size=4", "train.sampling_shards=2",
+        "train.micro_batch_size=4", "train.grad_clip=1e6", f"model.cache_dir={tmp_path / 'cache'}",
+        "model.warmstart_steps=40", "model.warmstart_target_acc=null"]
+    cmd = [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2",
+           "hydra.launcher.timeout_min=10", *args, f"out_root={tmp_path / 'two'}"]
+    proc = subprocess.run(cmd, cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [info_file] = (tmp_path / "two").rglob("run.json")
+    two = RunDir(info_file.parent)
+    logs = sorted((tmp_path / "two" / "default" / ".submitit").rglob("*_log.err"))
+    assert len(logs) == 2, logs  # two tasks of one job
+    assert sum("building the arithmetic warm start" in p.read_text() for p in logs) == 1
+    one = subprocess.run([sys.executable, "-m", "bench", *args, f"out_root={tmp_path / 'one'}"], cwd=REPO,
+                         env=job_env(), capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    ref = RunDir(next((tmp_path / "one").rglob("run.json")).parent)
+    assert two.info()["status"] == "completed" and two.info()["slurm_job_id"]
+    for kind in ("metrics", "evals"):
+        rows_2, rows_1 = strip_times(getattr(two, kind)()), strip_times(getattr(ref, kind)())
+        assert [r["step"] for r in rows_2] == [r["step"] for r in rows_1] and rows_1
+        for r1, r2 in zip(rows_1, rows_2):
+            assert r1.keys() == r2.keys()
+            bad = {k: (r1[k], r2[k]) for k in r1 if r2[k] != pytest.approx(r1[k], rel=1e-6, abs=1e-12)}
+            assert not bad, (kind, r1["step"], bad)
+    [mirror] = offline_runs(two.path)  # one W&B run, rank 0's
+    assert two.info()["wandb_id"] in mirror.name

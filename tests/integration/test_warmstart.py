@@ -126,6 +126,21 @@ def test_failed_build_leaves_nothing_behind(tmp_path, small_task, monkeypatch):
     assert [p for p in (tmp_path / "warmstart").iterdir() if p.is_dir()] == []
 
 
+def test_a_save_that_wrote_no_model_is_never_installed_and_an_old_one_is_rebuilt(tmp_path, small_task, monkeypatch):
+    """transformers' save_pretrained writes nothing on a rank other than 0 of an initialized process group: such a
+    build must fail, not leave a cache entry that every later run dies on; one left by an older build is rebuilt."""
+    cfg = quick_cfg(tmp_path)
+    built = warm_start_dir(cfg, small_task)
+    (built / "model.safetensors").unlink()  # what an older build on rank 1 left behind
+    (built / "config.json").unlink()
+    model, _ = load_built_in(cfg, small_task)  # rebuilt in place, and loadable
+    assert (built / "model.safetensors").is_file() and (built / "config.json").is_file()
+    monkeypatch.setattr(type(model), "should_save_on_this_rank", lambda self, is_main: False)  # as on rank 1
+    with pytest.raises(RuntimeError, match="lacks config.json, model.safetensors"):
+        warm_start_dir(quick_cfg(tmp_path / "other"), small_task)
+    assert [p for p in (tmp_path / "other" / "warmstart").iterdir() if p.is_dir()] == []
+
+
 def test_cache_dir_interpolation_and_user_expand(monkeypatch, tmp_path):
     monkeypatch.setenv("QRL_BENCH_CACHE", str(tmp_path))
     assert ws.resolve_cache_dir(ModelConfig().cache_dir) == tmp_path
