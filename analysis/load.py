@@ -61,10 +61,16 @@ class Run:
     evals: pd.DataFrame  # one row per evaluation: "step" + "eval/..." columns
     warnings: list[str] = field(default_factory=list)
     severity: str = ""  # the precision plus the rollout options that change its numerics (`severity_key`)
+    task_key: str = ""  # the task's whole configuration (`task_key`): one task name can hold several problem sets
 
     @property
-    def identity(self) -> tuple[str, str, str, str, int, str]:
-        return (self.method, self.precision, self.task, self.model, self.seed, self.severity)
+    def task_name(self) -> str:
+        """The task's name as configured; `task` may carry a variant label besides it (`label_tasks`)."""
+        return str(get(self.config, "task.name", self.task))
+
+    @property
+    def identity(self) -> tuple[str, str, str, str, int, str, str]:
+        return (self.method, self.precision, self.task_name, self.model, self.seed, self.severity, self.task_key)
 
     @property
     def arm(self) -> tuple[str, str]:
@@ -366,6 +372,31 @@ def severity_key(config: dict[str, Any], info: dict[str, Any], precision: str) -
     return ";".join(parts)
 
 
+def task_key(config: dict[str, Any]) -> str:
+    """The task's configuration as one string (every `task.*` key but its name): runs of one task name whose
+    problems differ (chains of 3-6 steps vs 8-16; 200 vs 1,000 test problems) are different runs, never seeds of
+    one cell or duplicates of each other."""
+    task = get(config, "task", {})
+    if not isinstance(task, dict):
+        return ""
+    return json.dumps({k: v for k, v in task.items() if k != "name"}, sort_keys=True, default=str)
+
+
+def label_tasks(runs: list[Run]) -> None:
+    """Name each task variant where runs of one task name differ in its configuration: the name plus the keys that
+    vary, `chain (min_steps=6, max_steps=10)`, in place. Idempotent: labels are rebuilt from each run's config,
+    so sources loaded apart and merged are labelled together."""
+    by_name: dict[str, list[Run]] = {}
+    for r in runs:
+        by_name.setdefault(r.task_name, []).append(r)
+    for name, group in by_name.items():
+        options = [json.loads(r.task_key) if r.task_key else {} for r in group]
+        order = [k for r in group for k in (get(r.config, "task", {}) or {})]  # the config's order, not sorted
+        keys = [k for k in dict.fromkeys(order) if len({repr(o.get(k)) for o in options}) > 1]
+        for r, o in zip(group, options):
+            r.task = name + (f" ({', '.join(f'{k}={o.get(k)}' for k in keys)})" if keys else "")
+
+
 def load_run(run_dir: Path, root: Path | None = None, run_id: str | None = None) -> Run:
     """Read and validate one run directory; raises RunError with the reason it cannot be used."""
     run_dir = Path(run_dir)
@@ -444,6 +475,7 @@ def load_run(run_dir: Path, root: Path | None = None, run_id: str | None = None)
         evals=evals,
         warnings=warnings,
         severity=severity_key(config, info, precision),
+        task_key=task_key(config),
     )
 
 
@@ -488,6 +520,7 @@ def load_dirs(run_dirs: Iterable[tuple[Path, Path | None]], sources: list[str] |
             continue
         seen[run.identity] = run.run_id
         runs.append(run)
+    label_tasks(runs)
     return Sweep(runs=runs, skipped=skipped, sources=list(sources or []))
 
 
@@ -519,4 +552,5 @@ def merge(sweeps: Iterable[Sweep]) -> Sweep:
                 continue
             seen[r.identity] = r.run_id
             runs.append(r)
+    label_tasks(runs)
     return Sweep(runs=runs, skipped=skipped, sources=sources)

@@ -92,7 +92,7 @@ def matches(run: Run, method: str, bits: str, task: str, config: str) -> bool:
     method = BASELINE if method == "base" else method
     if run.method != method or bitwidth(run.precision, get(run.config, "rollout.act_granularity")) != bits:
         return False
-    if task and run.task != task:
+    if task and run.task_name != task:  # the configured name: a recipe's rows may vary the task's settings
         return False
     for setting in config.split():
         key, _, value = setting.partition("=")

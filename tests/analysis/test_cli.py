@@ -22,6 +22,7 @@ FIGURES = (  # the synthetic sweep spans three rollout precisions (bf16, fp8_e4m
     [f"{kind}_{task}_tiny" for kind in ("severity", "recovered", "curves", "mismatch", "diagnostics", "quant")
      for task in TASKS]
     + ["throughput_tiny"]
+    + ["tkl"]  # two tasks, each with a naive arm: both on one T·KL axis, the report's headline
 )
 
 
@@ -53,7 +54,7 @@ def test_report_embeds_everything_and_states_provenance(cli_run: CliResult):
     opening = text.split("\n\n")[1]
     assert opening.startswith("36 runs: 6 arms × 2 tasks (arithmetic, countdown), n = 3 seeds per arm")
     assert "95 % interval" in opening and not opening.startswith("|")
-    assert text.split("\n\n")[2].startswith("![")
+    assert text.split("\n\n")[2].startswith("![Correction against sequence-level mismatch")  # figures/tkl.png
     links = re.findall(r"\]\(([^)#]+)\)", text)
     assert links, "no links in report"
     for link in links:

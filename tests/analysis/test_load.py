@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.load import discover, load_sweeps
+from analysis.load import discover, load_sweeps, merge
 
 from .synth import BROKEN, METHODS, PRECISION, SEEDS, STEPS, TASKS
 
@@ -101,6 +101,34 @@ def test_same_run_in_two_sweep_dirs_is_a_listed_duplicate(clean_sweep: Path, tmp
     sweep = load_sweeps([clean_sweep, other])
     assert len(sweep.runs) == len(METHODS) * len(TASKS) * len(SEEDS)
     assert [s.reason.startswith("duplicate of sweep/tis/arithmetic/tiny/seed0") for s in sweep.skipped] == [True]
+
+
+def _copy_with_task(src: Path, dst: Path, **task) -> None:
+    shutil.copytree(src, dst)
+    config = yaml.safe_load((dst / "config.yaml").read_text())
+    config["task"].update(task)
+    (dst / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def test_one_task_name_with_two_problem_sets_is_two_tasks_not_a_duplicate(clean_sweep: Path, tmp_path: Path):
+    """Chains of 6-10 and of 8-16 steps are both `task=chain` on one model (the separation sweep's rungs in two
+    sweep directories): the runs are two cells, labelled by the task keys that differ, never one dropped as a
+    duplicate of the other or pooled with it as seeds."""
+    src = clean_sweep / "tis" / "arithmetic" / "tiny"
+    for rung, (lo, hi) in {"len60": (6, 10), "len90": (8, 16)}.items():
+        for seed in (0, 1):
+            _copy_with_task(src / f"seed{seed}", tmp_path / rung / "tis" / "arithmetic" / "tiny" / f"seed{seed}",
+                            min_steps=lo, max_steps=hi)
+    sweep = load_sweeps([tmp_path / "len60", tmp_path / "len90"])
+    assert not sweep.skipped and len(sweep.runs) == 4
+    assert sweep.tasks == ["arithmetic (min_steps=6, max_steps=10)", "arithmetic (min_steps=8, max_steps=16)"]
+    # loaded apart (each alone has one problem set: plain name) and merged: labelled together, still not duplicates
+    merged = merge([load_sweeps([tmp_path / "len60"]), load_sweeps([tmp_path / "len90"])])
+    assert not merged.skipped and merged.tasks == sweep.tasks
+    # the very same run twice is still a listed duplicate
+    shutil.copytree(tmp_path / "len60", tmp_path / "again")
+    again = load_sweeps([tmp_path / "len60", tmp_path / "again"])
+    assert len(again.runs) == 2 and len(again.skipped) == 2 and again.tasks == ["arithmetic"]
 
 
 def test_missing_sweep_dir_is_an_error(tmp_path: Path):

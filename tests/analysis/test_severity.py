@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from analysis.cli import main
-from analysis.load import load_sweeps
+from analysis.load import load_sweeps, merge
 from analysis.severity import (
     NAIVE_BETTER,
     NO_NAIVE_GAP,
@@ -22,6 +22,8 @@ from analysis.severity import (
     has_severity_axis,
     kl_lower,
     plot_recovered,
+    plot_tkl,
+    severity_figures,
     run_rows,
     severity_labels,
     severity_summary,
@@ -232,6 +234,25 @@ def test_no_recovered_figure_without_a_resolved_naive_gap(sev_sweep, tmp_path):
     assert plot_recovered(sev_sweep, "arithmetic", "tiny", tmp_path, formats=("png",)) is not None
     assert plot_recovered(sev_sweep, "arithmetic", "tiny", tmp_path, SeverityOptions(baseline="nope"),
                           formats=("png",)) is None
+
+
+def test_the_headline_puts_every_task_and_model_on_one_t_kl_axis(sev_sweep, tmp_path):
+    """The length axis: a second task whose naive gap is within noise joins the ladder on one T·KL axis. Cells are
+    numbered by the naive arm's T·KL (5 tokens x its KL); the caption names the cells without a recovered share;
+    one task and model alone keeps its own figures as the headline."""
+    cd = tmp_path / "countdown"
+    for method, precision, finals in (("bf16", "bf16", [0.50, 0.55, 0.45]), ("naive", "int4", [0.49, 0.56, 0.44]),
+                                      ("tis", "int4", [0.50, 0.55, 0.46])):
+        for seed, final in enumerate(finals):
+            write_run(cd, method, "countdown", seed, precision=precision, kl=0.2 if precision == "int4" else 1e-5,
+                      final_acc=final, rollout={"act_granularity": "none"} if precision == "int4" else None)
+    both = merge([sev_sweep, load_sweeps([cd])])
+    figure = plot_tkl(both, tmp_path / "fig", formats=("png",))
+    assert figure is not None and (tmp_path / "fig" / "tkl.png").stat().st_size > 10_000
+    # naive T·KL: fp8 5e-3 (#1), int8+kv 5e-2 (#2, one seed), int4 0.5 (#3, resolved), countdown int4 1.0 (#4)
+    assert "(not in cells #1, #2, #4)" in figure.caption, figure.caption
+    assert [f.name for f in severity_figures(both, tmp_path / "fig", formats=("png",))][0] == "tkl"
+    assert plot_tkl(sev_sweep, tmp_path / "fig", formats=("png",)) is None
 
 
 @pytest.mark.parametrize("kl, scale", [([2e-5, 3e-3, 0.3], "log"), ([5.4, 5.8, 6.0], "linear"),
