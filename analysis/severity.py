@@ -522,10 +522,11 @@ def plot_tkl(sweep: Sweep, out_dir: Path, opts: SeverityOptions = SeverityOption
     yb = b["sampler_acc0"].to_numpy(float)
     mu_ax.errorbar(x, yb, yerr=_err(yb, b["sampler_acc0_lo"].clip(0, 100), b["sampler_acc0_hi"].clip(0, 100)),
                    color=arm_color(opts.baseline), marker="s", ms=4, lw=1.0, ls="--", elinewidth=0.7, capsize=2)
+    ticks = _merge_close(x, [f"#{number[c]}" for c in cells["cell"]])
     for ax in (gap_ax, rec_ax, mu_ax):
         _kl_axis(ax, low["seq_kl"].to_numpy(float))
         top = ax.secondary_xaxis("top")
-        top.set_xticks(x, [f"#{number[c]}" for c in cells["cell"]], fontsize=6, color="0.3")
+        top.set_xticks([t for t, _ in ticks], [label for _, label in ticks], fontsize=6, color="0.3")
         top.tick_params(axis="x", length=2, pad=1)
         top.xaxis.set_minor_locator(NullLocator())
     gap_ax.set_ylabel(f"final accuracy − {opts.baseline} (pp)")
@@ -557,6 +558,19 @@ def plot_tkl(sweep: Sweep, out_dir: Path, opts: SeverityOptions = SeverityOption
     )
     return FigureFile("tkl", "severity", "Correction against sequence-level mismatch — every cell", caption,
                       _save(fig, out_dir, "tkl", formats))
+
+
+def _merge_close(x: np.ndarray, labels: list[str], within: float = 0.04) -> list[tuple[float, str]]:
+    """Tick positions and labels, where cells closer than `within` of the span share one tick ("#1,#2" at their
+    mean): two cells at almost the same T·KL otherwise print their labels over each other. x must be sorted."""
+    span = float(np.nanmax(x) - np.nanmin(x)) or 1.0
+    groups: list[list[int]] = []
+    for i, v in enumerate(x):
+        if groups and v - x[groups[-1][0]] < within * span:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return [(float(np.mean(x[g])), ",".join(labels[i] for i in g)) for g in groups]
 
 
 def _label_severities(ax, data: pd.DataFrame) -> dict[str, str]:

@@ -269,3 +269,12 @@ def test_the_kl_axis_is_log_only_across_a_decade(kl, scale):
     _kl_axis(ax, np.array(kl))
     assert ax.get_xscale() == scale
     plt.close(fig)
+
+
+def test_cells_at_almost_the_same_t_kl_share_one_tick():
+    """Seen on the separation report: len60 and len34 at T·KL 1.9 and 2.0 printed '#1' over '#2'."""
+    from analysis.severity import _merge_close
+
+    ticks = _merge_close(np.array([1.90, 1.95, 5.7]), ["#1", "#2", "#3"])
+    assert [label for _, label in ticks] == ["#1,#2", "#3"] and math.isclose(ticks[0][0], 1.925)
+    assert [label for _, label in _merge_close(np.array([1.0, 3.0]), ["#1", "#2"])] == ["#1", "#2"]
