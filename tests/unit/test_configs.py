@@ -123,7 +123,7 @@ def test_separation_sweep_crosses_lengths_formats_and_every_arm():
     compose costs ~1 s of CPU, all 345 would take minutes).
     """
     jobs = expand(["+experiment=separation"])
-    assert len(jobs) == 345 and len(expand(["+experiment=separation_slice"])) == 30
+    assert len(jobs) == 345 and len(expand(["+experiment=separation_slice"])) == 75  # 3 rungs x 5 arms x 5 seeds
     rung_of = lambda job: next(o.split("=", 1)[1] for o in job if o.startswith("sweep="))  # noqa: E731
     arm_part = lambda job: frozenset(o for o in job if o.startswith(("method", "rollout.precision")))  # noqa: E731
     rungs: dict[str, set] = {}

@@ -18,14 +18,18 @@ from bench.config import CONF_DIR
 from bench.launch.dryrun import expand
 from bench.tasks.base import build_task
 
-REFERENCE_SWEEPS = ("smoke_short", "smoke", "severity", "separation_slice")
+#: the committed reference sweeps, and the full separation sweep (run on a cluster, from the same shipped starts)
+REFERENCE_SWEEPS = ("smoke_short", "smoke", "severity", "separation_slice", "separation")
 
 
 def _warm_starts(sweep: str) -> dict[str, tuple]:
-    """{warm-start name: (model config, task)} of every job of a named sweep."""
+    """{warm-start name: (model config, task)} of every job of a named sweep. A warm start depends on the model and
+    the task, not on the arm or the seed: one job is composed per distinct model/task overrides (a compose costs ~1 s)."""
     out, jobs = {}, expand([f"+experiment={sweep}"])
+    arm_or_seed = ("method", "rollout.", "seed=", "variant=")
+    distinct = {tuple(o for o in job if not o.startswith(arm_or_seed)): job for job in jobs}
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        for job in jobs:
+        for job in distinct.values():
             cfg = compose("config", overrides=job)
             if cfg.model.path is None:
                 task = build_task(cfg.task)
