@@ -421,14 +421,9 @@ def plot_recovered(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Sev
         d = data[(data["method"] == method) & np.isfinite(data["recovered"])].sort_values("seq_kl")
         if d.empty:
             continue
-        x, y = d["seq_kl"].to_numpy(float), 100 * d["recovered"].to_numpy(float)
-        # Fieller's interval can be unbounded or huge at a small naive gap: drawn up to [-100, 200] %
-        yerr = _err(y, (100 * d["recovered_lo"]).clip(-100, 200), (100 * d["recovered_hi"]).clip(-100, 200))
-        left.errorbar(x, y, yerr=yerr, color=arm_color(method), marker=markers[method], ms=4, lw=1.0, elinewidth=0.7,
-                      capsize=2, mfc=arm_color(method), mec="white", mew=0.4)
+        _recovered_bars(left, d, _arm_style(method, markers[method]))
         shown.append(method)
-    for level in (0, 100):
-        left.axhline(level, color="0.5", lw=0.7, ls="--" if level else "-", zorder=0)
+    _recovered_levels(left)
     _kl_axis(left, seq_kl)
     left.set_xlabel("T·KL: response length x KL(μ‖π_old) per token (nats)")
     left.set_ylabel(f"recovered share of the {opts.naive} gap (%)")
@@ -478,7 +473,6 @@ def plot_tkl(sweep: Sweep, out_dir: Path, opts: SeverityOptions = SeverityOption
     baseline's in the same cell (a worse sampler versus a biased gradient). None unless the naive arm ran in two
     task/model cells or more."""
     from matplotlib.lines import Line2D
-    from matplotlib.ticker import NullLocator
 
     from .plots import FULL_WIDTH, FigureFile, _save, plt
 
@@ -500,19 +494,14 @@ def plot_tkl(sweep: Sweep, out_dir: Path, opts: SeverityOptions = SeverityOption
     gap = f"gap_to_{opts.baseline}"
     for method in arms:
         d = low[low["method"] == method].sort_values("seq_kl")
-        style = dict(color=arm_color(method), marker=markers[method], ms=4, lw=1.0, elinewidth=0.7, capsize=2,
-                     mfc=arm_color(method), mec="white", mew=0.4)
-        x = d["seq_kl"].to_numpy(float)
-        y = d[gap].to_numpy(float)
+        style = _arm_style(method, markers[method])
+        x, y = d["seq_kl"].to_numpy(float), d[gap].to_numpy(float)
         gap_ax.errorbar(x, y, yerr=_err(y, d[f"{gap}_lo"], d[f"{gap}_hi"]), **style)
         r = d[np.isfinite(d["recovered"])]
         if not r.empty:
-            y = 100 * r["recovered"].to_numpy(float)
-            rec_ax.errorbar(r["seq_kl"].to_numpy(float), y, yerr=_err(
-                y, (100 * r["recovered_lo"]).clip(-100, 200), (100 * r["recovered_hi"]).clip(-100, 200)), **style)
+            _recovered_bars(rec_ax, r, style)
     gap_ax.axhline(0, color=arm_color(opts.baseline), lw=0.9, ls="--", zorder=0)
-    for level in (0, 100):
-        rec_ax.axhline(level, color="0.5", lw=0.7, ls="--" if level else "-", zorder=0)
+    _recovered_levels(rec_ax)
     x = cells["seq_kl"].to_numpy(float)
     mu_ax.errorbar(x, cells["sampler_acc0"].to_numpy(float), yerr=_err(
         cells["sampler_acc0"].to_numpy(float), cells["sampler_acc0_lo"].clip(0, 100), cells["sampler_acc0_hi"].clip(0, 100)),
@@ -525,10 +514,7 @@ def plot_tkl(sweep: Sweep, out_dir: Path, opts: SeverityOptions = SeverityOption
     ticks = _merge_close(x, [f"#{number[c]}" for c in cells["cell"]])
     for ax in (gap_ax, rec_ax, mu_ax):
         _kl_axis(ax, low["seq_kl"].to_numpy(float))
-        top = ax.secondary_xaxis("top")
-        top.set_xticks([t for t, _ in ticks], [label for _, label in ticks], fontsize=6, color="0.3")
-        top.tick_params(axis="x", length=2, pad=1)
-        top.xaxis.set_minor_locator(NullLocator())
+        _top_ticks(ax, [t for t, _ in ticks], [label for _, label in ticks])
     gap_ax.set_ylabel(f"final accuracy − {opts.baseline} (pp)")
     gap_ax.set_title(f"gap to {opts.baseline}", pad=4)
     rec_ax.set_ylabel(f"recovered share of the {opts.naive} gap (%)")
@@ -560,6 +546,36 @@ def plot_tkl(sweep: Sweep, out_dir: Path, opts: SeverityOptions = SeverityOption
                       _save(fig, out_dir, "tkl", formats))
 
 
+def _arm_style(method: str, marker: str) -> dict[str, Any]:
+    """An arm's errorbar style in the recovered-share figures: its colour and marker, a white-edged point."""
+    color = arm_color(method)
+    return dict(color=color, marker=marker, ms=4, lw=1.0, elinewidth=0.7, capsize=2, mfc=color, mec="white", mew=0.4)
+
+
+def _recovered_bars(ax, d: pd.DataFrame, style: dict[str, Any]) -> None:
+    """Recovered shares (%) against T·KL with their Fieller intervals, which can be unbounded or huge at a small
+    naive gap: drawn within [-100, 200] %."""
+    y = 100 * d["recovered"].to_numpy(float)
+    yerr = _err(y, (100 * d["recovered_lo"]).clip(-100, 200), (100 * d["recovered_hi"]).clip(-100, 200))
+    ax.errorbar(d["seq_kl"].to_numpy(float), y, yerr=yerr, **style)
+
+
+def _recovered_levels(ax) -> None:
+    """0 % (no better than naive) and 100 % (the naive gap closed)."""
+    for level in (0, 100):
+        ax.axhline(level, color="0.5", lw=0.7, ls="--" if level else "-", zorder=0)
+
+
+def _top_ticks(ax, positions, labels, **text: Any) -> None:
+    """Labels on a secondary top x axis, small and grey, without minor ticks (on a log axis they crowd it)."""
+    from matplotlib.ticker import NullLocator
+
+    top = ax.secondary_xaxis("top")
+    top.set_xticks(positions, labels, fontsize=6, color="0.3", **text)
+    top.tick_params(axis="x", length=2, pad=1)
+    top.xaxis.set_minor_locator(NullLocator())
+
+
 def _merge_close(x: np.ndarray, labels: list[str], within: float = 0.04) -> list[tuple[float, str]]:
     """Tick positions and labels, where cells closer than `within` of the span share one tick ("#1,#2" at their
     mean): two cells at almost the same T·KL otherwise print their labels over each other. x must be sorted."""
@@ -578,8 +594,6 @@ def _label_severities(ax, data: pd.DataFrame) -> dict[str, str]:
     beside a point: a label over the data hides points and, where two severities measure close mismatch
     (fp8_e4m3 and int8 per-tensor), labels land on each other. The tick says the precision (numbered where a
     precision has several severities); returns tick -> full label for those whose options it leaves out."""
-    from matplotlib.ticker import NullLocator
-
     at = data.groupby("severity_label")["kl"].mean().dropna().sort_values()
     if at.empty:
         return {}
@@ -590,10 +604,7 @@ def _label_severities(ax, data: pd.DataFrame) -> dict[str, str]:
         ticks.append(tick)
         if tick != label:
             full[tick] = str(label)
-    top = ax.secondary_xaxis("top")
-    top.set_xticks(at.to_numpy(), ticks, rotation=30, ha="left", rotation_mode="anchor", fontsize=6, color="0.3")
-    top.tick_params(axis="x", length=2, pad=1)
-    top.xaxis.set_minor_locator(NullLocator())
+    _top_ticks(ax, at.to_numpy(), ticks, rotation=30, ha="left", rotation_mode="anchor")
     for x in at.to_numpy():
         ax.axvline(x, color="0.85", lw=0.6, zorder=0)
     return full
