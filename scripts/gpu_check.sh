@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command that checks a machine with an NVIDIA GPU end to end and writes one Markdown report
-# (bench/launch/gpu_check.py lists the steps: cuda-marked tests, a few training steps per engine x precision,
-# 2 steps of paper/qurl_table1 at its real shape with peak memory against the dry run's estimate,
+# (bench/launch/gpu_check.py lists the steps: FP8 GEMM precision, cuda-marked tests, a few training steps per
+# engine x precision, 2 steps of paper/qurl_table1 at its real shape with peak memory against the dry run's estimate,
 # INT8 weight layouts, vLLM bf16 vs fp8 decode at 1.5B and 8B shapes). Budget: <= 10 min on one H100.
 #
 #   bash scripts/gpu_check.sh                 install (.venv-gpu: CUDA torch + vLLM) and run; report in gpu_check_report.md

@@ -6,20 +6,22 @@
 Steps (each in a child process where it holds the GPU, so one step's memory is gone before the next; a failing
 step is reported with its error and the others still run):
   1. environment       torch / CUDA / GPU / vLLM versions
-  2. cuda tests        `pytest -m cuda` (tests/unit/test_gpu_kernels.py and the other cuda-marked tests)
-  3. qurl_table1       2 steps of paper/qurl_table1's training shape (256 sequences, micro-batch 8, 512 new tokens,
+  2. fp8 precision     bench.benchmarks.fp8_precision: the FP8 GEMM's accumulator bits and its error against an exact
+                       sum, per output dtype and scaling path (what the FP8 engine test's ceiling depends on)
+  3. cuda tests        `pytest -m cuda` (tests/unit/test_gpu_kernels.py and the other cuda-marked tests)
+  4. qurl_table1       2 steps of paper/qurl_table1's training shape (256 sequences, micro-batch 8, 512 new tokens,
                        PPO critic) on a random-init Qwen2.5-0.5B built from its config (nothing downloaded; a
                        character tokenizer, the GSM8K fixture): peak torch memory against bench/launch/memory.py's estimate
-  4. engine steps      3 training steps per engine x precision on a small random Qwen2 (head_dim 64): embedded bf16, fp8_e4m3
+  5. engine steps      3 training steps per engine x precision on a small random Qwen2 (head_dim 64): embedded bf16, fp8_e4m3
                        (torch._scaled_mm), int8 (torch._int_mm); vLLM bf16 and fp8_e4m3 with in-place sync
                        (where vLLM is installed); tokens/s, sync s and the mismatch KL of the last step
-  5. int8 layouts      bench.benchmarks.int8_layout: torch._int_mm with column- vs row-major weights (M2)
-  6. multi-GPU         on a machine with several GPUs: one run over all of them (train.nproc_per_node), embedded and
+  6. int8 layouts      bench.benchmarks.int8_layout: torch._int_mm with column- vs row-major weights (M2)
+  7. multi-GPU         on a machine with several GPUs: one run over all of them (train.nproc_per_node), embedded and
                        vLLM engines (one per rank)
-  7. vLLM rollout      bench.benchmarks.rollout --engines vllm at random-init 1.5B and 8B shapes: bf16 vs fp8 decode
+  8. vLLM rollout      bench.benchmarks.rollout --engines vllm at random-init 1.5B and 8B shapes: bf16 vs fp8 decode
                        tokens/s and sync + re-quantization ms
-The self-test runs steps 1, 3 at a tiny shape, 4 (embedded only), 5 at small shapes and 6 on 2 CPU processes
-(gloo): it checks the driver, not the GPU.
+The self-test runs steps 1, 2 (torch's CPU fallback), 4 at a tiny shape, 5 (embedded only), 6 at small shapes and
+7 on 2 CPU processes (gloo): it checks the driver, not the GPU.
 """
 
 from __future__ import annotations
@@ -181,6 +183,11 @@ def step_qurl_table1(device: str) -> str:
             "in characters; the measured peak counts tensors torch allocated, not the allocator's fragmentation.)")
 
 
+def step_fp8_precision(device: str) -> str:
+    rc, out, s = run([sys.executable, "-m", "bench.benchmarks.fp8_precision", "--device", device], 120)
+    return out if rc == 0 else f"exit {rc}:\n\n{fenced(out)}"
+
+
 def step_int8_layouts(device: str) -> str:
     extra = [] if device == "cuda" else ["--tokens", "17", "64", "--repeats", "2", "--shapes", "2"]
     rc, out, s = run([sys.executable, "-m", "bench.benchmarks.int8_layout", "--device", device, *extra], 180)
@@ -218,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = "cpu" if args.self_test else "cuda"
     have_vllm = importlib.util.find_spec("vllm") is not None and not args.self_test
-    steps = [("Environment", step_environment)]
+    steps = [("Environment", step_environment), ("FP8 GEMM precision", lambda: step_fp8_precision(device))]
     if not args.self_test:
         steps.append(("CUDA-marked tests", step_cuda_tests))
     steps += [("qurl_table1 at its real shape: peak memory against the estimate", lambda: step_qurl_table1(device)),

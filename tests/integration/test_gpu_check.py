@@ -22,7 +22,8 @@ def test_gpu_check_dry_run_is_a_cpu_self_test(tmp_path):
     assert "CPU self-test passed" in proc.stderr
     text = report.read_text()
     assert text.startswith("# qrl-bench CPU self-test")
-    for section in ("## Environment", "## Engine x precision", "## qurl_table1 at its real shape", "## INT8 weight layouts"):
+    assert "accumulator: 1 + 2^-k exact for k <= 18" in text  # step 2 on the CPU fallback: an fp32 sum
+    for section in ("## Environment", "## FP8 GEMM precision", "## Engine x precision", "## qurl_table1 at its real shape", "## INT8 weight layouts"):
         assert section in text
     for precision in ("bf16", "fp8_e4m3", "int8"):
         assert f"| embedded | {precision} | 0 |" in text  # each engine row trained without an error

@@ -14,12 +14,17 @@ Tolerances, and why:
   activations (so the comparison isolates the GEMM kernels: in their default bf16 activations, CPU and GPU
   round attention and norms differently and FP8 activation codes flip on those differences), differ by fp32
   summation order only, far below the quantization effect itself: mean |dlogp(cuda, cpu)| < 0.1 x mean
-  |dlogp(quantized, fp32)|. (The first H100 run, before amax_scale divided by a tensor, failed this at 0.44.)
+  |dlogp(quantized, fp32)|, where the GEMM sums exactly (INT8) or in fp32. Where the FP8 tensor cores accumulate in
+  fewer bits than fp32 (the H100: `bench.benchmarks.fp8_precision` measures it, the test asks the GPU), every FP8
+  activation code that sits near a rounding midpoint can flip, and the ceiling is 1.0 instead: such an accumulator
+  gives 0.2-0.45 on the CPU emulation, a wrong scale layout >= 5 (tests/unit/test_fp8_precision.py). The first H100
+  run failed the 0.1 ceiling at 0.44 before the amax_scale fix and again after it (magnitude not recorded).
 """
 
 from __future__ import annotations
 
 import copy
+from typing import Callable
 
 import pytest
 import torch
@@ -102,30 +107,53 @@ def test_fp32_engine_on_cuda_reproduces_the_teacher_forced_logprobs():
     assert (logp - r.logp_mu)[r.response_mask].abs().max() < 1e-4
 
 
+def engine_logp(precision: str, model: torch.nn.Module, tweak: Callable[[EmbeddedEngine], object] | None = None
+                ) -> torch.Tensor:
+    """First-step log-probs [24, vocab] of an embedded engine at `precision` with fp32 activations, built from
+    `model` on its device (the GEMM kernels alone: module docstring), on the CPU. `tweak(engine)` runs after the
+    weights are loaded (the CPU sensitivity tests perturb the GEMM outputs there)."""
+    ids = torch.randint(1, 256, (24, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(24, 9, dtype=torch.bool)
+    engine = EmbeddedEngine(precision, act_dtype="fp32")
+    engine.load_weights(model)
+    if tweak is not None:
+        tweak(engine)
+    device = engine.decoder.device
+    with torch.no_grad():
+        return torch.log_softmax(engine.decoder.start(ids.to(device), mask.to(device), 4).float(), -1).cpu()
+
+
+def kernel_vs_effect(kernel_logp: torch.Tensor, emulated: torch.Tensor, fp32: torch.Tensor) -> float:
+    """mean |dlogp(kernel, emulation)| as a share of the quantization's own mean |dlogp(emulation, fp32)|."""
+    return ((kernel_logp - emulated).abs().mean() / (emulated - fp32).abs().mean()).item()
+
+
+#: kernel_vs_effect ceilings. An exact GEMM (INT8) or an FP8 GEMM that sums in fp32 differs from the emulation by
+#: summation order only (<= 0.02 on the CPU under 2^-20 relative noise). An FP8 accumulator narrower than fp32 (the
+#: H100's; bench/benchmarks/fp8_precision.py) moves it to 0.2-0.45 (2^-14 .. 2^-10 relative noise); a wrong scale
+#: layout to >= 5 (test_fp8_precision.py pins all three on the CPU).
+EXACT_SUM, NARROW_ACCUMULATOR = 0.1, 1.0
+
+
 @pytest.mark.parametrize("precision", ["fp8_e4m3", "int8"])
 def test_quantized_engine_on_cuda_agrees_with_the_cpu_emulation(precision):
+    from bench.benchmarks.fp8_precision import MAX_PROBE_BITS, accumulator_bits
+
     if precision == "fp8_e4m3":
         _needs_fp8()
     model = _model()
-    ids = torch.randint(1, 256, (24, 9), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones(24, 9, dtype=torch.bool)
-
-    def first_logp(engine_precision, m):
-        engine = EmbeddedEngine(engine_precision, act_dtype="fp32")  # the GEMM kernels alone (module docstring)
-        engine.load_weights(m)
-        device = engine.decoder.device
-        with torch.no_grad():
-            return torch.log_softmax(engine.decoder.start(ids.to(device), mask.to(device), 4).float(), -1).cpu()
-
-    cpu, ref = first_logp(precision, model), first_logp("fp32", model)
+    cpu, ref = engine_logp(precision, model), engine_logp("fp32", model)
     gpu_model = copy.deepcopy(model).to(GPU)
-    gpu = first_logp(precision, gpu_model)
+    gpu = engine_logp(precision, gpu_model)
     engine = EmbeddedEngine(precision, act_dtype="fp32")
     engine.load_weights(gpu_model)
     expected = Fp8ScaledMMLinear if precision == "fp8_e4m3" else Int8Linear
     assert isinstance(engine.decoder.layers[0].qkv, expected)
-    kernel, effect = (gpu - cpu).abs().mean().item(), (cpu - ref).abs().mean().item()
-    assert kernel < 0.1 * effect, f"GPU vs CPU emulation {kernel:.3g}, quantization effect {effect:.3g}"
+    bits = accumulator_bits(GPU) if precision == "fp8_e4m3" else None
+    ceiling = NARROW_ACCUMULATOR if bits is not None and bits < MAX_PROBE_BITS else EXACT_SUM
+    ratio = kernel_vs_effect(gpu, cpu, ref)
+    assert ratio < ceiling, (f"GPU vs CPU emulation {ratio:.3g} x the quantization effect (ceiling {ceiling}; "
+                             f"FP8 accumulator bits {bits})")
 
 
 def test_trainer_step_on_cuda_and_resume_on_cpu(tmp_path):
