@@ -31,7 +31,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v pdflatex 
     || echo "[test] texlive-latex-base not installed; the LaTeX compile test will skip" >&2
 fi
 set +e
-timeout 4200 .venv/bin/python -m pytest -q -p no:cacheprovider --ignore=tests/vllm "$@"
+timeout 4200 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 --ignore=tests/vllm "$@"
 rc=$?
 set -e
 [ $rc = 5 ] && { echo "[test] pytest collected no tests" >&2; rc=1; }
