@@ -133,9 +133,42 @@ def checks(cfg: DictConfig) -> list[Callable[[], Any]]:
     parts = [("method", group_schema("method", cfg.method.name)), ("task", group_schema("task", cfg.task.name)),
              ("rollout", group_schema("rollout", cfg.rollout.engine)), ("algo", AlgoConfig), ("train", TrainConfig),
              ("tracking", TrackingConfig), ("model", ModelConfig), ("eval", EvalConfig), ("budget", BudgetConfig)]
-    out: list[Callable[[], Any]] = [lambda key=key, schema=schema: _check_part(cfg, key, schema) for key, schema in parts]
+    out: list[Callable[[], Any]] = [lambda: check_known_keys(cfg, dict(parts))]
+    out += [lambda key=key, schema=schema: _check_part(cfg, key, schema) for key, schema in parts]
     # WANDB_MODE overrides tracking.mode: a bad one must fail here, not inside the run
     return out + [lambda: tracking_mode(cfg), lambda: check_across(cfg)]
+
+
+#: the config groups a `+group=option` override picks from (conf/<group>/); only experiment/ is not in the defaults
+CONFIG_GROUPS = ("experiment", "method", "model", "task", "rollout", "tracking")
+
+
+def check_known_keys(cfg: DictConfig, sections: dict[str, type]) -> None:
+    """Refuse a key that no schema has: `+experimnt=smoke_short` or `+train.foo=1` compose (a `+` may add any key),
+    but nothing reads them, so the run would train the default job or ignore the value while recording it in its
+    identity. Checks the root and the top level of each section (free-form dict fields below are their own)."""
+    import difflib
+
+    def refuse(key: str, where: str, valid: list[str]) -> None:
+        close = difflib.get_close_matches(key.rpartition(".")[2], valid, n=1, cutoff=0.6)
+        hint = ""
+        if close and close[0] in CONFIG_GROUPS and where == "the config":
+            hint = f" (did you mean the config group: +{close[0]}=...?)"
+        elif close:
+            hint = f" (did you mean {close[0]!r}?)"
+        groups = f"; config groups (group=option): {', '.join(CONFIG_GROUPS)}" if where == "the config" else ""
+        raise ValueError(f"+{key}: {where} has no key {key.rpartition('.')[2]!r}{hint}; nothing would read it, so it "
+                         f"is refused. Valid keys: {', '.join(k for k in valid if k not in CONFIG_GROUPS)}{groups}")
+
+    root = sorted({f.name for f in dataclasses.fields(Config)})
+    for key in cfg.keys():
+        if key != "hydra" and key not in root:
+            refuse(str(key), "the config", sorted(set(root) | set(CONFIG_GROUPS)))
+    for section, schema in sections.items():
+        names = sorted(f.name for f in dataclasses.fields(schema))
+        for key in cfg[section].keys():
+            if key not in names:
+                refuse(f"{section}.{key}", section, names)
 
 
 def _check_part(cfg: DictConfig, key: str, schema: type) -> None:
@@ -146,8 +179,11 @@ def _check_part(cfg: DictConfig, key: str, schema: type) -> None:
 
 
 def check_across(cfg: DictConfig) -> None:
-    """Checks that need two sections: the advantage estimator and DAPO's knobs against train.* and task.*."""
+    """Checks that need two sections (the advantage estimator and DAPO's knobs against train.* and task.*) or
+    none (the root's seed)."""
     algo, train = cfg.algo, cfg.train
+    if cfg.seed < 0:
+        raise ValueError(f"seed={cfg.seed} must be >= 0: it names the run (seed<N>, -s<N>) and seeds its generators")
     fixed = METHODS.entry(cfg.method.name).meta.get("precision")
     if fixed is not None and cfg.rollout.precision != fixed:
         raise ValueError(f"method={cfg.method.name} is the {fixed} baseline and rolls out in {fixed}, not "

@@ -25,7 +25,7 @@ from bench.launch.budget import describe, describe_eval, estimate, eval_estimate
 from bench.config import CONF_DIR, register_configs
 from bench.launch.memory import estimate_memory
 from bench.methods.base import METHODS
-from bench.run.resume import preview
+from bench.run.resume import config_change, preview
 from bench.run.store import RunDir
 from bench.launch.sweeper import assign_variants, expand_rows, sweep_default
 
@@ -44,9 +44,19 @@ def expand(overrides: list[str]) -> list[list[str]]:
     return assign_variants(expand_rows(rows, jobs), sweep_default(cfg))
 
 
+def refusal(run: RunDir, cfg) -> str:
+    """Why the launch will refuse this job (`preview` said refuse), and the way on, as the launch will say it."""
+    change = config_change(run, cfg)
+    if change is not None:
+        return (f"the run directory holds a run of another configuration ({change}); use another sweep=NAME, or "
+                "train.overwrite=true deletes its results")
+    return "rows but no run.json nor checkpoint; train.overwrite=true restarts them"
+
+
 def dry_run(overrides: list[str]) -> int:
     jobs = expand(overrides)
     counts: dict[str, int] = {}
+    refusals: dict[str, int] = {}  # why, how many
     gpu_hours, assumptions, too_big, tight = 0.0, set(), [], []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for job in jobs:
@@ -55,6 +65,9 @@ def dry_run(overrides: list[str]) -> int:
             status = run.status or "new"
             action = preview(run, cfg)  # what the launch will decide under the run's lock (bench/run/resume.py)
             counts[action] = counts.get(action, 0) + 1
+            if action == "refuse":
+                why = refusal(run, cfg)
+                refusals[why] = refusals.get(why, 0) + 1
             est = estimate(cfg, METHODS.get(cfg.method.name).needs_recompute)
             cost = ""
             if est is not None:
@@ -74,9 +87,10 @@ def dry_run(overrides: list[str]) -> int:
                         tight.append(RunDir.name_of(cfg))
             print(f"{action:7s} {status:10s} {RunDir.name_of(cfg):40s} {run.path}{cost}")
     todo = len(jobs) - counts.get("skip", 0) - counts.get("refuse", 0)
-    refused = (f", {counts['refuse']} refused (rows but no run.json nor checkpoint; train.overwrite=true restarts them)"
-               if counts.get("refuse") else "")
+    refused = f", {counts['refuse']} refused" if counts.get("refuse") else ""
     print(f"{len(jobs)} jobs: {todo} to launch, {counts.get('skip', 0)} already finished{refused}", file=sys.stderr)
+    for why, n in refusals.items():
+        print(f"  refused ({n}): {why}", file=sys.stderr)
     for line in too_big:
         print(f"WARNING: memory estimate exceeds the GPU: {line} (bench/launch/memory.py; docs/gpu.md)", file=sys.stderr)
     if tight:

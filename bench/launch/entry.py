@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import sys
 
-from bench import CONF_DIR
 
 EXIT_CODES = """\
 Exit codes of a single run (every non-zero one comes with a one-line cause on stderr):
@@ -69,15 +68,34 @@ Exit codes: `qrl-bench --exit-codes`.
 
 #: the quick check's verdicts (the child's exit status): the command line is fine / an error was printed
 PASSED, FAILED = 0, 2
+#: the flags qrl-bench itself answers, and Hydra's (hydra/_internal/utils.py get_args_parser)
+OWN_FLAGS = ("-m", "--multirun", "--dry-run", "--exit-codes", "--help", "-h")
+HYDRA_FLAGS = ("--cfg", "-c", "--resolve", "--package", "-p", "--run", "-r", "--shell-completion", "-sc",
+               "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--info", "-i",
+               "--experimental-rerun", "--hydra-help", "--version")
+
+
+def unknown_flag(args: list[str]) -> str | None:
+    """The one-line error for a flag neither qrl-bench nor Hydra has (Hydra's own answer is its usage screen,
+    which lists neither -m's sweeps nor --dry-run), or None."""
+    import difflib
+
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if arg.startswith("-") and flag not in OWN_FLAGS + HYDRA_FLAGS:
+            close = difflib.get_close_matches(flag, OWN_FLAGS + HYDRA_FLAGS, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            return (f"unknown option {arg!r}{hint}; qrl-bench's: {', '.join(OWN_FLAGS)}; Hydra's: --cfg job|hydra|all, "
+                    "--info, --config-name, ... (--hydra-help); `qrl-bench --help` for the usage")
+    return None
 
 
 def help_text() -> str:
     """The help: usage examples and every config group with its options (the yaml files of conf/)."""
-    lines = []
-    for group in ("method", "rollout", "task", "model", "tracking", "experiment"):
-        folder = CONF_DIR / group
-        options = sorted(str(p.relative_to(folder).with_suffix("")) for p in folder.rglob("*.yaml"))
-        lines.append(f"{group}: {', '.join(options)}")
+    from bench.launch.overrides import group_options
+
+    lines = [f"{group}: {', '.join(group_options(group))}"
+             for group in ("method", "rollout", "task", "model", "tracking", "experiment")]
     return HELP.format(groups="\n".join(lines))
 
 
@@ -94,6 +112,10 @@ def main() -> None:
     if "--exit-codes" in args:
         print(EXIT_CODES.rstrip())
         return
+    error = unknown_flag(args)
+    if error:
+        print(f"qrl-bench: error: {error}", file=sys.stderr)
+        sys.exit(FAILED)
     verdict = quick_check(args)
     if verdict == FAILED:
         sys.exit(FAILED)

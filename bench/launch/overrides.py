@@ -23,6 +23,7 @@ from typing import Any, Callable
 #: Hydra flags that take a value or change what runs: with any of them, Hydra parses the command line itself
 HYDRA_FLAGS = ("-m", "--multirun")
 _MISSING = re.compile(r"Could not find '(?P<path>[^']+)'")
+_NOT_IN_DEFAULTS = re.compile(r"Could not override '(?P<group>[^']+)'\. No match in the defaults list")
 
 
 def check_overrides(args: list[str], check: Callable[[Any], str | None] | None = None) -> str | None:
@@ -81,11 +82,22 @@ def explain(err: Exception, overrides: list[str], compose: Any) -> str:
     """Hydra's composition error as one line naming the override, the valid choices or keys, and a close match."""
     from hydra.errors import MissingConfigException
 
+    not_in_defaults = _NOT_IN_DEFAULTS.search(str(err))
+    if not_in_defaults:  # `experiment=smoke`: a group the defaults list does not pick needs `+` to be added
+        group = not_in_defaults["group"]
+        arg = next((a for a in overrides if a.split("=", 1)[0] == group), group)
+        value = arg.split("=", 1)[1] if "=" in arg else "..."
+        options = group_options(group)
+        listing = f"; valid choices: {', '.join(options)}" if options else ""
+        return f"{arg}: {group} is not chosen by default, so it is added with a '+': +{group}={value}{listing}"
     if isinstance(err, MissingConfigException):
         found = _MISSING.search(str(err))
         path = found["path"] if found else ""
         group, _, value = path.rpartition("/")
         options = [str(o) for o in (getattr(err, "options", None) or [])]
+        top = group.split("/", 1)[0]
+        if "/" in group and group_options(top):  # a nested option (experiment=paper/qurl_table1): Hydra lists
+            options, value, group = group_options(top), path.split("/", 1)[1], top  # only the folder's own files
         arg = next((a for a in overrides if a.lstrip("+~").split("=", 1)[0] == group), f"{group}={value}")
         if options:
             return f"{arg}: unknown {group} {value!r}{_did_you_mean(value, options)}; valid choices: {', '.join(options)}"
@@ -106,6 +118,14 @@ def explain(err: Exception, overrides: list[str], compose: Any) -> str:
         value = arg.split("=", 1)[1] if "=" in arg else ""
         return f"{arg}: {value!r} is not a valid {full_key} ({_first_line(cause)})"
     return f"{' '.join(overrides)}: {_first_line(err)}" + (f" ({_first_line(cause)})" if cause is not None else "")
+
+
+def group_options(group: str) -> list[str]:
+    """Every option of config group `group`, nested ones as `folder/name` (conf/<group>/**/*.yaml)."""
+    from bench import CONF_DIR
+
+    folder = CONF_DIR / group
+    return sorted(str(p.relative_to(folder).with_suffix("")) for p in folder.rglob("*.yaml")) if folder.is_dir() else []
 
 
 def _keys_of(parent: str, overrides: list[str], compose: Any) -> list[str]:

@@ -177,9 +177,24 @@ def finish(line: LiveLine, stopped_by: int | None = None) -> int:
         code = codes.pop() if len(codes) == 1 else 1
     if bad or stopped_by:
         line.message(f"[sweep {line.sweep}] {len(bad)} of {len(line.jobs)} job(s) did not complete "
-                     f"(exit code {code}); relaunch the same command to resume or retry them")
+                     f"(exit code {code}); {_way_on(bad, stopped_by)}")
     set_exit_code(code)
     return code
+
+
+#: outcomes a relaunch of the same command meets again (a changed configuration, a run directory it will not touch)
+REFUSALS = ("bad_config", "refused")
+
+
+def _way_on(bad: list[Any], stopped_by: int | None) -> str:
+    """What relaunching does: it resumes or retries the failed and stopped jobs, and refuses the refused ones again."""
+    refused = sum(1 for j in bad if (j.outcome or {}).get("outcome") in REFUSALS)
+    if refused and refused == len(bad) and not stopped_by:
+        return "relaunching the same command would refuse them again: each line above says what to change"
+    if refused:
+        return (f"relaunch the same command to resume or retry the others; the {refused} refused need the change "
+                "their line names")
+    return "relaunch the same command to resume or retry them"
 
 
 def outcome_of(value: Any, name: str) -> dict[str, Any]:

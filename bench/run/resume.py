@@ -93,18 +93,25 @@ def final_status(run: RunDir, steps: int, eval_every: int) -> tuple[str, str | N
                           f"{OVERWRITE_HINT} reruns the run)")
 
 
-def config_mismatch(run: RunDir, cfg: Any) -> str | None:
-    """Why `cfg` may not use `run`'s directory: its config.yaml was written by a run of another configuration
-    (differing keys and both values), or None. Ignores train.overwrite (the caller decides)."""
+def config_change(run: RunDir, cfg: Any) -> str | None:
+    """The keys in which `cfg` differs from the run whose config.yaml is in `run`'s directory, with both values
+    (`train.lr: 0.0001 -> 0.0002`), or None when they agree or there is no earlier config."""
     old = run.config()
     if old is None:
         return None
     new = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
     new.pop("hydra", None)
     diff = config_diff(old, new)
-    if not diff:
+    return describe_diff(diff) if diff else None
+
+
+def config_mismatch(run: RunDir, cfg: Any) -> str | None:
+    """Why `cfg` may not use `run`'s directory: its config.yaml was written by a run of another configuration
+    (differing keys and both values), or None. Ignores train.overwrite (the caller decides)."""
+    change = config_change(run, cfg)
+    if change is None:
         return None
-    return (f"{run.path} holds a run of another configuration ({describe_diff(diff)}); refusing to reuse or mix "
+    return (f"{run.path} holds a run of another configuration ({change}); refusing to reuse or mix "
             f"its results. Use another sweep=NAME, or launch this run alone with {OVERWRITE_HINT} to delete them "
             f"and start it")
 
@@ -231,5 +238,5 @@ def _unreadable(run: RunDir, err: CheckpointError, resume_from: str) -> str:
     return f"{err}; " + "; ".join(ways)
 
 
-__all__ = ["FINAL_STATUSES", "RESUME_FROM", "UNFINISHED_STATUSES", "Plan", "config_mismatch", "decide", "final_status",
+__all__ = ["FINAL_STATUSES", "RESUME_FROM", "UNFINISHED_STATUSES", "Plan", "config_change", "config_mismatch", "decide", "final_status",
            "missing_steps", "preview", "relaunch_effect"]

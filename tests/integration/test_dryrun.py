@@ -26,3 +26,9 @@ def test_dry_run_lists_jobs_and_skips_completed(tmp_path):
     assert str(RunDir.of(done).path) in skipped[0]
     assert "36 jobs: 35 to launch, 1 already finished" in proc.stderr
     assert sum(1 for _ in tmp_path.rglob("run.json")) == 1  # nothing was launched
+    # a changed key: that job would be refused, and the summary says why (the launch's reason), not another one
+    proc = cli("-m", "+experiment=smoke", f"out_root={tmp_path}", "train.lr=5e-4", "--dry-run", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [line.split()[0] for line in proc.stdout.splitlines()].count("refuse") == 1
+    assert "36 jobs: 35 to launch, 0 already finished, 1 refused" in proc.stderr
+    assert "refused (1): the run directory holds a run of another configuration (train.lr: " in proc.stderr

@@ -63,6 +63,17 @@ def test_exit_codes_are_listed_fast():
     (["method=naive", "rollout.precision=fp9"], ["rollout.precision='fp9' is not valid; choose one of: ", "fp8_e4m3"]),
     # a sweep: each swept value is checked
     (["-m", "method=bf16,tiss"], ["method=tiss: unknown method 'tiss'", "(did you mean 'tis'?)"]),
+    # a key added with '+' that no schema has: composed by Hydra, read by nothing (it would train the default job)
+    (["-m", "+experimnt=smoke_short", "--dry-run"],
+     ["+experimnt: the config has no key 'experimnt'", "+experiment=", "config groups (group=option): experiment"]),
+    (["+train.foo=1"], ["+train.foo: train has no key 'foo'", "Valid keys: batch_size"]),
+    # a group that is not in the defaults needs its '+'; nested options (paper recipes) are listed and matched
+    (["-m", "experiment=smoke_short"], ["added with a '+': +experiment=smoke_short", "paper/qurl_table1, "]),
+    (["-m", "+experiment=paper/qurl_tabel1"], ["unknown experiment 'paper/qurl_tabel1'",
+                                               "(did you mean 'paper/qurl_table1'?)", "smoke_short"]),
+    # a flag neither qrl-bench nor Hydra has: ours, not Hydra's usage screen
+    (["--dryrun"], ["unknown option '--dryrun' (did you mean '--dry-run'?)"]),
+    (["seed=-1"], ["seed=-1 must be >= 0"]),
 ])
 def test_config_errors_are_one_line_exit_2_fast(args, needles):
     cp, cpu = run_cli(*args)

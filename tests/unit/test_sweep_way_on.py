@@ -1,0 +1,20 @@
+"""The sweep's closing advice says what relaunching the same command does: it resumes or retries failed and stopped
+jobs, and meets a refused one (a changed configuration, a directory it will not touch) again."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from bench.launch.sweep_report import _way_on
+
+
+def _jobs(*outcomes: str) -> list[SimpleNamespace]:
+    return [SimpleNamespace(outcome={"outcome": o}) for o in outcomes]
+
+
+def test_relaunching_is_advised_only_for_what_it_can_resume_or_retry():
+    assert _way_on(_jobs("failed", "preempted"), None) == "relaunch the same command to resume or retry them"
+    assert "would refuse them again" in _way_on(_jobs("bad_config", "bad_config"), None)
+    mixed = _way_on(_jobs("bad_config", "failed", "refused"), None)
+    assert "retry the others" in mixed and "the 2 refused need the change their line names" in mixed
+    assert "retry the others" in _way_on(_jobs("bad_config"), 15)  # a stopped sweep: its unstarted jobs resume
