@@ -77,6 +77,11 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+#: `git status` of the code: tracked files changed, outside results/ (the reference reports committed there are
+#: rewritten by every analysis, e.g. the quickstart's: that is output, not a change to the code that made a run)
+GIT_DIRTY = ("status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)results")
+
+
 def git_info(cwd: Path | None = None) -> tuple[str | None, bool | None]:
     """(sha, dirty) of the code checkout, or (None, None) outside git.
 
@@ -92,8 +97,7 @@ def git_info(cwd: Path | None = None) -> tuple[str | None, bool | None]:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
         if sha.returncode:
             return None, None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", *GIT_DIRTY], cwd=cwd, capture_output=True, text=True, timeout=10)
         return sha.stdout.strip(), bool(dirty.stdout.strip())
     except (OSError, subprocess.SubprocessError):
         return None, None

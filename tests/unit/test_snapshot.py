@@ -65,3 +65,33 @@ def test_the_real_project_snapshot_has_what_jobs_import(tmp_path):
                 "conf/config.yaml", "conf/hydra/launcher/slurm.yaml"):
         assert (snap / rel).is_file(), rel
     assert not list(snap.rglob("*.pyc"))
+
+
+def test_unchanged_code_reuses_the_earlier_snapshot_and_a_change_makes_a_new_one(tmp_path):
+    src = tmp_path / "src"
+    write(src, {"bench/__init__.py": "X = 1\n", "conf/config.yaml": "a: 1\n"})
+    first = snapshot_code(tmp_path / ".code" / "20261127-120000", root=src)
+    again = snapshot_code(tmp_path / ".code" / "20261127-120500", root=src)
+    assert again == first and not (tmp_path / ".code" / "20261127-120500").exists()
+    write(src, {"conf/config.yaml": "a: 2\n"})
+    changed = snapshot_code(tmp_path / ".code" / "20261127-121000", root=src)
+    assert changed != first and (changed / "conf" / "config.yaml").read_text() == "a: 2\n"
+    assert json.loads((first / "SNAPSHOT.json").read_text())["digest"] != \
+        json.loads((changed / "SNAPSHOT.json").read_text())["digest"]
+
+
+def test_a_rewritten_reference_report_does_not_make_the_code_dirty(tmp_path):
+    """The quickstart rewrites its committed report under results/: output, not a change to the code."""
+    from bench.run.store import git_info
+
+    repo = tmp_path / "repo"
+    write(repo, {"bench/__init__.py": "X = 1\n", "results/s/report/report.md": "reference\n"})
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "init")
+    write(repo, {"results/s/report/report.md": "regenerated\n"})
+    assert git_info(repo / "bench")[1] is False
+    assert json.loads((snapshot_code(tmp_path / "a", root=repo) / "SNAPSHOT.json").read_text())["git_dirty"] is False
+    write(repo, {"bench/__init__.py": "X = 2\n"})
+    assert git_info(repo / "bench")[1] is True
+    assert json.loads((snapshot_code(tmp_path / "b", root=repo) / "SNAPSHOT.json").read_text())["git_dirty"] is True
