@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# THE main command: installs what it needs, runs the short smoke sweep (six arms on arithmetic plus bf16 / fp8 / tis
-# at W4A4 on short chains, 2 seeds; tiny model, CPU, local launcher, jobs in parallel) and writes the analysis report.
+# THE main command: installs what it needs, runs the short smoke sweep (+experiment=smoke_short: seven arms at W4A4
+# on 3-6-step chains from the shipped warm start, 4 seeds, 28 runs; tiny model, CPU, local launcher, jobs in
+# parallel) and writes the analysis report into results/smoke_short/report, the committed reference: `git diff --stat
+# results/smoke_short/report` then shows what your machine changed (throughput and dates; see README).
 # Finished runs are skipped on a second call, interrupted ones resumed. Extra arguments go to qrl-bench.
 # W&B is off here: the report reads the run directories, and each run's W&B mirror costs a few CPU seconds
 # (its service process) on a machine that has none to spare; WANDB_MODE=offline bash scripts/quickstart.sh

@@ -48,12 +48,12 @@ HELP = """usage: qrl-bench [-m] [--dry-run] [key=value ...]     (python -m bench
 One GRPO run, or with -m a sweep, of an arm (a method at a rollout precision) on a task and a model.
 
 examples:
-  qrl-bench                                          one run: bf16 arm, arithmetic, tiny model, CPU (~1 min)
+  qrl-bench                                          one run: bf16 arm, arithmetic, tiny model, CPU (~20 s)
   qrl-bench method=tis rollout.precision=int8 seed=1  one arm at another precision -> results/default/tis@int8/...
   qrl-bench -m method=bf16,naive,tis seed=0,1,2      a sweep: every combination, local workers in parallel
   qrl-bench -m +experiment=smoke_short --dry-run     list a named sweep's jobs and what each launch would do
   qrl-bench -m +experiment=smoke_short               run a named sweep (conf/experiment/)
-  qrl-bench -m +experiment=smoke hydra/launcher=slurm      the same sweep on SLURM (submitit)
+  qrl-bench -m +experiment=smoke_short hydra/launcher=slurm   the same sweep on SLURM (submitit)
   qrl-bench -m +experiment=paper/qurl_table1 --dry-run     a paper recipe: its rows, GPU-hours
   qrl-analyze results/smoke_short                    figures, tables and report.md of a sweep
 
