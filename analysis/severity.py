@@ -24,7 +24,7 @@ AUC gap         the same difference for AUC: less noisy than the final accuracy 
 gap             mean final accuracy of a method at severity s minus that of the baseline method (`--baseline`,
                 default bf16) at s, or at the baseline's only severity when it ran at one (the usual case: the
                 bf16 arm rolls out in bf16), in percentage points.
-recovered       (acc_arm - acc_naive) / (acc_base - acc_naive), the naive method (`--naive`, default fp8) at the
+recovered       (acc_arm - acc_naive) / (acc_base - acc_naive), the naive method (`--naive`, default naive) at the
                 same severity s: 1 = the arm closes the naive gap, 0 = no better than naive, < 0 = worse. Not
                 reported, with the reason, when the naive gap's CI contains 0 ("naive gap within noise"), when the
                 naive arm is better than the baseline beyond its CI ("naive better than baseline": no gap to
@@ -50,7 +50,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from .arms import arm_color, method_sort_key
+from .arms import BASELINE, NAIVE, arm_color, method_sort_key
 from .load import SEVERITY_OPTIONS, Run, Sweep, get
 from .stats import METHOD_SENTENCE, NAN_INTERVAL, Interval, diff_interval, mean_interval, ratio_interval
 from .tables import MISSING, Table, eval_curve, fmt_ci, fmt_se, gap_eval_se, n_test
@@ -68,8 +68,8 @@ NAIVE_BETTER = "naive better than baseline"
 class SeverityOptions:
     """Which method is the naive form and which the baseline, and the collapse rule's k."""
 
-    naive: str = "naive"
-    baseline: str = "bf16"
+    naive: str = NAIVE
+    baseline: str = BASELINE
     collapse_k: int = 3
 
 

@@ -136,3 +136,30 @@ def test_bad_options_are_usage_errors(tmp_path: Path):
                 assert e.code == 2, argv
             else:
                 raise AssertionError(f"{argv} accepted")
+
+
+def test_an_unknown_baseline_or_naive_is_refused_naming_the_methods_found(tmp_path: Path):
+    """A misspelt --baseline used to give exit 0 and a report saying "No arm differs from bf61"."""
+    root = tmp_path / "sweep"
+    for method in ("bf16", "naive", "tis"):
+        write_run(root, method, "arithmetic", 0)
+    for argv in (["--baseline", "bf61"], ["--naive", "fp8"]):
+        err = io.StringIO()
+        with redirect_stderr(err):
+            rc = main([str(root), "--out", str(tmp_path / "rep"), *argv])
+        assert rc == 2, argv
+        assert f"{argv[0]} '{argv[1]}' names no method" in err.getvalue()
+        assert "choose from: bf16, naive, tis" in err.getvalue()
+        assert not (tmp_path / "rep").exists()  # refused before writing anything
+
+
+def test_the_help_states_the_defaults_the_code_uses():
+    """`--help` said --naive defaults to fp8 while the code used naive."""
+    from analysis.arms import BASELINE, NAIVE
+    from analysis.cli import build_parser
+    from analysis.severity import SeverityOptions
+
+    parser = build_parser()
+    helps = {a.dest: " ".join(a.help.split()) for a in parser._actions if a.dest in ("baseline", "naive")}
+    assert helps["naive"].endswith(f"(default: {NAIVE})") and helps["baseline"].endswith(f"(default: {BASELINE})")
+    assert (SeverityOptions().naive, SeverityOptions().baseline) == (NAIVE, BASELINE) == ("naive", "bf16")
