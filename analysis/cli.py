@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def paper_main(name: str, roots: list[Path], out: Path) -> int:
-    """The paper table: written under out/tables/, its Markdown on stdout. 1 when no run matched any row."""
+    """The paper table: written under out/tables/, its Markdown on stdout. 1 when no run matched any row (a run
+    matches only the paper's own task and model, analysis.paper.matches), saying which task and model it wanted."""
     from .paper import load_runs, paper_table
     from .tables import render, write_table
 
@@ -166,7 +167,13 @@ def paper_main(name: str, roots: list[Path], out: Path) -> int:
     paths = write_table(table, out / "tables")
     log(f"{len(runs)} finished run(s) read; wrote " + ", ".join(str(p) for p in paths.values()))
     print(render(table.display, "md", caption=table.caption), end="")
-    return 0 if not table.data.empty and (table.data["n_runs"] > 0).any() else 1
+    if not table.data.empty and (table.data["n_runs"] > 0).any():
+        return 0
+    wanted = sorted({f"{t} / {m}" for t, m in zip(table.data["task"], table.data["model"])})
+    read = sorted({f"{r.task_name} / {r.model}" for r in runs})
+    log(f"nothing to compare: no run matched any row of {name} (its rows are for {', '.join(wanted) or 'no task'}; "
+        f"the runs read are of {', '.join(read) or 'nothing'})")
+    return 1
 
 
 if __name__ == "__main__":
