@@ -140,10 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         built.insert(0, severity_table(sweep, sev))
     tables = [(t, write_table(t, out / "tables")) for t in built]
     sweep.index.to_csv(out / "tables" / "runs.csv", index=False)
-    figures = make_figures(sweep, out / "figures", smooth=args.smooth, baseline=args.baseline,
-                           warmup=args.warmup, formats=formats, log=log) if sweep.runs else []
-    if has_severity_axis(sweep):
-        figures = severity_figures(sweep, out / "figures", sev, formats) + figures
+    # in report order, each logged as it is written
+    figures = severity_figures(sweep, out / "figures", sev, formats, log=log) if has_severity_axis(sweep) else []
+    if sweep.runs:
+        figures += make_figures(sweep, out / "figures", smooth=args.smooth, baseline=args.baseline,
+                                warmup=args.warmup, formats=formats, log=log)
     settings = {"baseline": args.baseline, "naive": args.naive, "collapse_k": args.collapse_k, "smooth": args.smooth,
                 "warmup": args.warmup}
     report = write_report(sweep, out, tables, figures, command, baseline=args.baseline, settings=settings, opts=sev)

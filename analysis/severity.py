@@ -45,7 +45,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -465,7 +465,7 @@ def plot_recovered(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Sev
         f"severity against {opts.baseline}'s (dashed, band: 95 % t-interval over seeds): a μ that answers worse is a "
         f"worse sampler, a floor no reweighting of its samples removes."
     )
-    return FigureFile(name, "severity", f"Recovered share against T·KL — {task} / {model}", caption,
+    return FigureFile(name, "recovered", f"Recovered share against T·KL — {task} / {model}", caption,
                       _save(fig, out_dir, name, formats))
 
 
@@ -547,7 +547,7 @@ def plot_tkl(sweep: Sweep, out_dir: Path, opts: SeverityOptions = SeverityOption
         f"{opts.baseline}'s in the same cell: where μ answers worse, part of the gap is the sampler, which no "
         f"reweighting of its samples removes."
     )
-    return FigureFile("tkl", "severity", "Correction against sequence-level mismatch — every cell", caption,
+    return FigureFile("tkl", "recovered", "Correction against sequence-level mismatch — every cell", caption,
                       _save(fig, out_dir, "tkl", formats))
 
 
@@ -669,20 +669,23 @@ def _kl_axis(ax, kl: np.ndarray) -> None:
 
 
 def severity_figures(sweep: Sweep, out_dir: Path, opts: SeverityOptions = SeverityOptions(),
-                     formats: Sequence[str] = ("png", "pdf")) -> list:
-    """The severity figure of every (task, model) whose runs span two severities or more."""
+                     formats: Sequence[str] = ("png", "pdf"), log: Callable[[str], None] = lambda _: None) -> list:
+    """The T·KL figure of every cell (when there are several), then the severity and recovered-share figures of every
+    (task, model) whose runs span two severities or more; each logged as it is written, as make_figures does."""
     from .plots import PAPER_STYLE, plt
 
     out = []
+
+    def keep(f) -> None:
+        if f is not None:
+            out.append(f)
+            log(f"figure {f.name}")
+
     with plt.rc_context(PAPER_STYLE):
-        headline = plot_tkl(sweep, out_dir, opts, formats)
-        if headline is not None:
-            out.append(headline)
+        keep(plot_tkl(sweep, out_dir, opts, formats))
         for task, model in sorted({(r.task, r.model) for r in sweep.runs}):
-            for plot in (plot_severity, plot_recovered):
-                f = plot(sweep, task, model, out_dir, opts, formats)
-                if f is not None:
-                    out.append(f)
+            keep(plot_severity(sweep, task, model, out_dir, opts, formats))
+            keep(plot_recovered(sweep, task, model, out_dir, opts, formats))
     return out
 
 
