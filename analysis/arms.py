@@ -20,6 +20,10 @@ from typing import Any, Iterable
 FALLBACK_COLORS = ["#7F7F7F", "#9467BD", "#BCBD22", "#17BECF", "#8C564B", "#E377C2", "#1F77B4", "#2CA02C"]
 PRECISION_LINESTYLES = ["-", "--", ":", "-."]
 UNDECLARED_ORDER = 1000
+#: The default `--baseline` (the method every gap is measured against) and `--naive` (the uncorrected low-precision
+#: method whose gap to the baseline the corrections recover), written once: the CLI's help and SeverityOptions read them.
+BASELINE = "bf16"
+NAIVE = "naive"
 
 #: method -> {"color", "order", "diagnostics"}, precision -> {"label", "weight_bits", "act_bits", ...}
 _ARMS: dict[str, dict[str, Any]] = {}

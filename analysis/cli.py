@@ -6,7 +6,7 @@
 Progress goes to stderr; stdout carries only the path of report.md, so a script can do
 `report=$(qrl-analyze results/smoke)`. Exit status: 0 with a report, 1 when no run was usable (the report
 listing what was found is still written), 2 for a usage error (missing directory, W&B unreachable with no
-cache).
+cache, a --baseline or --naive that names no method of the loaded runs).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from .arms import BASELINE, NAIVE, method_sort_key
 from .load import Sweep, load_sweeps, log, merge
 from .wandb_source import WandbUnavailable, default_cache, load_wandb
 
@@ -36,10 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", type=Path, default=None,
                    help=f"W&B cache directory (default: {default_cache()})")
     p.add_argument("--offline", action="store_true", help="read the W&B cache only; never contact the API")
-    p.add_argument("--baseline", default="bf16", help="method the gaps and speed-ups are relative to (default: bf16)")
-    p.add_argument("--naive", default="naive",
+    # default None: a value the user gave must name a loaded method (`unknown_method`); a default need not
+    p.add_argument("--baseline", default=None,
+                   help=f"method the gaps and speed-ups are relative to (default: {BASELINE})")
+    p.add_argument("--naive", default=None,
                    help="the uncorrected low-precision method whose gap to the baseline the corrections are measured "
-                        "against, per severity (default: fp8)")
+                        f"against, per severity (default: {NAIVE})")
     p.add_argument("--collapse-k", type=int, default=3,
                    help="a run collapses when its eval reward stays below its step-0 value for this many "
                         "consecutive evals (default: 3)")
@@ -70,6 +73,18 @@ def load_sources(args: argparse.Namespace, out: Path) -> Sweep:
     return merge(sweeps)
 
 
+def unknown_method(sweep: Sweep, option: str, value: str | None) -> str | None:
+    """The error message when `value` (given as `option`) names no method of the loaded runs, else None.
+
+    A misspelt --baseline or --naive matches no run, and every gap and recovered share would silently read "no
+    <method> run" in a report that looks complete. Only a value the user gave is checked: the default names a
+    method a sweep may simply not have (a sweep without a naive arm still gets its report)."""
+    methods = sorted({r.method for r in sweep.runs}, key=method_sort_key)
+    if value is None or not methods or value in methods:
+        return None
+    return f"{option} {value!r} names no method of the loaded runs; choose from: {', '.join(methods)}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -97,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"qrl-analyze: error: {e}", file=sys.stderr)
         return 2
 
+    for option, value in (("--baseline", args.baseline), ("--naive", args.naive)):
+        if (error := unknown_method(sweep, option, value)) is not None:
+            print(f"qrl-analyze: error: {error}", file=sys.stderr)
+            return 2
+    args.baseline, args.naive = args.baseline or BASELINE, args.naive or NAIVE
+
     log(f"{len(sweep.runs)} run(s) used, {len(sweep.skipped)} left out")
     for s in sweep.skipped:
         log(f"  left out {s.path}: {s.reason}")
@@ -119,10 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         built.insert(0, severity_table(sweep, sev))
     tables = [(t, write_table(t, out / "tables")) for t in built]
     sweep.index.to_csv(out / "tables" / "runs.csv", index=False)
-    figures = make_figures(sweep, out / "figures", smooth=args.smooth, baseline=args.baseline,
-                           warmup=args.warmup, formats=formats, log=log) if sweep.runs else []
-    if has_severity_axis(sweep):
-        figures = severity_figures(sweep, out / "figures", sev, formats) + figures
+    # in report order, each logged as it is written
+    figures = severity_figures(sweep, out / "figures", sev, formats, log=log) if has_severity_axis(sweep) else []
+    if sweep.runs:
+        figures += make_figures(sweep, out / "figures", smooth=args.smooth, baseline=args.baseline,
+                                warmup=args.warmup, formats=formats, log=log)
     settings = {"baseline": args.baseline, "naive": args.naive, "collapse_k": args.collapse_k, "smooth": args.smooth,
                 "warmup": args.warmup}
     report = write_report(sweep, out, tables, figures, command, baseline=args.baseline, settings=settings, opts=sev)
@@ -132,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def paper_main(name: str, roots: list[Path], out: Path) -> int:
-    """The paper table: written under out/tables/, its Markdown on stdout. 1 when no run matched any row."""
+    """The paper table: written under out/tables/, its Markdown on stdout. 1 when no run matched any row (a run
+    matches only the paper's own task and model, analysis.paper.matches), saying which task and model it wanted."""
     from .paper import load_runs, paper_table
     from .tables import render, write_table
 
@@ -145,7 +168,13 @@ def paper_main(name: str, roots: list[Path], out: Path) -> int:
     paths = write_table(table, out / "tables")
     log(f"{len(runs)} finished run(s) read; wrote " + ", ".join(str(p) for p in paths.values()))
     print(render(table.display, "md", caption=table.caption), end="")
-    return 0 if not table.data.empty and (table.data["n_runs"] > 0).any() else 1
+    if not table.data.empty and (table.data["n_runs"] > 0).any():
+        return 0
+    wanted = sorted({f"{t} / {m}" for t, m in zip(table.data["task"], table.data["model"])})
+    read = sorted({f"{r.task_name} / {r.model}" for r in runs})
+    log(f"nothing to compare: no run matched any row of {name} (its rows are for {', '.join(wanted) or 'no task'}; "
+        f"the runs read are of {', '.join(read) or 'nothing'})")
+    return 1
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ its reason), and soft problems that do not invalidate a run become `Run.warnings
 Identity comes from the resolved config (method.name, rollout.precision, task.name, model.name, variant, seed),
 with the path as a fallback, so the method is named exactly as the run named itself everywhere downstream. A run
 of a sweep variant (bench/launch/sweeper.py: jobs that differ in a setting outside the identity) is its own arm, named
-`<method>[<variant>]`, so two settings are never pooled as seeds of one arm.
+`<method>[<variant>]`, so two settings are never pooled as seeds of one arm. Runs loaded from several sources that
+share an identity are duplicates only when their whole configuration is equal; otherwise loading is refused, naming
+the keys that differ (`unique_runs`).
 """
 
 from __future__ import annotations
@@ -71,6 +73,11 @@ class Run:
     @property
     def identity(self) -> tuple[str, str, str, str, int, str, str]:
         return (self.method, self.precision, self.task_name, self.model, self.seed, self.severity, self.task_key)
+
+    @property
+    def cell_key(self) -> tuple[str, str, str, str, str, str]:
+        """Every identity axis but the seed: the runs that share it are the seeds of one cell."""
+        return (self.method, self.precision, self.task_name, self.model, self.severity, self.task_key)
 
     @property
     def arm(self) -> tuple[str, str]:
@@ -495,11 +502,50 @@ def log(msg: str) -> None:
     print(f"[qrl-analyze] {msg}", file=sys.stderr)
 
 
+class ConfigConflict(ValueError):
+    """Runs that agree on every identity axis but the seed and differ in their configuration (`unique_runs`)."""
+
+
+def unique_runs(runs: Iterable[Run], skipped: list[Skipped]) -> list[Run]:
+    """The runs without duplicates (each appended to `skipped`, naming the run it duplicates).
+
+    A duplicate is the very same configuration loaded twice: the same identity and the same whole configuration
+    (bench.run.identity.config_diff: every setting that changes the run's numbers, the seed aside). Runs that agree
+    on every identity axis but the seed (method, precision, task, model, severity, task settings) and differ in any
+    other setting (train.steps=80 in one sweep directory, 30 in another) would be pooled as seeds of one cell, or
+    one dropped as a "duplicate" of the other: both are refused, raising ConfigConflict naming the runs and the
+    keys. They are not labelled apart as task variants are (`label_tasks`): a task variant holds for every arm of
+    the task, so each arm's runs of it line up with a baseline; a setting that differs for one arm's runs only
+    would split that arm off its cell, and where such a setting belongs (the arm, the task) only the person who
+    launched the runs knows. The sweeper names such runs at launch (`variant`, bench/launch/sweeper.py)."""
+    first: dict[tuple, Run] = {}  # cell_key -> the first run found there
+    seen: dict[tuple, str] = {}
+    kept: list[Run] = []
+    conflicts: list[str] = []
+    for r in runs:
+        ref = first.setdefault(r.cell_key, r)
+        # the identity's own keys are compared as resolved (cell_key: a config may lack them, the path has them)
+        diff = [d for d in identity.config_diff(ref.config, r.config) if d[0] not in identity.AXIS_KEYS.values()]
+        if diff:
+            conflicts.append(f"{ref.run_id} vs {r.run_id}: {identity.describe_diff(diff)}")
+        elif r.identity in seen:
+            skipped.append(Skipped(r.path, f"duplicate of {seen[r.identity]}", r.status, r.run_id))
+        else:
+            seen[r.identity] = r.run_id
+            kept.append(r)
+    if conflicts:
+        shown = "; ".join(conflicts[:3]) + (f"; and {len(conflicts) - 3} more" if len(conflicts) > 3 else "")
+        raise ConfigConflict(
+            f"{len(conflicts)} run(s) share a method, precision, task and model with another run but not its "
+            f"configuration, so they are neither seeds of one cell nor duplicates: {shown}. Analyse each "
+            "configuration on its own, or launch them as variants of one sweep (bench/launch/sweeper.py)")
+    return kept
+
+
 def load_dirs(run_dirs: Iterable[tuple[Path, Path | None]], sources: list[str] | None = None) -> Sweep:
-    """Load (run_dir, sweep_root) pairs into a Sweep; duplicates of an identity keep the first found."""
+    """Load (run_dir, sweep_root) pairs into a Sweep; a duplicate keeps the first found (`unique_runs`)."""
     runs: list[Run] = []
     skipped: list[Skipped] = []
-    seen: dict[tuple, str] = {}
     for run_dir, root in run_dirs:
         name = _default_run_id(run_dir, root)
         try:
@@ -515,11 +561,8 @@ def load_dirs(run_dirs: Iterable[tuple[Path, Path | None]], sources: list[str] |
         except Exception as e:  # noqa: BLE001 - one odd directory must not stop the analysis of the rest
             skipped.append(Skipped(run_dir, f"unexpected error: {type(e).__name__}: {e}", None, name))
             continue
-        if run.identity in seen:
-            skipped.append(Skipped(run_dir, f"duplicate of {seen[run.identity]}", run.status, name))
-            continue
-        seen[run.identity] = run.run_id
         runs.append(run)
+    runs = unique_runs(runs, skipped)
     label_tasks(runs)
     return Sweep(runs=runs, skipped=skipped, sources=list(sources or []))
 
@@ -538,19 +581,14 @@ def load_sweeps(roots: Iterable[Path], exclude: Iterable[Path] = ()) -> Sweep:
 
 
 def merge(sweeps: Iterable[Sweep]) -> Sweep:
-    """Several sources into one Sweep; an identity found twice keeps its first occurrence."""
+    """Several sources into one Sweep; a run found twice keeps its first occurrence (`unique_runs`)."""
     runs: list[Run] = []
     skipped: list[Skipped] = []
     sources: list[str] = []
-    seen: dict[tuple, str] = {}
     for s in sweeps:
         sources += s.sources
         skipped += s.skipped
-        for r in s.runs:
-            if r.identity in seen:
-                skipped.append(Skipped(r.path, f"duplicate of {seen[r.identity]}", r.status, r.run_id))
-                continue
-            seen[r.identity] = r.run_id
-            runs.append(r)
+        runs += s.runs
+    runs = unique_runs(runs, skipped)
     label_tasks(runs)
     return Sweep(runs=runs, skipped=skipped, sources=sources)

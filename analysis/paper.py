@@ -11,8 +11,11 @@ one line per (table row, benchmark) with
     unit               the paper's unit; our fractions are shown in percent
     metric             our eval key (eval/accuracy, eval/aime24/avg@32, ...); `a+b+c` = the mean of several;
                        `mean` = the mean of this row's other columns (Table 3's "Avg")
-    task, config       optional filters: the run's task.name, and space-separated `key=value` settings of its
-                       config (QuRL Table 4's learning rates, P3O's clip ranges)
+    task, model        the paper's task and model as our recipe runs them (the run's task.name and model.name):
+                       required in every line, as a run of another task or model is no comparison with the paper
+                       (an empty cell matched any run: a tiny model's synthetic task stood beside a GSM8K number)
+    config             optional: space-separated `key=value` settings of the run's config (QuRL Table 4's
+                       learning rates, P3O's clip ranges)
 
 Our cell is the metric at the run's last evaluation, averaged over the matching runs (seeds): mean ± std over
 seeds and the number of runs. Method `base` (QuRL Table 3's "Base") is the bf16 runs' evaluation at step 0,
@@ -36,7 +39,7 @@ from .load import Run, RunError, discover, get, load_run, log
 from .tables import MISSING, Table, fmt_num, fmt_pm
 
 PAPER_DIR = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "paper"
-REQUIRED = ("method", "bitwidth", "benchmark", "value", "paper_label", "metric")
+REQUIRED = ("method", "bitwidth", "benchmark", "value", "paper_label", "metric", "task", "model")
 BASELINE = "bf16"  # the arm whose step-0 evaluation is the "base" row
 
 
@@ -59,7 +62,12 @@ def load_reference(path: Path) -> pd.DataFrame:
     missing = [c for c in REQUIRED if c not in ref.columns]
     if missing:
         raise ValueError(f"{path}: missing column(s) {', '.join(missing)}")
-    for col in ("task", "config", "unit", "source"):
+    for col in ("task", "model"):
+        empty = [i + 2 for i, v in enumerate(ref[col]) if not v.strip()]  # line numbers: the header is line 1
+        if empty:
+            raise ValueError(f"{path}: empty {col} on line(s) {', '.join(map(str, empty))}; every line names the "
+                             f"paper's task and model (an empty cell would match a run of any {col})")
+    for col in ("config", "unit", "source"):
         if col not in ref.columns:
             ref[col] = ""
     ref["value"] = pd.to_numeric(ref["value"].replace("", np.nan), errors="coerce")
@@ -88,11 +96,13 @@ def _same(actual: Any, wanted: str) -> bool:
         return str(actual) == wanted
 
 
-def matches(run: Run, method: str, bits: str, task: str, config: str) -> bool:
+def matches(run: Run, method: str, bits: str, task: str, model: str, config: str) -> bool:
+    """Whether the run fills a line: its arm at the line's bitwidth, on the paper's task and model, with the line's
+    settings. Task and model always count: an empty one matches nothing (load_reference refuses it)."""
     method = BASELINE if method == "base" else method
     if run.method != method or bitwidth(run.precision, get(run.config, "rollout.act_granularity")) != bits:
         return False
-    if task and run.task_name != task:  # the configured name: a recipe's rows may vary the task's settings
+    if run.task_name != task or run.model != model:  # the configured name: a recipe's rows may vary task settings
         return False
     for setting in config.split():
         key, _, value = setting.partition("=")
@@ -123,7 +133,8 @@ class Cell:
 
 
 def our_cell(runs: list[Run], line: pd.Series, scale: float) -> Cell:
-    picked = [r for r in runs if matches(r, line["method"], line["bitwidth"], line["task"], line["config"])]
+    picked = [r for r in runs
+              if matches(r, line["method"], line["bitwidth"], line["task"], line["model"], line["config"])]
     values = [scale * v for r in picked if np.isfinite(v := run_value(r, line["metric"], line["method"] == "base"))]
     if not values:
         return Cell(np.nan, np.nan, 0)
@@ -161,7 +172,8 @@ def paper_table(name: str, runs: list[Run]) -> Table:
             shown |= {f"{bench} ours": fmt_pm(ours.mean, ours.std, 2), f"{bench} paper": fmt_num(paper, 2),
                       f"{bench} Δ": fmt_num(diff, 2, signed=True)}
             data.append({"paper_label": label, "method": method, "bitwidth": bits, "config": config,
-                         "task": line["task"].iloc[0], "benchmark": bench, "metric": line["metric"].iloc[0],
+                         "task": line["task"].iloc[0], "model": line["model"].iloc[0], "benchmark": bench,
+                         "metric": line["metric"].iloc[0],
                          "ours_mean": ours.mean, "ours_std": ours.std, "n_runs": ours.n, "paper": paper, "delta": diff,
                          "unit": line["unit"].iloc[0], "source": line["source"].iloc[0]})
         runs_n = [c.n for c in cells.values()]

@@ -30,10 +30,14 @@ from .verdict import verdict
 
 # Flattened config keys that identify a run rather than configure it (shown elsewhere in the report).
 IDENTITY_KEYS = {"seed", "method.name", "task.name", "model.name", "sweep"}
+#: The sections whose first figure leads the report: every cell on one T·KL axis (`tkl`, a "recovered" figure) comes
+#: first in severity_figures' list when there is one, else the first accuracy-against-mismatch figure.
+HEADLINE_SECTIONS = ("severity", "recovered")
 # Keys whose value is a machine-local path or output location: noise in a comparison of settings.
 LOCAL_KEYS = ("out_root", "model.cache_dir", "hydra.")
 SECTIONS = [
     ("severity", "Accuracy against mismatch across severities"),
+    ("recovered", "Recovered share of the naive gap against T·KL"),
     ("curves", "Learning curves"),
     ("mismatch", "Rollout–training mismatch"),
     ("diagnostics", "Method diagnostics"),
@@ -156,10 +160,10 @@ def write_report(
         L += [" ".join(verdict(sweep, opts)), ""]
     else:
         L += ["**No usable runs**: nothing to tabulate or plot. The runs found are listed below.", ""]
-    headline = next((f for f in figures if f.section == "severity"), None) or \
+    headline = next((f for f in figures if f.section in HEADLINE_SECTIONS), None) or \
         next((f for f in figures if f.section == "curves"), None)
-    if headline is not None:
-        L += _figure_lines(headline, out_dir)
+    if headline is not None:  # under its own title: its section's heading, further down, is over the others
+        L += [f"## {headline.title}", ""] + _figure_lines(headline, out_dir)
 
     # ------------------------------------------------------------------ tables
     table_titles = {

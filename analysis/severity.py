@@ -24,7 +24,7 @@ AUC gap         the same difference for AUC: less noisy than the final accuracy 
 gap             mean final accuracy of a method at severity s minus that of the baseline method (`--baseline`,
                 default bf16) at s, or at the baseline's only severity when it ran at one (the usual case: the
                 bf16 arm rolls out in bf16), in percentage points.
-recovered       (acc_arm - acc_naive) / (acc_base - acc_naive), the naive method (`--naive`, default fp8) at the
+recovered       (acc_arm - acc_naive) / (acc_base - acc_naive), the naive method (`--naive`, default naive) at the
                 same severity s: 1 = the arm closes the naive gap, 0 = no better than naive, < 0 = worse. Not
                 reported, with the reason, when the naive gap's CI contains 0 ("naive gap within noise"), when the
                 naive arm is better than the baseline beyond its CI ("naive better than baseline": no gap to
@@ -45,12 +45,12 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from .arms import arm_color, method_sort_key
+from .arms import BASELINE, NAIVE, arm_color, method_sort_key
 from .load import SEVERITY_OPTIONS, Run, Sweep, get
 from .stats import METHOD_SENTENCE, NAN_INTERVAL, Interval, diff_interval, mean_interval, ratio_interval
 from .tables import MISSING, Table, eval_curve, fmt_ci, fmt_se, gap_eval_se, n_test
@@ -61,6 +61,11 @@ KL_METRICS = ("mismatch/kl_k3", "mismatch/kl_k1")
 METHOD_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "p", "h", "*")
 REWARD_METRICS = ("eval/reward_mean", "eval/accuracy")
 NO_NAIVE_GAP = "naive gap within noise"
+#: the recovered-share figures' y range (%): beyond it a share or an interval end is marked at the edge
+RECOVERED_RANGE = (-100.0, 200.0)
+#: how the figures mark it, in their captions
+OFF_SCALE = (f"drawn within [{RECOVERED_RANGE[0]:.0f}, {RECOVERED_RANGE[1]:.0f}] %".replace("-", "−")
+             + ": a share beyond it is an arrow at the edge under its value, an interval end beyond it an arrowhead")
 NAIVE_BETTER = "naive better than baseline"
 
 
@@ -68,8 +73,8 @@ NAIVE_BETTER = "naive better than baseline"
 class SeverityOptions:
     """Which method is the naive form and which the baseline, and the collapse rule's k."""
 
-    naive: str = "naive"
-    baseline: str = "bf16"
+    naive: str = NAIVE
+    baseline: str = BASELINE
     collapse_k: int = 3
 
 
@@ -454,13 +459,13 @@ def plot_recovered(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Sev
         f"{task} / {model}. Left: the share of the {opts.naive} arm's final-accuracy gap to {opts.baseline} that each "
         f"correction recovers ((acc − acc_{opts.naive}) / (acc_{opts.baseline} − acc_{opts.naive}); 100 % closes it, 0 % "
         f"is no better than {opts.naive}) against the sequence-level mismatch T·KL (mean over steps of response length "
-        f"× per-token KL(μ‖π_old), nats, of that arm's runs), with Fieller 95 % intervals over paired seeds drawn "
-        f"within [−100, 200] %; severities where the {opts.naive} gap is within noise have no point (the severity "
+        f"× per-token KL(μ‖π_old), nats, of that arm's runs), with Fieller 95 % intervals over paired seeds "
+        f"{OFF_SCALE}; severities where the {opts.naive} gap is within noise have no point (the severity "
         f"table says why). Right: the step-0 training batch accuracy of the {opts.naive} arm's rollout policy μ at each "
         f"severity against {opts.baseline}'s (dashed, band: 95 % t-interval over seeds): a μ that answers worse is a "
         f"worse sampler, a floor no reweighting of its samples removes."
     )
-    return FigureFile(name, "severity", f"Recovered share against T·KL — {task} / {model}", caption,
+    return FigureFile(name, "recovered", f"Recovered share against T·KL — {task} / {model}", caption,
                       _save(fig, out_dir, name, formats))
 
 
@@ -536,13 +541,13 @@ def plot_tkl(sweep: Sweep, out_dir: Path, opts: SeverityOptions = SeverityOption
         f"T·KL) on one axis of sequence-level mismatch T·KL (mean over steps of response length × per-token "
         f"KL(μ‖π_old), nats, of each arm's runs). Left: each arm's final-accuracy gap to {opts.baseline} (paired 95 % "
         f"t-intervals over seeds). Middle: the share of the {opts.naive} gap each correction recovers (Fieller 95 % "
-        f"intervals, drawn within [−100, 200] %), only where the {opts.naive} gap is resolved"
+        f"intervals, {OFF_SCALE}), only where the {opts.naive} gap is resolved"
         + (f" (not in cell{'s' if len(unresolved) > 1 else ''} {', '.join(unresolved)})" if unresolved else "")
         + f". Right: the step-0 training batch accuracy of the {opts.naive} arm's rollout policy μ and of "
         f"{opts.baseline}'s in the same cell: where μ answers worse, part of the gap is the sampler, which no "
         f"reweighting of its samples removes."
     )
-    return FigureFile("tkl", "severity", "Correction against sequence-level mismatch — every cell", caption,
+    return FigureFile("tkl", "recovered", "Correction against sequence-level mismatch — every cell", caption,
                       _save(fig, out_dir, "tkl", formats))
 
 
@@ -552,12 +557,39 @@ def _arm_style(method: str, marker: str) -> dict[str, Any]:
     return dict(color=color, marker=marker, ms=4, lw=1.0, elinewidth=0.7, capsize=2, mfc=color, mec="white", mew=0.4)
 
 
+def recovered_drawn(d: pd.DataFrame) -> pd.DataFrame:
+    """What the recovered-share figures draw for each row of `d` (severity_summary rows), in %: x (T·KL), the share
+    (`value`), the point drawn (`y`: the value, or the edge of RECOVERED_RANGE it lies beyond: `off` -1 below, +1
+    above, 0 within) and the interval's ends drawn (`lo`, `hi`: clipped to the range; `lo_cut` / `hi_cut` where the
+    end lies beyond it). A Fieller interval at a small naive gap runs to thousands of percent; clipping its ends alone
+    drew a -241 % point with a bar from -241 to -100, as if its interval ended at -100."""
+    low, high = RECOVERED_RANGE
+    value = 100 * d["recovered"].to_numpy(float)
+    lo, hi = 100 * d["recovered_lo"].to_numpy(float), 100 * d["recovered_hi"].to_numpy(float)
+    y = value.clip(low, high)
+    return pd.DataFrame({"x": d["seq_kl"].to_numpy(float), "value": value, "y": y,
+                         "off": np.sign(value - y).astype(int), "lo": lo.clip(low, high), "hi": hi.clip(low, high),
+                         "lo_cut": lo < low, "hi_cut": hi > high})
+
+
 def _recovered_bars(ax, d: pd.DataFrame, style: dict[str, Any]) -> None:
-    """Recovered shares (%) against T·KL with their Fieller intervals, which can be unbounded or huge at a small
-    naive gap: drawn within [-100, 200] %."""
-    y = 100 * d["recovered"].to_numpy(float)
-    yerr = _err(y, (100 * d["recovered_lo"]).clip(-100, 200), (100 * d["recovered_hi"]).clip(-100, 200))
-    ax.errorbar(d["seq_kl"].to_numpy(float), y, yerr=yerr, **style)
+    """Recovered shares (%) against T·KL with their Fieller intervals, drawn within RECOVERED_RANGE
+    (`recovered_drawn`): a share beyond it is an arrow at the edge pointing off the scale under its value, written
+    out; an interval end beyond it ends its bar in an arrowhead. Arrows, not triangle markers: the arms' own markers
+    include triangles."""
+    p = recovered_drawn(d)
+    in_range = (p["off"] == 0).tolist()
+    ax.errorbar(p["x"], p["y"], yerr=_err(p["y"].to_numpy(), p["lo"], p["hi"]), markevery=in_range, **style)
+    color = style["color"]
+    for r in p[p["off"] != 0].itertuples(index=False):  # the arrow points from the label to the edge it lies beyond
+        ax.annotate(f"{r.value:+.0f} %", (r.x, r.y), xytext=(0, -14 * r.off), textcoords="offset points",
+                    ha="center", va="top" if r.off > 0 else "bottom", fontsize=6, color=color, zorder=5,
+                    arrowprops=dict(arrowstyle="-|>", color=color, lw=1.0, mutation_scale=8, shrinkA=1, shrinkB=0))
+    cut = [(r.x, r.lo, -1) for r in p.itertuples(index=False) if r.lo_cut and r.off >= 0]  # off < 0: arrow drawn
+    cut += [(r.x, r.hi, 1) for r in p.itertuples(index=False) if r.hi_cut and r.off <= 0]
+    for x, y, direction in cut:
+        ax.annotate("", (x, y), xytext=(0, -6 * direction), textcoords="offset points", zorder=5,
+                    arrowprops=dict(arrowstyle="-|>", color=color, lw=0.7, mutation_scale=6, shrinkA=0, shrinkB=0))
 
 
 def _recovered_levels(ax) -> None:
@@ -637,20 +669,23 @@ def _kl_axis(ax, kl: np.ndarray) -> None:
 
 
 def severity_figures(sweep: Sweep, out_dir: Path, opts: SeverityOptions = SeverityOptions(),
-                     formats: Sequence[str] = ("png", "pdf")) -> list:
-    """The severity figure of every (task, model) whose runs span two severities or more."""
+                     formats: Sequence[str] = ("png", "pdf"), log: Callable[[str], None] = lambda _: None) -> list:
+    """The T·KL figure of every cell (when there are several), then the severity and recovered-share figures of every
+    (task, model) whose runs span two severities or more; each logged as it is written, as make_figures does."""
     from .plots import PAPER_STYLE, plt
 
     out = []
+
+    def keep(f) -> None:
+        if f is not None:
+            out.append(f)
+            log(f"figure {f.name}")
+
     with plt.rc_context(PAPER_STYLE):
-        headline = plot_tkl(sweep, out_dir, opts, formats)
-        if headline is not None:
-            out.append(headline)
+        keep(plot_tkl(sweep, out_dir, opts, formats))
         for task, model in sorted({(r.task, r.model) for r in sweep.runs}):
-            for plot in (plot_severity, plot_recovered):
-                f = plot(sweep, task, model, out_dir, opts, formats)
-                if f is not None:
-                    out.append(f)
+            keep(plot_severity(sweep, task, model, out_dir, opts, formats))
+            keep(plot_recovered(sweep, task, model, out_dir, opts, formats))
     return out
 
 

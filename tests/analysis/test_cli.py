@@ -54,7 +54,9 @@ def test_report_embeds_everything_and_states_provenance(cli_run: CliResult):
     opening = text.split("\n\n")[1]
     assert opening.startswith("36 runs: 6 arms × 2 tasks (arithmetic, countdown), n = 3 seeds per arm")
     assert "95 % interval" in opening and not opening.startswith("|")
-    assert text.split("\n\n")[2].startswith("![Correction against sequence-level mismatch")  # figures/tkl.png
+    # the headline figure (figures/tkl.png) under its own title
+    assert text.split("\n\n")[2] == "## Correction against sequence-level mismatch — every cell"
+    assert text.split("\n\n")[3].startswith("![Correction against sequence-level mismatch — every cell](figures/tkl.png)")
     links = re.findall(r"\]\(([^)#]+)\)", text)
     assert links, "no links in report"
     for link in links:
@@ -136,3 +138,66 @@ def test_bad_options_are_usage_errors(tmp_path: Path):
                 assert e.code == 2, argv
             else:
                 raise AssertionError(f"{argv} accepted")
+
+
+def test_an_unknown_baseline_or_naive_is_refused_naming_the_methods_found(tmp_path: Path):
+    """A misspelt --baseline used to give exit 0 and a report saying "No arm differs from bf61"."""
+    root = tmp_path / "sweep"
+    for method in ("bf16", "naive", "tis"):
+        write_run(root, method, "arithmetic", 0)
+    for argv in (["--baseline", "bf61"], ["--naive", "fp8"]):
+        err = io.StringIO()
+        with redirect_stderr(err):
+            rc = main([str(root), "--out", str(tmp_path / "rep"), *argv])
+        assert rc == 2, argv
+        assert f"{argv[0]} '{argv[1]}' names no method" in err.getvalue()
+        assert "choose from: bf16, naive, tis" in err.getvalue()
+        assert not (tmp_path / "rep").exists()  # refused before writing anything
+
+
+def test_the_help_states_the_defaults_the_code_uses():
+    """`--help` said --naive defaults to fp8 while the code used naive."""
+    from analysis.arms import BASELINE, NAIVE
+    from analysis.cli import build_parser
+    from analysis.severity import SeverityOptions
+
+    parser = build_parser()
+    helps = {a.dest: " ".join(a.help.split()) for a in parser._actions if a.dest in ("baseline", "naive")}
+    assert helps["naive"].endswith(f"(default: {NAIVE})") and helps["baseline"].endswith(f"(default: {BASELINE})")
+    assert (SeverityOptions().naive, SeverityOptions().baseline) == (NAIVE, BASELINE) == ("naive", "bf16")
+
+
+def test_every_figure_is_under_its_own_heading(cli_run: CliResult):
+    """The heading "Accuracy against mismatch across severities" sat over the recovered-share figure."""
+    text = (cli_run.out / "report.md").read_text()
+    heading, under = "", {}
+    for line in text.splitlines():
+        if line.startswith("## "):
+            heading = line[3:]
+        elif m := re.match(r"!\[.*\]\(figures/(\S+)\.png\)", line):
+            under[m.group(1)] = heading
+    assert sorted(under) == sorted(FIGURES)
+    sections = {"tkl": "Correction against sequence-level mismatch — every cell", "severity": "Accuracy against "
+                "mismatch across severities", "recovered": "Recovered share of the naive gap against T·KL",
+                "curves": "Learning curves", "mismatch": "Rollout–training mismatch", "diagnostics": "Method diagnostics",
+                "throughput": "Throughput", "quant": "Weight update vs quantization error (QuRL Eq. 13–14)"}
+    assert under == {name: sections[name.split("_")[0]] for name in FIGURES}
+
+
+def test_the_log_names_every_figure_written(cli_run: CliResult):
+    """The log listed the figures of make_figures only, not the severity_* / recovered_* / tkl ones."""
+    logged = re.findall(r"\[qrl-analyze\] figure (\S+)", cli_run.stderr)
+    assert sorted(logged) == sorted(FIGURES) == sorted(p.stem for p in (cli_run.out / "figures").glob("*.png"))
+
+
+def test_the_verdict_lists_every_recovered_share_and_says_which_are_missing(cli_run: CliResult):
+    """The opening listed the three highest shares only, dropping the others without a word (smoke_short: acr_uaq
+    -3 % and ess -241 % were missing)."""
+    opening = (cli_run.out / "report.md").read_text().split("\n\n")[1]
+    sentence = next(s for s in opening.split(". ") if s.startswith("Share of the naive arm's gap"))
+    listed = re.findall(r"(?:: |; )(\w+) (-?\d+) % \[", sentence)
+    assert len(listed) == 6  # the six corrections x tasks with a defined share (the table's cells)
+    shares = [int(v) for _, v in listed]
+    assert shares == sorted(shares, reverse=True)
+    assert "(none in the other 2 arm-severity cells: no naive run at this severity; the severity table says which)" \
+        in sentence

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.load import discover, load_sweeps, merge
+from analysis.load import ConfigConflict, discover, load_sweeps, merge
 
-from .synth import BROKEN, METHODS, PRECISION, SEEDS, STEPS, TASKS
+from .synth import BROKEN, METHODS, PRECISION, SEEDS, STEPS, TASKS, write_run
 
 
 def test_clean_sweep_loads_every_run_with_identity_from_config(clean_sweep: Path):
@@ -101,6 +101,46 @@ def test_same_run_in_two_sweep_dirs_is_a_listed_duplicate(clean_sweep: Path, tmp
     sweep = load_sweeps([clean_sweep, other])
     assert len(sweep.runs) == len(METHODS) * len(TASKS) * len(SEEDS)
     assert [s.reason.startswith("duplicate of sweep/tis/arithmetic/tiny/seed0") for s in sweep.skipped] == [True]
+
+
+def test_the_same_run_with_another_configuration_is_refused_not_a_duplicate(tmp_path: Path):
+    """train.steps=12 in one sweep directory and 8 in the other, same method/task/model/seed: the loader used to
+    drop one as a "duplicate" and pool the other's seeds with the first; now it refuses, naming the key."""
+    for name, steps in (("long", 12), ("short", 8)):
+        for seed in (0, 1):
+            write_run(tmp_path / name, "tis", "arithmetic", seed, steps_planned=steps)
+    with pytest.raises(ConfigConflict, match=r"long/tis/arithmetic/tiny/seed0 vs short/tis/arithmetic/tiny/seed0: "
+                                             r"train\.steps: 12 -> 8") as e:
+        load_sweeps([tmp_path / "long", tmp_path / "short"])
+    assert "2 run(s)" in str(e.value)  # seed 1 as well
+    with pytest.raises(ConfigConflict, match="train.steps: 12 -> 8"):  # merged from sources loaded apart
+        merge([load_sweeps([tmp_path / "long"]), load_sweeps([tmp_path / "short"])])
+    # another seed with another configuration is refused too: it would be pooled as a seed of the first
+    write_run(tmp_path / "third", "tis", "arithmetic", 2, steps_planned=8)
+    with pytest.raises(ConfigConflict, match="long/tis/arithmetic/tiny/seed0 vs third/tis/arithmetic/tiny/seed2"):
+        load_sweeps([tmp_path / "long", tmp_path / "third"])
+    # only what changes the numbers counts: the sweep's name and the W&B settings are not the configuration
+    shutil.copytree(tmp_path / "long", tmp_path / "again")
+    for cfg_path in (tmp_path / "again").rglob("config.yaml"):
+        cfg = yaml.safe_load(cfg_path.read_text())
+        cfg["sweep"], cfg["tracking"]["mode"] = "renamed", "disabled"
+        cfg_path.write_text(yaml.safe_dump(cfg))
+    again = load_sweeps([tmp_path / "long", tmp_path / "again"])
+    assert len(again.runs) == 2 and [s.reason.split(" of ")[0] for s in again.skipped] == ["duplicate"] * 2
+
+
+def test_cli_refuses_two_configurations_in_one_cell_with_exit_2(tmp_path: Path):
+    import io
+    from contextlib import redirect_stderr
+
+    from analysis.cli import main
+
+    write_run(tmp_path / "a", "bf16", "arithmetic", 0, steps_planned=12)
+    write_run(tmp_path / "b", "bf16", "arithmetic", 0, steps_planned=8)
+    err = io.StringIO()
+    with redirect_stderr(err):
+        assert main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "rep")]) == 2
+    assert "train.steps: 12 -> 8" in err.getvalue() and not (tmp_path / "rep").exists()
 
 
 def _copy_with_task(src: Path, dst: Path, **task) -> None:

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from analysis.cli import main
+from analysis.paper import load_reference
 
 from .synth import write_paper_run
 
@@ -70,7 +71,7 @@ def test_qurl_table3_base_row_and_average_column(tmp_path):
     sets = ("aime24", "amc23", "math500", "minerva", "olympiadbench")
     start = {f"eval/{s}/avg@32": v for s, v in zip(sets, (0.30, 0.60, 0.80, 0.20, 0.40))}  # avg 46.00
     final = {f"eval/{s}/avg@32": v for s, v in zip(sets, (0.40, 0.70, 0.90, 0.30, 0.50))}  # avg 56.00
-    write_paper_run(tmp_path, "bf16", "bf16", "deepscaler", 0, {0: start, 8: final})
+    write_paper_run(tmp_path, "bf16", "bf16", "deepscaler", 0, {0: start, 8: final}, model="r1-distill-qwen-1.5b")
     rc, out, _ = analyze(str(tmp_path), "--paper", "qurl_table3", "--out", str(tmp_path / "rep"))
     assert rc == 0
     rows = md_rows(out)
@@ -87,10 +88,10 @@ def test_qurl_table4_rows_differ_by_config(tmp_path):
     """Same arm (acr, INT8), three learning rates; acr_uaq at two UAQ scales: each lands in its own row."""
     key = "eval/aime24/avg@32"
     for lr, v in ((1e-6, 0.30), (1.5e-6, 0.29), (2e-6, 0.27)):
-        write_paper_run(tmp_path / f"lr{lr}", "acr", "int8", "dapo_math", 0, {200: {key: v}},
+        write_paper_run(tmp_path / f"lr{lr}", "acr", "int8", "dapo_math", 0, {200: {key: v}}, model="qwen2.5-math-7b",
                         config={"train": {"lr": lr}, "method": {"uaq_scale": 1.0}})
     for s, v in ((1.5, 0.32), (2.0, 0.28)):
-        write_paper_run(tmp_path / f"s{s}", "acr_uaq", "int8", "dapo_math", 0, {200: {key: v}},
+        write_paper_run(tmp_path / f"s{s}", "acr_uaq", "int8", "dapo_math", 0, {200: {key: v}}, model="qwen2.5-math-7b",
                         config={"train": {"lr": 1e-6}, "method": {"uaq_scale": s}})
     rc, out, _ = analyze(str(tmp_path), "--paper", "qurl_table4", "--out", str(tmp_path / "rep"))
     assert rc == 0
@@ -117,6 +118,44 @@ def test_no_matching_run_and_unknown_paper(tmp_path):
     assert analyze(str(tmp_path), "--paper", "p3o_fp8", "--out", str(tmp_path / "rep"))[0] == 1  # no row matched
     rc, _, err = analyze(str(tmp_path), "--paper", "no_such_paper", "--out", str(tmp_path / "rep"))
     assert rc == 2 and "known: ais_table3" in err
+
+
+def test_a_run_of_another_task_or_model_is_no_comparison(tmp_path):
+    """A tiny model's chain run filled QuRL's Qwen2.5-0.5B GSM8K row (the CSV's task was empty, which matched any)."""
+    write_paper_run(tmp_path, "bf16", "bf16", "chain", 0, {2: {"eval/accuracy": 0.5}}, model="tiny")
+    write_paper_run(tmp_path, "bf16", "bf16", "gsm8k", 1, {2: {"eval/accuracy": 0.5}}, model="mini_qwen2")
+    write_paper_run(tmp_path, "tis", "int8", "chain", 0, {2: {"eval/accuracy": 0.5}})  # the paper's model, not its task
+    rc, out, err = analyze(str(tmp_path), "--paper", "qurl_table1", "--out", str(tmp_path / "rep"))
+    assert rc == 1  # docs/exit-codes.md: with --paper, no run matched any row of the table
+    assert md_rows(out)["BF16 | RL [bf16]"][2:] == ["–", "55.35", "–", "0"]
+    assert "nothing to compare" in err and "its rows are for gsm8k / qwen2.5-0.5b-instruct" in err
+    assert "the runs read are of chain / qwen2.5-0.5b-instruct, chain / tiny, gsm8k / mini_qwen2" in err
+
+
+def test_a_reference_line_without_its_task_or_model_is_refused(tmp_path):
+    write_paper_run(tmp_path / "res", "bf16", "bf16", "gsm8k", 0, {2: {"eval/accuracy": 0.5}})
+    ref = pd.read_csv(REPO / "conf/experiment/paper/qurl_table1.reference.csv", dtype=str, keep_default_na=False)
+    for col in ("task", "model"):
+        bad = ref.copy()
+        bad.loc[1, col] = ""
+        bad.to_csv(tmp_path / "bad.csv", index=False)
+        rc, _, err = analyze(str(tmp_path / "res"), "--paper", str(tmp_path / "bad.csv"), "--out", str(tmp_path / "rep"))
+        assert rc == 2 and f"empty {col} on line(s) 3" in err, err
+    rc, _, err = analyze(str(tmp_path / "res"), "--paper", str(tmp_path / "bad.csv").replace("bad", "none"),
+                         "--out", str(tmp_path / "rep"))
+    assert rc == 2 and "does not exist" in err
+
+
+def test_every_reference_line_names_a_task_and_model_of_ours():
+    """Each paper recipe's CSV names, in every line, a task of conf/task/ and a model of conf/model/ (the recipe's:
+    tests/integration/test_paper_recipes.py composes each recipe and compares)."""
+    tasks = {p.stem for p in (REPO / "conf/task").glob("*.yaml")}
+    models = {p.stem for p in (REPO / "conf/model").glob("*.yaml")}
+    paths = sorted((REPO / "conf/experiment/paper").glob("*.reference.csv"))
+    assert len(paths) == 7
+    for path in paths:
+        ref = load_reference(path)
+        assert set(ref["task"]) <= tasks and set(ref["model"]) <= models, path.name
 
 
 def test_the_paper_table_never_imports_torch(tmp_path):

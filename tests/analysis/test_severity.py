@@ -21,8 +21,12 @@ from analysis.severity import (
     eval_auc,
     has_severity_axis,
     kl_lower,
+    RECOVERED_RANGE,
+    _arm_style,
+    _recovered_bars,
     plot_recovered,
     plot_tkl,
+    recovered_drawn,
     severity_figures,
     run_rows,
     severity_labels,
@@ -210,11 +214,15 @@ def test_cli_report_has_the_severity_section(tmp_path):
     # the headline figure: right after the verdict, before the tables (issue 25 item 4)
     headline = "![Accuracy against mismatch — arithmetic / tiny](figures/severity_arithmetic_tiny.png)"
     assert report.index(headline) < report.index("## Severity ladder")
-    assert report.split("\n\n")[2] == headline
+    assert report.split("\n\n")[2:4] == ["## Accuracy against mismatch — arithmetic / tiny", headline]
     assert "naive=naive, collapse_k=2" in report
     assert "| 2/3 (step 4 8) |" in report  # k = 2 reached the table
     # the recovered share against T·KL follows (int4 has a resolved naive gap; fp8_e4m3 does not)
-    assert "![Recovered share against T·KL — arithmetic / tiny](figures/recovered_arithmetic_tiny.png)" in report
+    recovered = "![Recovered share against T·KL — arithmetic / tiny](figures/recovered_arithmetic_tiny.png)"
+    # under its own heading: "Accuracy against mismatch across severities" used to sit over it (no other severity
+    # figure here, so that heading is not written at all)
+    assert report.split(recovered)[0].rstrip().endswith("## Recovered share of the naive gap against T·KL")
+    assert "## Accuracy against mismatch across severities" not in report
     assert (root / "report" / "figures" / "recovered_arithmetic_tiny.png").stat().st_size > 10_000
     csv = pd.read_csv(root / "report" / "tables" / "severity.csv")  # long: one row per method x severity x metric
     acc = csv[csv.metric == "acc"]
@@ -278,3 +286,37 @@ def test_cells_at_almost_the_same_t_kl_share_one_tick():
     ticks = _merge_close(np.array([1.90, 1.95, 5.7]), ["#1", "#2", "#3"])
     assert [label for _, label in ticks] == ["#1,#2", "#3"] and math.isclose(ticks[0][0], 1.925)
     assert [label for _, label in _merge_close(np.array([1.0, 3.0]), ["#1", "#2"])] == ["#1", "#2"]
+
+
+def test_recovered_shares_beyond_the_axis_range_are_marked_at_its_edge():
+    """smoke_short's ess: -241 % [-883, -112] was drawn as a point at -241 with a bar up to -100 (the interval's
+    clipped ends), as if the interval ended there; nothing said an end was cut."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d = pd.DataFrame({"seq_kl": [1.0, 2.0, 3.0, 4.0], "recovered": [0.5, 0.16, -2.41, 2.5],
+                      "recovered_lo": [0.1, -1.35, -8.83, 1.5], "recovered_hi": [0.9, 0.67, -1.12, 4.0]})
+    p = recovered_drawn(d)
+    assert RECOVERED_RANGE == (-100.0, 200.0)
+    assert p["value"].round(6).tolist() == [50.0, 16.0, -241.0, 250.0]
+    assert p["y"].round(6).tolist() == [50.0, 16.0, -100.0, 200.0]  # off-scale points sit at the edge
+    assert p["off"].tolist() == [0, 0, -1, 1]
+    assert p["lo"].round(6).tolist() == [10.0, -100.0, -100.0, 150.0]
+    assert p["hi"].round(6).tolist() == [90.0, 67.0, -100.0, 200.0]
+    assert p["lo_cut"].tolist() == [False, True, True, False] and p["hi_cut"].tolist() == [False, False, False, True]
+
+    fig, ax = plt.subplots()
+    _recovered_bars(ax, d, _arm_style("ess", "o"))
+    line = ax.lines[0]  # the errorbar's data line: every point within the range, markers only where in range
+    assert list(line.get_ydata()) == pytest.approx([50.0, 16.0, -100.0, 200.0])
+    assert list(line.get_markevery()) == [True, True, False, False]
+    bars = ax.collections[0].get_segments()  # the interval bars, clipped to the range
+    assert [tuple(np.round(s[:, 1], 6)) for s in bars] == [(10.0, 90.0), (-100.0, 67.0), (-100.0, -100.0), (150.0, 200.0)]
+    arrows = {(a.xy, a.get_text()) for a in ax.texts if a.arrow_patch is not None}
+    # each off-scale point: an arrow to its edge under its value; the cut end of an in-range point's interval:
+    # an arrowhead (the cut ends of the off-scale points' intervals are at their arrows already)
+    assert arrows == {((3.0, -100.0), "-241 %"), ((4.0, 200.0), "+250 %"), ((2.0, -100.0), "")}
+    ys = [t.xy[1] for t in ax.texts] + list(line.get_ydata())
+    assert min(ys) >= -100 and max(ys) <= 200
+    plt.close(fig)

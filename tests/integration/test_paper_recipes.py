@@ -6,6 +6,7 @@ The recipe list comes from conf/ itself, so a new recipe is covered without edit
 
 from __future__ import annotations
 
+import csv
 import re
 
 import pytest
@@ -44,6 +45,20 @@ def test_every_recipe_dry_runs_with_a_gpu_hours_estimate(name, tmp_path, capsys)
     assert total == pytest.approx(sum(per_job), abs=1.0)
     assert "assuming L_p" in err and "tokens/s" in err
     assert not list(tmp_path.rglob("run.json"))  # nothing launched
+
+
+@pytest.mark.slow  # composing a job takes ~1 s
+@pytest.mark.parametrize("name", RECIPES)
+def test_the_reference_csv_names_the_recipes_tasks_and_model(name, tmp_path):
+    """`qrl-analyze --paper` matches a run to a line only on the line's task and model: they must be the recipe's,
+    or its own runs would never fill the table. The paper's (task, model) pairs are exactly those the recipe runs."""
+    with open(PAPER / f"{name}.reference.csv", newline="") as f:
+        wanted = {(line["task"], line["model"]) for line in csv.DictReader(f)}
+    ran = set()
+    for job in expand([f"+experiment=paper/{name}", f"out_root={tmp_path}"]):
+        cfg = compose_job(job)
+        ran.add((cfg.task.name, cfg.model.name))
+    assert wanted == ran
 
 
 @pytest.mark.slow
