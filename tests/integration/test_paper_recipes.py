@@ -91,6 +91,7 @@ def test_every_mini_variant_runs_to_completion(name, tmp_path, monkeypatch):
     assert len(jobs) == JOBS[name]
     for job in jobs:
         cfg = compose_job(job)
+        assert cfg.train.nproc_per_node == 1, "a CPU mini runs one process (8 gloo ranks on 2 cores took 4 min)"
         assert execute(cfg) == "completed", job
         run = RunDir.of(cfg)
         rows, evals = run.metrics(), run.evals()
