@@ -34,13 +34,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .arms import bitwidth
+from .arms import BASELINE, bitwidth  # BASELINE: the arm whose step-0 evaluation is the "base" row
 from .load import Run, RunError, discover, get, load_run, log
 from .tables import MISSING, Table, fmt_num, fmt_pm
 
 PAPER_DIR = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "paper"
 REQUIRED = ("method", "bitwidth", "benchmark", "value", "paper_label", "metric", "task", "model")
-BASELINE = "bf16"  # the arm whose step-0 evaluation is the "base" row
 
 
 def reference_path(name: str) -> Path:

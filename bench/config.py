@@ -149,21 +149,20 @@ def check_known_keys(cfg: DictConfig, sections: dict[str, type]) -> None:
     identity. Checks the root and the top level of each section (free-form dict fields below are their own)."""
     import difflib
 
-    def refuse(key: str, where: str, valid: list[str]) -> None:
-        close = difflib.get_close_matches(key.rpartition(".")[2], valid, n=1, cutoff=0.6)
-        hint = ""
-        if close and close[0] in CONFIG_GROUPS and where == "the config":
-            hint = f" (did you mean the config group: +{close[0]}=...?)"
-        elif close:
-            hint = f" (did you mean {close[0]!r}?)"
-        groups = f"; config groups (group=option): {', '.join(CONFIG_GROUPS)}" if where == "the config" else ""
-        raise ValueError(f"+{key}: {where} has no key {key.rpartition('.')[2]!r}{hint}; nothing would read it, so it "
-                         f"is refused. Valid keys: {', '.join(k for k in valid if k not in CONFIG_GROUPS)}{groups}")
+    def refuse(key: str, section: str | None, valid: list[str]) -> None:
+        name = key.rpartition(".")[2]
+        groups = CONFIG_GROUPS if section is None else ()  # at the root a misspelt group is the likelier mistake
+        close = difflib.get_close_matches(name, [*valid, *groups], n=1, cutoff=0.6)
+        hint = (f" (did you mean the config group: +{close[0]}=...?)" if close and close[0] in groups
+                else f" (did you mean {close[0]!r}?)" if close else "")
+        listing = f"; config groups (group=option): {', '.join(groups)}" if groups else ""
+        raise ValueError(f"+{key}: {section or 'the config'} has no key {name!r}{hint}; nothing would read it, so it "
+                         f"is refused. Valid keys: {', '.join(k for k in valid if k not in groups)}{listing}")
 
-    root = sorted({f.name for f in dataclasses.fields(Config)})
+    root = sorted(f.name for f in dataclasses.fields(Config))
     for key in cfg.keys():
         if key != "hydra" and key not in root:
-            refuse(str(key), "the config", sorted(set(root) | set(CONFIG_GROUPS)))
+            refuse(str(key), None, root)
     for section, schema in sections.items():
         names = sorted(f.name for f in dataclasses.fields(schema))
         for key in cfg[section].keys():

@@ -25,7 +25,7 @@ from bench.launch.budget import describe, describe_eval, estimate, eval_estimate
 from bench.config import CONF_DIR, register_configs
 from bench.launch.memory import estimate_memory
 from bench.methods.base import METHODS
-from bench.run.resume import config_change, preview
+from bench.run.resume import preview, refusal_reason
 from bench.run.store import RunDir
 from bench.launch.sweeper import assign_variants, expand_rows, sweep_default
 
@@ -44,15 +44,6 @@ def expand(overrides: list[str]) -> list[list[str]]:
     return assign_variants(expand_rows(rows, jobs), sweep_default(cfg))
 
 
-def refusal(run: RunDir, cfg) -> str:
-    """Why the launch will refuse this job (`preview` said refuse), and the way on, as the launch will say it."""
-    change = config_change(run, cfg)
-    if change is not None:
-        return (f"the run directory holds a run of another configuration ({change}); use another sweep=NAME, or "
-                "train.overwrite=true deletes its results")
-    return "rows but no run.json nor checkpoint; train.overwrite=true restarts them"
-
-
 def dry_run(overrides: list[str]) -> int:
     jobs = expand(overrides)
     counts: dict[str, int] = {}
@@ -66,7 +57,7 @@ def dry_run(overrides: list[str]) -> int:
             action = preview(run, cfg)  # what the launch will decide under the run's lock (bench/run/resume.py)
             counts[action] = counts.get(action, 0) + 1
             if action == "refuse":
-                why = refusal(run, cfg)
+                why = refusal_reason(run, cfg)
                 refusals[why] = refusals.get(why, 0) + 1
             est = estimate(cfg, METHODS.get(cfg.method.name).needs_recompute)
             cost = ""

@@ -70,9 +70,9 @@ Exit codes: `qrl-bench --exit-codes`.
 PASSED, FAILED = 0, 2
 #: the flags qrl-bench itself answers, and Hydra's (hydra/_internal/utils.py get_args_parser)
 OWN_FLAGS = ("-m", "--multirun", "--dry-run", "--exit-codes", "--help", "-h")
-HYDRA_FLAGS = ("--cfg", "-c", "--resolve", "--package", "-p", "--run", "-r", "--shell-completion", "-sc",
-               "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--info", "-i",
-               "--experimental-rerun", "--hydra-help", "--version")
+HYDRA_ARGPARSE_FLAGS = ("--cfg", "-c", "--resolve", "--package", "-p", "--run", "-r", "--shell-completion", "-sc",
+                        "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--info", "-i",
+                        "--experimental-rerun", "--hydra-help", "--version")
 
 
 def unknown_flag(args: list[str]) -> str | None:
@@ -82,8 +82,8 @@ def unknown_flag(args: list[str]) -> str | None:
 
     for arg in args:
         flag = arg.split("=", 1)[0]
-        if arg.startswith("-") and flag not in OWN_FLAGS + HYDRA_FLAGS:
-            close = difflib.get_close_matches(flag, OWN_FLAGS + HYDRA_FLAGS, n=1, cutoff=0.6)
+        if arg.startswith("-") and flag not in OWN_FLAGS + HYDRA_ARGPARSE_FLAGS:
+            close = difflib.get_close_matches(flag, OWN_FLAGS + HYDRA_ARGPARSE_FLAGS, n=1, cutoff=0.6)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             return (f"unknown option {arg!r}{hint}; qrl-bench's: {', '.join(OWN_FLAGS)}; Hydra's: --cfg job|hydra|all, "
                     "--info, --config-name, ... (--hydra-help); `qrl-bench --help` for the usage")

@@ -226,6 +226,16 @@ def preview(run: RunDir, cfg: Any) -> str:
     return "run"
 
 
+def refusal_reason(run: RunDir, cfg: Any) -> str:
+    """Why `preview` says refuse, with the way on, without the run's path (the dry run counts the jobs per reason):
+    its two refusals are a changed configuration and rows without run.json nor checkpoint (`decide` says both)."""
+    change = config_change(run, cfg)
+    if change is not None:
+        return (f"the run directory holds a run of another configuration ({change}); use another sweep=NAME, or "
+                f"{OVERWRITE_HINT} deletes its results")
+    return f"rows but no run.json nor checkpoint; {OVERWRITE_HINT} restarts them"
+
+
 def _unreadable(run: RunDir, err: CheckpointError, resume_from: str) -> str:
     """The refusal for an unreadable checkpoint: the file, the cause, and the two ways on."""
     ways = [f"{OVERWRITE_HINT} restarts the run from step 0"]
@@ -238,5 +248,5 @@ def _unreadable(run: RunDir, err: CheckpointError, resume_from: str) -> str:
     return f"{err}; " + "; ".join(ways)
 
 
-__all__ = ["FINAL_STATUSES", "RESUME_FROM", "UNFINISHED_STATUSES", "Plan", "config_change", "config_mismatch", "decide", "final_status",
-           "missing_steps", "preview", "relaunch_effect"]
+__all__ = ["FINAL_STATUSES", "RESUME_FROM", "UNFINISHED_STATUSES", "Plan", "config_change", "config_mismatch", "decide",
+           "final_status", "missing_steps", "preview", "refusal_reason", "relaunch_effect"]
