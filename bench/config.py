@@ -188,6 +188,7 @@ def check_across(cfg: DictConfig) -> None:
         raise ValueError(f"method={cfg.method.name} is the {fixed} baseline and rolls out in {fixed}, not "
                          f"rollout.precision={cfg.rollout.precision}; an uncorrected {cfg.rollout.precision} rollout "
                          f"is method=naive rollout.precision={cfg.rollout.precision}")
+    METHODS.get(cfg.method.name).check_run(cfg)  # what an arm needs of the other sections
     if algo.advantage == "grpo" and train.group_size < 2:
         raise ValueError(f"train.group_size={train.group_size} is too small for algo.advantage=grpo: group-normalized "
                          "advantages need at least 2 responses per prompt (algo.advantage=gae works with 1)")

@@ -14,6 +14,7 @@ from typing import Iterator
 import torch
 
 from bench.device import DTYPES
+from bench.quant.qat import engine_kwargs
 from bench.rollout.base import Rollout
 
 #: train.dtype -> the low-precision compute dtype (None: plain fp32). Master weights are fp32 in every case.
@@ -143,7 +144,8 @@ def _token_logprobs(
     """
     ids, attn, pos = sequence_inputs(rollout)
     P = rollout.prompt_ids.shape[1]
-    logits = forward(model, dtype, input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
+    logits = forward(model, dtype, input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
+                     **engine_kwargs(model, P)).logits
     logits = logits[:, P - 1 :].float() / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     del logits
