@@ -27,6 +27,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from bench import CONF_DIR  # defined where `qrl-bench --help` reads it without this module's imports
 from bench.launch.budget import BudgetConfig
+from bench.launch.power import PowerConfig
 from bench.evaluation import EvalConfig
 from bench.grpo import AlgoConfig
 from bench.run.identity import run_path, run_subdir
@@ -61,6 +62,7 @@ class Config:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)  # the dry run's GPU-hours estimate (bench/launch/budget.py)
+    power: PowerConfig = field(default_factory=PowerConfig)  # the dry run's seed count (bench/launch/power.py)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = MISSING
     seed: int = 0
@@ -132,7 +134,8 @@ def checks(cfg: DictConfig) -> list[Callable[[], Any]]:
     imported and leaves the ones that need torch (is CUDA usable?) to the run."""
     parts = [("method", group_schema("method", cfg.method.name)), ("task", group_schema("task", cfg.task.name)),
              ("rollout", group_schema("rollout", cfg.rollout.engine)), ("algo", AlgoConfig), ("train", TrainConfig),
-             ("tracking", TrackingConfig), ("model", ModelConfig), ("eval", EvalConfig), ("budget", BudgetConfig)]
+             ("tracking", TrackingConfig), ("model", ModelConfig), ("eval", EvalConfig), ("budget", BudgetConfig),
+             ("power", PowerConfig)]
     out: list[Callable[[], Any]] = [lambda: check_known_keys(cfg, dict(parts))]
     out += [lambda key=key, schema=schema: _check_part(cfg, key, schema) for key, schema in parts]
     # WANDB_MODE overrides tracking.mode: a bad one must fail here, not inside the run

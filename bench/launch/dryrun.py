@@ -16,6 +16,7 @@ its max tokens).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -24,7 +25,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from bench.launch.budget import describe, describe_eval, estimate, eval_estimate
 from bench.config import CONF_DIR, register_configs
 from bench.launch.memory import estimate_memory
+from bench.launch.power import power_lines
 from bench.methods.base import METHODS
+from bench.run.identity import RunId
 from bench.run.resume import preview, refusal_reason
 from bench.run.store import RunDir
 from bench.launch.sweeper import assign_variants, expand_rows, sweep_default
@@ -49,9 +52,13 @@ def dry_run(overrides: list[str]) -> int:
     counts: dict[str, int] = {}
     refusals: dict[str, int] = {}  # why, how many
     gpu_hours, assumptions, too_big, tight = 0.0, set(), [], []
+    seeds: dict[str, set] = {}  # arm -> its seeds (the power lines below)
+    cfg = None
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for job in jobs:
             cfg = compose("config", overrides=job)
+            rid = RunId.of(cfg)
+            seeds.setdefault(str(rid.path("").parent), set()).add(rid.seed)  # an arm in a cell: its path sans seed
             run = RunDir.of(cfg)
             status = run.status or "new"
             action = preview(run, cfg)  # what the launch will decide under the run's lock (bench/run/resume.py)
@@ -87,6 +94,10 @@ def dry_run(overrides: list[str]) -> int:
     if tight:
         print(f"note: {len(tight)} job(s) within 10% of the GPU's memory (an estimate: check with scripts/gpu_check.sh "
               f"before a long run): {', '.join(tight)}", file=sys.stderr)
+    if cfg is not None:  # the seeds the sweep needs for its target effect (bench/launch/power.py)
+        lines, _ = power_lines(cfg, min(len(s) for s in seeds.values()), Path(cfg.out_root) / str(cfg.sweep) / "report")
+        for line in lines:
+            print(line, file=sys.stderr)
     if assumptions:
         print(f"estimated GPU-hours (all jobs): ~{gpu_hours:,.0f}", file=sys.stderr)
         for line in sorted(assumptions):
