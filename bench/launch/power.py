@@ -101,7 +101,8 @@ def prior_paired_sd(report_dir: Path) -> tuple[float, str] | None:
     paired, severity = report_dir / "tables" / "paired.csv", report_dir / "tables" / "severity.csv"
     sds: list[float] = []
     if paired.is_file():
-        sds = [_float(r.get("sd_diff")) for r in _rows(paired) if r.get("endpoint", "final") == "final"]
+        sds = [_float(r.get("value")) for r in _rows(paired)  # long format: metric, value
+               if r.get("metric") == "sd_diff" and r.get("endpoint") == "final"]
         source = paired
     elif severity.is_file():
         for r in _rows(severity):  # long format: metric, value, lo, hi, n, interval

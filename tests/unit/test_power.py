@@ -37,7 +37,8 @@ def test_prior_sd_from_a_reports_tables(tmp_path):
                                          "gap_to_bf16,-3.0,-9.0,3.0,3,Welch\nacc,40,30,50,4,t\n")
     sd, source = prior_paired_sd(tmp_path / "report")
     assert sd == pytest.approx(9.6 * 2 / 3.182446, rel=1e-4) and "severity.csv" in source
-    (tables / "paired.csv").write_text("endpoint,sd_diff\nfinal,4.0\nauc,1.0\nfinal,6.0\nfinal,5.0\n")
+    (tables / "paired.csv").write_text("endpoint,metric,value\nfinal,sd_diff,4.0\nauc,sd_diff,1.0\nfinal,sd_diff,6.0\n"
+                                       "final,sd_diff,5.0\nfinal,diff,-9.0\n")
     assert prior_paired_sd(tmp_path / "report")[0] == pytest.approx(5.0)  # paired.csv wins; final accuracy only
     assert prior_paired_sd(tmp_path / "none") is None
 
