@@ -14,9 +14,9 @@ intervals                   95 % percentile intervals of the stratified bootstra
                             n is printed beside it; the t-based gaps of analysis.stats stay the report's inference.
 
 The definitions follow rliable 1.2.0 (`metrics.probability_of_improvement`, `metrics.aggregate_iqm`,
-`library.get_interval_estimates` with arch's StratifiedBootstrap); a cross-check against the package on the same
-scores is in docs/analysis.md. rliable itself is not a dependency: it pulls arch, statsmodels, seaborn and absl-py
-(9 packages) into every install for these few lines.
+`library.get_interval_estimates` with arch's StratifiedBootstrap). rliable itself is not a dependency: it installs,
+but its arch 7.2.0 does not import under the locked pandas 3.1; with pandas < 3 it gives the same estimates on the same
+scores (docs/analysis.md, the cross-check).
 """
 
 from __future__ import annotations
