@@ -84,6 +84,14 @@ def paired_comparisons(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) 
     return df[COLUMNS]
 
 
+def p_columns(cmp: pd.DataFrame, family: str, endpoint: str, key: tuple[str, ...]) -> dict[tuple, str]:
+    """'p / Holm' text of one family and endpoint's comparisons, keyed by the columns `key` (and `a`, the arm): what
+    the other tables print beside their paired intervals."""
+    d = cmp[(cmp["family"] == family) & (cmp["endpoint"] == endpoint)]
+    return {tuple(getattr(r, k) for k in key) + (r.a,): f"{fmt_p(r.p_raw)} / {fmt_p(r.p_holm)}"
+            for r in d.itertuples(index=False)}
+
+
 def differs(row: Any) -> bool:
     """A comparison whose Holm-adjusted p is <= ALPHA (in its family)."""
     return bool(np.isfinite(row.p_holm) and row.p_holm <= ALPHA)
@@ -118,4 +126,5 @@ def paired_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> Tab
     return Table("paired", data, display.fillna(MISSING), caption)
 
 
-__all__ = ["ENDPOINTS", "PRIMARY", "differs", "family_name", "is_primary", "paired_comparisons", "paired_table"]
+__all__ = ["ENDPOINTS", "PRIMARY", "differs", "family_name", "is_primary", "p_columns", "paired_comparisons",
+           "paired_table"]

@@ -276,9 +276,14 @@ def _recovered(a: pd.DataFrame, naive: pd.DataFrame, base: pd.DataFrame, naive_g
 # --------------------------------------------------------------------------------------------- table
 def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> Table:
     """The gap-to-baseline table across severities, with the recovered fraction of the naive gap and collapses."""
+    from .comparisons import family_name, p_columns, paired_comparisons  # it builds on this module
+
     data = severity_summary(sweep, opts)
     multi_model = data["model"].nunique() > 1 if not data.empty else False
     gap = f"gap_to_{opts.baseline}"
+    cmp = paired_comparisons(sweep, opts)
+    where = ("model", "task", "severity")
+    p_final, p_auc = (p_columns(cmp, family_name("base", opts), e, where) for e in ("final", "auc"))
     rows, prev = [], None
     for r in data.itertuples(index=False):
         d = r._asdict()
@@ -301,9 +306,11 @@ def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> T
             "Accuracy (%)": fmt_ci(r.acc, r.acc_lo, r.acc_hi, n=r.acc_n),
             "AUC (%)": fmt_ci(r.auc, r.auc_lo, r.auc_hi, n=r.auc_n),
             f"Δ vs {opts.baseline} (pp)": fmt_ci(d[gap], d[f"{gap}_lo"], d[f"{gap}_hi"], signed=True, n=d[f"{gap}_n"]),
+            "p / Holm": p_final.get(key + (r.method,), MISSING),
             "eval SE (pp)": fmt_se(d[f"{gap}_eval_se"]),
             f"AUC Δ vs {opts.baseline} (pp)": fmt_ci(d[f"auc_{gap}"], d[f"auc_{gap}_lo"], d[f"auc_{gap}_hi"], signed=True,
                                                       n=d[f"auc_{gap}_n"]),
+            "AUC p / Holm": p_auc.get(key + (r.method,), MISSING),
             f"Recovered ({opts.naive} gap)": recovered,
             "Collapsed": collapsed,
             "Seeds": str(r.n_seeds),
@@ -317,6 +324,8 @@ def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> T
         f"mean over steps and seeds), final eval accuracy and AUC (time-averaged eval accuracy), their gaps to "
         f"{opts.baseline} and the fraction of the {opts.naive} arm's gap to {opts.baseline} each method recovers "
         f"((acc − acc_{opts.naive}) / (acc_{opts.baseline} − acc_{opts.naive})). {METHOD_SENTENCE} "
+        f"p / Holm: the gap's paired t-test p and its Holm-adjusted p over every gap to {opts.baseline} of the report "
+        f"(per endpoint; the paired comparisons table). "
         f"eval SE: the binomial standard error the test set alone puts on the Δ (pp); "
         f"'n/a ({NO_NAIVE_GAP})' where the {opts.naive} gap's CI contains 0 ('{NAIVE_BETTER}' where it lies below 0). "
         + COLLAPSE_SENTENCE.format(k=opts.collapse_k)
