@@ -157,7 +157,10 @@ def qat_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
     keys, as its prefill does, then every later query alone over the keys up to its own, as a decode step does. A
     kernel's summation order depends on those shapes; one call over the whole sequence differs from the engine by
     float noise that bf16 rounding and FP8 activation codes amplify (measured on the shipped chain warm start: 1e-5
-    to 1e-4 nats of KL(mu || pi_old) per token at bf16 / fp8_e4m3, against 0 to 1e-7 this way).
+    to 1e-4 nats of KL(mu || pi_old) per token at bf16 / fp8_e4m3, against 0 to 1e-7 this way). Those per-query
+    calls give the forward values only (no graph); the gradient is that of one call over the whole sequence, the same
+    function, straight through to those values (`ste`): the per-query calls' own backward cost ~20x the rest of the
+    step on a CPU.
 
     query [B, H, S, D], key/value [B, Hkv, L, D], attention_mask bool [B, 1, S, L] (True: attend) or None (causal);
     every query also attends to its own position, as the engine's prefill lets pad rows do (an all-masked row would
@@ -175,10 +178,15 @@ def qat_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, val
     mask = (mask | (keys == own_pos)).expand(query.shape[0], 1, S, L)
     q, k, v = (t.to(settings.dtype) for t in (query, key, value))
     block = S if prefill_length is None or S != L else min(max(int(prefill_length), 1), S)
-    outs = [grouped_attention(q[:, :, :block], k[:, :, :block], v[:, :, :block], mask[..., :block, :block], scaling)]
-    outs += [grouped_attention(q[:, :, i:i + 1], k[:, :, :i + 1], v[:, :, :i + 1], mask[..., i:i + 1, :i + 1], scaling)
-             for i in range(block, S)]
-    return torch.cat(outs, dim=2).to(query.dtype).transpose(1, 2).contiguous(), None
+    out = grouped_attention(q, k, v, mask, scaling)  # differentiable: one call, its backward is cheap
+    if block < S:  # the engine's shapes give the values; their many small backward calls would cost 20x the rest
+        with torch.no_grad():
+            parts = [grouped_attention(q[:, :, :block], k[:, :, :block], v[:, :, :block], mask[..., :block, :block],
+                                       scaling)]
+            parts += [grouped_attention(q[:, :, i:i + 1], k[:, :, :i + 1], v[:, :, :i + 1], mask[..., i:i + 1, :i + 1],
+                                        scaling) for i in range(block, S)]
+        out = ste(out, torch.cat(parts, dim=2))
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
 def engine_kwargs(model: nn.Module, prompt_length: int) -> dict[str, int]:
