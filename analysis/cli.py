@@ -164,9 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     if sweep.runs:
         figures += make_figures(sweep, out / "figures", smooth=args.smooth, baseline=args.baseline,
                                 warmup=args.warmup, formats=formats, log=log)
-    settings = {"baseline": args.baseline, "naive": args.naive, "control": args.control,
-                **({"primary": ",".join(primary)} if primary else {}), "collapse_k": args.collapse_k,
-                "smooth": args.smooth, "warmup": args.warmup}
+    settings = {"baseline": args.baseline, "naive": args.naive, "collapse_k": args.collapse_k, "smooth": args.smooth,
+                "warmup": args.warmup, "control": args.control, **({"primary": ",".join(primary)} if primary else {})}
     report = write_report(sweep, out, tables, figures, command, baseline=args.baseline, settings=settings, opts=sev)
     log(f"report: {report}")
     print(report)

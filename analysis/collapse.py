@@ -52,7 +52,7 @@ def collapse_step(steps: Sequence[float], values: Sequence[float], k: int, n_tes
     return None
 
 
-COLLAPSE_SENTENCE = ("Collapsed: seeds whose eval accuracy stays below its step-0 value by more than the evaluation's "
-                     "binomial noise (1.96 · √(2 p₀(1 − p₀)/n_test)) for {k} consecutive evals (first such step).")
+COLLAPSE_SENTENCE = ("Collapsed: seeds whose eval accuracy stays below its step-0 value p0 by more than the evaluation's "
+                     "binomial noise, 1.96·sqrt(2·p0·(1 − p0)/n_test), for {k} consecutive evals (first such step).")
 
 __all__ = ["COLLAPSE_SENTENCE", "Z", "collapse_margin", "collapse_step"]

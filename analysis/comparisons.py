@@ -30,7 +30,7 @@ from .tables import MISSING, Table, fmt_ci
 ENDPOINTS = {"final": "final_acc", "auc": "auc"}
 PRIMARY = "primary"
 COLUMNS = ["model", "task", "severity", "severity_label", "precision", "family", "endpoint", "a", "b", "comparison", "alternative",
-           "primary", "diff", "diff_lo", "diff_hi", "diff_n", "diff_ci", "sd_diff", "p_raw", "p_holm"]
+           "primary", "gap", "gap_lo", "gap_hi", "gap_n", "gap_ci", "sd_diff", "p_raw", "p_holm"]
 
 
 def family_name(kind: str, opts: SeverityOptions) -> str:
@@ -43,7 +43,7 @@ def _row(cell: dict[str, Any], family: str, endpoint: str, a: str, b: str, ga: p
     t = diff_test(ga[col], gb[col], list(ga["seed"]), list(gb["seed"]), alternative)
     iv = t.interval
     return {**cell, "family": family, "endpoint": endpoint, "a": a, "b": b, "comparison": f"{a} − {b}",
-            "diff": iv.value, "diff_lo": iv.lo, "diff_hi": iv.hi, "diff_n": iv.n, "diff_ci": iv.method, "sd_diff": t.sd_diff,
+            "gap": iv.value, "gap_lo": iv.lo, "gap_hi": iv.hi, "gap_n": iv.n, "gap_ci": iv.method, "sd_diff": t.sd_diff,
             "alternative": alternative, "p_raw": t.p, "primary": primary}
 
 
@@ -110,7 +110,7 @@ def paired_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> Tab
         row = {"Task / model": f"{r.task} / {r.model}"} if multi else {}
         row |= {"Family": ("primary (pre-registered)" if is_primary(r) else r.family), "Severity": r.severity_label,
                 "Comparison": r.comparison, "Endpoint": "final accuracy" if r.endpoint == "final" else "AUC",
-                "Δ (pp)": fmt_ci(r.diff, r.diff_lo, r.diff_hi, signed=True, n=r.diff_n),
+                "Δ (pp)": fmt_ci(r.gap, r.gap_lo, r.gap_hi, signed=True, n=r.gap_n),
                 "p": fmt_p(r.p_raw) + (" (1-sided)" if r.alternative == "greater" else ""),
                 "p (Holm)": fmt_p(r.p_holm), "differs": "yes" if differs(r) else ("–" if not np.isfinite(r.p_holm) else "no")}
         rows.append(row)

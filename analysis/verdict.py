@@ -52,7 +52,7 @@ def _ps(r: Any) -> str:
 
 
 def _gap(r: Any) -> str:
-    return f"{_pp(r.diff, r.diff_lo, r.diff_hi, int(r.diff_n))}; {_ps(r)}"
+    return f"{_pp(r.gap, r.gap_lo, r.gap_hi, int(r.gap_n))}; {_ps(r)}"
 
 
 def _seeds_phrase(counts: list[int]) -> str:
@@ -107,11 +107,11 @@ def verdict(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> list[str
 
 def _comparison(d: pd.DataFrame, verb: str, multi_task: bool, labels: dict, none: str) -> str:
     """Those of one family (final accuracy) that differ after Holm, largest first; else the smallest adjusted p."""
-    d = d[np.isfinite(d["diff"])].copy()
+    d = d[np.isfinite(d["gap"])].copy()
     family = f"Holm over its {len(d)} comparison{'s' if len(d) != 1 else ''}"
     if d.empty:
         return f"{none} (no comparison)."
-    d["size"] = d["diff"].abs()
+    d["size"] = d["gap"].abs()
     hits = d[[differs(r) for r in d.itertuples(index=False)]].sort_values("size", ascending=False)
     if hits.empty:
         r = d.sort_values(["p_holm", "size"], ascending=[True, False]).iloc[0]
@@ -129,7 +129,7 @@ def _primary(d: pd.DataFrame, opts: SeverityOptions, multi_task: bool, labels: d
         ends = []
         for r in g.itertuples(index=False):
             name = "final" if r.endpoint == "final" else "AUC"
-            ends.append(f"{name} {_pp(r.diff, r.diff_lo, r.diff_hi, int(r.diff_n))}, one-sided p {fmt_p(r.p_raw)}, "
+            ends.append(f"{name} {_pp(r.gap, r.gap_lo, r.gap_hi, int(r.gap_n))}, one-sided p {fmt_p(r.p_raw)}, "
                         f"Holm {fmt_p(r.p_holm)}")
         supported = any(differs(r) for r in g.itertuples(index=False))
         where = f" at {g['severity_label'].iloc[0]}" + (f" on {g['task'].iloc[0]}" if multi_task else "")

@@ -100,6 +100,6 @@ def test_collapse_is_a_drop_beyond_the_evaluations_noise():
     assert collapse_margin(0.395, 1000) == pytest.approx(0.0429, abs=1e-4) and collapse_margin(0.4, None) == 0.0
     steps = [0, 10, 20, 30]
     assert collapse_step(steps, [0.395, 0.385, 0.38, 0.385], 3, 200) is None  # 1 pp under the start: noise
-    assert collapse_step(steps, [0.395, 0.30, 0.25, 0.20], 3, 200) == 10
+    assert collapse_step(steps, [0.395, 0.29, 0.25, 0.20], 3, 200) == 10  # 0.30 would sit on the margin (0.299)
     assert collapse_step(steps, [0.395, 0.30, 0.25, 0.20], 3, None) == 10  # no n_test: any drop counts
     assert collapse_step(steps, [0.395, 0.30, 0.40, 0.20], 2, 200) is None  # not consecutive
