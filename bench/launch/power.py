@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from bench.domains import num
+
 #: sigma_d (pp) when no prior report of the sweep gives one (module docstring)
 DEFAULT_PAIRED_SD_PP = 7.7
 SIDED = (1, 2)
@@ -29,23 +31,15 @@ SIDED = (1, 2)
 class PowerConfig:
     """`power.*`: what `--dry-run` plans the seed count for (bench/launch/power.py). Not part of a run's identity."""
 
-    effect_pp: float = 5.0  # the smallest paired difference worth detecting, in pp of final accuracy
-    paired_sd_pp: Optional[float] = None  # sigma_d in pp; null: from the sweep's prior report, else 7.7
-    alpha: float = 0.05  # family-wise level
-    power: float = 0.8  # the chance to detect effect_pp
-    tests: int = 1  # comparisons in the family (Holm): planned at alpha / tests
-    sided: int = 2  # 1: directional hypotheses (arm > naive), 2: two-sided
+    effect_pp: float = num(5.0, "(0, 100]")  # the smallest paired difference worth detecting, in pp of final accuracy
+    # sigma_d, the SD of per-seed differences (pp)
+    paired_sd_pp: Optional[float] = num(None, "(0, 100]", {None: "from the sweep's prior report, else 7.7"})
+    alpha: float = num(0.05, "(0, 1)")  # family-wise level
+    power: float = num(0.8, "(0, 1)")  # the chance to detect effect_pp
+    tests: int = num(1, "[1, 10000]")  # comparisons in the family (Holm): planned at alpha / tests
+    sided: int = num(2, "[1, 2]")  # 1: directional hypotheses (arm > naive), 2: two-sided
 
     def check(self) -> None:
-        if not 0 < self.effect_pp < math.inf:
-            raise ValueError(f"power.effect_pp={self.effect_pp} must be positive and finite (pp)")
-        if self.paired_sd_pp is not None and not 0 < self.paired_sd_pp < math.inf:
-            raise ValueError(f"power.paired_sd_pp={self.paired_sd_pp} must be positive and finite (pp), or null")
-        for key in ("alpha", "power"):
-            if not 0 < getattr(self, key) < 1:
-                raise ValueError(f"power.{key}={getattr(self, key)} must be in (0, 1)")
-        if self.tests < 1:
-            raise ValueError(f"power.tests={self.tests} must be at least 1")
         if self.sided not in SIDED:
             raise ValueError(f"power.sided={self.sided} is not valid; choose one of: 1, 2")
 
