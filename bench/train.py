@@ -83,8 +83,9 @@ class TrainConfig:
     def check(self) -> None:
         if self.group_size < 1:  # GRPO needs 2 or more: bench.config.check_across
             raise ValueError(f"train.group_size={self.group_size} must be at least 1")
-        if self.batch_size <= 0 or self.batch_size % self.group_size:
-            raise ValueError(f"train.batch_size={self.batch_size} is not divisible by train.group_size={self.group_size}")
+        if self.batch_size < self.group_size or self.batch_size % self.group_size:
+            raise ValueError(f"train.batch_size={self.batch_size} must be a positive multiple of train.group_size="
+                             f"{self.group_size} (it counts sequences: prompts x group_size)")
         if self.minibatches < 1 or (self.batch_size // self.group_size) % self.minibatches:
             raise ValueError(f"train.minibatches={self.minibatches} must divide the "
                              f"{self.batch_size // self.group_size} prompts per step")

@@ -238,6 +238,27 @@ def test_read_only_results_directory_is_one_line(tmp_path):
     assert ("read-only file system" in line) == (not mounted.returncode)
 
 
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_a_new_run_in_a_read_only_sweep_directory_is_one_line(tmp_path, sweep):
+    """Issue 32 F6: out_root writable, its sweep directory read-only: Hydra made the run directory (and a sweep's
+    multirun.yaml) before any check and failed in a 30-line traceback; now one line, exit 2, before any work."""
+    ro = tmp_path / "results" / "default"
+    ro.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True)
+    if mounted.returncode:
+        ro.chmod(0o555)  # not root: a directory without write permission
+    try:
+        proc = qrl_bench(*(["-m", "seed=0,1"] if sweep else []), *ARGS, f"out_root={tmp_path / 'results'}")
+    finally:
+        if not mounted.returncode:
+            subprocess.run(["umount", "-l", str(ro)], capture_output=True)
+        ro.chmod(0o755)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = one_line_error(proc.stderr)
+    assert f"{'sweep' if sweep else 'run'} directory " in line and "cannot be written" in line and "out_root=" in line
+    assert "Traceback" not in proc.stderr and list(ro.iterdir()) == []
+
+
 @pytest.fixture(scope="module")
 def warm_model() -> str:
     """The built-in model's cached warm start: an ordinary HF model directory (model=hf model.path=...)."""

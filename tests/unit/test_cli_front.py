@@ -74,6 +74,13 @@ def test_exit_codes_are_listed_fast():
     # a flag neither qrl-bench nor Hydra has: ours, not Hydra's usage screen
     (["--dryrun"], ["unknown option '--dryrun' (did you mean '--dry-run'?)"]),
     (["seed=-1"], ["seed=-1 must be >= 0"]),
+    # issue 32 F6: what is wrong with batch size 0 (it was "not divisible")
+    (["train.batch_size=0"], ["train.batch_size=0 must be a positive multiple of train.group_size=8"]),
+    # issue 32 F1: a sweep's jobs are checked, not each swept value against the defaults: this job is in the sweep
+    (["-m", "method=naive,tis", "rollout.precision=int8,fp9"], ["rollout.precision='fp9' is not valid",
+                                                                "(in the sweep's job method=naive rollout.precision=fp9)"]),
+    # issue 32 F6: any spelling of true reaches the sweep's overwrite guard
+    (["-m", "method=bf16,tis", "train.overwrite=choice(false,true)"], ["train.overwrite=true is refused on a sweep"]),
 ])
 def test_config_errors_are_one_line_exit_2_fast(args, needles):
     cp, cpu = run_cli(*args)
@@ -105,3 +112,54 @@ def test_the_checker_imports_no_torch():
     cp = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.strip() == "needs torch"
+
+
+@pytest.mark.parametrize("args, key", [
+    (["sweep=../escape"], "sweep=../escape: it holds '..'"),
+    (["sweep={tmp}/abs"], "it is absolute"),
+    (["sweep=a//b"], "sweep=a//b: it holds an empty part"),
+    (["model=hf", "model.path=/m", "model.name=org/model"], "model.name=org/model: it holds a '/'"),
+    (["variant=.."], "variant=..: it is '..'"),
+    (["-m", "sweep=fine,../escape"], "sweep=../escape: it holds '..'"),  # each job of a sweep
+])
+def test_a_value_that_becomes_a_path_part_cannot_leave_out_root(tmp_path, args, key):
+    """Issue 32 F5: `sweep=../escape` wrote a completed run beside the results; every value that becomes a folder
+    of the run path is checked before any work: one line, exit 2, nothing written anywhere."""
+    out = tmp_path / "results"
+    cp, _ = run_cli(*[a.format(tmp=tmp_path) for a in args], f"out_root={out}", "tracking=disabled")
+    assert cp.returncode == 2, cp.stderr
+    lines = cp.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("qrl-bench: error: ") and key in lines[0], cp.stderr
+    assert "must stay below out_root" in lines[0]
+    assert list(tmp_path.iterdir()) == []  # no results, no escape/, no abs/
+
+
+@pytest.mark.parametrize("spelling", ["true", "True", "'true'", "yes", "on", "1", "false,true", "choice(false,true)",
+                                      "range(0,2)", "shuffle(false,true)", "sort(true,false)"])
+def test_every_spelling_of_true_is_refused_on_a_sweep(spelling):
+    """Issue 32 F6: `choice(false,true)`, `range(0,2)` and `'true'` got past the up-front guard (a string match);
+    now each job the sweep will launch is composed and its train.overwrite read as Hydra gives it."""
+    from bench.launch.overrides import SWEEP_OVERWRITE, check_overrides
+
+    assert check_overrides(["-m", "method=bf16", f"train.overwrite={spelling}"]) == SWEEP_OVERWRITE
+    assert check_overrides(["-m", "method=bf16", "train.overwrite=false,no,0"]) is None
+    assert check_overrides(["method=bf16", "train.overwrite=true"]) is None  # one run: the way to redo it
+
+
+def test_a_sweep_is_checked_job_by_job_as_its_sweeper_expands_it():
+    """Issue 32 F1: `-m method=naive,tis rollout.precision=int8,fp8_e4m3` was refused for method=bf16 (each swept
+    value was tried against the defaults of the others); now the four jobs it runs are checked, and a fixed-precision
+    arm in a sweep over precisions is one job at its own precision, not a refusal."""
+    from bench.config import validate
+    from bench.launch.overrides import check_overrides
+
+    def values(cfg) -> str | None:
+        try:
+            validate(cfg)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    assert check_overrides(["-m", "method=naive,tis", "rollout.precision=int8,fp8_e4m3", "sweep=x"], values) is None
+    assert check_overrides(["-m", "method=bf16,fp16,naive,tis", "rollout.precision=mxfp4,int8", "seed=0,1"], values) is None
+    assert "method=bf16 is the bf16 baseline" in check_overrides(["method=bf16", "rollout.precision=int8"], values)
