@@ -147,3 +147,43 @@ def _fast() -> list[str]:
     from tests.helpers import FAST
 
     return list(FAST)
+
+
+@pytest.mark.slow
+def test_a_lost_or_torn_record_never_lets_a_changed_config_through(tmp_path):
+    """Issue 32 F2, end to end: config.yaml deleted or torn, a relaunch with another train.lr resumed and rewrote
+    config.yaml and run.json's config_hash to it. Either record alone refuses (exit 2); both lost refuse (exit 5)
+    with the ways on; no record is rewritten."""
+    first = make_cfg(tmp_path, "train.steps=2")
+    assert execute(first) == "completed"
+    run = RunDir.of(first)
+    config, info = run.path / "config.yaml", run.info_file
+    good = {p: p.read_bytes() for p in (config, info)}
+
+    def relaunch(*extra: str):
+        before = {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
+        outcome = execute(make_cfg(tmp_path, "train.steps=2", *extra))
+        assert {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()} == before  # nothing rewritten
+        return outcome
+
+    for damaged in (config, info):
+        for how in ("delete", "tear"):
+            if how == "delete":
+                damaged.unlink()
+            else:
+                damaged.write_bytes(b"{[" + good[damaged][: len(good[damaged]) // 2])  # parses as neither
+            outcome = relaunch("train.lr=5e-4")
+            assert (outcome, outcome.code) == ("bad_config", 2), outcome.reason
+            assert "another configuration" in outcome.reason
+            assert ("train.lr: 0.0001 -> 0.0005" if damaged is info else "config_hash") in outcome.reason
+            damaged.write_bytes(good[damaged])
+    assert relaunch() == "skipped"  # both records back: the same configuration is the completed run
+    for how in ("delete", "tear"):
+        for damaged in (config, info):
+            damaged.unlink() if how == "delete" else damaged.write_bytes(b"{[" + good[damaged][:40])
+        for extra in ((), ("train.lr=5e-4",)):
+            outcome = relaunch(*extra)
+            assert (outcome, outcome.code) == ("refused", 5), outcome.reason
+            assert "move the directory" in outcome.reason and "train.overwrite=true" in outcome.reason
+        for damaged in (config, info):
+            damaged.write_bytes(good[damaged])
