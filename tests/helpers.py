@@ -11,16 +11,12 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from bench.launch.cli import CONF_DIR  # noqa: F401  (importing bench.launch.cli registers the schemas)
+from tests.hang import HANG_S
 
 # a few-second run: 3 steps of 16 sequences, tiny eval split
 FAST = ["train.steps=3", "train.batch_size=16", "train.group_size=4", "train.eval_every=2",
         "train.checkpoint_every=2", "task.n_test=32", "tracking=disabled", "train.threads=1"]
 REPO = Path(__file__).resolve().parents[1]
-#: The tests' one hang guard, in seconds: no test asserts wall-clock time, and a timeout (of a subprocess, of a
-#: wait for rows or for a process to exit, of a whole test through pytest-timeout) exists only to end a hung test.
-#: It is at least 10x the slowest such wait on an idle 2-core machine (one test, 77 s idle, docs/tests.md), so a
-#: machine at load 20 does not trip it; what a test waits for, it waits for by events (rows, files, exit codes).
-HANG_S = 1800
 
 
 def make_cfg(out_root: Path, *overrides: str, fast: bool = True) -> DictConfig:

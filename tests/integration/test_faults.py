@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 
 from bench.run.store import RunDir
+from tests.hang import HANG_S
 from tests.helpers import FAST, REPO, make_cfg, strip_times
 from tests.integration import signals
 from tests.integration.wandb_readback import history, offline_runs
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.slow
 
 STEPS = 10
 ARGS = [a for a in FAST if not a.startswith(("train.steps=", "train.checkpoint_every="))] + [f"train.steps={STEPS}"]
@@ -34,7 +35,7 @@ def env(**extra: str) -> dict[str, str]:
             "WANDB_MODE": "disabled", "WANDB_SILENT": "true", **extra}
 
 
-def qrl_bench(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
+def qrl_bench(*args: str, timeout: float = HANG_S, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, env=kw.pop("env", env()),
                           capture_output=True, text=True, timeout=timeout, **kw)
 
@@ -178,7 +179,7 @@ def test_unrecoverable_missing_step_ends_incomplete_and_analysis_lists_it(tmp_pa
     third = qrl_bench(*EVERY3, f"out_root={tmp_path}")
     assert third.returncode == 6 and "already ended incomplete" in third.stderr
     report = subprocess.run([sys.executable, "-m", "analysis", str(tmp_path / "default"), "--formats", "png"],
-                            cwd=REPO, capture_output=True, text=True, timeout=600)
+                            cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
     assert report.returncode == 1, report.stderr[-3000:]  # no usable run
     assert "status=incomplete (metrics.jsonl lacks step 2" in report.stderr
 
@@ -227,7 +228,7 @@ def test_read_only_results_directory_is_one_line(tmp_path):
     if mounted.returncode:
         ro.chmod(0o555)  # not root: a directory without write permission
     try:
-        proc = qrl_bench(*ARGS, f"out_root={ro / 'results'}", timeout=120)
+        proc = qrl_bench(*ARGS, f"out_root={ro / 'results'}", timeout=HANG_S)
     finally:
         if not mounted.returncode:
             subprocess.run(["umount", "-l", str(ro)], capture_output=True)
@@ -291,7 +292,7 @@ def test_bad_input_is_exit_2_naming_the_culprit_before_step_0(tmp_path, warm_mod
     }[case]
     (tmp_path / "model").mkdir()
     out = tmp_path / "results"
-    proc = qrl_bench(*ARGS, *args, f"out_root={out}", timeout=300)
+    proc = qrl_bench(*ARGS, *args, f"out_root={out}", timeout=HANG_S)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert needle in one_line_error(proc.stderr)
     assert not out.exists() or not any(p.is_file() for p in out.rglob("*")), list(out.rglob("*"))  # nothing left

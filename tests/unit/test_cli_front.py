@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from tests.hang import HANG_S
+
 from tests.helpers import REPO
 
 CPU_BOUND_S = 3.0
@@ -27,7 +29,7 @@ def run_cli(*args: str) -> tuple[subprocess.CompletedProcess, float]:
            "WANDB_MODE": "offline"}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     cp = subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                        timeout=300)
+                        timeout=HANG_S)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return cp, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
@@ -109,7 +111,7 @@ def test_the_checker_imports_no_torch():
         "    except NeedsTorch:\n"
         "        print('needs torch')\n"
     )
-    cp = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    cp = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.strip() == "needs torch"
 
