@@ -67,7 +67,7 @@ def check_overrides(args: list[str], check: Callable[[Any], str | None] | None =
             if error:
                 return error
             try:
-                trials, _ = expand(overrides, compose)
+                trials, _ = expand(overrides, compose, base)
             except HydraException as e:  # a swept value that does not compose: named by the job that holds it
                 return explain(e, overrides, compose)
             except Exception as e:  # noqa: BLE001 -- a sweep Hydra's sweeper cannot expand (range() in a list)

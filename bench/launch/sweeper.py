@@ -142,15 +142,17 @@ def sweep_jobs(rows: Iterable[str], jobs: Sequence[Sequence[str]], config: Any) 
     return assign_variants(folded, default_of), notes
 
 
-def expand(overrides: Sequence[str], compose: Callable[..., Any]) -> tuple[list[list[str]], list[str]]:
-    """`sweep_jobs` of a command line (the -m overrides), as the sweeper will expand it: its config (composed from
-    the overrides that are not swept, with `compose`, inside Hydra's initialize_config_dir) gives the rows and
-    `hydra.sweeper.params`; params come first, then the command line's overrides (Hydra's BasicSweeper.sweep)."""
+def expand(overrides: Sequence[str], compose: Callable[..., Any], cfg: Any = None) -> tuple[list[list[str]], list[str]]:
+    """`sweep_jobs` of a command line (the -m overrides), as the sweeper will expand it: its config `cfg` (composed
+    here from the overrides that are not swept when not given, with `compose`, inside Hydra's initialize_config_dir)
+    gives the rows and `hydra.sweeper.params`; params come first, then the command line's overrides (Hydra's
+    BasicSweeper.sweep)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
-    fixed = [o for o in overrides if not parser.parse_override(o).is_sweep_override()]
-    cfg = compose("config", overrides=fixed, return_hydra_config=True)
+    if cfg is None:
+        fixed = [o for o in overrides if not parser.parse_override(o).is_sweep_override()]
+        cfg = compose("config", overrides=fixed, return_hydra_config=True)
     params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.get("params") or {}).items()]
     rows = [str(r) for r in (cfg.hydra.sweeper.get("rows") or [])]
     jobs = BasicSweeper.split_arguments(parser.parse_overrides(params + list(overrides)), max_batch_size=None)[0]

@@ -124,7 +124,8 @@ def test_signal_to_one_rank_checkpoints_all_and_resumes_at_another_world_size(tm
     import subprocess
     import sys
 
-    from tests.helpers import HANG_S, REPO, wait_until
+    from tests.hang import HANG_S, wait_until
+    from tests.helpers import REPO
 
     args = [*SMALL, "train.steps=4", "method=tis", "algo.advantage=gae", "sweep=pre"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled"}
