@@ -12,7 +12,6 @@ from bench.launch.cli import EXIT, execute
 from bench.run.store import RunDir
 from bench.methods.base import METHODS, Method, MethodConfig
 from bench.registry import Entry
-from tests.hang import HANG_S
 from tests.helpers import cli, make_cfg, strip_times
 
 pytestmark = pytest.mark.slow
@@ -107,7 +106,7 @@ def test_nan_loss_marks_run_diverged_and_keeps_metrics(tmp_path, monkeypatch):
     ],
 )
 def test_bad_input_fails_before_any_work(tmp_path, override, needle):
-    proc = cli(f"out_root={tmp_path}", "tracking=disabled", override, timeout=HANG_S)
+    proc = cli(f"out_root={tmp_path}", "tracking=disabled", override)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert needle in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
@@ -115,9 +114,9 @@ def test_bad_input_fails_before_any_work(tmp_path, override, needle):
 
 
 def test_unknown_key_and_choice_are_named(tmp_path):
-    proc = cli(f"out_root={tmp_path}", "train.bogus_key=1", timeout=HANG_S)
+    proc = cli(f"out_root={tmp_path}", "train.bogus_key=1")
     assert proc.returncode != 0 and "bogus_key" in proc.stderr
-    proc = cli(f"out_root={tmp_path}", "method=nope", timeout=HANG_S)
+    proc = cli(f"out_root={tmp_path}", "method=nope")
     assert proc.returncode == 2 and "method=nope" in proc.stderr and "tis" in proc.stderr and "ais" in proc.stderr
-    proc = cli(f"out_root={tmp_path}", "train.steps=abc", timeout=HANG_S)
+    proc = cli(f"out_root={tmp_path}", "train.steps=abc")
     assert proc.returncode != 0 and "abc" in proc.stderr and "steps" in proc.stderr
