@@ -122,7 +122,7 @@ def fold_fixed_precisions(jobs: Sequence[Sequence[str]], default_of: Callable[[s
             seen.add(tuple(job))
             out.append(list(job))
     notes = [f"method={m} rolls out in {fixed_precision(m)} only: it runs once at rollout.precision="
-             f"{fixed_precision(m)}, not once per rollout.precision={','.join(p)}" for m, p in asked.items()]
+             f"{fixed_precision(m)} instead of at rollout.precision={','.join(p)}" for m, p in asked.items()]
     return out, notes
 
 

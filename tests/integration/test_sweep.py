@@ -166,5 +166,5 @@ def test_a_sweep_over_arms_and_precisions_runs_every_valid_combination(tmp_path)
     arms = {p.name for p in (tmp_path / "default").glob("*@*")}
     assert arms == {"bf16@bf16", "naive@int8", "tis@int8", "naive@mxfp4", "tis@mxfp4"}
     assert all(RunDir(tmp_path / "default" / a / "arithmetic" / "tiny" / "seed0").status == "completed" for a in arms)
-    note = "method=bf16 rolls out in bf16 only: it runs once at rollout.precision=bf16, not once per rollout.precision=int8,mxfp4"
+    note = "method=bf16 rolls out in bf16 only: it runs once at rollout.precision=bf16 instead of at rollout.precision=int8,mxfp4"
     assert note in proc.stderr and "5/5 done" in proc.stderr
