@@ -103,3 +103,16 @@ def test_collapse_is_a_drop_beyond_the_evaluations_noise():
     assert collapse_step(steps, [0.395, 0.29, 0.25, 0.20], 3, 200) == 10  # 0.30 would sit on the margin (0.299)
     assert collapse_step(steps, [0.395, 0.30, 0.25, 0.20], 3, None) == 10  # no n_test: any drop counts
     assert collapse_step(steps, [0.395, 0.30, 0.40, 0.20], 2, 200) is None  # not consecutive
+
+
+def test_the_primary_family_drops_seeds_some_of_its_arms_lack(tmp_path):
+    """naive ran 2 more seeds than tis: the pre-registered test pairs the 4 common seeds (not Welch over 6 vs 4)."""
+    for method, finals in {"naive": FINAL["naive"] + [0.10, 0.12], "tis": FINAL["tis"]}.items():
+        for seed, f in enumerate(finals):
+            write_run(tmp_path, method, "arithmetic", seed, precision="fp8_e4m3",
+                      eval_values=[0.2 + (f - 0.2) * i / 3 for i in range(len(EVAL_STEPS))])
+    c = paired_comparisons(load_sweeps([tmp_path]), SeverityOptions(primary=("tis",)))
+    tis = c[(c["family"] == "primary") & (c["endpoint"] == "final")].iloc[0]
+    d = np.subtract(FINAL["tis"], FINAL["naive"]) * 100
+    assert (tis.gap_ci, tis.gap_n) == ("paired t", 4) and tis.gap == pytest.approx(d.mean())
+    assert tis.p_raw == pytest.approx(sps.ttest_1samp(d, 0, alternative="greater").pvalue)
