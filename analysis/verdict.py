@@ -107,7 +107,7 @@ def verdict(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> list[str
 
 def _comparison(d: pd.DataFrame, verb: str, multi_task: bool, labels: dict, none: str) -> str:
     """Those of one family (final accuracy) that differ after Holm, largest first; else the smallest adjusted p."""
-    d = d[np.isfinite(d["gap"])].copy()
+    d = d[np.isfinite(d["gap"].astype(float))].copy()  # an empty family has an object column
     family = f"Holm over its {len(d)} comparison{'s' if len(d) != 1 else ''}"
     if d.empty:
         return f"{none} (no comparison)."
