@@ -39,18 +39,19 @@ from typing import Any
 import torch
 
 from bench.grpo import safe_log_ratio
-from bench.methods.base import METHODS, Batch, MethodConfig
+from bench.methods.base import METHODS, Batch, MaskingConfig
 from bench.methods.ppo_clip import PPOClipMethod
 
 BEHAVIOURS = ("rollout", "recompute")
 
 
 @dataclass
-class OPSMConfig(MethodConfig):
+class OPSMConfig(MaskingConfig):
     opsm_delta: float = 0.5  # threshold on the mean per-token log-ratio (nats); TRL's suggested value
     opsm_behaviour: str = "rollout"  # rollout: log mu (DeepSeek-V3.2, TRL) | recompute: log pi_old
 
     def check(self) -> None:
+        super().check()
         if not self.opsm_delta >= 0:
             raise ValueError(f"method.opsm_delta={self.opsm_delta} must be >= 0")
         if self.opsm_behaviour not in BEHAVIOURS:
@@ -96,6 +97,11 @@ class OPSM(PPOClipMethod):
             "seq_log_ratio_max": float(d[rows].max()) if rows.any() else 0.0,
         })
         return loss, metrics
+
+    def kept_tokens(self, batch: Batch, stats: dict[str, Any], logp: torch.Tensor) -> torch.Tensor:
+        logp_b = batch.logp_mu if self.cfg.opsm_behaviour == "rollout" else self.prox_logp(batch)
+        keep, _ = opsm_keep(logp, logp_b, batch.adv, batch.mask.bool(), self.cfg.opsm_delta)
+        return self.weights(batch, {**stats, "opsm_keep": keep})
 
     def weights(self, batch: Batch, stats: dict[str, Any]) -> torch.Tensor:
         keep = stats["opsm_keep"]
