@@ -12,7 +12,7 @@
     pass@k  `pass@<j>` for j = 1, 2, 4, ... up to k (and k itself): the unbiased estimator of Chen et al. 2021
             from n >= k samples per problem (bench/passk.py; `eval.n`, default k), plus `reward_mean` and
             `response_length`.
-  Sampling uses `eval.temperature` and `eval.top_p`. Top-p is applied by the engine's sampler (truncated and
+  Sampling uses `eval.temperature`, `eval.top_k` and `eval.top_p`, applied by the engine's sampler (truncated and
   renormalized); it is offered for evaluation only, since the trainer's log-probs are never truncated
   (docs/arms.md §1).
 
@@ -64,6 +64,7 @@ class EvalConfig:
     n: Optional[int] = None  # pass@k: samples per problem (n >= k); null: k
     temperature: float = 1.0  # avg@k / pass@k sampling temperature
     top_p: float = 1.0  # avg@k / pass@k nucleus sampling (1: none)
+    top_k: int = 0  # avg@k / pass@k: sample from the k most likely tokens (0: none)
     sets: List[str] = field(default_factory=list)  # registered task names, e.g. [aime24, amc23, math500]
     overrides: Dict[str, Any] = field(default_factory=dict)  # per set, task keys: {aime24: {source: /data/aime24}}
     max_new_tokens: Optional[int] = None  # null: each set's task.max_new_tokens
@@ -95,6 +96,8 @@ class EvalConfig:
                              "(use eval.mode=greedy for argmax)")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"eval.top_p={self.top_p} must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError(f"eval.top_k={self.top_k} must be >= 0 (0: none)")
         if self.batch_size < 1:
             raise ValueError(f"eval.batch_size={self.batch_size} must be at least 1")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
@@ -195,7 +198,7 @@ def sample_rewards(
         ids, mask = encode_prompts(tokenizer, task, chunk, fmt)
         budget = response_budget(sampling.max_new_tokens, ids.shape[1], engine)
         rollout = engine.generate(ids, mask, n, SamplingParams(budget, sampling.temperature, sampling.greedy,
-                                                               sampling.top_p), generator)
+                                                               sampling.top_p, sampling.top_k), generator)
         completions = decode_responses(tokenizer, rollout.response_ids, rollout.response_mask)
         rewards += [task.reward(ex, c) for ex, c in zip((e for e in chunk for _ in range(n)), completions)]
         lengths.append(rollout.response_mask.sum(1).float())
@@ -253,7 +256,8 @@ def evaluate_set(
     prefix = f"eval/{name}"
     scorer_metrics(task, prefix)  # drop counts that are not this evaluation's (e.g. the warm start's)
     greedy = cfg.mode == "greedy"
-    sampling = SamplingParams(cfg.max_new_tokens or task.max_new_tokens, cfg.temperature, greedy, cfg.top_p)
+    sampling = SamplingParams(cfg.max_new_tokens or task.max_new_tokens, cfg.temperature, greedy, cfg.top_p,
+                              cfg.top_k)
     # on the engine's device: a CPU generator for an engine on a GPU is refused (or costs a copy per call)
     generator = None if greedy else make_generator(sampling_device(engine), stable_seed("eval", seed, step, name) % 2**63)
     rewards, lengths = sample_rewards(engine, tokenizer, task, examples, cfg.samples, sampling, fmt,

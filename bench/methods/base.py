@@ -174,6 +174,13 @@ class Method(ABC):
         (prime-rl's masked/unmasked mismatch KL)."""
         return None
 
+    def sequence_aggregation(self) -> str:
+        """How the arm reduces a response's token log-ratios to the one number it tests or weights by: "token"
+        (no per-response statistic), "sum" (the product ratio, which compounds with length), "mean" (the
+        geometric mean, length-invariant) or "max" (the worst token). docs/arms.md §5 lists it per arm;
+        tests/conformance/ checks it on a response whose tokens are duplicated."""
+        return "token"
+
     def rejected_rows(self, batch: Batch, stats: dict[str, Any]) -> torch.Tensor | None:
         """Bool [B]: the non-empty responses `prepare` dropped entirely, before any update and whatever their
         advantage (so that algo.baseline=kept can take them out of their group's baseline); None: none."""

@@ -82,6 +82,9 @@ class GeoRS(ConstantWeightMethod):
     diagnostics = {"seq_masked_frac": "Geo-RS rejected seq. frac."}
     metric_keys = ("seq_masked_frac", "geo_mean", "geo_min", "geo_max")
 
+    def sequence_aggregation(self) -> str:
+        return "mean"
+
     @torch.no_grad()
     def prepare(self, batch: Batch) -> dict[str, Any]:
         cfg = self.cfg

@@ -47,6 +47,9 @@ class K3RS(SequenceRejection):
     diagnostics = {"seq_masked_frac": "K3-RS rejected seq. frac."}
     metric_keys = ("seq_masked_frac", "k3_mean", "k3_max")
 
+    def sequence_aggregation(self) -> str:
+        return "mean"
+
     def statistic(self, delta: torch.Tensor, mask: torch.Tensor, batch: Batch) -> torch.Tensor:
         return row_mean(k3(delta), mask)
 

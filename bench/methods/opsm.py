@@ -98,6 +98,9 @@ class OPSM(PPOClipMethod):
         })
         return loss, metrics
 
+    def sequence_aggregation(self) -> str:
+        return "mean"
+
     def kept_tokens(self, batch: Batch, stats: dict[str, Any], logp: torch.Tensor) -> torch.Tensor:
         logp_b = batch.logp_mu if self.cfg.opsm_behaviour == "rollout" else self.prox_logp(batch)
         keep, _ = opsm_keep(logp, logp_b, batch.adv, batch.mask.bool(), self.cfg.opsm_delta)

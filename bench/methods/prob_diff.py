@@ -112,6 +112,9 @@ class ProbDiffSeq(SequenceRejection):
     diagnostics = {"seq_masked_frac": "Prob.-diff rejected seq. frac."}
     metric_keys = ("seq_masked_frac", "stat_mean", "stat_max", "diff_mean")
 
+    def sequence_aggregation(self) -> str:
+        return self.cfg.prob_diff_agg
+
     def statistic(self, delta: torch.Tensor, mask: torch.Tensor, batch: Batch) -> torch.Tensor:
         d = prob_diff(batch)
         return row_mean(d, mask) if self.cfg.prob_diff_agg == "mean" else d.sum(-1)

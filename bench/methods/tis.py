@@ -84,6 +84,11 @@ class TIS(ConstantWeightMethod):
     diagnostics = {"is_frac_high": "TIS truncated frac. (ρ>C)"}
     metric_keys = ("is_mean", "is_max", "is_frac_high", "is_ess")
 
+    def sequence_aggregation(self) -> str:
+        if self.cfg.is_level == "token":
+            return "token"
+        return "sum" if self.cfg.is_seq_ratio == "product" else "mean"
+
     @torch.no_grad()
     def prepare(self, batch: Batch) -> dict[str, Any]:
         cfg = self.cfg

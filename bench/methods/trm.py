@@ -66,6 +66,9 @@ class TRM(SequenceRejection):
     diagnostics = {"seq_masked_frac": "TRM rejected seq. frac."}
     metric_keys = ("seq_masked_frac", "max_k_mean", "max_k_max")
 
+    def sequence_aggregation(self) -> str:
+        return "max"
+
     def statistic(self, delta: torch.Tensor, mask: torch.Tensor, batch: Batch) -> torch.Tensor:
         return row_max(DIVERGENCES[self.cfg.trm_divergence](delta), mask)
 

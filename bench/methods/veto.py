@@ -64,6 +64,9 @@ class Veto(SequenceRejection):
         high = delta > (math.log(self.cfg.veto_high) if self.cfg.veto_high is not None else math.inf)
         return low, high
 
+    def sequence_aggregation(self) -> str:
+        return "max"  # any token outside the band: the worst one decides
+
     def statistic(self, delta: torch.Tensor, mask: torch.Tensor, batch: Batch) -> torch.Tensor:
         low, high = self._outside(delta)
         return row_max(((low | high) & mask).to(delta.dtype), mask)  # 1 if any valid token is outside
