@@ -59,10 +59,10 @@ def test_top_k_logprobs_by_hand():
     torch.testing.assert_close(both[:2].exp(), torch.tensor([0.625, 0.375]), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("top_k, top_p", [(5, 1.0), (8, 0.7)])
+@pytest.mark.parametrize("top_k, top_p", [(0, 0.6), (5, 1.0), (8, 0.7)])
 def test_engine_log_mu_is_the_truncated_teacher_forced_logprob(top_k, top_p):
-    """Rollout on a random Qwen2 at T=0.8 with top-k (and top-p): every token is inside the truncated support of the
-    teacher-forced distribution at its position, log mu is that distribution's renormalized log-prob, and
+    """Rollout on a random Qwen2 at T=0.8 with top-p, top-k or both: every token is inside the truncated support of
+    the teacher-forced distribution at its position, log mu is that distribution's renormalized log-prob, and
     log mu - log pi_T = -log S_t with S_t the mass the truncation kept at that position."""
     torch.manual_seed(0)
     model = tr.Qwen2ForCausalLM(tr.Qwen2Config(
@@ -76,7 +76,8 @@ def test_engine_log_mu_is_the_truncated_teacher_forced_logprob(top_k, top_p):
     with torch.no_grad():
         logits = model(input_ids=torch.cat([r.prompt_ids, r.response_ids], 1)[:, :-1]).logits[:, 5:] / 0.8
     full = torch.log_softmax(logits.float(), -1).reshape(-1, 64)
-    truncated = top_p_logprobs(top_k_logprobs(full, top_k), top_p) if top_p < 1 else top_k_logprobs(full, top_k)
+    truncated = top_k_logprobs(full, top_k) if top_k else full
+    truncated = top_p_logprobs(truncated, top_p) if top_p < 1 else truncated
     tok = r.response_ids.reshape(-1, 1)
     picked = truncated.gather(-1, tok).reshape(r.response_ids.shape)
     assert torch.isfinite(picked).all()
