@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import torch
 from omegaconf import MISSING, OmegaConf
 
+from bench.domains import num
 from bench.grpo import AlgoConfig
 from bench.registry import Registry
 
@@ -66,6 +67,12 @@ class MaskingConfig(MethodConfig):
         if self.denominator not in DENOMINATORS:
             raise ValueError(f"method.denominator={self.denominator!r} is not valid; choose one of: "
                              f"{', '.join(DENOMINATORS)}")
+
+
+def is_cap_c(default: float = 2.0) -> Any:
+    """The field `is_cap_C`: the cap C on pi_old/mu of every arm that truncates or bands it (TIS, Seq-MIS, ACR,
+    AIS, Geo-RS's token TIS), its domain declared once here."""
+    return num(default, "(0, inf)")
 
 
 METHODS: Registry[type["Method"]] = Registry("method", "bench.methods")

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from bench.domains import num
 from bench.grpo import agg_loss, compute_dtype, masked_mean, safe_log_ratio
 from bench.methods.base import METHODS, Batch, Method, MethodConfig, token_advantages
 from bench.methods.ppo_clip import add_kl_ref
@@ -47,17 +48,11 @@ ANCHORS = ("old", "rollout")
 
 @dataclass
 class CISPOConfig(MethodConfig):
-    cispo_eps_low: float = 1.0  # weight lower bound 1 - eps (1.0: none; SkyRL/ScaleRL)
-    cispo_eps_high: float = 4.0  # weight upper bound 1 + eps (SkyRL/ScaleRL: 5)
+    cispo_eps_low: float = num(1.0, "[0, 1]", {1.0: "no lower bound (SkyRL/ScaleRL)"})  # weight >= 1 - eps
+    cispo_eps_high: float = num(4.0, "(0, inf)")  # weight <= 1 + eps (SkyRL/ScaleRL: 5), CISPO's defining clip
     cispo_anchor: str = "old"  # old: r = pi_theta/pi_old (the paper) | rollout: r = pi_theta/mu (no recompute pass)
 
     def check(self) -> None:
-        if not 0.0 <= self.cispo_eps_low <= 1.0:
-            raise ValueError(f"method.cispo_eps_low={self.cispo_eps_low} must be in [0, 1] (the lower bound 1 - eps "
-                             "is a ratio >= 0)")
-        if not self.cispo_eps_high > 0.0:
-            raise ValueError(f"method.cispo_eps_high={self.cispo_eps_high} must be positive (the upper clip is "
-                             "CISPO's defining knob)")
         if self.cispo_anchor not in ANCHORS:
             raise ValueError(f"method.cispo_anchor={self.cispo_anchor!r} is not valid; choose one of: "
                              f"{', '.join(ANCHORS)}")

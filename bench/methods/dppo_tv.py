@@ -33,12 +33,12 @@ over the valid tokens, kl_term (mean (log r)^2). train/clipfrac is masked_frac.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
 import torch
 
+from bench.domains import num
 from bench.grpo import agg_loss, compute_dtype, masked_mean, safe_log_ratio
 from bench.methods.base import METHODS, Batch, MaskingConfig, Method, token_advantages
 from bench.methods.ppo_clip import add_kl_ref, denominator_mask
@@ -48,24 +48,21 @@ BEHAVIOURS = ("rollout", "recompute")
 
 @dataclass
 class DPPOConfig(MaskingConfig):
-    dppo_eps_low: float = 0.2  # drop an A <= 0 token whose probability fell by more than this (prime-rl dppo_mask_low)
-    dppo_eps_high: float = 0.2  # drop an A > 0 token whose probability rose by more than this (dppo_mask_high)
-    dppo_kl_tau: float = 1e-3  # coefficient of the (log pi_theta/l_b)^2 term on every token (prime-rl kl_tau)
+    # drop an A <= 0 token whose probability fell by more than eps_low, an A > 0 one whose rose by more than eps_high
+    # (prime-rl dppo_mask_low / dppo_mask_high): changes of a probability
+    dppo_eps_low: float = num(0.2, "[0, 1]")
+    dppo_eps_high: float = num(0.2, "[0, 1]")
+    # coefficient of the (log pi_theta/l_b)^2 term on every token (prime-rl kl_tau)
+    dppo_kl_tau: float = num(1e-3, "(0, 100]", {0.0: "no KL term (SkyRL, verl)"})
     dppo_behaviour: str = "rollout"  # rollout: l_b = log mu (prime-rl, no recompute) | recompute: log pi_old (verl)
-    dppo_ratio_cap: Optional[float] = None  # cap of the ratio's weight in the gradient (verl clip_ratio_c; null: none)
+    # cap of the ratio's weight in the gradient (verl clip_ratio_c)
+    dppo_ratio_cap: Optional[float] = num(None, "(0, inf)", {None: "no cap (prime-rl)"})
 
     def check(self) -> None:
         super().check()
-        if not (0.0 <= self.dppo_eps_low <= 1.0 and 0.0 <= self.dppo_eps_high <= 1.0):
-            raise ValueError(f"method.dppo_eps_low={self.dppo_eps_low}, method.dppo_eps_high={self.dppo_eps_high}: "
-                             "each must be in [0, 1] (a change of probability)")
-        if not 0.0 <= self.dppo_kl_tau < math.inf:
-            raise ValueError(f"method.dppo_kl_tau={self.dppo_kl_tau} must be a finite number >= 0")
         if self.dppo_behaviour not in BEHAVIOURS:
             raise ValueError(f"method.dppo_behaviour={self.dppo_behaviour!r} is not valid; choose one of: "
                              f"{', '.join(BEHAVIOURS)}")
-        if self.dppo_ratio_cap is not None and not self.dppo_ratio_cap > 0:
-            raise ValueError(f"method.dppo_ratio_cap={self.dppo_ratio_cap} must be positive (or null: no cap)")
 
 
 @METHODS.register("dppo_tv", schema=DPPOConfig, color="#009988", order=56)

@@ -25,18 +25,14 @@ from dataclasses import dataclass
 
 import torch
 
+from bench.domains import num
 from bench.methods.base import METHODS, Batch, MaskingConfig
 from bench.methods.rejection import SequenceRejection, k3, row_mean
 
 
 @dataclass
 class K3RSConfig(MaskingConfig):
-    k3_rs_delta: float = 0.01  # keep a response when mean_t k3 <= k3_rs_delta (verl decoupled_k3_rs)
-
-    def check(self) -> None:
-        super().check()
-        if not self.k3_rs_delta > 0:
-            raise ValueError(f"method.k3_rs_delta={self.k3_rs_delta} must be positive (a divergence threshold)")
+    k3_rs_delta: float = num(0.01, "(0, inf)")  # keep a response when mean_t k3 <= k3_rs_delta (verl decoupled_k3_rs)
 
 
 @METHODS.register("k3_rs", schema=K3RSConfig, color="#AA4499", order=35)

@@ -35,19 +35,16 @@ from typing import Any
 
 import torch
 
+from bench.domains import num
 from bench.methods.base import METHODS, Batch, MaskingConfig
 from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio
 
 
 @dataclass
 class M2POConfig(MaskingConfig):
-    m2po_tau: float = 0.04  # drop the largest (log pi_old/mu)^2 until the mean of the rest is < tau (AReaL m2_threshold)
+    # drop the largest (log pi_old/mu)^2 until the mean of the rest is < tau (AReaL m2_threshold)
+    m2po_tau: float = num(0.04, "(0, inf)")
     m2po_clip: bool = False  # false: the paper's unclipped ratio; true: PPO's clip (algo.clip_eps_*) as AReaL's loss
-
-    def check(self) -> None:
-        super().check()
-        if not self.m2po_tau > 0:
-            raise ValueError(f"method.m2po_tau={self.m2po_tau} must be positive (a second-moment threshold)")
 
 
 @torch.no_grad()

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from bench.domains import num
 from bench.methods.base import METHODS, Batch, MaskingConfig
 from bench.methods.importance import ConstantWeightMethod
 from bench.methods.rejection import SequenceRejection, row_mean
@@ -42,15 +43,10 @@ AGGS = ("mean", "sum")
 
 @dataclass
 class ProbDiffConfig(MaskingConfig):
-    prob_diff_low: float = -0.2  # keep a token when prob_diff_low <= p_old - p_mu <= prob_diff_high (ROLL)
-    prob_diff_high: float = 0.2
-
-    def check(self) -> None:
-        super().check()
-        if not -1.0 <= self.prob_diff_low <= 0.0 <= self.prob_diff_high <= 1.0:
-            raise ValueError(f"method.prob_diff_low={self.prob_diff_low}, method.prob_diff_high="
-                             f"{self.prob_diff_high}: need -1 <= low <= 0 <= high <= 1 (a band of probability "
-                             "differences that contains 0, no mismatch)")
+    # keep a token when prob_diff_low <= p_old - p_mu <= prob_diff_high (ROLL); the band contains 0, no mismatch
+    # (a summed difference, prob_diff_agg=sum, can pass +-1)
+    prob_diff_low: float = num(-0.2, "[-inf, 0]")
+    prob_diff_high: float = num(0.2, "[0, inf]")
 
 
 @dataclass

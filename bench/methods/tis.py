@@ -39,7 +39,8 @@ from typing import Any, Optional
 
 import torch
 
-from bench.methods.base import METHODS, Batch, MaskingConfig
+from bench.domains import num
+from bench.methods.base import METHODS, Batch, MaskingConfig, is_cap_c
 from bench.methods.importance import (
     IS_MODES,
     ConstantWeightMethod,
@@ -55,10 +56,10 @@ SEQ_RATIOS = ("product", "geometric")
 
 @dataclass
 class TISConfig(MaskingConfig):
-    is_cap_C: float = 2.0  # noqa: N815  (the C of docs/arms.md: verl rollout_is_threshold, FlashRL "TIS-2")
+    is_cap_C: float = is_cap_c(2.0)  # noqa: N815  (the C of docs/arms.md: verl rollout_is_threshold, FlashRL "TIS-2")
     is_level: str = "token"  # token | sequence (Seq-TIS)
     is_mode: str = "truncate"  # truncate (TIS) | mask (MIS: weight 0 outside [is_cap_low, C]) | reject (weight 1 inside)
-    is_cap_low: Optional[float] = None
+    is_cap_low: Optional[float] = num(None, "[0, inf)", {None: "no lower bound (0)"})  # mask/reject modes' lower edge
     is_seq_ratio: str = "product"  # sequence level: product exp(sum_t) (verl, TRL, SkyRL) | geometric exp(mean_t) (AReaL)
 
     def check(self) -> None:
@@ -66,13 +67,11 @@ class TISConfig(MaskingConfig):
         if self.is_seq_ratio not in SEQ_RATIOS:
             raise ValueError(f"method.is_seq_ratio={self.is_seq_ratio!r} is not valid; choose one of: "
                              f"{', '.join(SEQ_RATIOS)}")
-        if not self.is_cap_C > 0:
-            raise ValueError(f"method.is_cap_C={self.is_cap_C} must be positive")
         if self.is_level not in IS_LEVELS:
             raise ValueError(f"method.is_level={self.is_level!r} is not valid; choose one of: {', '.join(IS_LEVELS)}")
         if self.is_mode not in IS_MODES:
             raise ValueError(f"method.is_mode={self.is_mode!r} is not valid; choose one of: {', '.join(IS_MODES)}")
-        if self.is_cap_low is not None and not 0.0 <= self.is_cap_low <= self.is_cap_C:
+        if self.is_cap_low is not None and not self.is_cap_low <= self.is_cap_C:
             raise ValueError(f"method.is_cap_low={self.is_cap_low} must be in [0, method.is_cap_C={self.is_cap_C}] "
                              "(or null: no lower bound)")
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bench.domains import num
 from bench.methods.base import METHODS, Batch, MaskingConfig
 from bench.methods.rejection import SequenceRejection, k2, k3, row_max
 
@@ -41,15 +42,14 @@ DIVERGENCES = {"k2": k2, "k3": k3}
 @dataclass
 class TRMConfig(MaskingConfig):
     trm_divergence: str = "k2"  # k2 = delta^2/2 (verl seq_max_k2) | k3 = rho - 1 - delta (verl seq_max_k3)
-    trm_delta: float = 2.5  # keep a response when max_t k <= trm_delta (verl's seq_max_k2 example value)
+    # keep a response when max_t k <= trm_delta (verl's seq_max_k2 example value); a divergence, k2 <= 200 at |delta| 20
+    trm_delta: float = num(2.5, "(0, inf)")
 
     def check(self) -> None:
         super().check()
         if self.trm_divergence not in DIVERGENCES:
             raise ValueError(f"method.trm_divergence={self.trm_divergence!r} is not valid; choose one of: "
                              f"{', '.join(DIVERGENCES)}")
-        if not self.trm_delta > 0:
-            raise ValueError(f"method.trm_delta={self.trm_delta} must be positive (a divergence threshold)")
 
 
 @dataclass

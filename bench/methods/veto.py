@@ -33,6 +33,7 @@ from typing import Any, Optional
 
 import torch
 
+from bench.domains import num
 from bench.methods.base import METHODS, Batch, MaskingConfig
 from bench.methods.importance import behaviour_log_ratio
 from bench.methods.rejection import SequenceRejection, row_max
@@ -40,15 +41,9 @@ from bench.methods.rejection import SequenceRejection, row_max
 
 @dataclass
 class VetoConfig(MaskingConfig):
-    veto_low: float = 1e-4  # drop a response holding a token with pi_old/mu below this (miles rs_veto_threshold)
-    veto_high: Optional[float] = None  # and, when set, one above this (SkyRL suggests 100)
-
-    def check(self) -> None:
-        super().check()
-        if not 0.0 <= self.veto_low < 1.0:
-            raise ValueError(f"method.veto_low={self.veto_low} must be in [0, 1) (a ratio below 1; 0 = no low veto)")
-        if self.veto_high is not None and not self.veto_high > 1.0:
-            raise ValueError(f"method.veto_high={self.veto_high} must be > 1 (or null: no high veto)")
+    # drop a response holding a token with pi_old/mu below veto_low (miles rs_veto_threshold), or above veto_high
+    veto_low: float = num(1e-4, "(0, 1)", {0.0: "no low veto"})
+    veto_high: Optional[float] = num(None, "(1, inf)", {None: "no high veto (miles; SkyRL suggests 100)"})
 
 
 @METHODS.register("veto", schema=VetoConfig, color="#661100", order=39)
