@@ -47,7 +47,11 @@ def mismatch_ranges(sweep: Sweep) -> pd.DataFrame:
 
 
 def _fmt(x: float) -> str:
-    return MISSING if not np.isfinite(x) else f"{x:.3g}"
+    """3 significant digits; 4 decimals near 1 (token_mult_prob_error, is_ess), where 3 digits would print 1.00x
+    as a bare 1, and NeMo-RL's alarm is at 1.05."""
+    if not np.isfinite(x):
+        return MISSING
+    return f"{x:.4f}" if 0.9 <= abs(x) < 1.1 else f"{x:.3g}"
 
 
 def ranges_table(sweep: Sweep) -> Table:

@@ -26,3 +26,10 @@ def test_ranges_per_precision_with_step0_counted_once_per_seed(tmp_path):
     assert data.loc[("bf16", "kl_k3")].end_median == pytest.approx(1e-4)
     t = ranges_table(load_sweeps([tmp_path]))
     assert {"Precision", "Metric", "Step 0: median", "End: p95", "n (end)"} <= set(t.display.columns)
+
+
+def test_values_near_one_keep_their_deviation_from_one():
+    """token_mult_prob_error 1.0004 must not print as a bare 1 (NeMo-RL's alarm is at 1.05)."""
+    from analysis.ranges import _fmt
+    assert _fmt(1.00042) == "1.0004" and _fmt(0.99813) == "0.9981"
+    assert _fmt(0.0598123) == "0.0598" and _fmt(12.61) == "12.6" and _fmt(float("nan")) == "–"
