@@ -69,7 +69,7 @@ class TrainConfig:
     dtype: str = "bf16"  # compute over fp32 master weights: bf16 | fp16 (+ loss scaling) | fp32 (bench/compute.py)
     device: str = "auto"  # auto (cuda when torch sees a GPU, else cpu) | cpu | cuda (bench/device.py)
     micro_batch_size: Optional[int] = None  # sequences per forward/backward; null = the whole minibatch
-    micro_batch_tokens: Optional[int] = 16384  # no-grad log-prob passes: <= this many tokens per forward; null: no cap
+    micro_batch_tokens: Optional[int] = 16384  # <= this many tokens per forward (rows x cut length, >= 1 row); null: no cap
     gradient_checkpointing: bool = False  # recompute decoder layers in backward (activation memory -> ~1 layer)
     eval_every: int = 10
     checkpoint_every: int = 10
@@ -187,8 +187,10 @@ def train_step(p: Parts, step: int) -> dict[str, float]:
     rollout = sample.rollout
 
     with t("recompute"):
-        logp_old = p.compute.logprobs(p.policy, rollout)[0] if p.method.needs_recompute else None
-        logp_ref = p.compute.logprobs(p.ref_policy, rollout)[0] if p.ref_policy else None
+        # cut into the update's minibatches' micro-batches: log pi_old is then exactly log pi_theta at theta_old
+        mbs = p.cfg.train.minibatches
+        logp_old = p.compute.logprobs(p.policy, rollout, minibatches=mbs)[0] if p.method.needs_recompute else None
+        logp_ref = p.compute.logprobs(p.ref_policy, rollout, minibatches=mbs)[0] if p.ref_policy else None
         adv, measured = p.advantage.estimate(rollout, sample.rewards)
     mask, frac_nonfinite = sanitize(logp_old if logp_old is not None else rollout.logp_mu, rollout.logp_mu, rollout.response_mask)
     mask = sample.loss_mask(mask)
@@ -225,10 +227,11 @@ def update(p: Parts, rollout: Rollout, batch: Batch, stats: dict, step: int) -> 
             logs["entropy"].append((entropy * mb.mask).sum().item() / mb.n_tokens)
             for k, v in metrics.items():
                 logs[k].append(float(v))
-    return {k: sum(v) / len(v) for k, v in logs.items() if v} | p.compute.scaler_metrics(), logp_theta0
+    return {k: sum(v) / len(v) for k, v in logs.items() if v} | p.compute.metrics(), logp_theta0
 
 
-COMPUTE_KEYS = ("grad_scale", "skipped_steps")  # fp16 loss scaling (bench/compute.py), train/* only
+#: bench/compute.py's own metrics, train/* only: the padded share of the forwards' tokens; fp16 loss scaling
+COMPUTE_KEYS = ("pad_fraction", "grad_scale", "skipped_steps")
 TRAIN_KEYS = ("loss", "grad_norm", "entropy", "clipfrac", "ppo_kl", *COMPUTE_KEYS)
 
 

@@ -34,6 +34,8 @@ EXIT = {"completed": 0, "skipped": 0, "failed": 1, "bad_config": 2, "diverged": 
         "incomplete": 6, "preempted": 128 + signal.SIGTERM, "interrupted": 128 + signal.SIGTERM}
 #: outcomes ended by a signal: their exit code is 128 + that signal
 SIGNAL_OUTCOMES = ("preempted", "interrupted")
+#: outcomes every rank of a multi-process run reaches on one shared decision (bench.distributed.leave)
+TOGETHER = ("completed", "skipped", "diverged", "preempted", "incomplete", "refused", "locked")
 #: errno values that name an environment problem in one line (no traceback)
 ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
 
@@ -76,11 +78,15 @@ def execute(cfg: DictConfig, overrides: list[str] | None = None) -> Outcome:
     export_slurm_tasks()  # SLURM tasks of one run (hydra.launcher.tasks_per_node / nodes): torchrun's env
     with stop_on_signals():
         try:
-            return _execute(cfg, name, overrides)
+            outcome = _execute(cfg, name, overrides)
         except Stopped as e:  # before the run directory was taken: nothing was written
             sig = signal.Signals(e.signum).name
             say(name, f"stopped by {sig} before training started; nothing was written")
-            return Outcome("interrupted", f"stopped by {sig} before training started", signum=e.signum)
+            outcome = Outcome("interrupted", f"stopped by {sig} before training started", signum=e.signum)
+    from bench import distributed
+
+    distributed.leave(together=str(outcome) in TOGETHER)  # one rank of several: leave the process group
+    return outcome
 
 
 def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome:
