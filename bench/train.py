@@ -33,11 +33,11 @@ from bench.device import DEVICES, describe, make_generator, resolve_device, rest
 from bench.evaluation import build_eval_engine, build_eval_sets, evaluate_policy
 from bench.methods.base import Batch, Method, arm_info, build_method, select_stats
 from bench.mismatch import mismatch_metrics, sanitize
-from bench.models.load import context_length, load_policy
+from bench.models.load import config_overrides, context_length, load_policy
 from bench.models.logprobs import TRAINER_DTYPES
 from bench.models.tokenizer import PromptFormat, engine_ids, uses_chat_template
 from bench.run.preempt import PreemptionGuard
-from bench.preflight import check_data
+from bench.preflight import check_data, check_inputs
 from bench.run.progress import progress
 from bench.quant import diagnostics
 from bench.quant.quantizers import Quantizer
@@ -154,10 +154,7 @@ def build(cfg: DictConfig) -> Parts:
     policy.to(device)  # before the optimizer: its states are allocated beside the parameters
     if cfg.train.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
-    prompt_format = PromptFormat.from_config(cfg.model)
-    for t in (task, *eval_sets.values()):
-        uses_chat_template(tokenizer, t, prompt_format)  # a template asked for but missing fails here
-    max_len = context_length(cfg.model, policy)
+    prompt_format, max_len = check_startup(cfg, task, eval_sets, policy, tokenizer)
     ids = engine_ids(tokenizer, policy)  # every EOS id the model may emit, and the pad id
     engine = build_engine(cfg.rollout, **ids, max_len=max_len)
     parts = distributed.distribute(Parts(  # untouched at world size 1 (bench/distributed.py)
@@ -175,6 +172,21 @@ def build(cfg: DictConfig) -> Parts:
     parts.sampler = Sampler.from_config(cfg, task, tokenizer, parts.engine, parts.generator, parts.compute.device,
                                         prompt_format)
     return parts
+
+
+def check_startup(cfg: DictConfig, task: Task, eval_sets: dict[str, Task], policy: torch.nn.Module, tokenizer: Any
+                  ) -> tuple[PromptFormat, int | None]:
+    """The checks of a loaded model against the run's settings, before any engine is built: the chat template of
+    every task, the context (`model.max_length` within the model's max_position_embeddings, after
+    `model.max_position_embeddings`), every prompt's length (bench/preflight.py). They read the model's config only,
+    so tests/integration/test_paper_recipes.py runs them on every paper recipe at its real model's shape (on the
+    meta device). Returns the prompt format and the context the engines get."""
+    prompt_format = PromptFormat.from_config(cfg.model)
+    for t in (task, *eval_sets.values()):
+        uses_chat_template(tokenizer, t, prompt_format)  # a template asked for but missing fails here
+    max_len = context_length(cfg.model, policy)
+    check_inputs(cfg, task, eval_sets, policy, tokenizer, prompt_format)
+    return prompt_format, max_len
 
 
 def train_step(p: Parts, step: int) -> dict[str, float]:
@@ -275,9 +287,12 @@ def precision_info(cfg: DictConfig) -> dict[str, Any]:
 
 
 def runtime_info(p: Parts) -> dict[str, Any]:
-    """Where the run computes (engine, device, trainer dtype), recorded in run.json so that the analysis can
-    label throughput rows (and call CPU low-precision rollouts emulated) without importing torch."""
-    return {"engine": p.cfg.rollout.engine, **describe(p.compute.device), "trainer_dtype": p.cfg.train.dtype}
+    """Where the run computes (engine, device, trainer dtype) and the model's context (its max_position_embeddings,
+    and the config.json fields `model.*` overrode), recorded in run.json so that the analysis can label throughput
+    rows (and call CPU low-precision rollouts emulated) without importing torch."""
+    return {"engine": p.cfg.rollout.engine, **describe(p.compute.device), "trainer_dtype": p.cfg.train.dtype,
+            "max_position_embeddings": getattr(p.policy.config, "max_position_embeddings", None),
+            "config_overrides": config_overrides(p.cfg.model)}  # what the model's config.json was given
 
 
 def checkpoint(p: Parts, next_step: int) -> dict[str, Any]:

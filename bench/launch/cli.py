@@ -116,13 +116,11 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
         import torch
 
         torch.set_num_threads(cfg.train.threads)
-    from bench.preflight import check_inputs
     from bench.run.resume import decide
     from bench.train import build, train
 
     try:
-        parts = build(cfg)  # before touching the run dir: bad input leaves nothing behind
-        check_inputs(parts.cfg, parts.task, parts.eval_sets, parts.policy, parts.tokenizer, parts.prompt_format)
+        parts = build(cfg)  # before touching the run dir: bad input leaves nothing behind (bench.train.check_startup)
     except (ValueError, OSError, ImportError) as e:  # ImportError: an optional engine's package is missing
         return _bad_input(cfg, name, e)
     from bench import distributed
