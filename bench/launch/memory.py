@@ -18,9 +18,10 @@ resident, held through the whole step
 transient, one phase at a time (the peak is the resident part plus the largest)
     generation          embedded KV cache at its chunk size: min(rollout.chunk_tokens, sequences x tokens) x
                         2 L kv_heads head_dim x bytes (bf16 2, fp32 4), plus the sampler's [rows, V] logits,
-                        their / T, log-probs and probabilities (16 B x V per row); evaluation the same for the fp32
-                        engine at eval.batch_size sequences, and that engine's weights, 4 B x (P_lin + 2 emb)
-                        (built for each evaluation and released after it)
+                        their / T, log-probs and probabilities (16 B x V per row) and the float64 CDF of CDF_ROWS
+                        rows at a time (8 B x V each); evaluation the same for the fp32 engine at eval.batch_size
+                        sequences, and that engine's weights, 4 B x (P_lin + 2 emb) (built for each evaluation and
+                        released after it)
     recompute           no-grad log-prob passes over train.micro_batch_tokens tokens: one layer's activations per
                         token, and the lm_head's logits of one slice of HEAD_CHUNK_TOKENS positions at a time
                         (bench.models.logprobs: bf16 logits, their fp32 copy, / T, log-softmax: ~14 B x V each)
@@ -50,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.models.logprobs import HEAD_CHUNK_TOKENS
-from bench.rollout.embedded import CHUNK_TOKENS
+from bench.rollout.embedded import CDF_ROWS, CHUNK_TOKENS
 from bench.rollout.vllm_engine import GPU_MEMORY_UTILIZATION
 
 GB = 1e9
@@ -181,6 +182,11 @@ def engine_bytes(shape: Shape, precision: str, act_bytes: int) -> float:
     return shape.linear * per_linear + 2 * shape.embed * act_bytes
 
 
+def sampler_bytes(rows: float, vocab: int) -> float:
+    """The sampler's transient per decode step: [rows, V] in fp32 a few times, the fp64 CDF of CDF_ROWS rows."""
+    return rows * vocab * SAMPLER_BYTES + min(rows, CDF_ROWS) * vocab * 8
+
+
 def estimate_memory(cfg: Any) -> MemoryEstimate | None:
     """Peak GB per GPU of one composed run config (the module docstring), or None for an unknown model shape."""
     shape = model_shape(cfg.model)
@@ -213,13 +219,13 @@ def estimate_memory(cfg: Any) -> MemoryEstimate | None:
     if rollout.engine != "vllm":
         positions = train.batch_size * seq if chunk is None else min(chunk, train.batch_size * seq)
         rows = positions / seq
-        phases["generation"] = positions * shape.kv_bytes(act_bytes) + rows * V * SAMPLER_BYTES
+        phases["generation"] = positions * shape.kv_bytes(act_bytes) + sampler_bytes(rows, V)
     eval_cfg = cfg.get("eval") or {}
     eval_seq = prompt + (eval_cfg.get("max_new_tokens") or task.max_new_tokens)
     eval_positions = eval_cfg.get("batch_size", 64) * eval_seq
     eval_positions = min(eval_positions, CHUNK_TOKENS)  # the evaluation engine's default chunk_tokens
     phases["evaluation"] = (4 * (shape.linear + 2 * shape.embed) + eval_positions * shape.kv_bytes(4)
-                            + eval_positions / eval_seq * V * SAMPLER_BYTES)
+                            + sampler_bytes(eval_positions / eval_seq, V))
     layer_act = 2 * shape.hidden * 16  # one layer's transient activations per token (bf16), rough
     recompute_tokens = train.micro_batch_tokens or train.batch_size * seq
     phases["recompute"] = (recompute_tokens * layer_act

@@ -11,6 +11,7 @@ from bench.config import CONF_DIR
 from bench.launch.dryrun import dry_run
 from bench.launch.memory import GB, SAMPLER_BYTES, SHAPES, Shape, estimate_memory, model_shape
 from bench.models.logprobs import HEAD_CHUNK_TOKENS
+from bench.rollout.embedded import CDF_ROWS
 
 RECIPES = ("qurl_table1", "qurl_table2", "qurl_table3", "qurl_table4", "ais_table3", "flashrl_gsm8k", "p3o_fp8")
 
@@ -51,7 +52,8 @@ def test_qurl_table1_terms_by_hand():
     assert est.phases["training"] == pytest.approx(
         (tokens * (24 * (26 * 896 + 8 * 4864) + 2 * 896 * 16) + HEAD_CHUNK_TOKENS * 20 * s.vocab) / GB)
     assert est.phases["recompute"] == pytest.approx((4096 * 2 * 896 * 16 + HEAD_CHUNK_TOKENS * 14 * s.vocab) / GB)
-    assert est.phases["generation"] == pytest.approx((256 * seq * 2 * 24 * 2 * 64 * 2 + 256 * s.vocab * SAMPLER_BYTES) / GB)
+    assert est.phases["generation"] == pytest.approx(
+        (256 * seq * 2 * 24 * 2 * 64 * 2 + 256 * s.vocab * SAMPLER_BYTES + CDF_ROWS * s.vocab * 8) / GB)
     assert not est.sharded and est.fits and est.gpus == est.booked == 1
 
 
