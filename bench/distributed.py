@@ -54,7 +54,11 @@ from bench.run.store import RunDir
 
 #: what a launcher exports to every rank (torch.distributed.run, submitit's TorchDistributedEnvironment)
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-TIMEOUT = timedelta(minutes=int(os.environ.get("QRL_DIST_TIMEOUT_MIN", "30")))
+#: How long a collective waits for the other ranks before the run fails: generous during start-up (loading the model,
+#: building the engines, the first evaluation: minutes apart between ranks), then short (`settle`), so that a rank
+#: that hangs (a stuck NCCL peer) ends the job in minutes rather than half an hour; verl's default is 10 minutes too.
+TIMEOUT = timedelta(minutes=float(os.environ.get("QRL_DIST_TIMEOUT_MIN", "30")))
+STEP_TIMEOUT = timedelta(minutes=float(os.environ.get("QRL_DIST_STEP_TIMEOUT_MIN", "10")))
 
 
 # ------------------------------------------------------------------------------------------- process group
@@ -121,6 +125,17 @@ def local_env(rank_: int, nproc: int, port: int) -> dict[str, str]:
     """The environment torch.distributed.run gives rank `rank_` of a one-node job."""
     return {"RANK": str(rank_), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank_), "LOCAL_WORLD_SIZE": str(nproc),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def settle() -> None:
+    """After start-up (the run's first step): every process group of this rank waits STEP_TIMEOUT at most in a
+    collective (`QRL_DIST_STEP_TIMEOUT_MIN`). Nothing at world size 1."""
+    if not dist.is_initialized():
+        return
+    from torch.distributed.distributed_c10d import _set_pg_timeout, _world
+
+    for group in list(_world.pg_map):  # the default group and the device mesh's (HSDP)
+        _set_pg_timeout(STEP_TIMEOUT, group)
 
 
 def leave(together: bool) -> None:
@@ -756,21 +771,25 @@ __all__ = ["BlockEngine", "ShardedCompute", "ShardedCritic", "distribute", "init
 def frozen_copy(model: nn.Module) -> nn.Module:
     """A frozen copy of the policy (the reference model of algo.kl_ref_beta), sharded like it at N > 1.
 
-    FSDP2 refuses `copy.deepcopy` of a sharded module, so a sharded policy's copy is built as a new model of its
-    class and config, sharded over the same mesh, and loaded from the policy's full state dict (every rank
-    gathers it once, at the start of the run)."""
+    FSDP2 refuses `copy.deepcopy` of a sharded module, so a sharded policy's copy is built on the meta device (no
+    memory), sharded over the same mesh, materialized empty, and each rank copies its own shards of the policy's
+    parameters into it (same class, config and mesh: the same placements) and the buffers: nothing is gathered, and
+    no rank ever holds more than its shards (a full state dict on every rank was ~60 GB transient at 7B)."""
     import copy
 
     if not is_sharded(model):
         return copy.deepcopy(model).requires_grad_(False)
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    device = next(iter(full.values())).device
-    dtype = next(model.parameters()).dtype
-    ref = type(model)(model.config).to(device=device, dtype=dtype)
+    first = next(model.parameters())
+    with torch.device("meta"):
+        ref = type(model)(model.config).to(first.dtype)
     shard(ref)
-    load_full_state(ref, full)
+    ref.to_empty(device=first.device)
+    with torch.no_grad():
+        for (name, r), (other, p) in zip(ref.named_parameters(), model.named_parameters(), strict=True):
+            assert name == other, (name, other)
+            r.to_local().copy_(p.to_local())
+        for (name, r), (other, p) in zip(ref.named_buffers(), model.named_buffers(), strict=True):
+            r.copy_(p)
     return ref.requires_grad_(False)
 
 

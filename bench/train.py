@@ -360,6 +360,8 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
                     run.append_eval(ev := evaluate(p, step))
                     tracker.log(ev, step)
                 row = train_step(p, step)
+                if step == start:  # start-up is over: a rank stuck from now on ends the run within minutes
+                    distributed.settle()
                 run.append_metrics(row)
                 tracker.log(row, step)
                 bar.set_postfix(reward=f"{row.get('reward/mean', float('nan')):.3f}",
