@@ -151,15 +151,24 @@ def leave(together: bool) -> None:
     dist.destroy_process_group()
 
 
+def ended_together(out: Any) -> bool:
+    """Whether the ranks ended `fn` on one shared decision: its outcome says so (bench.launch.cli.Outcome
+    `together`); a function that ran several jobs returns their outcomes in a dict, each of which must."""
+    outs = out.values() if isinstance(out, dict) else [out]
+    return all(bool(getattr(o, "together", False)) for o in outs)
+
+
 def _rank_main(local_rank: int, nproc: int, port: int, fn: Callable[..., Any], args: tuple, results: Any,
                exits: Any) -> None:
     os.environ.update(local_env(local_rank, nproc, port))
     if local_rank:
         os.environ["WANDB_MODE"] = "disabled"  # rank 0 alone mirrors the run to W&B
     try:
-        out = fn(*args)  # (bench.launch.cli.execute leaves the process group itself, knowing the outcome)
-    finally:
-        leave(together=False)  # an exception: whatever is left
+        out = fn(*args)
+    except BaseException:
+        leave(together=False)
+        raise
+    leave(together=ended_together(out))
     if local_rank == 0:
         results.put(out)
     # no rank exits (closing its sockets, and rank 0 the rendezvous store) before every rank has left the group

@@ -55,6 +55,12 @@ class Outcome(str):
         return (Outcome, (str(self), self.reason, self.run_dir, self.signum))
 
     @property
+    def together(self) -> bool:
+        """Whether every rank of a multi-process run reaches this outcome on one shared decision (TOGETHER), so that
+        they may leave the process group through a barrier (bench.distributed.leave)."""
+        return str(self) in TOGETHER
+
+    @property
     def code(self) -> int:
         if str(self) in SIGNAL_OUTCOMES and self.signum:
             return 128 + self.signum
@@ -78,15 +84,11 @@ def execute(cfg: DictConfig, overrides: list[str] | None = None) -> Outcome:
     export_slurm_tasks()  # SLURM tasks of one run (hydra.launcher.tasks_per_node / nodes): torchrun's env
     with stop_on_signals():
         try:
-            outcome = _execute(cfg, name, overrides)
+            return _execute(cfg, name, overrides)
         except Stopped as e:  # before the run directory was taken: nothing was written
             sig = signal.Signals(e.signum).name
             say(name, f"stopped by {sig} before training started; nothing was written")
-            outcome = Outcome("interrupted", f"stopped by {sig} before training started", signum=e.signum)
-    from bench import distributed
-
-    distributed.leave(together=str(outcome) in TOGETHER)  # one rank of several: leave the process group
-    return outcome
+            return Outcome("interrupted", f"stopped by {sig} before training started", signum=e.signum)
 
 
 def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome:
@@ -304,6 +306,9 @@ def hydra_main(cfg: DictConfig) -> Any:
         outcome = Outcome("bad_config", SWEEP_OVERWRITE)
     else:
         outcome = execute(cfg, overrides=list(hc.overrides.task))
+    from bench import distributed
+
+    distributed.leave(outcome.together)  # a rank of SLURM tasks or torchrun (its one job): leave the process group
     if hc.mode == RunMode.RUN:
         if outcome.code:
             sys.exit(outcome.code)

@@ -287,3 +287,51 @@ def test_one_run_as_two_slurm_tasks_trains_what_one_process_does(slurm, cleanup,
             assert not bad, (kind, r1["step"], bad)
     [mirror] = offline_runs(two.path)  # one W&B run, rank 0's
     assert two.info()["wandb_id"] in mirror.name
+
+
+def task_pids(job_id: str) -> dict[int, int]:
+    """{SLURM_PROCID: pid} of the job's task processes (submitit's `_submit`), read from /proc."""
+    out = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if b"submitit.core._submit" not in (proc / "cmdline").read_bytes():
+                continue
+            env = dict(i.split("=", 1) for i in (proc / "environ").read_text().split("\0") if "=" in i)
+        except OSError:  # gone, or not ours to read
+            continue
+        if env.get("SLURM_JOB_ID") == job_id and "SLURM_PROCID" in env:
+            out[int(env["SLURM_PROCID"])] = int(proc.name)
+    return out
+
+
+def test_a_killed_task_ends_its_two_task_job_at_once(slurm, cleanup, tmp_path):
+    """Issue 33 N6: kill -9 of one of a run's two SLURM tasks ends the job within 2 minutes (a hang guard; it takes
+    seconds), reported failed: srun runs with --kill-on-bad-exit=1, so SLURM ends the other task instead of leaving
+    it in its next collective until the process group's timeout (a dead NCCL peer is not noticed otherwise)."""
+    args = [a for a in QUICK if not a.startswith("train.steps=")] + [
+        "method=tis", "train.steps=200", "train.batch_size=8", "train.group_size=4", "train.sampling_shards=2",
+        "train.checkpoint_every=1000", "task.n_test=4", f"model.cache_dir={tmp_path / 'cache'}", "model.warmstart_steps=0",
+        "model.warmstart_target_acc=null"]
+    cmd = [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2",
+           "hydra.launcher.timeout_min=10", *args, f"out_root={tmp_path}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        info = wait_until("the run's first step", lambda: next(
+            (RunDir(p.parent) for p in tmp_path.rglob("run.json") if RunDir(p.parent).metrics()), None)
+            if proc.poll() is None else pytest.fail(proc.stdout.read()[-3000:]), 300)
+        job_id = info.info()["slurm_job_id"]
+        tasks = wait_until("both tasks", lambda: (lambda t: t if len(t) == 2 else None)(task_pids(job_id)), 60)
+        script = next(tmp_path.glob("default/.submitit/*/*/*_submission.sh")).read_text()
+        assert "--kill-on-bad-exit=1" in next(line for line in script.splitlines() if line.startswith("srun ")), script
+        os.kill(tasks[1], 9)
+        t0 = time.monotonic()
+        out, _ = proc.communicate(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "0/1 done · 0 running · 1 failed" in out, out[-3000:]
+    assert info.info()["status"] != "completed" and len(info.metrics()) < 200
+    print(f"kill -9 of task 1 -> the launch ended {took:.1f} s later; run.json {info.info()['status']!r}")
