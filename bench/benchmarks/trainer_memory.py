@@ -35,16 +35,10 @@ import sys
 import time
 from typing import Any
 
+from bench.benchmarks.logprob_memory import rss_mib
+
 PROMPT = 256  # prompt tokens of the one-sequence steps
 SMOKE = (128, 2, 4, 2, 32, 256, 151936, True)  # hidden, layers, heads, kv heads, head_dim, MLP, vocabulary, tied
-
-
-def rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def shape_of(name: str) -> tuple:
