@@ -75,17 +75,16 @@ def test_each_worker_process_starts_with_its_gpu_block():
     """The block is in the worker's environment from its start (before anything in it can initialize CUDA), and
     the launching process's own environment is left as it was."""
     import os
-    import time
     from pathlib import Path
 
     from bench.launch.sweep_pool import WorkerPool
+    from tests.hang import wait_until
 
     def environ(pid: int) -> dict[str, str]:
         """The environment the process was started with, once it runs its own program (before, /proc shows the
         forking parent's)."""
-        deadline = time.monotonic() + 60  # a hang guard
-        while b"spawn_main" not in Path(f"/proc/{pid}/cmdline").read_bytes() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        cmdline = Path(f"/proc/{pid}/cmdline")
+        wait_until("the worker to run its own program", lambda: b"spawn_main" in cmdline.read_bytes(), every=0.01)
         text = Path(f"/proc/{pid}/environ").read_text()
         return dict(item.split("=", 1) for item in text.split("\0") if "=" in item)
 
