@@ -250,18 +250,28 @@ def test_preempted_slurm_job_is_requeued_and_resumes(slurm, cleanup, tmp_path):
     assert len(attempts) == 2 and all(info["wandb_id"] in a.name for a in attempts)
 
 
+def two_task_args(tmp_path: Path, *extra: str) -> list[str]:
+    """A small tis run of 8 rows in two sampling shards (one per task), its warm start cached under `tmp_path`."""
+    return [a for a in QUICK if not a.startswith("train.steps=")] + [
+        "method=tis", "train.batch_size=8", "train.group_size=4", "train.sampling_shards=2",
+        f"model.cache_dir={tmp_path / 'cache'}", "model.warmstart_target_acc=null", *extra]
+
+
+def on_two_tasks(args: list[str], timeout_min: int, out_root: Path) -> list[str]:
+    """The launch of one run (`args`) as one SLURM job of two tasks, one rank each."""
+    return [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2",
+            f"hydra.launcher.timeout_min={timeout_min}", *args, f"out_root={out_root}"]
+
+
 def test_one_run_as_two_slurm_tasks_trains_what_one_process_does(slurm, cleanup, tmp_path):
     """`hydra.launcher.tasks_per_node=2`: one run on two SLURM tasks, each one rank (FSDP2 over gloo, the torchrun
     environment exported from SLURM's by submitit). It equals the one-process run with the same sampling shards and
     micro-batches (every metric but time/* to 1e-6 relative); rank 0 alone writes run.json and W&B. The warm start
     is built inside the job, by whichever task takes its lock first (a build on rank 1 used to save no weights:
     transformers writes only on rank 0 of an initialized process group)."""
-    args = [a for a in QUICK if not a.startswith("train.steps=")] + [
-        "method=tis", "train.steps=2", "train.batch_size=8", "train.group_size=4", "train.sampling_shards=2",
-        "train.micro_batch_size=4", "train.grad_clip=1e6", f"model.cache_dir={tmp_path / 'cache'}",
-        "model.warmstart_steps=40", "model.warmstart_target_acc=null"]
-    cmd = [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2",
-           f"hydra.launcher.timeout_min={HANG_S // 60}", *args, f"out_root={tmp_path / 'two'}"]
+    args = two_task_args(tmp_path, "train.steps=2", "train.micro_batch_size=4", "train.grad_clip=1e6",
+                         "model.warmstart_steps=40")
+    cmd = on_two_tasks(args, HANG_S // 60, tmp_path / "two")
     proc = subprocess.run(cmd, cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     [info_file] = (tmp_path / "two").rglob("run.json")
@@ -309,12 +319,9 @@ def test_a_killed_task_ends_its_two_task_job(slurm, cleanup, tmp_path):
     cannot rely on the survivor failing by itself). Proof by result, not by time: the survivor is stopped
     (SIGSTOP) before its peer is killed, so nothing but SLURM can end it; without the option the job would run
     into its time limit and end TIMEOUT."""
-    args = [a for a in QUICK if not a.startswith("train.steps=")] + [
-        "method=tis", "train.steps=200", "train.batch_size=8", "train.group_size=4", "train.sampling_shards=2",
-        "train.checkpoint_every=1000", "task.n_test=4", f"model.cache_dir={tmp_path / 'cache'}",
-        "model.warmstart_steps=0", "model.warmstart_target_acc=null"]
-    cmd = [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2",
-           f"hydra.launcher.timeout_min={HANG_S // 60 // 2}", *args, f"out_root={tmp_path}"]
+    args = two_task_args(tmp_path, "train.steps=200", "train.checkpoint_every=1000", "task.n_test=4",
+                         "model.warmstart_steps=0")
+    cmd = on_two_tasks(args, HANG_S // 60 // 2, tmp_path)
     proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         run = wait_until("the run's first step", lambda: next(
