@@ -354,8 +354,8 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
                     tracker.mark_preempting()
                     tracker.finish(exit_code=1)
                     guard.exit_after_checkpoint()
-        except Diverged as e:
-            run.finish("diverged", reason=str(e), wall_s=time.perf_counter() - t0)
+        except Diverged as e:  # diverged_step: analysis keeps a divergence as a result only after step 0
+            run.finish("diverged", reason=str(e), wall_s=time.perf_counter() - t0, diverged_step=step)
             tracker.finish(exit_code=1)
             return "diverged"
         # the final evaluation is guarded too: a signal during it lets it finish, then ends the run cleanly
