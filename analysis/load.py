@@ -349,12 +349,12 @@ def final_eval(records: list[dict[str, Any]], final_step: int | None, warnings: 
 
     Every table and the report's summary read a run's result from here, and only from here: the eval row at
     `final_step` (train.steps for a completed run), or the last eval row a diverged run wrote (`final_step`
-    None). Its RESULT_KEY must be a finite number. A missing row, a torn last line, or a row whose accuracy is
-    null, a string, NaN or inf leaves the run out (RunError): reading the last earlier row instead would report an
-    earlier step's accuracy as final (issue 19: a torn line flipped the sign of a gap; issue 32: a null final
-    accuracy was reported as the step-15 one). Another eval/* key that is not a finite number in that row is
-    dropped with a warning, so no table reads it from an earlier row either. A run without any evaluation gives
-    (None, {})."""
+    None). Its RESULT_KEY must be a finite number (where the run records it at all: rows of eval sets alone, as a
+    W&B export may hold, have none). A missing row, a torn last line, or a row whose accuracy is null, a string,
+    NaN or inf leaves the run out (RunError): reading the last earlier row instead would report an earlier step's
+    accuracy as final (issue 19: a torn line flipped the sign of a gap; issue 32: a null final accuracy was
+    reported as the step-15 one). Another eval/* key that is not a finite number in that row is dropped with a
+    warning, so no table reads it from an earlier row either. A run without any evaluation gives (None, {})."""
     by_step = {s: r for r in records if (s := _step(r)) is not None}  # a repeated step keeps its last record
     if final_step is None and not by_step:
         return None, {}
@@ -366,7 +366,8 @@ def final_eval(records: list[dict[str, Any]], final_step: int | None, warnings: 
         raise RunError(f"incomplete: eval.jsonl lacks the final evaluation (step {step}): {why}; "
                        "an earlier step's accuracy is not reported as final")
     value = row.get(RESULT_KEY)
-    if not finite_number(value):
+    recorded = any(RESULT_KEY in r for r in by_step.values())  # a run of eval sets alone records no accuracy
+    if recorded and not finite_number(value):
         raise RunError(f"incomplete: eval.jsonl's final evaluation (step {step}) has {RESULT_KEY}="
                        f"{json.dumps(value)}, not a finite number; an earlier step's accuracy is not reported as final")
     bad = sorted(k for k, v in row.items() if k.startswith("eval/") and not finite_number(v))
