@@ -111,15 +111,16 @@ def matches(run: Run, method: str, bits: str, task: str, model: str, config: str
 
 
 def run_value(run: Run, metric: str, at_start: bool) -> float:
-    """The metric (or the mean of `a+b+c`) at the run's last evaluation, or at step 0; NaN when absent."""
+    """The metric (or the mean of `a+b+c`) at the run's final evaluation (`Run.final`: its finite values only), or at
+    step 0; NaN when absent."""
+    keys = metric.split("+")
+    if not at_start:
+        values = [run.final.get(k, np.nan) for k in keys]
+        return float(np.mean(values)) if all(np.isfinite(values)) else np.nan
     e = run.evals
-    if e.empty:
-        return np.nan
-    e = e.sort_values("step")
-    row = e[e["step"] == 0] if at_start else e.iloc[[-1]]
+    row = e[e["step"] == 0] if not e.empty else e
     if row.empty:
         return np.nan
-    keys = metric.split("+")
     values = [float(row[k].iloc[0]) if k in row and pd.notna(row[k].iloc[0]) else np.nan for k in keys]
     return float(np.mean(values)) if all(np.isfinite(values)) else np.nan
 

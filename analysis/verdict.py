@@ -8,7 +8,7 @@ interval" when its 95 % t-interval (paired over seeds where possible) excludes 0
 
     sentence 1  the scope: runs, arms, tasks, seeds (n) and steps
     sentence 2  arms vs the baseline: those whose gap excludes 0 (at most three, the largest first), else the
-                largest gap and its interval
+                largest gap and its interval; a sweep without a baseline run says so (no comparison, no finding)
     sentence 3  corrections vs naive at the same precision and task, the same way
     sentence 4  the recovered share of the naive gap of every arm where it is defined, highest first (all of them: the
                 three best alone flattered the corrections, dropping a -241 % without a word), and how many
@@ -94,8 +94,12 @@ def verdict(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> list[str
            + (f", {'/'.join(map(str, steps))} training steps each" if steps else "")
            + "; gaps are in final eval accuracy with 95 % intervals over seeds."]
 
-    out.append(_comparison(g, "base", opts.baseline, f"differ from {opts.baseline}", multi_task, labels,
-                           none=f"No arm differs from {opts.baseline} beyond its 95 % interval"))
+    if (g["method"] == opts.baseline).any():
+        out.append(_comparison(g, "base", opts.baseline, f"differ from {opts.baseline}", multi_task, labels,
+                               none=f"No arm differs from {opts.baseline} beyond its 95 % interval"))
+    else:  # nothing was compared: "no arm differs" would read as a finding
+        out.append(f"No arm is compared with a baseline: the sweep has no {opts.baseline} run "
+                   "(`qrl-analyze --baseline <method>` names another).")
     corrections = g[~g["method"].isin([opts.baseline, opts.naive])]
     if corrections["naive_gap"].notna().any():
         out.append(_comparison(corrections, "naive", opts.naive, f"differ from {opts.naive} at the same precision",

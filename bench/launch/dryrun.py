@@ -8,7 +8,8 @@ Where a job's config sets `budget.params_b` (the paper recipes), its line ends w
 (the recipes' hub models, the built-in ones) and the job runs on a GPU, the line also gives its peak memory per GPU
 (bench/launch/memory.py; per GPU, with the trainer states divided by the FSDP shard count when the job runs one
 rank per GPU, `train.nproc_per_node`), a job whose estimate exceeds `budget.gpu_memory_gb` gets a warning, and one
-within 10 % of it is named as tight. It also gives the hours of the run's evaluations through the embedded eager
+within 10 % of it is named as tight; the line says how many GPUs the job uses and how many it books
+(`budget.gpus`), and a job that leaves booked GPUs idle gets a warning. It also gives the hours of the run's evaluations through the embedded eager
 decoder and through vLLM (`eval.engine`; bench/launch/budget.py `eval_estimate`, an upper bound: every response at
 its max tokens).
 """
@@ -43,7 +44,7 @@ def dry_run(overrides: list[str]) -> int:
     jobs = expand(overrides)
     counts: dict[str, int] = {}
     refusals: dict[str, int] = {}  # why, how many
-    gpu_hours, assumptions, too_big, tight = 0.0, set(), [], []
+    gpu_hours, assumptions, too_big, tight, idle = 0.0, set(), [], [], []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for job in jobs:
             cfg = compose("config", overrides=job)
@@ -71,6 +72,9 @@ def dry_run(overrides: list[str]) -> int:
                         too_big.append(f"{RunDir.name_of(cfg)}: ~{mem.peak:,.0f} GB > {mem.device_gb:g} GB")
                     elif mem.tight:
                         tight.append(RunDir.name_of(cfg))
+                    if mem.idle:
+                        idle.append(f"{RunDir.name_of(cfg)}: uses {mem.gpus} of the {mem.booked} GPUs it books "
+                                    f"(train.nproc_per_node={mem.gpus}, budget.gpus={mem.booked})")
             print(f"{action:7s} {status:10s} {RunDir.name_of(cfg):40s} {run.path}{cost}")
     todo = len(jobs) - counts.get("skip", 0) - counts.get("refuse", 0)
     refused = f", {counts['refuse']} refused" if counts.get("refuse") else ""
@@ -79,6 +83,8 @@ def dry_run(overrides: list[str]) -> int:
         print(f"  refused ({n}): {why}", file=sys.stderr)
     for line in too_big:
         print(f"WARNING: memory estimate exceeds the GPU: {line} (bench/launch/memory.py; docs/gpu.md)", file=sys.stderr)
+    for line in idle:
+        print(f"WARNING: booked GPUs idle or missing: {line}; its GPU-hours count budget.gpus", file=sys.stderr)
     if tight:
         print(f"note: {len(tight)} job(s) within 10% of the GPU's memory (an estimate: check with scripts/gpu_check.sh "
               f"before a long run): {', '.join(tight)}", file=sys.stderr)

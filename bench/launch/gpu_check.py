@@ -12,6 +12,9 @@ step is reported with its error and the others still run):
   4. qurl_table1       2 steps of paper/qurl_table1's training shape (256 sequences, micro-batch 8, 512 new tokens,
                        PPO critic) on a random-init Qwen2.5-0.5B built from its config (nothing downloaded; a
                        character tokenizer, the GSM8K fixture): peak torch memory against bench/launch/memory.py's estimate
+  4b. long sequences   bench.benchmarks.trainer_memory: peak memory and seconds of one training step on one 8.4k- and
+                       one 16.4k-token sequence at the Qwen2.5-1.5B shape (micro-batches cut to their rows, the lm_head
+                       in slices) against bench/launch/memory.py's estimate for it
   5. engine steps      3 training steps per engine x precision on a small random Qwen2 (head_dim 64): embedded bf16, fp8_e4m3
                        (torch._scaled_mm), int8 (torch._int_mm); vLLM bf16 and fp8_e4m3 with in-place sync
                        (where vLLM is installed); tokens/s, sync s and the mismatch KL of the last step
@@ -20,8 +23,8 @@ step is reported with its error and the others still run):
                        vLLM engines (one per rank)
   8. vLLM rollout      bench.benchmarks.rollout --engines vllm at random-init 1.5B and 8B shapes: bf16 vs fp8 decode
                        tokens/s and sync + re-quantization ms
-The self-test runs steps 1, 2 (torch's CPU fallback), 4 at a tiny shape, 5 (embedded only), 6 at small shapes and
-7 on 2 CPU processes (gloo): it checks the driver, not the GPU.
+The self-test runs steps 1, 2 (torch's CPU fallback), 4 and 4b at tiny shapes, 5 (embedded only), 6 at small shapes
+and 7 on 2 CPU processes (gloo): it checks the driver, not the GPU.
 """
 
 from __future__ import annotations
@@ -183,6 +186,18 @@ def step_qurl_table1(device: str) -> str:
             "in characters; the measured peak counts tensors torch allocated, not the allocator's fragmentation.)")
 
 
+#: (shape, sequence lengths) of the long-sequence step: the 1.5B shape at qurl_table2's and p3o_fp8's longest
+#: sequences (prompt + response) on a GPU; the 2-layer, full-vocabulary smoke shape at a short one on the CPU
+LONG = {"cuda": ("qwen2.5-1.5b", "8448,16640"), "cpu": ("smoke", "320")}
+
+
+def step_long_sequences(device: str) -> str:
+    shape, lengths = LONG[device]
+    rc, out, s = run([sys.executable, "-m", "bench.benchmarks.trainer_memory", "--shape", shape, "--lengths", lengths,
+                      "--device", device], 300)
+    return f"exit {rc}, {s:.0f} s\n\n" + (out if rc == 0 else fenced(out))
+
+
 def step_fp8_precision(device: str) -> str:
     rc, out, s = run([sys.executable, "-m", "bench.benchmarks.fp8_precision", "--device", device], 120)
     return out if rc == 0 else f"exit {rc}:\n\n{fenced(out)}"
@@ -229,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.self_test:
         steps.append(("CUDA-marked tests", step_cuda_tests))
     steps += [("qurl_table1 at its real shape: peak memory against the estimate", lambda: step_qurl_table1(device)),
+              ("Long sequences: one training step against the estimate", lambda: step_long_sequences(device)),
               ("Engine x precision: a few training steps each", lambda: step_engines(device, have_vllm)),
               ("INT8 weight layouts (M2)", lambda: step_int8_layouts(device))]
     gpus = 2 if args.self_test else _cuda_count()

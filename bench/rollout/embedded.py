@@ -578,14 +578,28 @@ def _sample(
     return tok, logp_all.gather(-1, tok[:, None]).squeeze(-1)
 
 
+#: Rows whose float64 CDF exists at once in `inverse_cdf` (8 B x vocabulary each: 1.2 MB at 152k).
+CDF_ROWS = 64
+
+
 def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """Index k [B] with cdf[k-1] <= u * total < cdf[k] for each row of probs [B, V] (float64 CDF): token k is
-    drawn with probability p_k / total, and a zero-probability token never (it has an empty interval)."""
-    cdf = probs.double().cumsum(-1)
-    x = uniform.to(cdf)[:, None] * cdf[:, -1:]
-    tok = torch.searchsorted(cdf, x, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
-    # u * total rounding up to total (odds ~2^-53) would land past the last token of positive probability
-    return torch.where(probs.gather(-1, tok[:, None]).squeeze(-1) > 0, tok, probs.argmax(-1))
+    drawn with probability p_k / total, and a zero-probability token never (it has an empty interval).
+
+    CDF_ROWS rows at a time, so the float64 CDF is [CDF_ROWS, V] at most, not [B, V]. The CDF itself stays: a
+    cheaper form (float32 prefix sums, or float64 block sums and a search within the block) sums in another order,
+    and would draw another token wherever u * total falls within the rounding of a boundary; a float32 CDF over
+    152k entries also misplaces the small tokens' intervals by more than their width. Each row's draw is its own,
+    so the row chunks draw exactly the tokens of one pass."""
+    toks = []
+    for rows in range(0, probs.shape[0], CDF_ROWS):
+        p = probs[rows: rows + CDF_ROWS]
+        cdf = p.double().cumsum(-1)
+        x = uniform[rows: rows + CDF_ROWS].to(cdf)[:, None] * cdf[:, -1:]
+        tok = torch.searchsorted(cdf, x, right=True).squeeze(-1).clamp_(max=p.shape[-1] - 1)
+        # u * total rounding up to total (odds ~2^-53) would land past the last token of positive probability
+        toks.append(torch.where(p.gather(-1, tok[:, None]).squeeze(-1) > 0, tok, p.argmax(-1)))
+    return torch.cat(toks)
 
 
 def top_k_logprobs(logp: torch.Tensor, top_k: int) -> torch.Tensor:

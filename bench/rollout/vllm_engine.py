@@ -239,7 +239,7 @@ class VLLMEngine:
     enforce_eager         no CUDA graphs (graphs capture per-batch-size kernels; in-place reload keeps the
                           same storage, so False is possible on a GPU for speed)
     seed                  vLLM's engine seed; sampling seeds are per request, drawn from `generate`'s generator
-    llm_kwargs            passed to `vllm.LLM` as is (e.g. max_num_seqs, tensor_parallel_size)
+    llm_kwargs            passed to `vllm.LLM` as is (e.g. max_num_seqs; tensor_parallel_size must be 1)
     """
 
     sampling_device = None  # per-request seeds are drawn on the host: a generator handed to `generate` is a CPU one
@@ -264,6 +264,9 @@ class VLLMEngine:
                           enforce_eager=enforce_eager, seed=seed, **llm_kwargs)  # for `sibling`
         if sleep_level not in SLEEP_LEVELS:
             raise ValueError(f"vllm engine: sleep_level={sleep_level!r} is not valid; choose one of 0 (off), 1, 2")
+        if llm_kwargs.pop("tensor_parallel_size", 1) != 1:  # 1: the same as EXTERNAL_LAUNCHER's, dropped (N15)
+            raise ValueError("vllm engine: tensor_parallel_size must be 1: each rank of a run holds its own engine, "
+                             "colocated with its trainer shard; use more ranks (train.nproc_per_node) instead")
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"vllm engine: gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]")
         self.vllm = import_vllm()
@@ -514,6 +517,10 @@ class VLLMEvalEngine:
     and a second permanent share does not fit beside a 1.5B trainer. The price of this choice is two engine
     starts per evaluation (fp8 rollouts only), against an eager evaluation of hours.
     """
+
+    #: the engines it builds stream a sharded model's weights (VLLMEngine): bench.distributed.BlockEngine then hands
+    #: the model over as it is instead of unsharding the whole fp32 policy for the evaluation
+    streams_sharded_weights = True
 
     def __init__(self, template: VLLMEngine, owns_template: bool):
         self.template, self.owns_template = template, owns_template

@@ -30,6 +30,8 @@ def test_gpu_check_dry_run_is_a_cpu_self_test(tmp_path):
     for precision in ("bf16", "fp8_e4m3", "int8"):
         assert f"| embedded | {precision} | 0 |" in text  # each engine row trained without an error
     assert "run status completed" in text and "step failed" not in text
+    long = text.split("## Long sequences")[1].split("\n## ")[0]  # one training step on one 320-token sequence
+    assert "exit 0" in long and "| 320 |" in long, long
 
 
 def test_gpu_check_refuses_unknown_arguments():

@@ -361,3 +361,15 @@ def test_int8_engine_computes_in_bf16_on_cuda_and_fp32_on_cpu(models):
     engine.load_weights(next(iter(models.values())))
     assert engine.act_dtype == torch.float32
     assert EmbeddedEngine("int8", act_dtype="bf16").act_dtype == torch.bfloat16  # an explicit choice wins
+
+
+def test_inverse_cdf_in_row_chunks_draws_the_tokens_of_one_pass():
+    """The float64 CDF is built CDF_ROWS rows at a time (memory: [CDF_ROWS, V], not [rows, V]); each row's draw is
+    its own, so the chunks draw exactly the tokens of one pass over every row."""
+    g = torch.Generator().manual_seed(3)
+    rows = 2 * embedded.CDF_ROWS + 5
+    probs = torch.softmax(torch.randn(rows, 1000, generator=g) * 3, -1)
+    u = torch.rand(rows, dtype=torch.float64, generator=g)
+    cdf = probs.double().cumsum(-1)
+    whole = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).squeeze(-1)
+    assert torch.equal(embedded.inverse_cdf(probs, u), whole)
