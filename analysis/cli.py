@@ -130,12 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     from .report import write_report
     from .severity import SeverityOptions, has_severity_axis, severity_figures, severity_table
     from .benchmarks import benchmark_table
+    from .ranges import ranges_table
     from .tables import accuracy_table, results_table, throughput_table, write_table
 
     sev = SeverityOptions(naive=args.naive, baseline=args.baseline, collapse_k=args.collapse_k)
     # the report's tables, in the order it shows them; a severity ladder's table leads
     built = [results_table(sweep, args.baseline), accuracy_table(sweep, args.baseline), benchmark_table(sweep),
-             throughput_table(sweep, args.baseline, args.warmup)]
+             throughput_table(sweep, args.baseline, args.warmup), ranges_table(sweep)]
     if has_severity_axis(sweep):
         built.insert(0, severity_table(sweep, sev))
     tables = [(t, write_table(t, out / "tables")) for t in built]

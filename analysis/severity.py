@@ -53,7 +53,7 @@ import pandas as pd
 from .arms import BASELINE, NAIVE, arm_color, method_sort_key
 from .load import SEVERITY_OPTIONS, Run, Sweep, get
 from .stats import METHOD_SENTENCE, NAN_INTERVAL, Interval, diff_interval, mean_interval, ratio_interval
-from .tables import MISSING, Table, eval_curve, fmt_ci, fmt_se, gap_eval_se, n_test
+from .tables import MISSING, Table, eval_curve, fmt_ci, fmt_se, gap_eval_se, n_test, sampler_accuracy0
 
 KL_METRICS = ("mismatch/kl_k3", "mismatch/kl_k1")
 #: one marker per method in the severity figure: methods at one severity often measure the same mismatch and
@@ -123,14 +123,6 @@ def run_seq_mismatch(run: Run) -> float:
     if kl is None or "reward/response_length" not in m:
         return float("nan")
     return float((m["reward/response_length"] * m[kl]).mean())
-
-
-def sampler_accuracy0(run: Run) -> float:
-    """The step-0 training batch's reward/accuracy in % (mu's own accuracy before any update); NaN if not logged."""
-    m = run.metrics
-    if "reward/accuracy" not in m or m.empty or (m["step"] != 0).all():
-        return float("nan")
-    return 100 * float(m.loc[m["step"] == 0, "reward/accuracy"].iloc[0])
 
 
 def run_rows(sweep: Sweep, k: int = 3) -> pd.DataFrame:
@@ -313,6 +305,7 @@ def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> T
             "Model": r.model if new_block else "",
             "Severity": r.severity_label if key != prev else "",
             "Method": r.method,
+            "μ acc. @ step 0 (%)": fmt_ci(r.sampler_acc0, r.sampler_acc0_lo, r.sampler_acc0_hi, n=r.sampler_acc0_n),
             "KL(μ‖π_old)": f"{r.kl:.2e}" if np.isfinite(r.kl) else MISSING,
             "Accuracy (%)": fmt_ci(r.acc, r.acc_lo, r.acc_hi, n=r.acc_n),
             "AUC (%)": fmt_ci(r.auc, r.auc_lo, r.auc_hi, n=r.auc_n),
@@ -329,7 +322,9 @@ def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> T
         rows.append(row)
         prev = key
     caption = (
-        f"Per severity (rollout precision and options, ordered by measured mismatch): mean KL(μ‖π_old) per token (k3, "
+        f"Per severity (rollout precision and options, ordered by measured mismatch): μ's own accuracy on the step-0 "
+        f"training batch (the rollout policy sampling, before any update: a worse sampler is a floor no correction "
+        f"removes), mean KL(μ‖π_old) per token (k3, "
         f"mean over steps and seeds), final eval accuracy and AUC (time-averaged eval accuracy), their gaps to "
         f"{opts.baseline} and the fraction of the {opts.naive} arm's gap to {opts.baseline} each method recovers "
         f"((acc − acc_{opts.naive}) / (acc_{opts.baseline} − acc_{opts.naive})). {METHOD_SENTENCE} "

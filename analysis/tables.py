@@ -297,6 +297,14 @@ def eval_curve(run: Run) -> pd.DataFrame | None:
     return None if e.empty else e
 
 
+def sampler_accuracy0(run: Run) -> float:
+    """The step-0 training batch's reward/accuracy in % (mu's own accuracy before any update); NaN if not logged."""
+    m = run.metrics
+    if "reward/accuracy" not in m or m.empty or (m["step"] != 0).all():
+        return float("nan")
+    return 100 * float(m.loc[m["step"] == 0, "reward/accuracy"].iloc[0])
+
+
 def final_accuracy(sweep: Sweep) -> pd.DataFrame:
     """One row per run with an eval: identity, status, final_step and final eval accuracy (fraction).
 
@@ -315,12 +323,13 @@ def final_accuracy(sweep: Sweep) -> pd.DataFrame:
                 "status": r.status, "final_step": r.final_step, "accuracy": r.final_accuracy,
                 "initial_accuracy": float(e["eval/accuracy"].iloc[0]) if int(e["step"].iloc[0]) == 0 else np.nan,
                 "act_granularity": get(r.config, "rollout.act_granularity"), "n_test": n_test(r),
+                "sampler_accuracy0": sampler_accuracy0(r),
             }
         )
     return pd.DataFrame(
         rows,
         columns=["method", "precision", "task", "model", "seed", "status", "final_step", "accuracy", "initial_accuracy",
-                 "act_granularity", "n_test"],
+                 "act_granularity", "n_test", "sampler_accuracy0"],
     )
 
 
@@ -425,6 +434,15 @@ def results_table(sweep: Sweep, baseline: str = "bf16") -> Table:
                 s = summarize(100 * init[init.task == t]["initial_accuracy"])
                 num[f"{t}_mean"], num[f"{t}_std"] = s.mean, s.std
             block_num.append(num)
+        for precision in dict.fromkeys(a[1] for a in arms):
+            runs = fm[fm.precision == precision]  # every arm's runs at this precision: mu is the same sampler
+            if not np.isfinite(runs["sampler_accuracy0"]).any():
+                continue  # no run logged its step-0 training batch
+            num = {"model": model, "method": "μ @ step 0", "precision": precision, "bitwidth": bitwidth(precision)}
+            for t in tasks:
+                s = summarize(runs[runs.task == t]["sampler_accuracy0"].dropna())
+                num[f"{t}_mean"], num[f"{t}_std"] = s.mean, s.std
+            block_num.append(num)
         for arm in arms:
             d = dm[(dm.method == arm[0]) & (dm.precision == arm[1])]
             act = fm[(fm.method == arm[0]) & (fm.precision == arm[1])]["act_granularity"]
@@ -469,7 +487,9 @@ def results_table(sweep: Sweep, baseline: str = "bf16") -> Table:
     bold = pd.DataFrame(bold_rows, columns=display.columns) if rows_disp else None
     caption = (
         "Final eval accuracy (%) per task, mean ± std over seeds; Avg. = mean over tasks of the per-task means; "
-        f"best arm per column in bold; '{baseline} @ step 0' = accuracy before RL; 'div.' = seeds that diverged "
+        f"best arm per column in bold; '{baseline} @ step 0' = accuracy before RL; 'μ @ step 0' = the rollout policy's "
+        "own accuracy at that bitwidth on the step-0 training batch (sampled, before any update; all arms' runs); "
+        "'div.' = seeds that diverged "
         "(their last eval before diverging is used; such a cell, and the Avg. of its arm, is never bold)."
     )
     return Table("results", data_out, display, caption, bold, wide=tuple(tasks))

@@ -15,6 +15,7 @@ precisions is behind the engine (bench/rollout, bench/quant): this file never br
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 import time
@@ -189,13 +190,25 @@ def train_step(p: Parts, step: int) -> dict[str, float]:
     before = diagnostics.snapshot(p.policy)
     with t("train"):
         stats = p.method.prepare(batch)
+        batch = rebaseline(p, rollout, sample.rewards, batch, stats)
         logs, logp_theta0 = update(p, rollout, batch, stats, step)
         measured |= p.advantage.update(rollout, mask, step)
     # bypass arms have no pi_old: their mismatch uses log pi_theta at theta_old (docs/arms.md §7)
-    measured |= mismatch_metrics(logp_old if logp_old is not None else logp_theta0, rollout.logp_mu, mask)
+    measured |= mismatch_metrics(logp_old if logp_old is not None else logp_theta0, rollout.logp_mu, mask,
+                                 kept=p.method.kept_tokens(batch, stats, logp_theta0))
     measured |= {"mismatch/frac_nonfinite_logprob": frac_nonfinite}
     measured |= diagnostics.weight_update(before, p.policy) | p.engine.quant_metrics() | scorer_metrics(p.task, "reward")
     return step_metrics(p, step, sample, logs, stats, measured, t)
+
+
+def rebaseline(p: Parts, rollout: Rollout, rewards: torch.Tensor, batch: Batch, stats: dict) -> Batch:
+    """algo.baseline=kept: the GRPO advantages again, each group's mean and std over the responses the arm did not
+    reject in `prepare` (a rejected response gets 0); the batch unchanged otherwise (docs/arms.md §2.1)."""
+    rejected = p.method.rejected_rows(batch, stats) if p.cfg.algo.baseline == "kept" else None
+    if rejected is None or not bool(rejected.any()):
+        return batch
+    adv, _ = p.advantage.estimate(rollout, rewards, keep=~rejected)
+    return dataclasses.replace(batch, adv=adv)
 
 
 def update(p: Parts, rollout: Rollout, batch: Batch, stats: dict, step: int) -> tuple[dict[str, float], torch.Tensor]:

@@ -23,7 +23,7 @@ from hydra import compose, initialize_config_dir
 from bench.launch.budget import describe, describe_eval, estimate, eval_estimate
 from bench.config import CONF_DIR, register_configs
 from bench.launch.memory import estimate_memory
-from bench.methods.base import METHODS
+from bench.methods.base import build_method
 from bench.run.resume import preview, refusal_reason
 from bench.run.store import RunDir
 from bench.launch import sweeper
@@ -55,7 +55,7 @@ def dry_run(overrides: list[str]) -> int:
             if action == "refuse":
                 why = refusal_reason(run, cfg)
                 refusals[why] = refusals.get(why, 0) + 1
-            est = estimate(cfg, METHODS.get(cfg.method.name).needs_recompute)
+            est = estimate(cfg, build_method(cfg.method, cfg.algo).needs_recompute)  # an arm's knob may set it
             cost = ""
             if est is not None:
                 gpu_hours += est.gpu_hours

@@ -494,6 +494,8 @@ class EmbeddedEngine:
             raise ValueError(f"temperature={sampling.temperature} must be positive (or use greedy=True)")
         if not 0.0 < sampling.top_p <= 1.0:
             raise ValueError(f"top_p={sampling.top_p} must be in (0, 1]")
+        if sampling.top_k < 0:
+            raise ValueError(f"top_k={sampling.top_k} must be >= 0 (0: off)")
         T = sampling.max_new_tokens
         if T < 1:
             raise ValueError(f"max_new_tokens={T} must be at least 1")
@@ -557,7 +559,7 @@ def _sample(
     logits: torch.Tensor, sampling: SamplingParams, uniform: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token and its log-prob under the distribution it was drawn from: softmax(logits / T), fp32, truncated to
-    the top-p nucleus and renormalized when top_p < 1.
+    the top-k tokens (top_k > 0), then to the top-p nucleus (top_p < 1), renormalized.
 
     Greedy takes the argmax and reports the T=1 log-prob (SamplingParams). Sampling inverts the row's CDF at
     its own uniform [B] (float64): a token is a function of its row's logits and uniform alone, whatever else is
@@ -568,6 +570,8 @@ def _sample(
         tok = logp_all.argmax(-1)
     else:
         logp_all = torch.log_softmax(logits.float() / sampling.temperature, dim=-1)
+        if sampling.top_k > 0:
+            logp_all = top_k_logprobs(logp_all, sampling.top_k)
         if sampling.top_p < 1.0:
             logp_all = top_p_logprobs(logp_all, sampling.top_p)
         tok = inverse_cdf(logp_all.exp(), uniform)
@@ -596,6 +600,16 @@ def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
         # u * total rounding up to total (odds ~2^-53) would land past the last token of positive probability
         toks.append(torch.where(p.gather(-1, tok[:, None]).squeeze(-1) > 0, tok, p.argmax(-1)))
     return torch.cat(toks)
+
+
+def top_k_logprobs(logp: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Log-probs [B, V] of the top-k distribution: the k most likely tokens renormalized (log p - log S, S their
+    mass), -inf elsewhere; k >= V keeps every token. Ties at the k-th value are broken by the sort, as in vLLM."""
+    if top_k >= logp.shape[-1]:
+        return logp
+    keep = torch.zeros_like(logp, dtype=torch.bool).scatter(-1, logp.topk(top_k, dim=-1).indices, True)
+    kept = logp.masked_fill(~keep, float("-inf"))
+    return kept - torch.logsumexp(kept, dim=-1, keepdim=True)
 
 
 def top_p_logprobs(logp: torch.Tensor, top_p: float) -> torch.Tensor:

