@@ -26,6 +26,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from bench import CONF_DIR  # defined where `qrl-bench --help` reads it without this module's imports
+from bench.domains import check_schema, domains, num, numeric_kind
 from bench.launch.budget import BudgetConfig
 from bench.evaluation import EvalConfig
 from bench.grpo import AlgoConfig
@@ -63,7 +64,7 @@ class Config:
     budget: BudgetConfig = field(default_factory=BudgetConfig)  # the dry run's GPU-hours estimate (bench/launch/budget.py)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = MISSING
-    seed: int = 0
+    seed: int = num(0, "[0, inf)")  # names the run (seed<N>, -s<N>) and seeds its generators
     sweep: str = "default"
     variant: str = ""  # set by the sweeper when jobs would share a run directory (bench/run/identity.py)
     out_root: str = "results"
@@ -133,7 +134,7 @@ def checks(cfg: DictConfig) -> list[Callable[[], Any]]:
     parts = [("method", group_schema("method", cfg.method.name)), ("task", group_schema("task", cfg.task.name)),
              ("rollout", group_schema("rollout", cfg.rollout.engine)), ("algo", AlgoConfig), ("train", TrainConfig),
              ("tracking", TrackingConfig), ("model", ModelConfig), ("eval", EvalConfig), ("budget", BudgetConfig)]
-    out: list[Callable[[], Any]] = [lambda: check_known_keys(cfg, dict(parts))]
+    out: list[Callable[[], Any]] = [lambda: check_known_keys(cfg, dict(parts)), lambda: check_root_domains(cfg)]
     out += [lambda key=key, schema=schema: _check_part(cfg, key, schema) for key, schema in parts]
     # WANDB_MODE overrides tracking.mode: a bad one must fail here, not inside the run
     return out + [lambda: tracking_mode(cfg), lambda: check_across(cfg)]
@@ -170,19 +171,44 @@ def check_known_keys(cfg: DictConfig, sections: dict[str, type]) -> None:
                 refuse(f"{section}.{key}", section, names)
 
 
+def domain_table() -> str:
+    """The Markdown table of every numeric key's allowed values (docs/configuration.md holds it verbatim; a test
+    compares the two, so the page cannot go stale): key, the options that have it, type, allowed values."""
+    rows: dict[tuple[str, str, Any], list[str]] = {}
+    sections = [(group, e.name, e.schema) for group, registry in GROUP_REGISTRIES.items() for e in registry.entries()]
+    sections += [(s, "", schema) for s, schema in (("train", TrainConfig), ("algo", AlgoConfig), ("eval", EvalConfig),
+                                                   ("model", ModelConfig), ("budget", BudgetConfig))]
+    for section, option, schema in [("", "", Config), *sections]:
+        for key, dom in domains(schema).items():
+            kind = numeric_kind(schema, key).__name__
+            rows.setdefault((f"{section}.{key}".lstrip("."), kind, dom), []).append(option)
+    lines = ["| key | where | type | allowed |", "|---|---|---|---|"]
+    for (key, kind, dom), options in rows.items():
+        where = ", ".join(o for o in options if o) if any(options) else "all"
+        every = next(r for g, r in GROUP_REGISTRIES.items() if key.startswith(f"{g}.")).names() if any(options) else []
+        if every and sorted(options) == every:
+            where = "all"
+        allowed = dom.describe().replace("|", "\\|")
+        lines.append(f"| `{key}` | {where} | {kind} | {allowed} |")
+    return "\n".join(lines)
+
+
+def check_root_domains(cfg: DictConfig) -> None:
+    """The root's own numeric keys (seed) against their declared domains."""
+    for name, dom in domains(Config).items():
+        if not dom.admits(cfg[name]):
+            raise ValueError(f"{name}={cfg[name]} is out of range; allowed: {dom.describe(numeric_kind(Config, name) is int)}")
+
+
 def _check_part(cfg: DictConfig, key: str, schema: type) -> None:
-    obj = _as_object(cfg[key], schema, key)
-    check = getattr(obj, "check", None)
-    if check is not None:
-        check()
+    """The section's declared numeric domains (bench/domains.py), then its schema's own `check()`."""
+    check_schema(_as_object(cfg[key], schema, key), key)
 
 
 def check_across(cfg: DictConfig) -> None:
     """Checks that need two sections (the advantage estimator and DAPO's knobs against train.* and task.*) or
     none (the root's seed)."""
     algo, train = cfg.algo, cfg.train
-    if cfg.seed < 0:
-        raise ValueError(f"seed={cfg.seed} must be >= 0: it names the run (seed<N>, -s<N>) and seeds its generators")
     fixed = METHODS.entry(cfg.method.name).meta.get("precision")
     if fixed is not None and cfg.rollout.precision != fixed:
         raise ValueError(f"method={cfg.method.name} is the {fixed} baseline and rolls out in {fixed}, not "

@@ -34,7 +34,6 @@ engine samples on (bench.rollout.base.sampling_device): evaluating never moves t
 from __future__ import annotations
 
 import importlib.util
-import math
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -42,6 +41,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from omegaconf import OmegaConf
 
+from bench.domains import check_schema, num
 from bench.device import make_generator
 from bench.models.tokenizer import PromptFormat, decode_responses, encode_prompts
 from bench.passk import mean_pass_at_k
@@ -60,14 +60,15 @@ class EvalConfig:
     """`eval.*`: the benchmark sets evaluated besides the training task, and how (the module docstring)."""
 
     mode: str = "greedy"  # greedy | avg@k | pass@k (for eval.sets; the training task's eval/accuracy is greedy)
-    k: int = 1  # samples per problem for avg@k; the largest k of pass@k
-    n: Optional[int] = None  # pass@k: samples per problem (n >= k); null: k
-    temperature: float = 1.0  # avg@k / pass@k sampling temperature
-    top_p: float = 1.0  # avg@k / pass@k nucleus sampling (1: none)
+    k: int = num(1, "[1, inf)")  # samples per problem for avg@k; the largest k of pass@k
+    n: Optional[int] = num(None, "[1, inf)", {None: "k"})  # pass@k: samples per problem (n >= k)
+    # avg@k / pass@k sampling temperature (greedy argmax is eval.mode=greedy; beyond ~10 sampling is near uniform)
+    temperature: float = num(1.0, "(0, 10]")
+    top_p: float = num(1.0, "(0, 1]", {1.0: "no nucleus truncation"})  # avg@k / pass@k nucleus sampling
     sets: List[str] = field(default_factory=list)  # registered task names, e.g. [aime24, amc23, math500]
     overrides: Dict[str, Any] = field(default_factory=dict)  # per set, task keys: {aime24: {source: /data/aime24}}
-    max_new_tokens: Optional[int] = None  # null: each set's task.max_new_tokens
-    batch_size: int = 64  # sequences per generate call (the KV cache of one call); also for eval/accuracy
+    max_new_tokens: Optional[int] = num(None, "[1, inf)", {None: "each set's task.max_new_tokens"})
+    batch_size: int = num(64, "[1, inf)")  # sequences per generate call (the KV cache of one call); also for eval/accuracy
     engine: str = "auto"  # auto | embedded | vllm: the evaluation's engine (auto: the rollout engine's kind)
 
     @property
@@ -86,19 +87,8 @@ class EvalConfig:
                              "`pip install -e .[vllm]`, on a CPU `bash scripts/install_vllm.sh`; or use eval.engine=embedded")
         if self.mode not in EVAL_MODES:
             raise ValueError(f"eval.mode={self.mode!r} is not valid; choose one of: {', '.join(EVAL_MODES)}")
-        if self.k < 1:
-            raise ValueError(f"eval.k={self.k} must be at least 1")
         if self.n is not None and self.n < self.k:
             raise ValueError(f"eval.n={self.n} must be >= eval.k={self.k}: pass@k needs at least k samples per problem")
-        if not 0 < self.temperature < math.inf:
-            raise ValueError(f"eval.temperature={self.temperature} must be positive and finite "
-                             "(use eval.mode=greedy for argmax)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"eval.top_p={self.top_p} must be in (0, 1]")
-        if self.batch_size < 1:
-            raise ValueError(f"eval.batch_size={self.batch_size} must be at least 1")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"eval.max_new_tokens={self.max_new_tokens} must be at least 1 (or null)")
         unknown = [s for s in self.sets if s not in TASKS]
         if unknown:
             raise ValueError(f"eval.sets: {', '.join(map(repr, unknown))} not a registered task; choose from: "
@@ -110,7 +100,7 @@ class EvalConfig:
             raise ValueError(f"eval.overrides has {', '.join(map(repr, stray))}, "
                              f"which eval.sets={list(self.sets)} does not name")
         for name in self.sets:
-            set_config(name, self.overrides.get(name)).check()
+            check_schema(set_config(name, self.overrides.get(name)), "task")
 
 
 def as_eval_config(cfg: Any) -> EvalConfig:

@@ -8,12 +8,13 @@ so padding with -inf/garbage log-probs can produce neither inf/NaN values nor Na
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+from bench.domains import num
 
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 ADVANTAGES = ("grpo", "gae")
@@ -25,56 +26,39 @@ class AlgoConfig:
     (GRPO or PPO's critic + GAE) and DAPO's data-side knobs. The arms' own knobs live in their schemas
     (bench/methods/<arm>.py); checks that need `train.*` or `task.*` too are in bench/config.py `check_across`."""
 
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.2  # DAPO clip-higher: 0.28
-    dual_clip_c: Optional[float] = None  # verl: 3.0; off here, as in the QuRL/FlashRL equations
+    clip_eps_low: float = num(0.2, "[0, 1)")  # the lower clip bound is 1 - eps
+    clip_eps_high: float = num(0.2, "[0, inf)")  # DAPO clip-higher: 0.28
+    # verl: 3.0; off here, as in the QuRL/FlashRL equations
+    dual_clip_c: Optional[float] = num(None, "(1, inf)", {None: "no dual clip"})
     loss_agg: str = "token-mean"
-    adv_eps: float = 1e-6
+    adv_eps: float = num(1e-6, "[0, 1]")  # added to the group std; inf would zero every advantage
     norm_adv_by_std: bool = True  # False: Dr.GRPO
-    kl_ref_beta: float = 0.0  # KL(pi_theta || pi_ref) coefficient; 0 = no reference model
-    log_ratio_clamp: float = 20.0  # |log ratio| clamp before every exp (verl SAFETY_BOUND)
+    kl_ref_beta: float = num(0.0, "[0, 100]", {0.0: "no reference model"})  # KL(pi_theta || pi_ref) coefficient
+    # |log ratio| clamp before every exp (verl SAFETY_BOUND 20); above ~88 exp overflows fp32
+    log_ratio_clamp: float = num(20.0, "(0, 80]")
     # advantage estimator (bench/advantages.py): grpo = group-normalized [B]; gae = PPO critic + GAE [B, T]
     advantage: str = "grpo"
-    gamma: float = 1.0  # gae: discount (verl algorithm.gamma)
-    lam: float = 1.0  # gae: GAE lambda (verl algorithm.lam)
+    gamma: float = num(1.0, "[0, 1]")  # gae: discount (verl algorithm.gamma)
+    lam: float = num(1.0, "[0, 1]")  # gae: GAE lambda (verl algorithm.lam)
     whiten_advantages: bool = True  # gae: whiten advantages over the rollout batch (verl)
-    value_clip: Optional[float] = 0.5  # gae: critic clip range around the old values; null = unclipped (verl 0.5)
-    critic_lr: float = 1e-5  # gae: the critic's own AdamW (verl critic.optim.lr)
+    # gae: critic clip range around the old values (verl 0.5)
+    value_clip: Optional[float] = num(0.5, "(0, inf)", {None: "an unclipped value loss"})
+    critic_lr: float = num(1e-5, "(0, 1]")  # gae: the critic's own AdamW (verl critic.optim.lr)
     critic_path: Optional[str] = None  # gae: null = a copy of the policy backbone; else a model dir / hub id
     # DAPO data-side knobs (bench/dapo.py, bench/sampling.py); clip-higher is clip_eps_high, token-level is loss_agg
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal, refill from further prompts
-    dynamic_sampling_max_rounds: int = 10  # generation rounds per step at most (verl max_num_gen_batches)
+    # generation rounds per step at most (verl max_num_gen_batches)
+    dynamic_sampling_max_rounds: int = num(10, "[1, inf)")
     overlong_filter: bool = False  # truncated responses (no EOS) leave the loss
     overlong_penalty: bool = False  # DAPO soft overlong punishment (Eq. 13) added to the reward
-    overlong_buffer_len: int = 4096  # L_cache of the penalty; L_max is task.max_new_tokens
-    overlong_penalty_factor: float = 1.0
+    overlong_buffer_len: int = num(4096, "[0, inf)")  # L_cache of the penalty; L_max is task.max_new_tokens
+    overlong_penalty_factor: float = num(1.0, "[0, 100]")
 
     def check(self) -> None:
-        if self.loss_agg not in LOSS_AGGS:
-            raise ValueError(f"algo.loss_agg={self.loss_agg!r} is not valid; choose one of: {', '.join(LOSS_AGGS)}")
-        if not 0.0 <= self.clip_eps_low < 1.0:
-            raise ValueError(f"algo.clip_eps_low={self.clip_eps_low} must be in [0, 1) (the lower clip bound is 1 - eps)")
-        if not self.clip_eps_high >= 0.0:
-            raise ValueError(f"algo.clip_eps_high={self.clip_eps_high} must be >= 0")
-        if self.dual_clip_c is not None and not self.dual_clip_c > 1.0:
-            raise ValueError(f"algo.dual_clip_c={self.dual_clip_c} must be > 1 (or null for no dual clip)")
-        if not 0.0 <= self.kl_ref_beta < math.inf:
-            raise ValueError(f"algo.kl_ref_beta={self.kl_ref_beta} must be a finite number >= 0")
-        if not self.log_ratio_clamp > 0.0:
-            raise ValueError(f"algo.log_ratio_clamp={self.log_ratio_clamp} must be positive")
-        if self.advantage not in ADVANTAGES:
-            raise ValueError(f"algo.advantage={self.advantage!r} is not valid; choose one of: {', '.join(ADVANTAGES)}")
-        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
-            raise ValueError(f"algo.gamma={self.gamma} and algo.lam={self.lam} must be in [0, 1]")
-        if self.value_clip is not None and not self.value_clip > 0.0:
-            raise ValueError(f"algo.value_clip={self.value_clip} must be positive (or null for an unclipped value loss)")
-        if not 0.0 < self.critic_lr < math.inf:
-            raise ValueError(f"algo.critic_lr={self.critic_lr} must be positive and finite")
-        if self.dynamic_sampling_max_rounds < 1:
-            raise ValueError(f"algo.dynamic_sampling_max_rounds={self.dynamic_sampling_max_rounds} must be at least 1")
-        if self.overlong_buffer_len < 0 or not self.overlong_penalty_factor >= 0.0:
-            raise ValueError(f"algo.overlong_buffer_len={self.overlong_buffer_len} and algo.overlong_penalty_factor="
-                             f"{self.overlong_penalty_factor} must be >= 0")
+        """What the declared domains cannot say: the choices."""
+        for key, valid in (("loss_agg", LOSS_AGGS), ("advantage", ADVANTAGES)):
+            if getattr(self, key) not in valid:
+                raise ValueError(f"algo.{key}={getattr(self, key)!r} is not valid; choose one of: {', '.join(valid)}")
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:

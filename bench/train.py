@@ -15,7 +15,6 @@ precisions is behind the engine (bench/rollout, bench/quant): this file never br
 
 from __future__ import annotations
 
-import math
 import random
 import sys
 import time
@@ -29,6 +28,7 @@ from omegaconf import DictConfig
 from bench.advantages import AdvantageEstimator, build_estimator
 from bench.compute import Diverged, TrainerCompute, enable_gradient_checkpointing
 from bench import distributed
+from bench.domains import num
 from bench.device import DEVICES, describe, make_generator, resolve_device, restore_rng, rng_state
 from bench.evaluation import build_eval_engine, build_eval_sets, evaluate_policy
 from bench.methods.base import Batch, Method, arm_info, build_method, select_stats
@@ -58,66 +58,44 @@ from bench.run.tracking import Tracker, start_tracking
 class TrainConfig:
     """`train.*`: the loop's settings."""
 
-    steps: int = 100
-    batch_size: int = 64  # sequences per rollout batch = prompts x group_size
-    group_size: int = 8
-    minibatches: int = 1  # optimizer steps per rollout batch
-    epochs: int = 1
-    lr: float = 1e-4  # Adam on a ~1M model: 3e-4+ destroys the warm start's accuracy, 2e-5 barely moves
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
+    steps: int = num(100, "[1, inf)")
+    batch_size: int = num(64, "[1, inf)")  # sequences per rollout batch = prompts x group_size
+    group_size: int = num(8, "[1, inf)")  # GRPO needs 2 or more: bench.config.check_across
+    minibatches: int = num(1, "[1, inf)")  # optimizer steps per rollout batch
+    epochs: int = num(1, "[1, inf)")  # passes over each rollout batch
+    lr: float = num(1e-4, "(0, 1]")  # Adam on a ~1M model: 3e-4+ destroys the warm start's accuracy, 2e-5 barely moves
+    weight_decay: float = num(0.0, "[0, 1]")  # AdamW's decoupled decay (times lr per step)
+    grad_clip: float = num(1.0, "(0, inf)")  # the largest gradient norm an update keeps (negative would train in reverse)
     dtype: str = "bf16"  # compute over fp32 master weights: bf16 | fp16 (+ loss scaling) | fp32 (bench/compute.py)
     device: str = "auto"  # auto (cuda when torch sees a GPU, else cpu) | cpu | cuda (bench/device.py)
-    micro_batch_size: Optional[int] = None  # sequences per forward/backward; null = the whole minibatch
-    micro_batch_tokens: Optional[int] = 16384  # no-grad log-prob passes: <= this many tokens per forward; null: no cap
+    # sequences per forward/backward
+    micro_batch_size: Optional[int] = num(None, "[1, inf)", {None: "the whole minibatch"})
+    # no-grad log-prob passes: <= this many tokens per forward
+    micro_batch_tokens: Optional[int] = num(16384, "[1, inf)", {None: "no cap"})
     gradient_checkpointing: bool = False  # recompute decoder layers in backward (activation memory -> ~1 layer)
-    eval_every: int = 10
-    checkpoint_every: int = 10
-    threads: int = 0  # torch threads; 0 = leave torch's default (sweeps set 1 per job)
+    # both divide the step number in the loop; a value >= train.steps means only at the end (eval: and at step 0)
+    eval_every: int = num(10, "[1, inf)")
+    checkpoint_every: int = num(10, "[1, inf)")
+    threads: int = num(0, "[1, 1024]", {0: "leave torch's default"})  # torch threads (sweeps set 1 per job)
     keep_checkpoint: bool = False  # keep ckpt/last.pt after completion (it is always kept while resumable)
     overwrite: bool = False  # restart from step 0 even if the run directory holds results (bench/run/resume.py)
     resume_from: str = "last"  # last | previous: the checkpoint to resume from (previous = ckpt/prev.pt)
-    nproc_per_node: int = 1  # processes of this run on this machine (FSDP2, bench/distributed.py); >1 launches them
-    sampling_shards: Optional[int] = None  # prompt blocks with their own sampling streams; null: 1, or 1 per rank
+    # processes of this run on this machine (FSDP2, bench/distributed.py); >1 launches them
+    nproc_per_node: int = num(1, "[1, 1024]")
+    # prompt blocks with their own sampling streams
+    sampling_shards: Optional[int] = num(None, "[1, inf)", {None: "1, or 1 per rank"})
 
     def check(self) -> None:
-        if self.group_size < 1:  # GRPO needs 2 or more: bench.config.check_across
-            raise ValueError(f"train.group_size={self.group_size} must be at least 1")
-        if self.batch_size <= 0 or self.batch_size % self.group_size:
+        """What the declared domains cannot say: relations between keys, and the choices."""
+        if self.batch_size % self.group_size:
             raise ValueError(f"train.batch_size={self.batch_size} is not divisible by train.group_size={self.group_size}")
-        if self.minibatches < 1 or (self.batch_size // self.group_size) % self.minibatches:
+        if (self.batch_size // self.group_size) % self.minibatches:
             raise ValueError(f"train.minibatches={self.minibatches} must divide the "
                              f"{self.batch_size // self.group_size} prompts per step")
-        if not 0 < self.lr < math.inf:  # inf would pass "positive" and wreck the weights at step 1
-            raise ValueError(f"train.lr={self.lr} must be positive and finite")
-        if not 0 <= self.weight_decay < math.inf:
-            raise ValueError(f"train.weight_decay={self.weight_decay} must be a finite number >= 0")
-        if not 0 < self.grad_clip < math.inf:  # a negative max norm flips the gradient: training in reverse
-            raise ValueError(f"train.grad_clip={self.grad_clip} must be positive and finite (the largest "
-                             "gradient norm an update keeps; e.g. 1.0)")
-        if self.steps < 1:
-            raise ValueError(f"train.steps={self.steps} must be at least 1")
-        if self.epochs < 1:
-            raise ValueError(f"train.epochs={self.epochs} must be at least 1 (passes over each rollout batch)")
-        for key in ("eval_every", "checkpoint_every"):  # both divide the step number in the loop
-            if getattr(self, key) < 1:
-                raise ValueError(f"train.{key}={getattr(self, key)} must be at least 1 (a number of steps; a value "
-                                 f">= train.steps means only at the end{', and at step 0' if key == 'eval_every' else ''})")
-        if self.dtype not in TRAINER_DTYPES:
-            raise ValueError(f"train.dtype={self.dtype!r} is not valid; choose one of: {', '.join(TRAINER_DTYPES)}")
-        if self.micro_batch_size is not None and self.micro_batch_size < 1:
-            raise ValueError(f"train.micro_batch_size={self.micro_batch_size} must be at least 1 "
-                             "(or null: the whole minibatch)")
-        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
-            raise ValueError(f"train.micro_batch_tokens={self.micro_batch_tokens} must be positive (or null)")
-        if self.device not in DEVICES:
-            raise ValueError(f"train.device={self.device!r} is not valid; choose one of: {', '.join(DEVICES)}")
+        for key, valid in (("dtype", TRAINER_DTYPES), ("device", DEVICES), ("resume_from", RESUME_FROM)):
+            if getattr(self, key) not in valid:
+                raise ValueError(f"train.{key}={getattr(self, key)!r} is not valid; choose one of: {', '.join(valid)}")
         resolve_device(self.device)  # cuda without a usable GPU fails here, before any work, saying why
-        if self.nproc_per_node < 1 or (self.sampling_shards is not None and self.sampling_shards < 1):
-            raise ValueError(f"train.nproc_per_node={self.nproc_per_node} and train.sampling_shards="
-                             f"{self.sampling_shards} must be at least 1 (sampling_shards may be null)")
-        if self.resume_from not in RESUME_FROM:
-            raise ValueError(f"train.resume_from={self.resume_from!r} is not valid; choose one of: {', '.join(RESUME_FROM)}")
 
 
 @dataclass

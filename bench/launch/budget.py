@@ -37,6 +37,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from bench.domains import num
+
 VERL_QUICKSTART = ("measured: verl quickstart log (docs/start/quickstart.rst), Qwen2.5-0.5B-Instruct PPO on GSM8K, "
                    "one GPU of unstated type, step 0")
 FLOPS_MODEL = "FLOPs model (ours): 2N / 6N FLOPs per generated / trained token at the stated utilisation"
@@ -46,36 +48,23 @@ FLOPS_MODEL = "FLOPs model (ours): 2N / 6N FLOPs per generated / trained token a
 class BudgetConfig:
     """`budget.*`: what the dry run's GPU-hours estimate assumes (module docstring)."""
 
-    params_b: Optional[float] = None  # the policy's parameters, in billions (the FLOPs model)
-    prompt_tokens: float = 0.0  # mean prompt length L_p
-    response_tokens: float = 0.0  # mean response length L_r
-    keep_rate: float = 1.0  # dynamic sampling: fraction of generated groups kept
-    eval_tokens: float = 0.0  # tokens generated per evaluation (every eval set and sample)
-    gen_tokens_per_s: Optional[float] = None  # per GPU; null: from the FLOPs model
-    train_tokens_per_s: Optional[float] = None  # forward + backward, per GPU; null: from the FLOPs model
-    forward_tokens_per_s: Optional[float] = None  # per GPU; null: from the FLOPs model
-    peak_tflops: float = 989.0  # H100 SXM dense BF16 (NVIDIA datasheet)
-    gen_mfu: float = 0.10  # ours
-    train_mfu: float = 0.30  # ours
+    # the policy's parameters, in billions (the FLOPs model)
+    params_b: Optional[float] = num(None, "(0, 1e5]", {None: "unknown: no FLOPs model (stated rates only)"})
+    prompt_tokens: float = num(0.0, "[0, 1e7]")  # mean prompt length L_p
+    response_tokens: float = num(0.0, "[0, 1e7]")  # mean response length L_r
+    keep_rate: float = num(1.0, "(0, 1]")  # dynamic sampling: fraction of generated groups kept
+    eval_tokens: float = num(0.0, "[0, 1e12]")  # tokens generated per evaluation (every eval set and sample)
+    # per GPU: generated, trained (forward + backward) and forward-only tokens/s
+    gen_tokens_per_s: Optional[float] = num(None, "(0, 1e9]", {None: "from the FLOPs model"})
+    train_tokens_per_s: Optional[float] = num(None, "(0, 1e9]", {None: "from the FLOPs model"})
+    forward_tokens_per_s: Optional[float] = num(None, "(0, 1e9]", {None: "from the FLOPs model"})
+    peak_tflops: float = num(989.0, "(0, 1e6]")  # H100 SXM dense BF16 (NVIDIA datasheet)
+    gen_mfu: float = num(0.10, "(0, 1]")  # ours
+    train_mfu: float = num(0.30, "(0, 1]")  # ours
     source: str = FLOPS_MODEL
-    gpus: int = 1  # GPUs per job (wall-clock hours = GPU-hours / gpus)
-    gpu_memory_gb: float = 80.0  # the GPU the memory estimate is checked against (bench/launch/memory.py): H100 80 GB
+    gpus: int = num(1, "[1, 1e6]")  # GPUs per job (wall-clock hours = GPU-hours / gpus)
+    gpu_memory_gb: float = num(80.0, "(0, 1e4]")  # the GPU the memory estimate is checked against (bench/launch/memory.py): H100 80 GB
 
-    def check(self) -> None:
-        if self.params_b is not None and not self.params_b > 0:
-            raise ValueError(f"budget.params_b={self.params_b} must be positive (or null)")
-        if not 0.0 < self.keep_rate <= 1.0:
-            raise ValueError(f"budget.keep_rate={self.keep_rate} must be in (0, 1]")
-        for key in ("gen_tokens_per_s", "train_tokens_per_s", "forward_tokens_per_s"):
-            if getattr(self, key) is not None and not getattr(self, key) > 0:
-                raise ValueError(f"budget.{key}={getattr(self, key)} must be positive (or null: the FLOPs model)")
-        for key in ("peak_tflops", "gen_mfu", "train_mfu"):
-            if not getattr(self, key) > 0:
-                raise ValueError(f"budget.{key}={getattr(self, key)} must be positive")
-        if self.gpus < 1:
-            raise ValueError(f"budget.gpus={self.gpus} must be at least 1")
-        if not self.gpu_memory_gb > 0:
-            raise ValueError(f"budget.gpu_memory_gb={self.gpu_memory_gb} must be positive")
 
 
 def throughputs(b: Any) -> tuple[float, float, float] | None:

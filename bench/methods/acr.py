@@ -16,22 +16,19 @@ from typing import Any
 
 import torch
 
-from bench.methods.base import METHODS, Batch, MethodConfig
+from bench.domains import num
+from bench.methods.base import METHODS, Batch, MethodConfig, is_cap_c
 from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio, weight_stats
 from bench.quant.uaq import apply_uaq, check_targets
 
 
 @dataclass
 class ACRConfig(MethodConfig):
-    is_cap_C: float = 2.0  # noqa: N815  (not stated in QuRL; ours, as TIS: docs/arms.md §4.6)
-    uaq_scale: float = 1.0  # 1.0 = no UAQ (`acr`); `acr_uaq` sets 1.5 (QuRL's ablation optimum)
+    is_cap_C: float = is_cap_c(2.0)  # noqa: N815  (not stated in QuRL; ours, as TIS: docs/arms.md §4.6)
+    uaq_scale: float = num(1.0, "(0, 10]", {1.0: "no UAQ"})  # `acr_uaq` sets 1.5 (QuRL's ablation optimum)
     uaq_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj"])
 
     def check(self) -> None:
-        if not self.is_cap_C > 0:
-            raise ValueError(f"method.is_cap_C={self.is_cap_C} must be positive")
-        if not self.uaq_scale > 0:
-            raise ValueError(f"method.uaq_scale={self.uaq_scale} must be positive (1.0 = off)")
         try:
             check_targets(self.uaq_targets)
         except ValueError as e:

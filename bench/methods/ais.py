@@ -33,26 +33,21 @@ from typing import Any
 
 import torch
 
-from bench.methods.base import METHODS, Batch, MethodConfig
+from bench.domains import num
+from bench.methods.base import METHODS, Batch, MethodConfig, is_cap_c
 from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio, weight_stats
 
 
 @dataclass
 class AISConfig(MethodConfig):
-    is_cap_C: float = 2.0  # noqa: N815  (ours: the paper's truncation constant is not available)
-    ais_adv_eps: float = 1e-8  # responses with |A| <= eps carry no gradient: left out of alpha's statistics
-    ais_n_min: int = 2
-    ais_alpha_min: float = 0.0
-    ais_alpha_max: float = 1.0
+    is_cap_C: float = is_cap_c(2.0)  # noqa: N815  (ours: the paper's truncation constant is not available)
+    ais_adv_eps: float = num(1e-8, "[0, inf)")  # responses with |A| <= eps carry no gradient: left out of alpha's statistics
+    ais_n_min: int = num(2, "[2, inf)")  # alpha needs a variance
+    ais_alpha_min: float = num(0.0, "[0, 1]")  # (<= ais_alpha_max)
+    ais_alpha_max: float = num(1.0, "[0, 1]")
 
     def check(self) -> None:
-        if not self.is_cap_C > 0:
-            raise ValueError(f"method.is_cap_C={self.is_cap_C} must be positive")
-        if not self.ais_adv_eps >= 0.0:
-            raise ValueError(f"method.ais_adv_eps={self.ais_adv_eps} must be >= 0")
-        if self.ais_n_min < 2:
-            raise ValueError(f"method.ais_n_min={self.ais_n_min} must be at least 2 (alpha needs a variance)")
-        if not 0.0 <= self.ais_alpha_min <= self.ais_alpha_max <= 1.0:
+        if not self.ais_alpha_min <= self.ais_alpha_max:
             raise ValueError(f"method.ais_alpha_min/max=({self.ais_alpha_min}, {self.ais_alpha_max}) must satisfy "
                              "0 <= min <= max <= 1")
 

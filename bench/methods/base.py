@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import torch
 from omegaconf import MISSING, OmegaConf
 
+from bench.domains import num
 from bench.grpo import AlgoConfig
 from bench.registry import Registry
 
@@ -48,6 +49,12 @@ class MethodConfig:
 
     def check(self) -> None:
         """Value checks a type cannot express; raise ValueError naming the key and the valid range."""
+
+
+def is_cap_c(default: float = 2.0) -> Any:
+    """The field `is_cap_C`: the cap C on pi_old/mu of every arm that truncates or bands it (TIS, Seq-MIS, ACR,
+    AIS, Geo-RS's token TIS), its domain declared once here."""
+    return num(default, "(0, inf)")
 
 
 METHODS: Registry[type["Method"]] = Registry("method", "bench.methods")

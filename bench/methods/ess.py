@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from bench.domains import num
 from bench.grpo import agg_loss, compute_dtype, masked_mean, safe_log_ratio
 from bench.methods.base import METHODS, Batch, Method, MethodConfig, token_advantages
 from bench.methods.ppo_clip import add_kl_ref
@@ -27,18 +28,15 @@ from bench.methods.ppo_clip import add_kl_ref
 
 @dataclass
 class ESSConfig(MethodConfig):
-    p3o_ess_eps: float = 1e-8  # the 1e-8 in ESS's denominator (FeynRL calculate_ess)
-    p3o_kl_exp_clamp: float = 10.0  # clamp of the exp inside the KL(pi_theta || mu) estimate
-    p3o_ent_beta: float = 0.0  # entropy bonus: not supported (the loss sees sampled-token log-probs only)
+    p3o_ess_eps: float = num(1e-8, "[0, 1]")  # the 1e-8 in ESS's denominator (FeynRL calculate_ess)
+    p3o_kl_exp_clamp: float = num(10.0, "(0, 80]")  # clamp of the exp inside the KL estimate (exp overflows past ~88)
+    # entropy bonus: only 0 (the loss sees sampled-token log-probs only; check() says so for any other value)
+    p3o_ent_beta: float = num(0.0, "[0, inf)")
 
     def check(self) -> None:
         if self.p3o_ent_beta != 0.0:
             raise ValueError(f"method.p3o_ent_beta={self.p3o_ent_beta} is not supported (must be 0): "
                              "the loss sees only sampled-token log-probs, an entropy bonus needs the full distribution")
-        if not self.p3o_ess_eps >= 0:
-            raise ValueError(f"method.p3o_ess_eps={self.p3o_ess_eps} must be >= 0")
-        if not self.p3o_kl_exp_clamp > 0:
-            raise ValueError(f"method.p3o_kl_exp_clamp={self.p3o_kl_exp_clamp} must be positive")
 
 
 @torch.no_grad()

@@ -39,23 +39,18 @@ from typing import Any
 
 import torch
 
-from bench.methods.base import METHODS, Batch, MethodConfig
+from bench.domains import num
+from bench.methods.base import METHODS, Batch, MethodConfig, is_cap_c
 from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio, weight_stats
 
 
 @dataclass
 class GeoRSConfig(MethodConfig):
-    geo_rs_lo: float = 1.0 / 1.1  # keep a sequence when geo_rs_lo <= geometric-mean(pi_old/mu) <= geo_rs_hi
-    geo_rs_hi: float = 1.1
+    # keep a sequence when geo_rs_lo <= geometric-mean(pi_old/mu) <= geo_rs_hi (the band contains 1: no mismatch)
+    geo_rs_lo: float = num(1.0 / 1.1, "(0, 1]")
+    geo_rs_hi: float = num(1.1, "[1, inf)")
     geo_rs_token_tis: bool = False  # also weight kept tokens by min(pi_old/mu, is_cap_C) (Geo-RS-Token-TIS)
-    is_cap_C: float = 2.0  # noqa: N815  (the TIS cap C, used only with geo_rs_token_tis)
-
-    def check(self) -> None:
-        if not 0.0 < self.geo_rs_lo <= 1.0 <= self.geo_rs_hi:
-            raise ValueError(f"method.geo_rs_lo={self.geo_rs_lo}, method.geo_rs_hi={self.geo_rs_hi}: "
-                             "need 0 < lo <= 1 <= hi (the band must contain 1, no mismatch)")
-        if not self.is_cap_C > 0:
-            raise ValueError(f"method.is_cap_C={self.is_cap_C} must be positive")
+    is_cap_C: float = is_cap_c(2.0)  # noqa: N815  (the TIS cap C, used only with geo_rs_token_tis)
 
 
 @torch.no_grad()

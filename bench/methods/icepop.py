@@ -32,19 +32,16 @@ from typing import Any
 
 import torch
 
+from bench.domains import num
 from bench.methods.base import METHODS, Batch, MethodConfig
 from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio, truncated_weights, weight_stats
 
 
 @dataclass
 class IcePopConfig(MethodConfig):
-    icepop_alpha: float = 0.5  # lower edge of the kept band of pi_old/mu (Ring-1T)
-    icepop_beta: float = 5.0  # upper edge (Ring-1T)
-
-    def check(self) -> None:
-        if not 0.0 <= self.icepop_alpha < 1.0 < self.icepop_beta:
-            raise ValueError(f"method.icepop_alpha={self.icepop_alpha}, method.icepop_beta={self.icepop_beta}: "
-                             "need 0 <= alpha < 1 < beta (the band must contain rho = 1, no mismatch)")
+    # the kept band of pi_old/mu (Ring-1T's edges); it contains rho = 1, no mismatch
+    icepop_alpha: float = num(0.5, "[0, 1)")
+    icepop_beta: float = num(5.0, "(1, inf)")
 
 
 @METHODS.register("icepop", schema=IcePopConfig, color="#882255", order=32)

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from bench.domains import num
 from bench.grpo import safe_log_ratio
 from bench.methods.base import METHODS, Batch, MethodConfig
 from bench.methods.ppo_clip import PPOClipMethod
@@ -47,12 +48,10 @@ BEHAVIOURS = ("rollout", "recompute")
 
 @dataclass
 class OPSMConfig(MethodConfig):
-    opsm_delta: float = 0.5  # threshold on the mean per-token log-ratio (nats); TRL's suggested value
+    opsm_delta: float = num(0.5, "[0, inf)")  # threshold on the mean per-token log-ratio (nats); TRL's suggested value
     opsm_behaviour: str = "rollout"  # rollout: log mu (DeepSeek-V3.2, TRL) | recompute: log pi_old
 
     def check(self) -> None:
-        if not self.opsm_delta >= 0:
-            raise ValueError(f"method.opsm_delta={self.opsm_delta} must be >= 0")
         if self.opsm_behaviour not in BEHAVIOURS:
             raise ValueError(f"method.opsm_behaviour={self.opsm_behaviour!r} is not valid; choose one of: "
                              f"{', '.join(BEHAVIOURS)}")

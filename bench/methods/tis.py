@@ -33,7 +33,8 @@ from typing import Any, Optional
 
 import torch
 
-from bench.methods.base import METHODS, Batch, MethodConfig
+from bench.domains import num
+from bench.methods.base import METHODS, Batch, MethodConfig, is_cap_c
 from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio, truncated_weights, weight_stats
 
 IS_LEVELS = ("token", "sequence")
@@ -42,19 +43,17 @@ IS_MODES = ("truncate", "mask")
 
 @dataclass
 class TISConfig(MethodConfig):
-    is_cap_C: float = 2.0  # noqa: N815  (the C of docs/arms.md: verl rollout_is_threshold, FlashRL "TIS-2")
+    is_cap_C: float = is_cap_c(2.0)  # noqa: N815  (the C of docs/arms.md: verl rollout_is_threshold, FlashRL "TIS-2")
     is_level: str = "token"  # token | sequence (Seq-TIS)
     is_mode: str = "truncate"  # truncate (TIS) | mask (MIS: weight 0 outside [is_cap_low, C])
-    is_cap_low: Optional[float] = None
+    is_cap_low: Optional[float] = num(None, "[0, inf)", {None: "no lower bound (0)"})  # mask mode's lower edge
 
     def check(self) -> None:
-        if not self.is_cap_C > 0:
-            raise ValueError(f"method.is_cap_C={self.is_cap_C} must be positive")
         if self.is_level not in IS_LEVELS:
             raise ValueError(f"method.is_level={self.is_level!r} is not valid; choose one of: {', '.join(IS_LEVELS)}")
         if self.is_mode not in IS_MODES:
             raise ValueError(f"method.is_mode={self.is_mode!r} is not valid; choose one of: {', '.join(IS_MODES)}")
-        if self.is_cap_low is not None and not 0.0 <= self.is_cap_low <= self.is_cap_C:
+        if self.is_cap_low is not None and not self.is_cap_low <= self.is_cap_C:
             raise ValueError(f"method.is_cap_low={self.is_cap_low} must be in [0, method.is_cap_C={self.is_cap_C}] "
                              "(or null: no lower bound)")
 

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional
 
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from bench.domains import num
 from bench.device import DTYPES
 
 
@@ -31,23 +32,28 @@ class ModelConfig:
     name: str = "tiny"
     path: Optional[str] = None
     arch: str = "qwen2"  # built-in only: qwen2 | llama | qwen3
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 512
-    max_position_embeddings: int = 128
-    vocab_size: int = 128  # built-in only: embedding rows (>= the 100-token character tokenizer)
-    warmstart_seed: int = 0  # built-in only: init + SFT data order of the warm start
-    warmstart_steps: int = 4000  # built-in only: SFT step budget of the cosine schedule (stops at warmstart_target_acc)
-    warmstart_lr: float = 1e-3
-    warmstart_batch: int = 16  # small batches: at this size progress is per update, not per example
-    warmstart_target_acc: Optional[float] = 0.45  # stop SFT once greedy accuracy on train examples reaches it
-    warmstart_threads: int = 1  # built-in only: torch threads of the SFT, fixed here (not the caller's) so the weights are too
+    # built-in only: the architecture (hidden_size a multiple of num_heads, num_heads of num_kv_heads)
+    hidden_size: int = num(128, "[1, inf)")
+    num_layers: int = num(4, "[1, inf)")
+    num_heads: int = num(4, "[1, inf)")
+    num_kv_heads: int = num(2, "[1, inf)")
+    intermediate_size: int = num(512, "[1, inf)")
+    max_position_embeddings: int = num(128, "[2, inf)")
+    vocab_size: int = num(128, "[1, inf)")  # built-in only: embedding rows (>= the 100-token character tokenizer)
+    warmstart_seed: int = num(0, "[0, inf)")  # built-in only: init + SFT data order of the warm start
+    # built-in only: SFT step budget of the cosine schedule (stops at warmstart_target_acc)
+    warmstart_steps: int = num(4000, "[0, inf)", {0: "no SFT: the random init, built and saved (model=mini_*)"})
+    warmstart_lr: float = num(1e-3, "(0, 1]")
+    warmstart_batch: int = num(16, "[1, inf)")  # small batches: at this size progress is per update, not per example
+    # stop SFT once greedy accuracy on train examples reaches it
+    warmstart_target_acc: Optional[float] = num(0.45, "(0, 1]", {None: "no target: train all warmstart_steps"})
+    # built-in only: torch threads of the SFT, fixed here (not the caller's) so the weights are too
+    warmstart_threads: int = num(1, "[1, 1024]")
     cache_dir: str = "${oc.env:QRL_BENCH_CACHE,'~/.cache/qrl-bench'}"
     # any model (built-in or loaded):
     dtype: str = "fp32"  # the trainer's weights: fp32 (master weights; bf16 compute is train.dtype) | bf16 (half the memory, no fp32 master copy)
-    max_length: Optional[int] = None  # prompt + response tokens (KV cache, positions); null: config.max_position_embeddings
+    # prompt + response tokens (KV cache, positions): a prompt token and a response token at least
+    max_length: Optional[int] = num(None, "[2, inf)", {None: "the model config's max_position_embeddings"})
     chat_template: Optional[bool] = None  # prompts through the tokenizer's chat template; null: when it has one
     chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)  # e.g. {enable_thinking: false} for Qwen3
     stop_tokens: List[str] = field(default_factory=list)  # tokens that end a response besides the model's EOS ids
@@ -55,10 +61,10 @@ class ModelConfig:
     def check(self) -> None:
         if self.dtype not in LOAD_DTYPES:
             raise ValueError(f"model.dtype={self.dtype!r} is not valid; choose one of: {', '.join(LOAD_DTYPES)}")
-        if self.warmstart_threads < 1:
-            raise ValueError(f"model.warmstart_threads={self.warmstart_threads} must be at least 1")
-        if self.max_length is not None and self.max_length < 2:
-            raise ValueError(f"model.max_length={self.max_length} must be at least 2 (a prompt token and a response token)")
+        if self.path is None and (self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads):
+            raise ValueError(f"model.hidden_size={self.hidden_size}, model.num_heads={self.num_heads}, model.num_kv_heads="
+                             f"{self.num_kv_heads}: the hidden size must be a multiple of the heads, and the heads of "
+                             "the key/value heads")
         if self.path is None and self.chat_template:
             raise ValueError("model.chat_template=true, but the built-in model (model.path=null) uses a character "
                              "tokenizer without a chat template; leave it null or false")

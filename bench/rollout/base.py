@@ -8,7 +8,6 @@ token was actually drawn from (temperature applied), because every correction in
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Optional, Protocol, runtime_checkable
@@ -16,6 +15,7 @@ from typing import Any, Optional, Protocol, runtime_checkable
 import torch
 from omegaconf import MISSING
 
+from bench.domains import num
 from bench.quant.quantizers import FORMATS, Quantizer
 from bench.registry import Registry
 
@@ -28,7 +28,8 @@ class RolloutConfig:
     precision: str = "${qrl_default_precision:${method.name}}"  # a name registered in bench/quant/; default: the arm's
     weight_granularity: Optional[str] = None  # null: the precision's default (per_channel for fp8/int8)
     act_granularity: Optional[str] = None  # null: the precision's default (per_token); none = weight-only
-    temperature: float = 1.0
+    # the sampling temperature (1.0: the policy's own distribution; beyond ~10 sampling is near uniform)
+    temperature: float = num(1.0, "(0, 10]")
 
     def quantizer(self) -> Quantizer:
         """The precision as a validated Quantizer (the one check of a precision setting)."""
@@ -41,9 +42,6 @@ class RolloutConfig:
             self.quantizer()
         except ValueError as e:
             raise ValueError(f"rollout.precision={self.precision}: {e}") from None
-        if not 0 < self.temperature < math.inf:  # inf samples uniformly, nan never compares
-            raise ValueError(f"rollout.temperature={self.temperature} must be positive and finite (1.0: the "
-                             "policy's own distribution)")
 
 
 #: `rollout=<name>`: every engine registers itself here with its schema (bench/rollout/<engine>.py).

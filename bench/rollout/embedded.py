@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench.domains import num
 from bench.device import DTYPES
 from bench.quant.blockscale import KV_CACHE_DTYPES, fake_quant_kv
 from bench.quant.diagnostics import QuantErrors, layer_type
@@ -78,17 +79,14 @@ class EmbeddedRolloutConfig(RolloutConfig):
     act_dtype: Optional[str] = None  # null: the precision's on the engine's device (bench/quant/<format>.py act_dtype_on)
     int8_kernel: str = "auto"
     kv_cache_dtype: Optional[str] = None  # null: the activation dtype; fp8 | fp8_e4m3 | fp8_e5m2 (scale 1, as vLLM)
-    chunk_tokens: Optional[int] = CHUNK_TOKENS  # KV-cache positions per generate chunk; null: the whole batch
-    sync_every: int = SYNC_EVERY  # decode steps between host syncs (stop check; finished rows leave the batch)
+    chunk_tokens: Optional[int] = num(CHUNK_TOKENS, "[1, inf)", {None: "the whole batch in one chunk"})  # KV-cache positions per generate chunk
+    # decode steps between host syncs (the stop check; finished rows leave the batch there): SYNC_EVERY
+    sync_every: int = num(SYNC_EVERY, "[1, 4096]")
     compact: bool = True  # finished rows leave the batch and the KV cache at every sync (exact)
-    compile: bool = False  # torch.compile the decode step and each quantized linear (fused activation quantization)
+    compile: bool = False  # torch.compile each layer's decode pieces and the quantized linears' activation quantization
 
     def check(self) -> None:
         super().check()
-        if self.chunk_tokens is not None and self.chunk_tokens < 1:
-            raise ValueError(f"rollout.chunk_tokens={self.chunk_tokens} must be positive (or null: no chunking)")
-        if self.sync_every < 1:
-            raise ValueError(f"rollout.sync_every={self.sync_every} must be at least 1 (1: a host sync every token)")
         for key, valid in (("backend", BACKENDS), ("int8_kernel", INT8_KERNELS)):
             if getattr(self, key) not in valid:
                 raise ValueError(f"rollout.{key}={getattr(self, key)!r} is not valid; choose one of: {', '.join(valid)}")

@@ -77,6 +77,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from bench.domains import num
 from bench.quant.diagnostics import QuantErrors, layer_type
 from bench.quant.quantizers import Quantizer
 from bench.timing import synchronize
@@ -121,8 +122,10 @@ class VLLMRolloutConfig(RolloutConfig):
     """`rollout=vllm`: the colocated vLLM engine's own knobs (VLLMEngine documents each)."""
 
     engine: str = "vllm"
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION  # the engine's share of the GPU (weights + KV cache); ignored on CPU
-    sleep_level: int = 0  # 1: offload weights after each generate, 2: drop them (reloaded at the sync)
+    # the engine's share of the GPU (weights + KV cache); ignored on CPU
+    gpu_memory_utilization: float = num(GPU_MEMORY_UTILIZATION, "(0, 1]")
+    # 1: offload weights after each generate, 2: drop them (reloaded at the sync)
+    sleep_level: int = num(0, "[1, 2]", {0: "off"})
     enforce_eager: Optional[bool] = None  # null: CUDA graphs on a GPU, eager on a CPU (ENFORCE_EAGER says why)
 
     def check(self) -> None:
@@ -131,10 +134,6 @@ class VLLMRolloutConfig(RolloutConfig):
             raise ValueError(
                 f"rollout=vllm needs vLLM, which {sys.executable} does not have: on a GPU `pip install -e .[vllm]`, "
                 "on a CPU `bash scripts/install_vllm.sh` (then run .venv-vllm/bin/qrl-bench); or use rollout=embedded")
-        if self.sleep_level not in SLEEP_LEVELS:
-            raise ValueError(f"rollout.sleep_level={self.sleep_level!r} is not valid; choose one of 0 (off), 1, 2")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"rollout.gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
 
 
 def vllm_settings(precision: str, weight_granularity: str, act_granularity: str, device: str) -> dict[str, Any]:

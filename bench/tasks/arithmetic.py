@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.domains import num
 from bench.tasks.base import TASKS, Example, GeneratedTask, GeneratedTaskConfig
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -32,8 +33,8 @@ def parse_int(text: str) -> int | None:
 @dataclass
 class ArithmeticTaskConfig(GeneratedTaskConfig):
     max_new_tokens: int = 6
-    min_digits: int = 1
-    max_digits: int = 2
+    min_digits: int = num(1, "[1, 18]")  # (<= max_digits: checked by the task)
+    max_digits: int = num(2, "[1, 18]")
     ops: list[str] = field(default_factory=lambda: ["+", "-"])
 
 

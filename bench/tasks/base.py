@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from omegaconf import MISSING, OmegaConf
 
+from bench.domains import num
 from bench.registry import Registry
 
 SPLITS = ("train", "test")
@@ -31,26 +32,19 @@ class TaskConfig:
     """`task.*` keys every task has; each task's schema (beside it, bench/tasks/<task>.py) adds its own."""
 
     name: str = MISSING
-    max_new_tokens: int = 16
-    data_seed: int = 1234  # fixed across RL seeds: every seed sees the same train/test split
+    max_new_tokens: int = num(16, "[1, inf)")  # response tokens at most (a schema may change the default only)
+    data_seed: int = num(1234, "[0, inf)")  # fixed across RL seeds: every seed sees the same train/test split
 
     def check(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"task.max_new_tokens={self.max_new_tokens} must be at least 1")
+        """Value checks a domain cannot express (bench/domains.py holds the ranges)."""
 
 
 @dataclass
 class GeneratedTaskConfig(TaskConfig):
     """Tasks that make (or cap) their own problem set: how many train and test problems."""
 
-    n_train: int = 5000
-    n_test: int = 200
-
-    def check(self) -> None:
-        super().check()
-        for key in ("n_train", "n_test"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"task.{key}={getattr(self, key)} must be at least 1")
+    n_train: int = num(5000, "[1, inf)")
+    n_test: int = num(200, "[1, inf)")
 
 
 #: `task=<name>`: every task registers itself here with its schema.

@@ -47,6 +47,7 @@ import string
 from dataclasses import dataclass
 from typing import Any
 
+from bench.domains import num
 from bench.tasks.base import TASKS, Example, GeneratedTask, GeneratedTaskConfig
 
 LABELS = string.ascii_lowercase + string.ascii_uppercase  # step labels, in order: at most 52 steps
@@ -59,10 +60,10 @@ class ChainTaskConfig(GeneratedTaskConfig):
     """`task.*` of task=chain: a worked chain of min_steps..max_steps steps."""
 
     max_new_tokens: int = 120  # a 16-step chain is 114 characters + EOS
-    min_steps: int = 8
-    max_steps: int = 16
-    value_digits: int = 2  # running value in [0, 99], zero-padded
-    max_operand: int = 9
+    min_steps: int = num(8, "[1, inf)")  # (<= max_steps <= the number of step labels: checked by the task)
+    max_steps: int = num(16, "[1, inf)")
+    value_digits: int = num(2, "[1, 9]")  # running value in [0, 99], zero-padded
+    max_operand: int = num(9, "[1, inf)")  # (<= the largest running value: checked by the task)
     reward_mode: str = "exact"  # exact | final | prefix
 
 

@@ -18,6 +18,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Union
 
+from bench.domains import num
 from bench.rewards import countdown_check
 from bench.tasks.base import TASKS, Example, GeneratedTask, GeneratedTaskConfig
 
@@ -75,8 +76,8 @@ def format_tree(tree: Tree) -> str:
 @dataclass
 class CountdownTaskConfig(GeneratedTaskConfig):
     max_new_tokens: int = 12
-    n_numbers: int = 3
-    max_number: int = 9
+    n_numbers: int = num(3, "[2, inf)")  # leaves of the expression tree
+    max_number: int = num(9, "[1, inf)")
 
 
 @TASKS.register("countdown", schema=CountdownTaskConfig)

@@ -26,6 +26,7 @@ from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from bench.domains import num
 from bench.rewards import SCORERS, Reward
 from bench.tasks import sources
 from bench.tasks.base import Example, Task, TaskConfig, stable_seed
@@ -39,17 +40,16 @@ class HubTaskConfig(TaskConfig):
     config: Optional[str] = None  # hub config name ("main" for gsm8k); also a subfolder of a local copy
     train_split: Optional[str] = "train"  # null: evaluation-only set
     test_split: Optional[str] = "test"  # null: hold out `test_size` rows of the train split
-    test_size: int = 0  # rows held out of the train split when test_split is null
-    max_train: Optional[int] = None  # keep at most this many train problems (null: all)
-    max_test: Optional[int] = None
+    test_size: int = num(0, "[0, inf)")  # rows held out of the train split when test_split is null
+    max_train: Optional[int] = num(None, "[1, inf)", {None: "all"})  # keep at most this many train problems
+    max_test: Optional[int] = num(None, "[1, inf)", {None: "all"})
     shuffle: bool = True  # order (and subsets) by data_seed; false: file order, first rows
-    data_seed: int = 1234
     prompt_template: Optional[str] = None  # null: the task's default for its reward
     system_prompt: Optional[str] = None
     chat_template: Optional[bool] = None  # null: the model's setting (model.chat_template); false: plain text
     reward: str = "math_verify"  # a bench.rewards.SCORERS name
-    format_weight: float = 0.0  # reward of a wrong but well-formatted answer (bench/rewards.py)
-    reward_time_limit_s: float = 5.0  # per completion; bench/run/timelimit.py
+    format_weight: float = num(0.0, "[0, 1]")  # reward of a wrong but well-formatted answer (bench/rewards.py)
+    reward_time_limit_s: float = num(5.0, "(0, 3600]")  # per completion; bench/run/timelimit.py
     max_new_tokens: int = 1024
 
     def check(self) -> None:
@@ -58,11 +58,6 @@ class HubTaskConfig(TaskConfig):
             raise ValueError(f"task.source is empty: give a hub id or a local file/folder (task={self.name})")
         if self.reward not in SCORERS:
             raise ValueError(f"task.reward={self.reward!r} is not valid; choose one of: {', '.join(sorted(SCORERS))}")
-        for key in ("max_train", "max_test"):
-            if getattr(self, key) is not None and getattr(self, key) < 1:
-                raise ValueError(f"task.{key}={getattr(self, key)} must be at least 1 (or null for all)")
-        if not self.reward_time_limit_s > 0:
-            raise ValueError(f"task.reward_time_limit_s={self.reward_time_limit_s} must be positive")
 
 
 def fill(template: str, **values: Any) -> str:

@@ -102,7 +102,7 @@ def test_nan_loss_marks_run_diverged_and_keeps_metrics(tmp_path, monkeypatch):
         ("train.batch_size=10", "train.batch_size=10"),
         ("rollout.precision=fp4", "rollout.precision='fp4'"),
         ("model.path=/nonexistent/model", "/nonexistent/model"),
-        ("algo.clip_eps_low=1.5", "algo.clip_eps_low=1.5 must be in [0, 1)"),
+        ("algo.clip_eps_low=1.5", "algo.clip_eps_low=1.5 is out of range; allowed: [0, 1)"),
     ],
 )
 def test_bad_input_fails_before_any_work(tmp_path, override, needle):

@@ -47,7 +47,7 @@ def test_sweep_exits_nonzero_and_lists_the_jobs_that_did_not_complete(tmp_path):
     bad = subprocess.run(sweep_cmd(*[a for a in SHORT if not a.startswith("train.steps=")], "train.steps=3,0",
                                    f"out_root={tmp_path}"), cwd=REPO, env=env(), capture_output=True, text=True,
                          timeout=300)
-    assert bad.returncode == 2 and "train.steps=0 must be at least 1" in bad.stderr, bad.stderr[-2000:]
+    assert bad.returncode == 2 and "train.steps=0 is out of range; allowed: [1, inf)" in bad.stderr, bad.stderr[-2000:]
     assert not any(tmp_path.rglob("run.json"))  # nothing ran
     locked = run_dir(tmp_path, seed=1)
     locked.path.mkdir(parents=True)

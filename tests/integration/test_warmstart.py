@@ -18,6 +18,7 @@ from bench.models.load import load_policy
 from bench.warmstart import INFO_FILE, greedy_accuracy, policy_path, warm_start_dir
 from bench.models.tokenizer import build_char_tokenizer
 from bench.tasks.base import build_task
+from bench.domains import check_schema
 
 
 def load_built_in(cfg, task):
@@ -187,7 +188,7 @@ def test_thread_count_comes_from_the_config_not_the_caller(tmp_path, small_task,
     assert ws.cache_key(cfg, small_task, tok) == ws.cache_key(without_knob, small_task, tok)
     assert ws.cache_key(dataclasses.replace(cfg, warmstart_threads=2), small_task, tok) != ws.cache_key(cfg, small_task, tok)
     with pytest.raises(ValueError, match="model.warmstart_threads=0"):
-        dataclasses.replace(cfg, warmstart_threads=0).check()
+        check_schema(dataclasses.replace(cfg, warmstart_threads=0), "model")
 
 
 def test_progress_lines_and_a_warning_when_the_target_is_not_reached(tmp_path, small_task, capsys):

@@ -10,6 +10,7 @@ from bench.launch.memory import model_shape
 from bench.grpo import AlgoConfig
 from bench.launch.sweeper import expand_rows
 from bench.train import TrainConfig
+from bench.domains import check_schema
 
 
 def cfg(budget: dict, algo: dict | None = None, train: dict | None = None):
@@ -111,7 +112,7 @@ def test_embedded_jobs_are_priced_by_their_engine_and_name_the_override():
 def test_budget_checks_name_the_key(bad):
     key = next(iter(bad))
     with pytest.raises(ValueError, match=f"budget.{key}"):
-        BudgetConfig(**bad).check()
+        check_schema(BudgetConfig(**bad), "budget")
 
 
 def test_rows_cross_the_cartesian_part_and_the_command_line_wins():

@@ -59,7 +59,13 @@ def test_exit_codes_are_listed_fast():
     # a value of the wrong type
     (["seed=abc"], ["seed=abc: 'abc' is not a valid seed"]),
     # a value out of range, and a choice a type cannot express (the schemas' check(), run before torch)
-    (["train.lr=-1"], ["train.lr=-1.0 must be positive and finite"]),
+    (["train.lr=-1"], ["train.lr=-1 is out of range; allowed: (0, 1]"]),
+    # the declared domains (bench/domains.py): values the schema's type admits but the key does not
+    (["algo.adv_eps=inf"], ["algo.adv_eps=inf is out of range; allowed: [0, 1]"]),
+    (["model.hidden_size=0"], ["model.hidden_size=0 is out of range; allowed: [1, inf) integer"]),
+    (["train.threads=-1"], ["train.threads=-1 is out of range; allowed: [1, 1024] integer; 0 = leave torch's default"]),
+    (["rollout.temperature=1e30"], ["rollout.temperature=1e30 is out of range; allowed: (0, 10]"]),
+    (["method=tis", "method.is_cap_C=inf"], ["method.is_cap_C=inf is out of range; allowed: (0, inf)"]),
     (["method=naive", "rollout.precision=fp9"], ["rollout.precision='fp9' is not valid; choose one of: ", "fp8_e4m3"]),
     # a sweep: each swept value is checked
     (["-m", "method=bf16,tiss"], ["method=tiss: unknown method 'tiss'", "(did you mean 'tis'?)"]),
@@ -73,7 +79,7 @@ def test_exit_codes_are_listed_fast():
                                                "(did you mean 'paper/qurl_table1'?)", "smoke_short"]),
     # a flag neither qrl-bench nor Hydra has: ours, not Hydra's usage screen
     (["--dryrun"], ["unknown option '--dryrun' (did you mean '--dry-run'?)"]),
-    (["seed=-1"], ["seed=-1 must be >= 0"]),
+    (["seed=-1"], ["seed=-1 is out of range; allowed: [0, inf) integer"]),
 ])
 def test_config_errors_are_one_line_exit_2_fast(args, needles):
     cp, cpu = run_cli(*args)
@@ -84,6 +90,18 @@ def test_config_errors_are_one_line_exit_2_fast(args, needles):
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
     assert cpu < CPU_BOUND_S, f"{' '.join(args)} took {cpu:.1f} s of CPU"
+
+
+def test_a_value_out_of_its_domain_writes_nothing(tmp_path):
+    """Refused before any work: no run directory, no warm start in the model cache (the built-in model's warm
+    start is the first thing a run would otherwise build)."""
+    cache, out = tmp_path / "cache", tmp_path / "results"
+    env_args = [f"out_root={out}", f"model.cache_dir={cache}"]
+    cp, _ = run_cli("model.num_layers=-1", *env_args)
+    assert cp.returncode == 2, cp.stderr
+    assert cp.stderr.strip().splitlines() == [
+        "qrl-bench: error: model.num_layers=-1 is out of range; allowed: [1, inf) integer"]
+    assert not out.exists() and not cache.exists()
 
 
 def test_the_checker_imports_no_torch():

@@ -20,6 +20,7 @@ from bench.models.logprobs import emulated_weights, token_logprobs
 from bench.rollout import SamplingParams
 from bench.rollout.embedded import EmbeddedEngine
 from bench.train import TrainConfig
+from bench.domains import check_schema
 
 CPU = torch.device("cpu")
 EMB = "model.embed_tokens.weight"  # tied with the lm_head: one parameter
@@ -98,9 +99,9 @@ def test_device_choice_and_errors(monkeypatch):
 
 
 def test_train_config_checks_the_new_knobs():
-    TrainConfig(device="cpu", dtype="fp16", micro_batch_size=2, gradient_checkpointing=True).check()
-    with pytest.raises(ValueError, match=r"train.micro_batch_size=0 must be at least 1"):
-        TrainConfig(micro_batch_size=0).check()
+    check_schema(TrainConfig(device="cpu", dtype="fp16", micro_batch_size=2, gradient_checkpointing=True), "train")
+    with pytest.raises(ValueError, match=r"train.micro_batch_size=0 is out of range; allowed: \[1, inf\) integer"):
+        check_schema(TrainConfig(micro_batch_size=0), "train")
     with pytest.raises(ValueError, match=r"train.dtype='fp8' is not valid; choose one of: fp32, bf16, fp16"):
         TrainConfig(dtype="fp8").check()
 

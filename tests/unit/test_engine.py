@@ -17,6 +17,7 @@ from bench.rollout import SamplingParams, build_engine
 from bench.rollout.embedded import EmbeddedEngine
 from bench.rollout.embedded import EmbeddedRolloutConfig, fast_path_problem
 from bench.rollout.vllm_engine import VLLMRolloutConfig
+from bench.domains import check_schema
 
 SMALL = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=128, initializer_range=0.02, max_position_embeddings=128)
@@ -410,7 +411,7 @@ def test_chunk_rows():
     with pytest.raises(ValueError, match="chunk_tokens=0"):
         EmbeddedEngine("fp32", chunk_tokens=0)
     with pytest.raises(ValueError, match="rollout.chunk_tokens=0"):
-        EmbeddedRolloutConfig(precision="fp32", chunk_tokens=0).check()
+        check_schema(EmbeddedRolloutConfig(precision="fp32", chunk_tokens=0), "rollout")
 
 
 def test_int8_engine_computes_in_bf16_on_cuda_and_fp32_on_cpu(models):

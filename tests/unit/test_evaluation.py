@@ -17,6 +17,7 @@ import pytest
 import torch
 import transformers as tr
 
+from bench.domains import check_schema
 from bench.evaluation import (
     EvalConfig,
     build_eval_sets,
@@ -74,20 +75,20 @@ def test_samples_per_problem():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(mode="pass@5"), r"eval.mode='pass@5' is not valid; choose one of: greedy, avg@k, pass@k"),
     (dict(mode="pass@k", k=8, n=4), r"eval.n=4 must be >= eval.k=8"),
-    (dict(k=0), r"eval.k=0 must be at least 1"),
-    (dict(top_p=0.0), r"eval.top_p=0.0 must be in \(0, 1\]"),
-    (dict(top_p=1.5), r"eval.top_p=1.5 must be in \(0, 1\]"),
-    (dict(temperature=0.0), r"eval.temperature=0.0 must be positive and finite"),
-    (dict(temperature=float("inf")), r"eval.temperature=inf must be positive and finite"),
+    (dict(k=0), r"eval.k=0 is out of range; allowed: \[1, inf\)"),
+    (dict(top_p=0.0), r"eval.top_p=0 is out of range; allowed: \(0, 1\]"),
+    (dict(top_p=1.5), r"eval.top_p=1.5 is out of range; allowed: \(0, 1\]"),
+    (dict(temperature=0.0), r"eval.temperature=0 is out of range; allowed: \(0, 10\]"),
+    (dict(temperature=float("inf")), r"eval.temperature=inf is out of range; allowed: \(0, 10\]"),
     (dict(sets=["aime2024"]), r"eval.sets: 'aime2024' not a registered task; choose from: .*aime24"),
     (dict(sets=["aime24", "aime24"]), r"names a set twice"),
     (dict(sets=["aime24"], overrides={"amc23": {"max_test": 3}}), r"eval.overrides has 'amc23', which eval.sets"),
     (dict(sets=["aime24"], overrides={"aime24": {"max_tests": 3}}), r"eval.overrides.aime24: unknown key\(s\) max_tests"),
-    (dict(sets=["aime24"], overrides={"aime24": {"max_test": 0}}), r"task.max_test=0 must be at least 1"),
+    (dict(sets=["aime24"], overrides={"aime24": {"max_test": 0}}), r"task.max_test=0 is out of range; allowed: \[1, inf\)"),
 ])
 def test_bad_eval_config_names_the_key(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        EvalConfig(**kwargs).check()
+        check_schema(EvalConfig(**kwargs), "eval")
 
 
 def test_good_eval_config_passes():

@@ -1,7 +1,8 @@
 """The floors of bench/: every import (module level or inside a function) goes to the same floor or one below,
 and no two rooms (a folder, or a top-level module) import each other.
 
-    0 base        registry, timing, device, grpo/gae/dapo (the loss and advantage math), passk, mismatch, run/
+    0 base        registry, domains (config value ranges), timing, device, grpo/gae/dapo (the loss and advantage
+                  math), passk, mismatch, run/
     1 parts       quant/, rewards (scorers, the countdown checker)
     2 components  rollout/ (engines), tasks/, methods/ (arms)
     3 models      models/ (loaders, tokenizer, log-probs: reads a Rollout)
@@ -21,7 +22,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 FLOORS = {
-    0: ["registry", "timing", "device", "grpo", "gae", "dapo", "passk", "mismatch", "run"],
+    0: ["registry", "domains", "timing", "device", "grpo", "gae", "dapo", "passk", "mismatch", "run"],
     1: ["quant", "rewards"],
     2: ["rollout", "tasks", "methods"],
     3: ["models"],

@@ -23,6 +23,7 @@ from bench.rollout.embedded import EmbeddedEngine
 from tests.helpers import make_cfg
 from tests.unit.test_methods import D, assert_detached, close, run, tt
 from tests.unit.test_methods import batch as _batch
+from bench.domains import check_schema
 
 LOG_HALF = math.log(0.5)
 
@@ -93,7 +94,7 @@ def test_i4_icepop_equals_tis_mask_mode_with_the_same_band():
 ])
 def test_bad_knobs_are_named(schema, knobs, match):
     with pytest.raises(ValueError, match=match):
-        schema(name="x", **knobs).check()
+        check_schema(schema(name="x", **knobs), "method")
 
 
 # ---------------------------------------------------------------- geo_rs
