@@ -217,17 +217,14 @@ def vllm_variants() -> list[tuple[str, str]]:
     return [("fp32", "per_channel"), ("bf16", "per_channel")] + [("fp8_e4m3", g) for g in FP8_SCHEMES[device]]
 
 
-def vllm_label(precision: str, granularity: str) -> str:
-    return f"vllm | {precision}" + (f" {granularity}" if precision == "fp8_e4m3" else "")
-
-
 def vllm_engine(spec: dict, model: torch.nn.Module):
     """A built vLLM engine for one precision of `spec` (its stop ids, lengths, batch), timed."""
     from bench.rollout.vllm_engine import VLLMEngine
 
     max_len = spec["prompt_len"] + spec["new_tokens"]
     engine = VLLMEngine(spec["precision"], spec["granularity"], "per_token", eos_id=spec.get("stops"), max_len=max_len,
-                        gpu_memory_utilization=spec["gpu_memory_utilization"], max_num_seqs=max(spec["batch"]))
+                        gpu_memory_utilization=spec["gpu_memory_utilization"], max_num_seqs=max(spec["batch"]),
+                        enforce_eager=spec.get("enforce_eager"))
     engine.load_weights(model)
     return engine
 
@@ -259,16 +256,25 @@ def vllm_child(spec: dict) -> dict:
 
 
 def vllm_specs(args) -> list[dict]:
+    """One spec per vLLM row: each precision of the platform, eager; with --vllm-compiled also without enforce_eager
+    (CUDA graphs on a GPU, torch.compile on a CPU: bench.rollout.vllm_engine.ENFORCE_EAGER)."""
+    modes = (True, False) if args.vllm_compiled else (None,)
     return [dict(precision=precision, granularity=granularity, preset=args.preset, layers=args.layers,
                  batch=args.batch, new_tokens=args.new_tokens, prompt_len=args.prompt_len, threads=args.threads,
-                 repeats=args.repeats, gpu_memory_utilization=args.gpu_memory_utilization, stops=args.stops)
-            for precision, granularity in vllm_variants() if precision in args.precisions]
+                 repeats=args.repeats, gpu_memory_utilization=args.gpu_memory_utilization, stops=args.stops,
+                 enforce_eager=eager)
+            for precision, granularity in vllm_variants() if precision in args.precisions for eager in modes]
+
+
+def vllm_label(precision: str, granularity: str, enforce_eager: bool | None = None) -> str:
+    engine = "vllm (compiled)" if enforce_eager is False else "vllm"
+    return f"{engine} | {precision}" + (f" {granularity}" if precision == "fp8_e4m3" else "")
 
 
 def run_vllm_children(args, rows: dict, syncs: dict, notes: list[str]) -> None:
     """A GPU: each vLLM precision in its own child process (its GPU memory is gone before the next)."""
     for spec in vllm_specs(args):
-        name = vllm_label(spec["precision"], spec["granularity"])
+        name = vllm_label(spec["precision"], spec["granularity"], spec["enforce_eager"])
         proc = subprocess.run([sys.executable, "-m", "bench.benchmarks.rollout", "--vllm-child", json.dumps(spec)],
                               capture_output=True, text=True)
         result = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -290,7 +296,7 @@ def run_all(args, rows: dict, syncs: dict, notes: list[str], lengths: dict) -> N
     vllm: dict[str, object] = {}
     if "vllm" in args.engines:  # on a CPU (the caller sends a GPU's vLLM rows to child processes)
         for spec in vllm_specs(args):
-            name = vllm_label(spec["precision"], spec["granularity"])
+            name = vllm_label(spec["precision"], spec["granularity"], spec["enforce_eager"])
             vllm[name] = engine = vllm_engine(spec, model)
             syncs[name] = f"{vllm_sync_ms(engine, model, args.repeats):.1f}"
             notes.append(f"{name}: engine start {engine.build_s:.1f} s")
@@ -319,10 +325,12 @@ def run_all(args, rows: dict, syncs: dict, notes: list[str], lengths: dict) -> N
 
 
 def ratio_table(rows: dict, args) -> list[str]:
-    """Each embedded variant's useful tokens/s over the `before` engine's and over vLLM's fp32 engine's."""
-    vllm_ref = rows.get("vllm | fp32", {})
-    lines = ["| embedded | precision | " + " | ".join(f"B={B} vs before | B={B} vs vLLM fp32" for B in args.batch) + " |",
-             "|" + "---|" * (2 + 2 * len(args.batch))]
+    """Each embedded variant's useful tokens/s over the `before` engine's and over vLLM's fp32 engines' (eager, and
+    compiled with --vllm-compiled)."""
+    refs = [name for name in ("vllm | fp32", "vllm (compiled) | fp32") if name in rows]
+    cols = ["before"] + [r.split(" | ")[0] for r in refs]
+    lines = ["| embedded | precision | " + " | ".join(f"B={B} vs {c}" for B in args.batch for c in cols) + " |",
+             "|" + "---|" * (2 + len(cols) * len(args.batch))]
     for variant in args.variants:
         if variant == BEFORE:
             continue
@@ -330,8 +338,8 @@ def ratio_table(rows: dict, args) -> list[str]:
             mine, before = rows.get(f"{embedded_label(variant)} | {prec}"), rows.get(f"{embedded_label(BEFORE)} | {prec}", {})
             if mine is None:
                 continue
-            cells = [f"{mine[B] / before[B]:.2f}x" if B in before else "-" for B in args.batch]
-            cells = [c for B, b in zip(args.batch, cells) for c in (b, f"{mine[B] / vllm_ref[B]:.2f}x" if B in vllm_ref else "-")]
+            cells = [f"{mine[B] / ref[B]:.2f}x" if B in ref else "-" for B in args.batch
+                     for ref in [before] + [rows[r] for r in refs]]
             lines.append(f"| {variant} | {prec} | " + " | ".join(cells) + " |")
     return lines
 
@@ -412,6 +420,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hf", action="store_true", help="add HF generate rows (fp32, bf16)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6,
                     help="vLLM's share of the GPU (the trainer's bf16 copy needs the rest: 16 GB for 8B)")
+    ap.add_argument("--vllm-compiled", action="store_true",
+                    help="add vLLM rows without enforce_eager (CUDA graphs / torch.compile)")
     ap.add_argument("--conversion", action="store_true",
                     help="time vLLM's completions -> rollout tensors, old loop vs numpy, at --batch[0] x --new-tokens")
     ap.add_argument("--vllm-child", help=argparse.SUPPRESS)
