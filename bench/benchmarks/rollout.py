@@ -52,6 +52,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -287,6 +288,39 @@ def run_vllm_children(args, rows: dict, syncs: dict, notes: list[str]) -> None:
         notes.append(f"{name}: engine start {res['start_s']:.1f} s")
 
 
+def decode_fit(rows: dict, args, shape: Any, lengths: dict) -> list[str]:
+    """The embedded engine's cost per decode step in bench/launch/budget.py's form, t(B) = f + B x r, fitted by least
+    squares over the batch sizes: from every embedded row of a run without stop ids (all B rows decode every step, a
+    step takes B / tokens-per-second), else from the `before` rows (they keep all B rows to the longest: a step takes
+    the run's time over its longest response). Prefill is left in. f is what a step costs whatever its rows (weights
+    read, kernel launches), r what each row adds; f over the layers and the eager kernels per layer
+    (budget.KERNELS_PER_LAYER) is this machine's cost per kernel, the analogue of budget.KERNEL_S."""
+    from bench.launch.budget import ACT_QUANT_KERNELS, KERNELS_PER_LAYER, LINEARS_PER_LAYER
+    from bench.launch.memory import EIGHT_BIT
+
+    if len(args.batch) < 2:
+        return []
+    lines = []
+    for name, by_batch in rows.items():
+        engine, prec = name.split(" | ")
+        if not engine.startswith("embedded") or len(by_batch) < 2 or (args.stops and engine != embedded_label(BEFORE)):
+            continue
+        if args.stops:  # one call's lengths are the first B collected (every call samples the same responses)
+            per_step = {b: sum(lengths[b][:b]) / by_batch[b] / max(lengths[b][:b]) for b in by_batch if lengths.get(b)}
+        else:
+            per_step = {b: b / by_batch[b] for b in by_batch}
+        if len(per_step) < 2:
+            continue
+        B = torch.tensor([float(b) for b in per_step], dtype=torch.float64)
+        t = torch.tensor(list(per_step.values()), dtype=torch.float64)
+        f, r = torch.linalg.lstsq(torch.stack([torch.ones_like(B), B], dim=1), t[:, None]).solution.flatten().tolist()
+        kernels = KERNELS_PER_LAYER["eager"] + (LINEARS_PER_LAYER * ACT_QUANT_KERNELS["eager"] if prec in EIGHT_BIT else 0)
+        lines.append(f"| {engine} | {prec} | {f * 1e3:.3g} | {r * 1e6:.3g} | "
+                     f"{f / (shape.config.num_hidden_layers * kernels) * 1e6:.3g} |")
+    return (["| engine | precision | f ms per step | r us per row and step | f per layer-kernel us |",
+             "|---|---|---|---|---|"] + lines) if lines else []
+
+
 def run_all(args, rows: dict, syncs: dict, notes: list[str], lengths: dict) -> None:
     """The embedded variants (and, on a CPU, the vLLM engines) timed in interleaved rounds per batch size."""
     device = resolve_device(args.device) if "embedded" in args.engines else torch.device("cpu")
@@ -480,6 +514,11 @@ def main(argv: list[str] | None = None) -> None:
     if "embedded" in args.engines and (BEFORE in args.variants or "vllm | fp32" in rows):
         print("\nUseful tokens/s ratios:\n")
         print("\n".join(ratio_table(rows, args)))
+    fit = decode_fit(rows, args, shape, lengths)
+    if fit:
+        print("\nThe embedded decode's cost per step, fitted as t(B) = f + B x r over the batch sizes "
+              "(bench/launch/budget.py's form; prefill left in):\n")
+        print("\n".join(fit))
     for note in notes:
         print(f"\n- {note}", end="")
     print()

@@ -92,10 +92,12 @@ def throughputs(b: Any) -> tuple[float, float, float] | None:
 #             + B/gpus x L_p x 2 P / (peak x gen_mfu)                                      the prompts' prefill
 # kernels per layer (counted in FastDecoder): 45 in eager bf16; the W8A8 formats add ~17 per linear (4 per layer)
 # to quantize activations eagerly, 1 with rollout.compile; compile fuses a layer's elementwise work to ~15.
-# KERNEL_S is ours: an eager kernel launch with PyTorch's dispatch on an H100 host, ~10 us (the per-step overhead
-# the GPU check's rollout benchmark measures at real shapes replaces it). The CPU rollout benchmark calibrates the
-# model's form, not these constants: at long-tail lengths (bench.benchmarks.rollout --mean-response) the embedded
-# engine's cost follows its steps (the longest row) and its live rows, which is what compaction changed.
+# KERNEL_S is ours: an eager kernel launch with PyTorch's dispatch on an H100 host, ~10 us. The rollout benchmark
+# calibrates it: over two or more batch sizes it fits a decode step's cost as f + B x r (this model's form) and
+# prints f per layer and kernel, the measured KERNEL_S of the machine it runs on (bench.benchmarks.rollout
+# decode_fit). On the 2-core CPU (1M preset, loaded) f came out 2-6 ms per step, 11-20 us per kernel, and at
+# long-tail lengths the engine's cost followed its steps and live rows as the model has it (compaction: 2-2.4x at a
+# longest row 3.7x the mean). The GPU check's step 2 fits it at 1.5B (batch 32 and 256); its value replaces 10 us.
 # The embedded engine is never priced below vLLM's rate (vLLM is the faster engine by construction; where the model
 # says otherwise, e.g. qurl_table1's 0.5B at 512 tokens, the stated vLLM rate is the conservative figure).
 

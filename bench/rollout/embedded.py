@@ -180,8 +180,9 @@ class _Layer(nn.Module):
         self.register_buffer("ln2", hf_layer.post_attention_layernorm.weight.detach().to(act).clone())
         qk_norm = None
         if hasattr(at, "q_norm"):  # Qwen3: one weight per head dim, for the q heads and the k heads ([H + Hkv, D])
-            heads = at.q_proj.weight.shape[0] // at.q_norm.weight.shape[0], at.k_proj.weight.shape[0] // at.k_norm.weight.shape[0]
-            qk_norm = torch.cat([at.q_norm.weight.detach().expand(heads[0], -1), at.k_norm.weight.detach().expand(heads[1], -1)])
+            q_w, k_w = at.q_norm.weight.detach(), at.k_norm.weight.detach()
+            heads = at.q_proj.weight.shape[0] // q_w.shape[0], at.k_proj.weight.shape[0] // k_w.shape[0]
+            qk_norm = torch.cat([q_w.expand(heads[0], -1), k_w.expand(heads[1], -1)])
         self.register_buffer("qk_norm", None if qk_norm is None else qk_norm.to(act).clone())
 
 
@@ -258,7 +259,8 @@ class FastDecoder(nn.Module):
             cos=cos,
             sin=sin,
             # the decode steps' attention mask, additive (0 / -inf) as SDPA turns a bool mask into on every call
-            valid=torch.zeros(B, 1, 1, total, dtype=self.attn, device=ids.device).masked_fill_(~valid[:, None, None, :], float("-inf")),
+            valid=torch.zeros(B, 1, 1, total, dtype=self.attn, device=ids.device).masked_fill_(
+                ~valid[:, None, None, :], float("-inf")),
             next_pos=mask.sum(1, keepdim=True),
             length=P,
         )
