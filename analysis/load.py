@@ -404,6 +404,15 @@ def label_tasks(runs: list[Run]) -> None:
             r.task = name + (f" ({', '.join(f'{k}={o.get(k)}' for k in keys)})" if keys else "")
 
 
+def _where(info: dict[str, Any], run_dir: Path) -> str:
+    """How far an unfinished run got, for its left-out reason: run.json's step (W&B's summary has one), else the
+    metrics rows it logged (the trainer's run.json records none: "at step None" said nothing)."""
+    if isinstance(info.get("step"), int):
+        return f" at step {info['step']}"
+    logged = len(identity.read_jsonl(run_dir / "metrics.jsonl").rows)
+    return f" after {logged} logged step(s)" if logged else " before its first logged step"
+
+
 def load_run(run_dir: Path, root: Path | None = None, run_id: str | None = None) -> Run:
     """Read and validate one run directory; raises RunError with the reason it cannot be used."""
     run_dir = Path(run_dir)
@@ -416,7 +425,7 @@ def load_run(run_dir: Path, root: Path | None = None, run_id: str | None = None)
         raise RunError(f"run.json: unknown status {status!r}")
     if status not in FINISHED_STATUSES:
         reason = info.get("reason")
-        raise RunError(f"status={status}" + (f" ({reason})" if reason else "") + f" at step {info.get('step')}")
+        raise RunError(f"status={status}" + (f" ({reason})" if reason else "") + _where(info, run_dir))
     config = _read_config(run_dir)
     fallback = _identity_from_path(run_dir)
     ident = {

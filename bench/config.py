@@ -30,7 +30,7 @@ from bench.domains import check_schema, domains, num, numeric_kind
 from bench.launch.budget import BudgetConfig
 from bench.evaluation import EvalConfig
 from bench.grpo import AlgoConfig
-from bench.run.identity import run_path, run_subdir
+from bench.run.identity import check_path_parts, run_path, run_subdir
 from bench.methods.base import METHODS, arm_precision
 from bench.models.load import ModelConfig
 from bench.rollout.base import ENGINES
@@ -134,7 +134,8 @@ def checks(cfg: DictConfig) -> list[Callable[[], Any]]:
     parts = [("method", group_schema("method", cfg.method.name)), ("task", group_schema("task", cfg.task.name)),
              ("rollout", group_schema("rollout", cfg.rollout.engine)), ("algo", AlgoConfig), ("train", TrainConfig),
              ("tracking", TrackingConfig), ("model", ModelConfig), ("eval", EvalConfig), ("budget", BudgetConfig)]
-    out: list[Callable[[], Any]] = [lambda: check_known_keys(cfg, dict(parts)), lambda: check_root_domains(cfg)]
+    out: list[Callable[[], Any]] = [lambda: check_known_keys(cfg, dict(parts)), lambda: check_root_domains(cfg),
+                                    lambda: check_path_parts(cfg)]
     out += [lambda key=key, schema=schema: _check_part(cfg, key, schema) for key, schema in parts]
     # WANDB_MODE overrides tracking.mode: a bad one must fail here, not inside the run
     return out + [lambda: tracking_mode(cfg), lambda: check_across(cfg)]

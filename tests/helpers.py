@@ -11,6 +11,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from bench.launch.cli import CONF_DIR  # noqa: F401  (importing bench.launch.cli registers the schemas)
+from tests.hang import HANG_S
 
 # a few-second run: 3 steps of 16 sequences, tiny eval split
 FAST = ["train.steps=3", "train.batch_size=16", "train.group_size=4", "train.eval_every=2",
@@ -23,7 +24,7 @@ def make_cfg(out_root: Path, *overrides: str, fast: bool = True) -> DictConfig:
         return compose("config", overrides=[*(FAST if fast else []), f"out_root={out_root}", *overrides])
 
 
-def cli(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
+def cli(*args: str, timeout: float = HANG_S, **kw) -> subprocess.CompletedProcess:
     """Run `python -m bench ARGS` in a subprocess with the test environment."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_SILENT": "true"}
     return subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, env=env, capture_output=True,

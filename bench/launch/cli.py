@@ -25,10 +25,10 @@ from omegaconf import DictConfig, OmegaConf
 from bench.launch import sweep_report
 from bench.config import CONF_DIR, GROUP_REGISTRIES, NAME_KEYS, RENAMED_METHODS, USER_NAMED_MODELS, register_configs, validate
 from bench.grpo import AlgoConfig
-from bench.launch.overrides import check_overrides
+from bench.launch.overrides import SWEEP_OVERWRITE, check_overrides
 from bench.run.preempt import Stopped, stop_on_signals
 from bench.run.resume import Plan
-from bench.run.store import RunDir, RunLocked, root_os_error
+from bench.run.store import RunDir, RunLocked, root_os_error, unwritable
 
 EXIT = {"completed": 0, "skipped": 0, "failed": 1, "bad_config": 2, "diverged": 3, "locked": 4, "refused": 5,
         "incomplete": 6, "preempted": 128 + signal.SIGTERM, "interrupted": 128 + signal.SIGTERM}
@@ -89,12 +89,16 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
     except ValueError as e:
         return _bad_input(cfg, name, e)
     run = RunDir.of(cfg)
-    from bench.run.resume import config_mismatch
+    from bench.run.resume import config_mismatch, unrecorded
 
     mismatch = None if cfg.train.overwrite else config_mismatch(run, cfg)
     if mismatch:  # before any work; decided again under the lock
         print(f"qrl-bench: error: {name}: {mismatch}", file=sys.stderr, flush=True)
         return Outcome("bad_config", mismatch, run.path)
+    unknown = None if cfg.train.overwrite else unrecorded(run)
+    if unknown:  # likewise
+        print(f"qrl-bench: error: {name}: {unknown}", file=sys.stderr, flush=True)
+        return Outcome("refused", unknown, run.path)
     if run.status == "completed" and not cfg.train.overwrite:  # cheap early exit; decided again under the lock
         say(name, f"already completed in {run.path}, skipping")
         return Outcome("skipped", "already completed", run.path)
@@ -290,12 +294,6 @@ def _stopped(run: RunDir, name: str, err: Stopped) -> Outcome:
     return Outcome("preempted", info.get("reason"), run.path, signum=err.signum)
 
 
-#: why a sweep refuses train.overwrite=true (bench/run/resume.py: it deletes a run's results, completed ones too)
-SWEEP_OVERWRITE = ("train.overwrite=true is refused on a sweep (-m): it would delete and retrain every completed "
-                   "run of the sweep; a relaunch of the sweep already resumes or restarts the unfinished ones. To "
-                   "redo one run, launch it alone (no -m) with train.overwrite=true")
-
-
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_main(cfg: DictConfig) -> Any:
     hc = HydraConfig.get()
@@ -374,16 +372,6 @@ def _default_choices() -> dict[str, str]:
     return out
 
 
-def overwrite_on_sweep(args: list[str]) -> str | None:
-    """The error for `train.overwrite=true` on a sweep command line (SWEEP_OVERWRITE says why)."""
-    if not {"-m", "--multirun"} & set(args):
-        return None
-    values = [a.split("=", 1)[1] for a in args if a.lstrip("+").split("=", 1)[0] == "train.overwrite" and "=" in a]
-    if any(v.strip().lower() in ("true", "yes", "on", "1") for value in values for v in value.split(",")):
-        return SWEEP_OVERWRITE
-    return None
-
-
 def unwritable_out_root(args: list[str]) -> str | None:
     """The error when the results directory (out_root=..., default from conf/config.yaml) cannot be written:
     Hydra would otherwise fail creating its output directory with a long logging traceback."""
@@ -395,26 +383,6 @@ def unwritable_out_root(args: list[str]) -> str | None:
     if why:
         return f"results directory {out_root} is not writable ({why}); choose another with out_root=DIR"
     return None
-
-
-def unwritable(path: Path) -> str | None:
-    """Why `path` (a directory, or one that mkdir -p would create) cannot be written, or None: its deepest
-    existing part must be a writable directory."""
-    existing = Path(path).absolute()
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is not a directory"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{'read-only file system' if _read_only_fs(existing) else 'permission denied'}: {existing}"
-    return None
-
-
-def _read_only_fs(path: Path) -> bool:
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
 
 
 def run(args: list[str], checked: bool = False) -> None:
@@ -442,4 +410,4 @@ def run(args: list[str], checked: bool = False) -> None:
 
 def config_error(args: list[str], plain: list[str]) -> str | None:
     """The checks of the command line that come before composing it (bench.launch.overrides composes it)."""
-    return check_names(plain) or check_group_overrides(plain) or unwritable_out_root(args) or overwrite_on_sweep(args)
+    return check_names(plain) or check_group_overrides(plain) or unwritable_out_root(args)

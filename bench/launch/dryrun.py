@@ -20,8 +20,6 @@ from __future__ import annotations
 import sys
 
 from hydra import compose, initialize_config_dir
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from bench.launch.budget import CHEAPER_BY, describe, describe_embedded, describe_eval, estimate, eval_estimate
 from bench.config import CONF_DIR, register_configs
@@ -29,21 +27,18 @@ from bench.launch.memory import estimate_memory
 from bench.methods.base import METHODS
 from bench.run.resume import preview, refusal_reason
 from bench.run.store import RunDir
-from bench.launch.sweeper import assign_variants, expand_rows, sweep_default
+from bench.launch import sweeper
 
 register_configs()
 
 
 def expand(overrides: list[str]) -> list[list[str]]:
-    """Every job's override list, in the sweeper's order."""
+    """Every job's override list, in the sweeper's order (bench/launch/sweeper.py `expand`); its notes printed."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        base = [o for o in overrides if "," not in o.split("=", 1)[-1]]
-        cfg = compose("config", overrides=base, return_hydra_config=True)
-        params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.get("params") or {}).items()]
-        rows = list(cfg.hydra.sweeper.get("rows") or [])
-        parsed = OverridesParser.create().parse_overrides(params + overrides)
-        jobs = BasicSweeper.split_arguments(parsed, max_batch_size=None)[0]
-    return assign_variants(expand_rows(rows, jobs), sweep_default(cfg))
+        jobs, notes = sweeper.expand(overrides, compose)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    return jobs
 
 
 def dry_run(overrides: list[str]) -> int:

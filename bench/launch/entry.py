@@ -31,8 +31,9 @@ Exit codes of a single run (every non-zero one comes with a one-line cause on st
     3    diverged: a non-finite loss or gradient (run.json `diverged`; metrics kept); also a relaunch of one
     4    the run directory is in use by another process (its lock is held)
     5    refused: the run directory holds rows but neither run.json nor a checkpoint (a completed run that
-         lost its run.json), or an unreadable checkpoint; the message names the option that goes on
-         (train.overwrite=true, train.resume_from=previous). A run stopped before its first checkpoint is not
+         lost its run.json), or results but neither config.yaml nor run.json's config_hash to say what made
+         them, or an unreadable checkpoint; the message names the way on (train.overwrite=true,
+         train.resume_from=previous, moving the directory away to keep it). A run stopped before its first checkpoint is not
          refused: it restarts from step 0 (bench/run/resume.py)
     6    incomplete: trained to the end, but steps are missing from metrics.jsonl that no checkpoint could
          recompute (their lines were unreadable); also a relaunch of such a run
@@ -51,6 +52,8 @@ examples:
   qrl-bench                                          one run: bf16 arm, arithmetic, tiny model, CPU (~20 s)
   qrl-bench method=tis rollout.precision=int8 seed=1  one arm at another precision -> results/default/tis@int8/...
   qrl-bench -m method=bf16,naive,tis seed=0,1,2      a sweep: every combination, local workers in parallel
+  qrl-bench -m method=bf16,naive,tis rollout.precision=int8,mxfp4   arms x precisions: 5 jobs (bf16 runs once,
+                                                     at bf16, its fixed precision; docs/sweeps.md)
   qrl-bench -m +experiment=smoke_short --dry-run     list a named sweep's jobs and what each launch would do
   qrl-bench -m +experiment=smoke_short               run a named sweep (conf/experiment/)
   qrl-bench -m +experiment=smoke_short hydra/launcher=slurm   the same sweep on SLURM (submitit)

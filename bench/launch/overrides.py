@@ -9,19 +9,26 @@ with "did you mean" when a valid name is close (difflib):
     train.stepz=3: train has no key 'stepz' (did you mean 'steps'?); its keys: batch_size, ...
     seed=abc: 'abc' is not a valid seed (Value 'abc' of type 'str' could not be converted to Integer)
 
-A sweep (-m) is checked value by value: the fixed overrides together, then each value of each swept override
-with them (`method=bf16,tis` composes method=bf16, then method=tis), not every job. Values (ranges, choices a
-type cannot express) are checked later by `bench.config.validate`, per job.
+A sweep (-m) is checked job by job: the overrides that are not swept first (their errors name them), then every
+job the sweep will launch, expanded as its sweeper expands it (bench/launch/sweeper.py `expand`: the Cartesian
+product, a recipe's rows, each fixed-precision arm once at its own precision). So `-m method=naive,tis
+rollout.precision=int8,fp8_e4m3` checks the four jobs it runs, never a combination it does not contain.
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
 import re
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 #: Hydra flags that take a value or change what runs: with any of them, Hydra parses the command line itself
 HYDRA_FLAGS = ("-m", "--multirun")
+#: why a sweep refuses train.overwrite=true (bench/run/resume.py: it deletes a run's results, completed ones too)
+SWEEP_OVERWRITE = ("train.overwrite=true is refused on a sweep (-m): it would delete and retrain every completed "
+                   "run of the sweep; a relaunch of the sweep already resumes or restarts the unfinished ones. To "
+                   "redo one run, launch it alone (no -m) with train.overwrite=true")
 _MISSING = re.compile(r"Could not find '(?P<path>[^']+)'")
 _NOT_IN_DEFAULTS = re.compile(r"Could not override '(?P<group>[^']+)'\. No match in the defaults list")
 
@@ -34,48 +41,111 @@ def check_overrides(args: list[str], check: Callable[[Any], str | None] | None =
         return None  # --cfg, --config-name, ...: Hydra's own command line
     overrides = [a for a in args if not a.startswith("-")]
     from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     from bench.config import CONF_DIR
 
+    multirun = bool(set(flags) & set(HYDRA_FLAGS))
+    writes = "--dry-run" not in flags  # a dry run writes nothing: a read-only copy of the results may be listed
     try:
-        trials = _trials(overrides, multirun=bool(flags and set(flags) & set(HYDRA_FLAGS)))
+        _parse(overrides)
     except ValueError as e:
         return str(e)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        for trial in trials:
+        trials, fixed = [overrides], overrides
+        if multirun:
+            from bench.launch.sweeper import expand
+
+            parser = OverridesParser.create()
+            fixed = [o for o in overrides if not parser.parse_override(o).is_sweep_override()]
             try:
-                cfg = compose("config", overrides=trial, return_hydra_config=True)
+                base = compose("config", overrides=fixed, return_hydra_config=True)
             except HydraException as e:
-                return explain(e, trial, compose)
-            error = check(cfg) if check is not None else None
+                return explain(e, fixed, compose)
+            error = writes and unwritable_dir("sweep directory", Path(str(base.hydra.sweep.dir)))  # multirun.yaml
             if error:
                 return error
+            try:
+                trials, _ = expand(overrides, compose, base)
+            except HydraException as e:  # a swept value that does not compose: named by the job that holds it
+                return explain(e, overrides, compose)
+            except Exception as e:  # noqa: BLE001 -- a sweep Hydra's sweeper cannot expand (range() in a list)
+                swept = [o for o in overrides if o not in fixed]
+                return f"{' '.join(swept)}: this sweep cannot be expanded into jobs ({_first_line(e)})"
+        for trial, cfg in _composed(trials, compose):
+            if isinstance(cfg, HydraException):
+                return explain(cfg, trial, compose)
+            if multirun and cfg.train.get("overwrite"):  # any spelling of true, from the command line or a yaml
+                return SWEEP_OVERWRITE
+            error = (check(cfg) if check is not None else None) or (writes and unwritable_run_dir(cfg))
+            if error:
+                swept = [o for o in trial if o not in fixed]
+                return f"{error} (in the sweep's job {' '.join(swept)})" if swept else error
     return None
 
 
-def _trials(overrides: list[str], multirun: bool) -> list[list[str]]:
-    """The override lists to compose: all of them (one run), or the fixed ones plus each swept value (-m)."""
+def _composed(jobs: list[list[str]], compose: Callable[..., Any]) -> Iterator[tuple[list[str], Any]]:
+    """(job, its composed config, or the HydraException composing it raised) for every job, in order.
+
+    Composing is what a check of a sweep costs (~0.1 s a job; Hydra composes each job again before launching it),
+    and most sweeps repeat each job over seeds: jobs that differ only in `seed=<int>` are composed once and the
+    seed is set on a copy. Any other difference, and a seed that is not a plain integer, is composed in full."""
+    from hydra.errors import HydraException
+    from omegaconf import open_dict
+
+    done: dict[tuple[str, ...], Any] = {}
+    for job in jobs:
+        seeds = [o for o in job if o.startswith("seed=") and o[5:].isdigit()]
+        key = tuple(o for o in job if o not in seeds)
+        if seeds and key in done:
+            cfg = copy.deepcopy(done[key])
+            with open_dict(cfg):
+                cfg.seed = int(seeds[-1][5:])
+            yield job, cfg
+            continue
+        try:
+            cfg = compose("config", overrides=job, return_hydra_config=True)
+        except HydraException as e:
+            yield job, e
+            continue
+        if seeds:
+            done[key] = cfg
+        yield job, cfg
+
+
+def unwritable_run_dir(cfg: Any) -> str | None:
+    """The error when a new run's directory cannot be made, or None: Hydra makes it (as it writes a sweep's
+    multirun.yaml) before any of the suite's code runs, and fails in a 30-line traceback. A run directory that
+    exists already is the run's to judge (a completed run in a read-only copy of the results is skipped)."""
+    from bench.run.identity import RunId
+
+    try:
+        run_dir = RunId.of(cfg).path(Path(str(cfg.out_root)).expanduser().absolute())
+    except ValueError as e:  # a value that cannot be a folder of the run path (bench/run/identity.py)
+        return str(e)
+    return None if run_dir.exists() else unwritable_dir("run directory", run_dir)
+
+
+def unwritable_dir(what: str, path: Path) -> str | None:
+    from bench.run.store import unwritable
+
+    why = unwritable(path)
+    return f"{what} {path} cannot be written ({why}); make it writable, or choose another out_root=DIR" if why else None
+
+
+def _parse(overrides: list[str]) -> None:
+    """Raise ValueError naming the first argument that is no override at all."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     parser = OverridesParser.create()
-    parsed = []
     for arg in overrides:
         try:
-            parsed.append(parser.parse_override(arg))
+            parser.parse_override(arg)
         except HydraException as e:
             raise ValueError(f"{arg}: not a valid override ({_first_line(e)}); write key=value, group=option "
                              "or +key=value") from None
-    if not multirun:
-        return [overrides]
-    fixed = [arg for arg, o in zip(overrides, parsed) if not o.is_sweep_override()]
-    trials = [fixed]
-    for arg, o in zip(overrides, parsed):
-        if o.is_sweep_override():
-            key = arg.split("=", 1)[0]
-            trials += [[*fixed, f"{key}={value}"] for value in o.sweep_string_iterator()]
-    return trials
 
 
 def explain(err: Exception, overrides: list[str], compose: Any) -> str:

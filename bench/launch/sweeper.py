@@ -20,13 +20,21 @@ Variants. Jobs that agree on every identity axis (method, rollout precision, tas
 another result-changing key differently (`-m train.lr=1e-4,3e-4`, or QuRL Table 4's rows) would share one run
 directory. `assign_variants` gives each of them `variant=<key>=<value>[,...]` (the keys they differ in), which
 bench/run/identity.py makes a level of the run path: `.../tis@int8/arithmetic/tiny/train.lr=3e-4/seed0`.
-`bench.launch.dryrun` expands a sweep with the same `expand_rows` and `assign_variants`.
+Arms of a fixed precision. `bf16` and `fp16` roll out in their own precision (METHODS meta `precision`), so a
+sweep over arms x precisions (`-m method=bf16,naive,tis rollout.precision=int8,fp8_e4m3`) runs each of them once,
+at its own precision, beside every other arm at every swept precision (`fold_fixed_precisions`): 1 + 2 x 2 jobs,
+and a note says so. A single run that asks `method=bf16 rollout.precision=int8` is still refused
+(bench/config.py check_across): there the user named that combination.
+
+`sweep_jobs` is the whole expansion (rows, fixed precisions, variants): the sweeper launches its jobs, the dry run
+lists them and the pre-launch check (bench/launch/overrides.py) validates them, so all three see the same jobs.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+import sys
 from collections import defaultdict
 from typing import Any, Callable, Iterable, List, Optional, Sequence
 
@@ -95,6 +103,62 @@ def assign_variants(jobs: Sequence[Sequence[str]], default_of: Callable[[str], A
     return out
 
 
+def fold_fixed_precisions(jobs: Sequence[Sequence[str]], default_of: Callable[[str], Any],
+                          fixed_precision: Callable[[str], str | None]) -> tuple[list[list[str]], list[str]]:
+    """The jobs with each fixed-precision arm at its own precision, duplicates dropped (first kept), and one note
+    per such arm that a swept precision did not apply to. `fixed_precision(method)` is the arm's precision or None;
+    a job that does not set `method` runs the sweep's (`default_of("method.name")`)."""
+    out, seen, asked = [], set(), defaultdict(list)
+    for job in jobs:
+        settings = _settings(job)
+        method = str(settings.get("method") or default_of("method.name"))
+        fixed = fixed_precision(method)
+        precision = settings.get("rollout.precision")
+        if fixed is not None and precision is not None and precision != fixed:
+            if precision not in asked[method]:
+                asked[method].append(precision)
+            job = [f"rollout.precision={fixed}" if override_key(o) == "rollout.precision" else o for o in job]
+        if tuple(job) not in seen:
+            seen.add(tuple(job))
+            out.append(list(job))
+    notes = [f"method={m} rolls out in {fixed_precision(m)} only: it runs once at rollout.precision="
+             f"{fixed_precision(m)} instead of at rollout.precision={','.join(p)}" for m, p in asked.items()]
+    return out, notes
+
+
+def arm_fixed_precision(method: str) -> str | None:
+    """The precision an arm is fixed to (`@METHODS.register(..., precision=...)`), None for the others and for a
+    name that is no arm (Hydra reports that one)."""
+    from bench.methods.base import METHODS
+
+    return METHODS.entry(method).meta.get("precision") if method in METHODS else None
+
+
+def sweep_jobs(rows: Iterable[str], jobs: Sequence[Sequence[str]], config: Any) -> tuple[list[list[str]], list[str]]:
+    """Every job a sweep launches, in order, and the notes to print: `rows` crossed with the Cartesian `jobs`,
+    fixed-precision arms folded, variants assigned (see the module docstring). `config`: the sweep's own config."""
+    default_of = sweep_default(config)
+    folded, notes = fold_fixed_precisions(expand_rows(rows, jobs), default_of, arm_fixed_precision)
+    return assign_variants(folded, default_of), notes
+
+
+def expand(overrides: Sequence[str], compose: Callable[..., Any], cfg: Any = None) -> tuple[list[list[str]], list[str]]:
+    """`sweep_jobs` of a command line (the -m overrides), as the sweeper will expand it: its config `cfg` (composed
+    here from the overrides that are not swept when not given, with `compose`, inside Hydra's initialize_config_dir)
+    gives the rows and `hydra.sweeper.params`; params come first, then the command line's overrides (Hydra's
+    BasicSweeper.sweep)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    if cfg is None:
+        fixed = [o for o in overrides if not parser.parse_override(o).is_sweep_override()]
+        cfg = compose("config", overrides=fixed, return_hydra_config=True)
+    params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.get("params") or {}).items()]
+    rows = [str(r) for r in (cfg.hydra.sweeper.get("rows") or [])]
+    jobs = BasicSweeper.split_arguments(parser.parse_overrides(params + list(overrides)), max_batch_size=None)[0]
+    return sweep_jobs(rows, jobs, cfg)
+
+
 def sweep_default(config: Any) -> Callable[[str], Any]:
     """The value a key has in the sweep's own config (for a job that does not override it), or 'default'."""
     return lambda key: OmegaConf.select(config, key, default="default", throw_on_missing=False) if config is not None else "default"
@@ -109,9 +173,11 @@ class RowSweeper(BasicSweeper):
         self.rows = [str(r) for r in (rows or [])]
 
     def split_arguments(self, overrides: List[Override], max_batch_size: Optional[int]) -> List[List[List[str]]]:  # type: ignore[override]
-        jobs = expand_rows(self.rows, BasicSweeper.split_arguments(overrides, None)[0])
-        jobs = assign_variants(jobs, sweep_default(getattr(self, "config", None)))
+        jobs, notes = sweep_jobs(self.rows, BasicSweeper.split_arguments(overrides, None)[0], getattr(self, "config", None))
+        for note in notes:
+            print(f"qrl-bench: note: {note}", file=sys.stderr, flush=True)
         return [list(chunk) for chunk in BasicSweeper.split_overrides_to_chunks(jobs, max_batch_size)]
 
 
-__all__ = ["RowSweeper", "assign_variants", "expand_rows", "override_key", "sweep_default"]
+__all__ = ["RowSweeper", "assign_variants", "expand", "expand_rows", "fold_fixed_precisions", "override_key",
+           "sweep_default", "sweep_jobs"]

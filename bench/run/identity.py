@@ -82,6 +82,51 @@ def _get(cfg: Any, dotted: str) -> Any:
     return node
 
 
+#: the config keys whose values become folders of the run path, with what each is; `sweep` may nest (a/b)
+PATH_KEYS = {"sweep": "the sweep's folder below out_root (<out_root>/<sweep>/...; it may nest: a/b)",
+             "method.name": "the arm's folder (<method>@<precision>)", "rollout.precision": "the arm's folder",
+             "task.name": "the task's folder", "model.name": "the model's folder",
+             "variant": "the variant's folder"}
+
+
+def path_error(key: str, value: Any) -> str | None:
+    """Why `value` of config key `key` (one of PATH_KEYS) cannot be a part of a run path below out_root, or None.
+
+    A run path must stay below out_root, whatever a value says (`sweep=../escape` wrote a run beside the results,
+    `sweep=/x` would write to /x): each value is a plain folder name, no separator, not `.` or `..`, nothing
+    absolute, no control character; only `sweep` may nest, as a relative path of such names (`severity/int4`)."""
+    text = str(value)
+    if key == "variant" and text == "":
+        return None  # no variant: no level
+    parts = text.split("/") if key == "sweep" else [text]
+    bad = [p for p in parts if p in ("", ".", "..")]
+    if text.startswith("/"):
+        why = "it is absolute"
+    elif bad:
+        why = ("it is empty" if not text else "it holds an empty part" if not bad[0]
+               else f"it {'holds' if key == 'sweep' else 'is'} {bad[0]!r}")
+    elif "/" in text and key != "sweep":
+        why = "it holds a '/'"
+    elif "\\" in text:
+        why = "it holds a '\\'"
+    elif not text.isprintable():
+        why = "it holds a control character"
+    else:
+        return None
+    hint = "a relative path of plain names, e.g. sweep=mine or sweep=ladder/int4" if key == "sweep" else "a plain name"
+    shown = text if text.isprintable() else repr(text)
+    return f"{key}={shown}: {why}, but it becomes {PATH_KEYS[key]} and a run path must stay below out_root; use {hint}"
+
+
+def check_path_parts(cfg: Any) -> None:
+    """Raise ValueError (bench.config's checks, before any work) for the first PATH_KEYS value of `cfg` that
+    `path_error` refuses."""
+    for key in PATH_KEYS:
+        error = path_error(key, _get(cfg, key) or "")
+        if error:
+            raise ValueError(error)
+
+
 @dataclass(frozen=True)
 class RunId:
     """Who a run is: its path, its name, its W&B tags and its rows in every table follow from these fields."""
@@ -96,6 +141,13 @@ class RunId:
     #: the rollout engine (`rollout.engine`): a W&B tag, not a path level (an arm's runs on two engines differ in
     #: their config hash, so one directory never holds both: a relaunch on the other engine is refused)
     engine: str = ""
+
+    def __post_init__(self) -> None:
+        """A RunId whose path would leave out_root cannot be made (check_path_parts says it before any work)."""
+        for key, value in [("sweep", self.sweep)] + [(k, getattr(self, a)) for a, k in AXIS_KEYS.items() if a != "seed"]:
+            error = path_error(key, value)
+            if error:
+                raise ValueError(error)
 
     @classmethod
     def of(cls, cfg: Any) -> "RunId":

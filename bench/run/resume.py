@@ -4,10 +4,13 @@
 second launch that waited while the first finished sees `completed` and skips, instead of starting over.
 The rules, in order (issue 13):
 
-0. The directory's config.yaml must describe the same run (`config_mismatch`): a launch whose semantic config
-   differs (bench/run/identity.py NON_SEMANTIC_KEYS are left out) is refused before any work, naming the keys and
-   both values, unless `train.overwrite=true`. A directory is never silently satisfied by, or resumed into, the
-   results of another configuration.
+0. The directory's records of its configuration must describe the same run (`config_mismatch`): config.yaml and
+   run.json's `config_hash` are two witnesses, and a launch whose semantic config differs from either
+   (bench/run/identity.py NON_SEMANTIC_KEYS are left out) is refused before any work (exit 2), naming the keys
+   and both values when config.yaml can say them, unless `train.overwrite=true`. A directory with results but
+   neither record readable is refused too (`unrecorded`, exit 5), saying how to keep or discard them. A
+   directory is never silently satisfied by, or resumed into, the results of another configuration, and its
+   records are never rewritten to a configuration its rows were not trained with.
 1. Temporaries a killed or failed writer left (`ckpt/last.pt.tmp<pid>`, `run.json.tmp<pid>`) are removed.
 2. `train.overwrite=true`: the run is reset (metrics, evals, checkpoints, run.json) and starts at step 0.
    It is the only way rows are ever deleted without a checkpoint to recompute them from.
@@ -37,7 +40,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from bench.run.identity import config_diff, describe_diff
+from bench.run.identity import CONFIG_FILE, config_diff, config_hash, describe_diff
 from bench.run.store import CheckpointError, RunDir
 
 #: statuses a relaunch does not touch (train.overwrite=true reruns them)
@@ -94,26 +97,53 @@ def final_status(run: RunDir, steps: int, eval_every: int) -> tuple[str, str | N
 
 
 def config_change(run: RunDir, cfg: Any) -> str | None:
-    """The keys in which `cfg` differs from the run whose config.yaml is in `run`'s directory, with both values
-    (`train.lr: 0.0001 -> 0.0002`), or None when they agree or there is no earlier config."""
-    old = run.config()
-    if old is None:
-        return None
+    """How `cfg` differs from the configuration that made `run`'s directory, or None when it does not (or nothing
+    records one: `unrecorded` decides that case).
+
+    Two records witness that configuration: config.yaml (every key: the difference is named, `train.lr: 0.0001 ->
+    0.0002`) and run.json's `config_hash`. config.yaml counts when run.json has no hash or when it hashes to it;
+    one that does not (torn, edited) is no witness, and the hash alone decides: it cannot name the keys, so the
+    message gives run.json's record of the earlier launch's overrides instead. Nothing here writes."""
     new = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
     new.pop("hydra", None)
-    diff = config_diff(old, new)
-    return describe_diff(diff) if diff else None
+    old, info = run.config(), run.info()
+    stored = info.get("config_hash")
+    if old is not None and (stored is None or config_hash(old) == stored):
+        diff = config_diff(old, new)
+        return describe_diff(diff) if diff else None
+    if stored is None or stored == config_hash(new):
+        return None
+    where = run.path / CONFIG_FILE
+    state = ("is missing" if not where.exists() else "is unreadable" if old is None
+             else "does not hash to it (torn or edited)")
+    overrides = info.get("overrides")
+    earlier = f"; the earlier launch's overrides: {' '.join(map(str, overrides))}" if overrides else ""
+    return (f"run.json's config_hash {stored} is not this launch's {config_hash(new)}; its {CONFIG_FILE} {state}, "
+            f"so the keys cannot be named{earlier}")
 
 
 def config_mismatch(run: RunDir, cfg: Any) -> str | None:
-    """Why `cfg` may not use `run`'s directory: its config.yaml was written by a run of another configuration
-    (differing keys and both values), or None. Ignores train.overwrite (the caller decides)."""
+    """Why `cfg` may not use `run`'s directory: config.yaml or run.json's config_hash says a run of another
+    configuration made it (`config_change`), or None. Ignores train.overwrite (the caller decides)."""
     change = config_change(run, cfg)
     if change is None:
         return None
     return (f"{run.path} holds a run of another configuration ({change}); refusing to reuse or mix "
             f"its results. Use another sweep=NAME, or launch this run alone with {OVERWRITE_HINT} to delete them "
             f"and start it")
+
+
+def unrecorded(run: RunDir) -> str | None:
+    """Why no launch may use `run`'s results: it holds rows or a checkpoint, but neither a readable config.yaml nor
+    run.json's config_hash says which configuration made them, so no launch can be shown to be that run (it
+    would be resumed, skipped or restarted on a guess). None when something records it, or there is nothing to
+    lose. Ignores train.overwrite (the caller decides)."""
+    if run.config() is not None or run.info().get("config_hash") or not (run.has_rows() or has_checkpoint(run)):
+        return None
+    return (f"{run.path} holds the results of an earlier run ({len(run.metrics())} metrics rows) but neither a "
+            f"readable {CONFIG_FILE} nor run.json's config_hash says which configuration made them; refusing to "
+            f"resume, skip or restart it on a guess. To keep them, move the directory out of the results (or "
+            f"restore its {CONFIG_FILE}) and relaunch; to discard them, relaunch with {OVERWRITE_HINT}")
 
 
 def decide(run: RunDir, cfg: Any) -> Plan:
@@ -123,6 +153,9 @@ def decide(run: RunDir, cfg: Any) -> Plan:
     mismatch = None if overwrite else config_mismatch(run, cfg)
     if mismatch:
         return Plan("refuse", mismatch, outcome="bad_config", notes=notes)
+    unknown = None if overwrite else unrecorded(run)
+    if unknown:
+        return Plan("refuse", unknown, outcome="refused", notes=notes)
     resume_from = str(cfg.train.get("resume_from", "last"))
     if overwrite:
         had = run.has_rows() or run.info_file.exists()
@@ -215,7 +248,7 @@ def preview(run: RunDir, cfg: Any) -> str:
     """
     if bool(cfg.train.get("overwrite", False)):
         return "restart" if run.has_rows() or run.info_file.exists() else "run"
-    if config_mismatch(run, cfg):
+    if config_mismatch(run, cfg) or unrecorded(run):
         return "refuse"
     if run.status in FINAL_STATUSES:
         return "skip"
@@ -228,11 +261,15 @@ def preview(run: RunDir, cfg: Any) -> str:
 
 def refusal_reason(run: RunDir, cfg: Any) -> str:
     """Why `preview` says refuse, with the way on, without the run's path (the dry run counts the jobs per reason):
-    its two refusals are a changed configuration and rows without run.json nor checkpoint (`decide` says both)."""
+    its refusals are a changed configuration, results whose configuration nothing records, and rows without
+    run.json nor checkpoint (`decide` says each)."""
     change = config_change(run, cfg)
     if change is not None:
         return (f"the run directory holds a run of another configuration ({change}); use another sweep=NAME, or "
                 f"{OVERWRITE_HINT} deletes its results")
+    if unrecorded(run):
+        return (f"results but neither {CONFIG_FILE} nor run.json's config_hash records their configuration; move "
+                f"the directory away to keep them, or {OVERWRITE_HINT} deletes them")
     return f"rows but no run.json nor checkpoint; {OVERWRITE_HINT} restarts them"
 
 
@@ -249,4 +286,4 @@ def _unreadable(run: RunDir, err: CheckpointError, resume_from: str) -> str:
 
 
 __all__ = ["FINAL_STATUSES", "RESUME_FROM", "UNFINISHED_STATUSES", "Plan", "config_change", "config_mismatch", "decide",
-           "final_status", "missing_steps", "preview", "refusal_reason", "relaunch_effect"]
+           "final_status", "missing_steps", "preview", "refusal_reason", "relaunch_effect", "unrecorded"]

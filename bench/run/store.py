@@ -394,6 +394,26 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def unwritable(path: Path) -> str | None:
+    """Why `path` (a directory, or one that mkdir -p would create) cannot be written, or None: its deepest
+    existing part must be a writable directory."""
+    existing = Path(path).absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{'read-only file system' if _read_only_fs(existing) else 'permission denied'}: {existing}"
+    return None
+
+
+def _read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def root_os_error(err: BaseException | None) -> OSError | None:
     """The OSError (with an errno) behind `err`, following its cause/context chain, if any."""
     seen = set()

@@ -13,6 +13,7 @@ from analysis.cli import main
 from analysis.lockfile import lock_sha256, read_lock
 from analysis.load import load_sweeps
 from analysis.plots import plot_diagnostics, plot_quant
+from tests.hang import HANG_S
 
 from .conftest import CliResult
 from .synth import BROKEN, GIT_SHA, TASKS, VERSIONS, add_broken_runs, write_run
@@ -112,9 +113,9 @@ def test_missing_sweep_dir_is_a_usage_error(tmp_path: Path):
 
 
 def test_python_dash_m_analysis_is_the_same_command():
-    cp = subprocess.run([sys.executable, "-m", "analysis", "--help"], capture_output=True, text=True, timeout=120)
+    cp = subprocess.run([sys.executable, "-m", "analysis", "--help"], capture_output=True, text=True, timeout=HANG_S)
     assert cp.returncode == 0 and "qrl-analyze" in cp.stdout and "--wandb" in cp.stdout
-    cp = subprocess.run([sys.executable, "-m", "analysis"], capture_output=True, text=True, timeout=120)
+    cp = subprocess.run([sys.executable, "-m", "analysis"], capture_output=True, text=True, timeout=HANG_S)
     assert cp.returncode == 2 and "SWEEP_DIR" in cp.stderr
 
 

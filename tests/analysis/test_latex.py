@@ -14,6 +14,7 @@ import pytest
 
 from analysis.cli import main
 from analysis.tables import latex_escape
+from tests.hang import HANG_S
 
 from .conftest import CliResult
 from .synth import make_severity_sweep
@@ -36,7 +37,7 @@ def compile_tex(table: Path, work: Path) -> subprocess.CompletedProcess:
     doc = work / f"{table.stem}_doc.tex"
     doc.write_text(PREAMBLE + f"\\input{{{table.resolve()}}}\n\\end{{document}}\n")
     return subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", doc.name], cwd=work,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG_S)
 
 
 def tex_files(cli_run: CliResult, tmp_path: Path) -> list[Path]:

@@ -197,3 +197,18 @@ def test_missing_steps_anywhere_are_detected_and_listed(clean_sweep: Path):
         "naive/arithmetic/tiny/seed2": "incomplete: metrics.jsonl lacks 1 step(s): 1",
     }, reasons
     assert len(sweep.runs) == len(METHODS) * len(TASKS) * len(SEEDS) - 3
+
+
+def test_an_unfinished_runs_reason_says_how_far_it_got_never_none(tmp_path: Path):
+    """Issue 32 F6: the trainer's run.json records no step, and the reason read "status=failed (OSError: test) at
+    step None"; it now counts the logged rows (W&B's summary, which has a step, still gives it)."""
+    for seed, (status, reason, rows) in enumerate([("failed", "OSError: test", 3), ("running", None, 0)]):
+        run = write_run(tmp_path / "s", "tis", "arithmetic", seed=seed)
+        info = json.loads((run / "run.json").read_text())
+        info.update(status=status, reason=reason)
+        del info["step"]
+        (run / "run.json").write_text(json.dumps(info))
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": k}) + "\n" for k in range(rows)))
+    reasons = sorted(s.reason for s in load_sweeps([tmp_path / "s"]).skipped)
+    assert reasons == ["status=failed (OSError: test) after 3 logged step(s)",
+                       "status=running before its first logged step"], reasons

@@ -16,6 +16,7 @@ import pytest
 
 from analysis.cli import main
 from analysis.paper import load_reference
+from tests.hang import HANG_S
 
 from .synth import write_paper_run
 
@@ -165,6 +166,6 @@ def test_the_paper_table_never_imports_torch(tmp_path):
     write_paper_run(tmp_path, "bf16", "bf16", "gsm8k", 0, {2: {"eval/accuracy": 0.5}})
     code = ("import sys; from analysis.cli import main; rc = main([%r, '--paper', 'qurl_table1', '--out', %r]); "
             "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)") % (str(tmp_path), str(tmp_path / "rep"))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| BF16 | RL [bf16] | 50.00 | 55.35 | -5.35 | 1 |" in proc.stdout

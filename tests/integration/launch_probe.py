@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.launch.launchers import SNAPSHOT_PATHS
+from tests.hang import HANG_S
 from tests.helpers import REPO
 
 APP = '''
@@ -22,8 +23,9 @@ from hydra.core.hydra_config import HydraConfig
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="probe")
 def main(cfg):
-    if cfg.wait_for:  # hold this job until the test has made its edits
-        deadline = time.time() + 120
+    if cfg.wait_for:  # hold this job until the test has made its edits; say so first (the test waits for it)
+        open(os.path.join(HydraConfig.get().runtime.output_dir, "waiting"), "w").close()
+        deadline = time.time() + HANG_S  # a hang guard only: the test itself gives up at HANG_S
         while not os.path.exists(cfg.wait_for) and time.time() < deadline:
             time.sleep(0.1)
     import bench  # only now: a launcher without a snapshot would import the edited code
@@ -51,7 +53,7 @@ def make_probe(tmp: Path, launcher: str, launcher_cfg: dict[str, Any], wait_for:
             shutil.copy2(src, code / name)
     app = tmp / "app"
     (app / "conf").mkdir(parents=True)
-    (app / "app.py").write_text(APP)
+    (app / "app.py").write_text(APP.replace("HANG_S", str(HANG_S)))
     sweep = tmp / "sweep"
     config = app / "conf" / "probe.yaml"
     config.write_text(textwrap.dedent(f"""\
@@ -77,6 +79,11 @@ def edit_after_submission(paths: dict[str, Path]) -> None:
         f.write('\nPROBE = "edited after submission"\n')
     config = paths["config"]
     config.write_text(config.read_text().replace("value: original", "value: edited"))
+
+
+def waiting(paths: dict[str, Path]) -> list[Path]:
+    """The jobs that have started and are held (wait_for): their output directories."""
+    return sorted(p.parent for p in paths["sweep"].glob("job*/waiting"))
 
 
 def probes(paths: dict[str, Path]) -> list[dict[str, Any]]:

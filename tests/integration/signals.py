@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 from bench.run.store import RunDir
+from tests.hang import HANG_S, wait_until
 from tests.helpers import REPO
 
 
@@ -67,13 +67,9 @@ def interrupt(cmd: list[str], run: RunDir, sig: int, after_rows: int, env: dict[
     `tree`, as SLURM signals every process of a job) while the process is frozen; wait for it to exit."""
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 300
-        while len(run.metrics()) < after_rows:
-            assert proc.poll() is None, f"run ended before the signal:\n{proc.stderr.read()[-3000:]}"
-            assert time.monotonic() < deadline, "run did not reach the signal point in time"
-            time.sleep(0.01)
+        wait_until(f"{after_rows} rows before the signal", lambda: len(run.metrics()) >= after_rows, proc, every=0.01)
         signal_frozen(proc.pid, [proc.pid, *(descendants(proc.pid) if tree else [])], sig)
-        out, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=HANG_S)
     finally:
         if proc.poll() is None:
             proc.kill()

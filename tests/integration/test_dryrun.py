@@ -17,7 +17,7 @@ def test_dry_run_lists_jobs_and_skips_completed(tmp_path):
     done = make_cfg(tmp_path, "+experiment=smoke", "method=tis", "task=countdown", "seed=1", fast=False)
     RunDir.of(done).start(OmegaConf.to_yaml(done, resolve=True), RunDir.name_of(done))
     RunDir.of(done).finish("completed")
-    proc = cli("-m", "+experiment=smoke", f"out_root={tmp_path}", "--dry-run", timeout=300)
+    proc = cli("-m", "+experiment=smoke", f"out_root={tmp_path}", "--dry-run")
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     assert len(lines) == 36  # 6 arms x 2 tasks x 3 seeds
@@ -27,7 +27,7 @@ def test_dry_run_lists_jobs_and_skips_completed(tmp_path):
     assert "36 jobs: 35 to launch, 1 already finished" in proc.stderr
     assert sum(1 for _ in tmp_path.rglob("run.json")) == 1  # nothing was launched
     # a changed key: that job would be refused, and the summary says why (the launch's reason), not another one
-    proc = cli("-m", "+experiment=smoke", f"out_root={tmp_path}", "train.lr=5e-4", "--dry-run", timeout=300)
+    proc = cli("-m", "+experiment=smoke", f"out_root={tmp_path}", "train.lr=5e-4", "--dry-run")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [line.split()[0] for line in proc.stdout.splitlines()].count("refuse") == 1
     assert "36 jobs: 35 to launch, 0 already finished, 1 refused" in proc.stderr

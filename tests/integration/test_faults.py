@@ -13,16 +13,19 @@ import shutil
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from bench.run.store import RunDir
+from tests.hang import HANG_S
 from tests.helpers import FAST, REPO, make_cfg, strip_times
 from tests.integration import signals
 from tests.integration.wandb_readback import history, offline_runs
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.slow
 
 STEPS = 10
 ARGS = [a for a in FAST if not a.startswith(("train.steps=", "train.checkpoint_every="))] + [f"train.steps={STEPS}"]
@@ -34,7 +37,7 @@ def env(**extra: str) -> dict[str, str]:
             "WANDB_MODE": "disabled", "WANDB_SILENT": "true", **extra}
 
 
-def qrl_bench(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
+def qrl_bench(*args: str, timeout: float = HANG_S, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, env=kw.pop("env", env()),
                           capture_output=True, text=True, timeout=timeout, **kw)
 
@@ -178,7 +181,7 @@ def test_unrecoverable_missing_step_ends_incomplete_and_analysis_lists_it(tmp_pa
     third = qrl_bench(*EVERY3, f"out_root={tmp_path}")
     assert third.returncode == 6 and "already ended incomplete" in third.stderr
     report = subprocess.run([sys.executable, "-m", "analysis", str(tmp_path / "default"), "--formats", "png"],
-                            cwd=REPO, capture_output=True, text=True, timeout=600)
+                            cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
     assert report.returncode == 1, report.stderr[-3000:]  # no usable run
     assert "status=incomplete (metrics.jsonl lacks step 2" in report.stderr
 
@@ -220,22 +223,44 @@ def test_full_disk_fails_in_one_line_marks_failed_and_leaves_no_temporary(small_
     assert list(run.path.rglob("*.tmp*")) == []
 
 
+@contextmanager
+def read_only(folder: Path) -> Iterator[bool]:
+    """`folder` (made here) read-only while the block runs: a read-only tmpfs mounted on it (root; yields True), or
+    else a directory without write permission (yields False)."""
+    folder.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)],
+                             capture_output=True).returncode == 0
+    if not mounted:
+        folder.chmod(0o555)  # not root: a directory without write permission
+    try:
+        yield mounted
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+        folder.chmod(0o755)
+
+
 def test_read_only_results_directory_is_one_line(tmp_path):
     ro = tmp_path / "ro"
-    ro.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True)
-    if mounted.returncode:
-        ro.chmod(0o555)  # not root: a directory without write permission
-    try:
-        proc = qrl_bench(*ARGS, f"out_root={ro / 'results'}", timeout=120)
-    finally:
-        if not mounted.returncode:
-            subprocess.run(["umount", "-l", str(ro)], capture_output=True)
-        ro.chmod(0o755)
+    with read_only(ro) as mounted:
+        proc = qrl_bench(*ARGS, f"out_root={ro / 'results'}")
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = one_line_error(proc.stderr)
     assert f"results directory {ro / 'results'} is not writable" in line
-    assert ("read-only file system" in line) == (not mounted.returncode)
+    assert ("read-only file system" in line) == mounted
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_a_new_run_in_a_read_only_sweep_directory_is_one_line(tmp_path, sweep):
+    """Issue 32 F6: out_root writable, its sweep directory read-only: Hydra made the run directory (and a sweep's
+    multirun.yaml) before any check and failed in a 30-line traceback; now one line, exit 2, before any work."""
+    ro = tmp_path / "results" / "default"
+    with read_only(ro):
+        proc = qrl_bench(*(["-m", "seed=0,1"] if sweep else []), *ARGS, f"out_root={tmp_path / 'results'}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = one_line_error(proc.stderr)
+    assert f"{'sweep' if sweep else 'run'} directory " in line and "cannot be written" in line and "out_root=" in line
+    assert "Traceback" not in proc.stderr and list(ro.iterdir()) == []
 
 
 @pytest.fixture(scope="module")
@@ -270,7 +295,7 @@ def test_bad_input_is_exit_2_naming_the_culprit_before_step_0(tmp_path, warm_mod
     }[case]
     (tmp_path / "model").mkdir()
     out = tmp_path / "results"
-    proc = qrl_bench(*ARGS, *args, f"out_root={out}", timeout=300)
+    proc = qrl_bench(*ARGS, *args, f"out_root={out}")
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert needle in one_line_error(proc.stderr)
     assert not out.exists() or not any(p.is_file() for p in out.rglob("*")), list(out.rglob("*"))  # nothing left

@@ -9,6 +9,8 @@ import subprocess
 
 import pytest
 
+from tests.hang import HANG_S
+
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.slow
@@ -18,7 +20,7 @@ def test_gpu_check_dry_run_is_a_cpu_self_test(tmp_path):
     report = tmp_path / "report.md"
     env = {**os.environ, "GPU_CHECK_REPORT": str(report), "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true"}
     proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "CPU self-test passed" in proc.stderr
     text = report.read_text()
@@ -34,5 +36,5 @@ def test_gpu_check_dry_run_is_a_cpu_self_test(tmp_path):
 
 
 def test_gpu_check_refuses_unknown_arguments():
-    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--fast"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--fast"], cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 2 and "--dry-run" in proc.stderr

@@ -15,6 +15,7 @@ from bench.config import CONF_DIR, NAME_KEYS, USER_NAMED_MODELS
 from bench.launch.dryrun import expand
 from bench.run.identity import RunId, config_hash, parse_run_path
 from bench.run.store import RunDir
+from tests.hang import HANG_S
 from tests.helpers import cli, make_cfg
 
 GROUPS = ("method", "task", "rollout", "model")
@@ -53,7 +54,7 @@ def test_a_name_key_cannot_be_overridden():
     assert "cannot be overridden" in check_names(["method=bf16", "method.name=tis"])
     assert "cannot be overridden" in check_names(["task.name=gsm8k"])
     assert check_names(["model=hf", "model.path=/m", "model.name=mine"]) is None and "hf" in USER_NAMED_MODELS
-    r = cli("method=bf16", "method.name=tis", "--dry-run", timeout=120)
+    r = cli("method=bf16", "method.name=tis", "--dry-run")
     assert r.returncode == EXIT["bad_config"] and len(r.stderr.strip().splitlines()) == 1
 
 
@@ -105,7 +106,7 @@ def test_a_sweep_over_another_setting_gets_a_variant_level(tmp_path):
         paths = [RunDir.of(compose("config", overrides=j)).path for j in jobs]
     assert len(set(paths)) == 4
     assert {p.parent.name for p in paths} == {"train.lr=0.0001", "train.lr=0.0003"}
-    out = cli("-m", "method=tis", "train.lr=1e-4,3e-4", f"out_root={tmp_path}", "--dry-run", timeout=180).stdout
+    out = cli("-m", "method=tis", "train.lr=1e-4,3e-4", f"out_root={tmp_path}", "--dry-run").stdout
     assert "train.lr=0.0001/seed0" in out and "train.lr=0.0003/seed0" in out
     # QuRL Table 4: rows that differ in the learning rate or the UAQ scale of one arm at one precision
     jobs = expand(["+experiment=paper/qurl_table4", f"out_root={tmp_path}"])
@@ -126,14 +127,14 @@ def test_a_changed_config_is_refused_before_any_work_naming_the_keys(tmp_path):
     assert RunDir.of(make_cfg(tmp_path, "method=ais", "sweep=y")).path.parent.parent.parent.name == "ais@fp8_e4m3"
     before = {p: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
     for change, key in (("train.lr=5e-4", "train.lr"), ("train.steps=4", "train.steps"), ("task.n_test=50", "task.n_test")):
-        r = cli("method=ais", "rollout.precision=int8", "sweep=y", f"out_root={tmp_path}", *_fast(), change, timeout=300)
+        r = cli("method=ais", "rollout.precision=int8", "sweep=y", f"out_root={tmp_path}", *_fast(), change)
         assert r.returncode == EXIT["bad_config"], r.stderr
         line = r.stderr.strip().splitlines()[-1]
         assert key in line and "train.overwrite=true" in line and "another configuration" in line
         assert {p: p.read_bytes() for p in run.path.iterdir() if p.is_file()} == before  # nothing written
     # non-semantic keys: the completed run is found and skipped
     r = cli("method=ais", "rollout.precision=int8", "sweep=y", f"out_root={tmp_path}", *_fast(), "train.threads=2",
-            timeout=300)
+            timeout=HANG_S)
     assert r.returncode == 0 and "already completed" in r.stderr
     info = run.info()
     assert info["config_hash"] == config_hash(yaml.safe_load((run.path / "config.yaml").read_text()))
@@ -147,3 +148,43 @@ def _fast() -> list[str]:
     from tests.helpers import FAST
 
     return list(FAST)
+
+
+@pytest.mark.slow
+def test_a_lost_or_torn_record_never_lets_a_changed_config_through(tmp_path):
+    """Issue 32 F2, end to end: config.yaml deleted or torn, a relaunch with another train.lr resumed and rewrote
+    config.yaml and run.json's config_hash to it. Either record alone refuses (exit 2); both lost refuse (exit 5)
+    with the ways on; no record is rewritten."""
+    first = make_cfg(tmp_path, "train.steps=2")
+    assert execute(first) == "completed"
+    run = RunDir.of(first)
+    config, info = run.path / "config.yaml", run.info_file
+    good = {p: p.read_bytes() for p in (config, info)}
+
+    def relaunch(*extra: str):
+        before = {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
+        outcome = execute(make_cfg(tmp_path, "train.steps=2", *extra))
+        assert {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()} == before  # nothing rewritten
+        return outcome
+
+    for damaged in (config, info):
+        for how in ("delete", "tear"):
+            if how == "delete":
+                damaged.unlink()
+            else:
+                damaged.write_bytes(b"{[" + good[damaged][: len(good[damaged]) // 2])  # parses as neither
+            outcome = relaunch("train.lr=5e-4")
+            assert (outcome, outcome.code) == ("bad_config", 2), outcome.reason
+            assert "another configuration" in outcome.reason
+            assert ("train.lr: 0.0001 -> 0.0005" if damaged is info else "config_hash") in outcome.reason
+            damaged.write_bytes(good[damaged])
+    assert relaunch() == "skipped"  # both records back: the same configuration is the completed run
+    for how in ("delete", "tear"):
+        for damaged in (config, info):
+            damaged.unlink() if how == "delete" else damaged.write_bytes(b"{[" + good[damaged][:40])
+        for extra in ((), ("train.lr=5e-4",)):
+            outcome = relaunch(*extra)
+            assert (outcome, outcome.code) == ("refused", 5), outcome.reason
+            assert "move the directory" in outcome.reason and "train.overwrite=true" in outcome.reason
+        for damaged in (config, info):
+            damaged.write_bytes(good[damaged])

@@ -9,15 +9,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.integration.launch_probe import edit_after_submission, make_probe, probes, snapshot_of
-
-pytestmark = pytest.mark.timeout(300)
-
+from tests.hang import HANG_S, wait_until
+from tests.integration.launch_probe import edit_after_submission, make_probe, probes, snapshot_of, waiting
 
 def test_local_sweep_runs_in_parallel_with_the_code_and_config_of_submission(tmp_path):
     go = tmp_path / "go"
@@ -26,15 +23,11 @@ def test_local_sweep_runs_in_parallel_with_the_code_and_config_of_submission(tmp
     proc = subprocess.Popen([sys.executable, str(paths["app"]), "-m", "n=0,1,2"], cwd=paths["workdir"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not (paths["sweep"] / ".code").is_dir():
-            assert proc.poll() is None, proc.stdout.read()[-4000:]
-            assert time.monotonic() < deadline, "the sweep never started"
-            time.sleep(0.1)
-        time.sleep(1.0)  # let the workers pick up jobs 0 and 1 (job 2 waits for a free worker)
+        # both workers hold a job (job 2 waits for a free worker): the events, not a time, say when to edit
+        wait_until("two jobs held by the two workers", lambda: len(waiting(paths)) == 2, proc)
         edit_after_submission(paths)
         go.touch()
-        out, _ = proc.communicate(timeout=180)
+        out, _ = proc.communicate(timeout=HANG_S)
     finally:
         if proc.poll() is None:
             proc.kill()

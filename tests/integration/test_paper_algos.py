@@ -15,10 +15,11 @@ import subprocess
 import pytest
 
 from bench.run.store import RunDir
+from tests.hang import HANG_S
 from tests.helpers import FAST, REPO, strip_times
 from tests.integration.test_preemption import bench_cmd, env, interrupt
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.slow
 
 STEPS = 8
 BASE = [a for a in FAST if not a.startswith(("train.steps=", "train.checkpoint_every=", "train.group_size=",
@@ -42,7 +43,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(algo, tmp_path):
     args = [*BASE, *CONFIGS[algo]]
     ref_out, out = tmp_path / "ref", tmp_path / "run"
     done = subprocess.run(bench_cmd(*args, f"out_root={ref_out}"), cwd=REPO, env=env(), capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr[-3000:]
     ref = run_dir(ref_out)
     assert ref.status == "completed" and len(ref.metrics()) == STEPS
@@ -57,7 +58,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(algo, tmp_path):
         assert ckpt["advantage"]["critic"]["optimizer"]["state"]  # Adam moments, not a fresh optimizer
 
     second = subprocess.run(bench_cmd(*args, f"out_root={out}"), cwd=REPO, env=env(), capture_output=True,
-                            text=True, timeout=600)
+                            text=True, timeout=HANG_S)
     assert second.returncode == 0, second.stderr[-3000:]
     assert run.info()["status"] == "completed" and run.info()["attempts"] == 2
     rows = run.metrics()
@@ -83,7 +84,7 @@ def test_ppo_learns_on_the_embedded_default(tmp_path):
     args = ["algo.advantage=gae", "train.group_size=1", "train.batch_size=64", "task.n_train=64", "train.steps=40",
             "train.epochs=2", "train.minibatches=4", "algo.critic_lr=1e-3", "train.eval_every=40", "task.n_test=50",
             "tracking=disabled", "train.threads=1", f"out_root={tmp_path}"]
-    proc = subprocess.run(bench_cmd(*args), cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(bench_cmd(*args), cwd=REPO, env=env(), capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [metrics] = tmp_path.rglob("metrics.jsonl")  # the only run (its path layout is bench/run/identity.py's)
     rows = RunDir(metrics.parent).metrics()

@@ -18,11 +18,12 @@ import pytest
 
 from bench.run.store import RunDir
 from bench.methods.base import arm_precision
+from tests.hang import HANG_S
 from tests.helpers import FAST, REPO, strip_times
 from tests.integration import signals
 from tests.integration.wandb_readback import history, offline_runs
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.slow
 
 STEPS = 10
 ARGS = [a for a in FAST if not a.startswith(("train.steps=", "train.checkpoint_every=", "tracking="))]
@@ -49,7 +50,7 @@ def reference(tmp_path_factory) -> dict[str, RunDir]:
     refs = {}
     for method in ("bf16", "tis"):
         proc = subprocess.run(bench_cmd(*ARGS, f"method={method}", f"out_root={out}"), cwd=REPO, env=env(),
-                              capture_output=True, text=True, timeout=600)
+                              capture_output=True, text=True, timeout=HANG_S)
         assert proc.returncode == 0, proc.stderr[-3000:]
         refs[method] = run_dir(out, method)
         assert refs[method].status == "completed" and len(refs[method].metrics()) == STEPS
@@ -76,7 +77,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, reference
     assert ckpt is not None and ckpt["step"] == done  # the checkpoint is the preemption's, not a periodic one
     wandb_id = info["wandb_id"]
 
-    second = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+    second = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=HANG_S)
     assert second.returncode == 0, second.stderr[-3000:]
     info = run.info()
     assert info["status"] == "completed" and info["attempts"] == 2
@@ -94,7 +95,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, reference
 
     # relaunching a completed run skips it and changes nothing
     before = (run.metrics_file.read_text(), run.info()["attempts"])
-    third = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    third = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=HANG_S)
     assert third.returncode == 0 and "already completed" in third.stderr, third.stderr[-2000:]
     assert (run.metrics_file.read_text(), run.info()["attempts"]) == before
 
@@ -102,7 +103,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, reference
 def test_relaunched_sweep_skips_completed_and_resumes_interrupted(tmp_path, reference):
     """Through the default (local, parallel) launcher: bf16 already completed, tis preempted mid-way."""
     done = subprocess.run(bench_cmd(*ARGS, "method=bf16", f"out_root={tmp_path}"), cwd=REPO, env=env(),
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr[-3000:]
     bf16, tis = run_dir(tmp_path, "bf16"), run_dir(tmp_path, "tis")
     bf16_before = bf16.metrics_file.read_text()
@@ -110,7 +111,7 @@ def test_relaunched_sweep_skips_completed_and_resumes_interrupted(tmp_path, refe
     assert first.returncode == 128 + signal.SIGTERM and tis.status == "preempted", first.stderr[-3000:]
 
     sweep = subprocess.run(bench_cmd("-m", *ARGS, "method=bf16,tis", f"out_root={tmp_path}"), cwd=REPO, env=env(),
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=HANG_S)
     assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-3000:]
     assert "local worker processes" in sweep.stdout + sweep.stderr  # the local launcher ran it
     assert bf16.metrics_file.read_text() == bf16_before and bf16.info()["attempts"] == 1

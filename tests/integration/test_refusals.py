@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 
 from bench.run.store import RunDir
+from tests.hang import HANG_S
 from tests.helpers import FAST, REPO, make_cfg
 from tests.integration.test_faults import env
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = pytest.mark.slow
 
 MB5 = 5 * 1024 * 1024
 MATH_ROW = {"problem": "What is 1+1?", "solution": "\\boxed{2}", "answer": "2", "unique_id": "a"}
@@ -123,7 +124,7 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[int, str, Path, Path]]:
     try:
         proc = subprocess.run([sys.executable, "-m", "tests.integration.cli_cases", str(root / "cases.json"),
                                str(root / "results.json")], cwd=REPO, env=env(), capture_output=True, text=True,
-                              timeout=1500)
+                              timeout=HANG_S)
     finally:
         for run in mounted:
             subprocess.run(["umount", "-l", str(run)], capture_output=True)

@@ -106,7 +106,7 @@ def test_nan_loss_marks_run_diverged_and_keeps_metrics(tmp_path, monkeypatch):
     ],
 )
 def test_bad_input_fails_before_any_work(tmp_path, override, needle):
-    proc = cli(f"out_root={tmp_path}", "tracking=disabled", override, timeout=120)
+    proc = cli(f"out_root={tmp_path}", "tracking=disabled", override)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert needle in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
@@ -114,9 +114,9 @@ def test_bad_input_fails_before_any_work(tmp_path, override, needle):
 
 
 def test_unknown_key_and_choice_are_named(tmp_path):
-    proc = cli(f"out_root={tmp_path}", "train.bogus_key=1", timeout=120)
+    proc = cli(f"out_root={tmp_path}", "train.bogus_key=1")
     assert proc.returncode != 0 and "bogus_key" in proc.stderr
-    proc = cli(f"out_root={tmp_path}", "method=nope", timeout=120)
+    proc = cli(f"out_root={tmp_path}", "method=nope")
     assert proc.returncode == 2 and "method=nope" in proc.stderr and "tis" in proc.stderr and "ais" in proc.stderr
-    proc = cli(f"out_root={tmp_path}", "train.steps=abc", timeout=120)
+    proc = cli(f"out_root={tmp_path}", "train.steps=abc")
     assert proc.returncode != 0 and "abc" in proc.stderr and "steps" in proc.stderr

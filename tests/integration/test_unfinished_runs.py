@@ -12,18 +12,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from bench.run.store import RunDir
 from bench.methods.base import arm_precision
+from tests.hang import HANG_S, wait_until
 from tests.helpers import FAST, REPO, strip_times
 from tests.integration.signals import alive, descendants
 from tests.integration.test_faults import env, interrupt, one_line_error, qrl_bench
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.slow
 
 STEPS = 6
 # no checkpoint before the end: every interruption below comes before the first one
@@ -88,7 +88,7 @@ def test_a_full_disk_at_the_first_checkpoint_says_restart_and_the_relaunch_compl
     run = run_of(tmp_path)
     args = [a for a in ARGS if not a.startswith("train.checkpoint_every=")] + ["train.checkpoint_every=2"]
     full = subprocess.run([sys.executable, "-c", FULL_DISK, *args, f"out_root={tmp_path}"], cwd=REPO, env=env(),
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert full.returncode == 1, full.stderr[-3000:]
     line = one_line_error(full.stderr)
     assert f"No space left on device writing {run.ckpt_file}" in line
@@ -106,16 +106,14 @@ def test_a_full_disk_at_the_first_checkpoint_says_restart_and_the_relaunch_compl
 
 def _worker_of(proc: subprocess.Popen, run: RunDir) -> int:
     """The pid of the sweep worker process whose job writes `run` (its run.log's header names it)."""
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
+    def worker() -> int | None:
         log = run.path / "run.log"
         if log.exists() and "(worker pid " in log.read_text():
             pid = int(log.read_text().rsplit("(worker pid ", 1)[1].split(")", 1)[0])
-            if pid in descendants(proc.pid):
-                return pid
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        time.sleep(0.1)
-    raise AssertionError("no worker found")
+            return pid if pid in descendants(proc.pid) else None
+        return None
+
+    return wait_until(f"the worker of {run.path.name}", worker, proc, every=0.1)
 
 
 def test_a_sweep_relaunch_restarts_a_job_whose_worker_died_and_never_touches_completed_runs(tmp_path, reference):
@@ -130,12 +128,9 @@ def test_a_sweep_relaunch_restarts_a_job_whose_worker_died_and_never_touches_com
                             stderr=subprocess.PIPE, text=True)
     try:
         worker = _worker_of(proc, tis)
-        deadline = time.monotonic() + 300
-        while len(tis.metrics()) < 2:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-            time.sleep(0.05)
+        wait_until("2 rows of tis", lambda: len(tis.metrics()) >= 2, proc)
         os.kill(worker, signal.SIGKILL)
-        _, err = proc.communicate(timeout=300)
+        _, err = proc.communicate(timeout=HANG_S)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -145,7 +140,7 @@ def test_a_sweep_relaunch_restarts_a_job_whose_worker_died_and_never_touches_com
     assert tis.status == "running" and not (tis.path / "ckpt").exists()
 
     # the advice of the old refusal, train.overwrite=true on the sweep: refused before any job, nothing touched
-    over = qrl_bench("-m", *ARGS, "method=bf16,tis", f"out_root={tmp_path}", "train.overwrite=true", timeout=300)
+    over = qrl_bench("-m", *ARGS, "method=bf16,tis", f"out_root={tmp_path}", "train.overwrite=true")
     assert over.returncode == 2, over.stderr[-3000:]
     assert "train.overwrite=true is refused on a sweep (-m)" in one_line_error(over.stderr)
     assert (bf16.metrics_file.read_bytes(), bf16.eval_file.read_bytes(), bf16.info()["attempts"]) == completed

@@ -19,6 +19,7 @@ from bench.warmstart import INFO_FILE, greedy_accuracy, policy_path, warm_start_
 from bench.models.tokenizer import build_char_tokenizer
 from bench.tasks.base import build_task
 from bench.domains import check_schema
+from tests.hang import wait_until
 
 
 def load_built_in(cfg, task):
@@ -91,15 +92,20 @@ def test_warm_start_is_deterministic_across_cache_dirs(tmp_path, small_task):
 
 def test_concurrent_builders_train_once(tmp_path, small_task, monkeypatch):
     """Sweep jobs starting together: one builds under the lock, the others wait and reuse it."""
-    calls = []
-    real = ws.train_warm_start
+    calls, waiting = [], []
+    real, say = ws.train_warm_start, ws._say
 
-    def slow_train(*a, **k):
+    def said(message: str) -> None:
+        waiting.extend([message] if message.startswith("waiting for another job") else [])
+        say(message)
+
+    def build_once_the_others_wait(*a, **k):
         calls.append(1)
-        time.sleep(0.5)  # make the builds overlap
+        wait_until("the other two builders to wait for the lock", lambda: len(waiting) == 2, every=0.01)
         return real(*a, **k)
 
-    monkeypatch.setattr(ws, "train_warm_start", slow_train)
+    monkeypatch.setattr(ws, "_say", said)
+    monkeypatch.setattr(ws, "train_warm_start", build_once_the_others_wait)
     cfg = quick_cfg(tmp_path)
     results, errors = [], []
 
@@ -114,7 +120,7 @@ def test_concurrent_builders_train_once(tmp_path, small_task, monkeypatch):
         t.start()
     for t in threads:
         t.join()
-    assert not errors and len(calls) == 1 and len(set(results)) == 1
+    assert not errors and len(calls) == 1 and len(set(results)) == 1 and len(waiting) == 2
 
 
 def test_failed_build_leaves_nothing_behind(tmp_path, small_task, monkeypatch):

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.hang import HANG_S
+
 WANDB_CLI = str(Path(sys.executable).with_name("wandb"))
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
@@ -20,7 +22,7 @@ _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 def inspect_records(run_dir: Path) -> list[dict[str, Any]]:
     """All records of one offline run directory (wandb/offline-run-*), via `wandb leet inspect --json`."""
     proc = subprocess.run([WANDB_CLI, "leet", "inspect", "--json", str(run_dir)], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=120)
+                          stdin=subprocess.DEVNULL, timeout=HANG_S)
     assert proc.returncode == 0, f"wandb leet inspect {run_dir} exited {proc.returncode}: {proc.stderr[-2000:]}"
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 

@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from tests.hang import HANG_S
+
 from tests.helpers import REPO
 
 CPU_BOUND_S = 3.0
@@ -27,7 +29,7 @@ def run_cli(*args: str) -> tuple[subprocess.CompletedProcess, float]:
            "WANDB_MODE": "offline"}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     cp = subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                        timeout=300)
+                        timeout=HANG_S)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return cp, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
@@ -80,6 +82,13 @@ def test_exit_codes_are_listed_fast():
     # a flag neither qrl-bench nor Hydra has: ours, not Hydra's usage screen
     (["--dryrun"], ["unknown option '--dryrun' (did you mean '--dry-run'?)"]),
     (["seed=-1"], ["seed=-1 is out of range; allowed: [0, inf) integer"]),
+    # issue 32 F6: what is wrong with batch size 0 (it was "not divisible")
+    (["train.batch_size=0"], ["train.batch_size=0 is out of range; allowed: [1, inf)"]),
+    # issue 32 F1: a sweep's jobs are checked, not each swept value against the defaults: this job is in the sweep
+    (["-m", "method=naive,tis", "rollout.precision=int8,fp9"], ["rollout.precision='fp9' is not valid",
+                                                                "(in the sweep's job method=naive rollout.precision=fp9)"]),
+    # issue 32 F6: any spelling of true reaches the sweep's overwrite guard
+    (["-m", "method=bf16,tis", "train.overwrite=choice(false,true)"], ["train.overwrite=true is refused on a sweep"]),
 ])
 def test_config_errors_are_one_line_exit_2_fast(args, needles):
     cp, cpu = run_cli(*args)
@@ -120,6 +129,56 @@ def test_the_checker_imports_no_torch():
         "    except NeedsTorch:\n"
         "        print('needs torch')\n"
     )
-    cp = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    cp = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.strip() == "needs torch"
+
+
+@pytest.mark.parametrize("args, key", [
+    (["sweep=../escape"], "sweep=../escape: it holds '..'"),
+    (["sweep={tmp}/abs"], "it is absolute"),
+    (["sweep=a//b"], "sweep=a//b: it holds an empty part"),
+    (["model=hf", "model.path=/m", "model.name=org/model"], "model.name=org/model: it holds a '/'"),
+    (["variant=.."], "variant=..: it is '..'"),
+    (["-m", "sweep=fine,../escape"], "sweep=../escape: it holds '..'"),  # each job of a sweep
+])
+def test_a_value_that_becomes_a_path_part_cannot_leave_out_root(tmp_path, args, key):
+    """Issue 32 F5: `sweep=../escape` wrote a completed run beside the results; every value that becomes a folder
+    of the run path is checked before any work: one line, exit 2, nothing written anywhere."""
+    out = tmp_path / "results"
+    cp, _ = run_cli(*[a.format(tmp=tmp_path) for a in args], f"out_root={out}", "tracking=disabled")
+    assert cp.returncode == 2, cp.stderr
+    lines = cp.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("qrl-bench: error: ") and key in lines[0], cp.stderr
+    assert "must stay below out_root" in lines[0]
+    assert list(tmp_path.iterdir()) == []  # no results, no escape/, no abs/
+
+
+def test_every_spelling_of_true_is_refused_on_a_sweep():
+    """Issue 32 F6: `choice(false,true)`, `range(0,2)` and `'true'` got past the up-front guard (a string match);
+    now each job the sweep will launch is composed and its train.overwrite read as Hydra gives it."""
+    from bench.launch.overrides import SWEEP_OVERWRITE, check_overrides
+
+    for spelling in ("True", "'true'", "yes", "1", "choice(false,true)", "range(0,2)"):
+        assert check_overrides(["-m", "method=bf16", f"train.overwrite={spelling}"]) == SWEEP_OVERWRITE, spelling
+    assert check_overrides(["-m", "method=bf16", "train.overwrite=false,no,0"]) is None
+    assert check_overrides(["method=bf16", "train.overwrite=true"]) is None  # one run: the way to redo it
+
+
+def test_a_sweep_is_checked_job_by_job_as_its_sweeper_expands_it():
+    """Issue 32 F1: `-m method=naive,tis rollout.precision=int8,fp8_e4m3` was refused for method=bf16 (each swept
+    value was tried against the defaults of the others); now the four jobs it runs are checked, and a fixed-precision
+    arm in a sweep over precisions is one job at its own precision, not a refusal."""
+    from bench.config import validate
+    from bench.launch.overrides import check_overrides
+
+    def values(cfg) -> str | None:
+        try:
+            validate(cfg)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    assert check_overrides(["-m", "method=naive,tis", "rollout.precision=int8,fp8_e4m3", "sweep=x"], values) is None
+    assert check_overrides(["-m", "method=bf16,naive", "rollout.precision=mxfp4,int8", "seed=0,1"], values) is None
+    assert "method=bf16 is the bf16 baseline" in check_overrides(["method=bf16", "rollout.precision=int8"], values)

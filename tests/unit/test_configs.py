@@ -171,7 +171,7 @@ def test_another_arms_knob_is_an_error_naming_the_arm():
 def test_help_lists_only_real_choices(capsys: pytest.CaptureFixture[str]):
     from tests.helpers import cli
 
-    out = cli("--help", timeout=120).stdout
+    out = cli("--help").stdout
     groups = {line.split(":")[0]: line.split(":", 1)[1] for line in out.splitlines() if ": " in line and line[0].isalpha()}
     assert set(options("method")) == {o.strip() for o in groups["method"].split(",")}
     assert "schema" not in out

@@ -14,6 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 from bench.run.resume import decide, final_status, preview
+from bench.run.identity import CONFIG_FILE, config_hash
 from bench.run.store import RunDir
 
 
@@ -35,7 +36,12 @@ def save(run: RunDir, step: int) -> None:
 
 @pytest.fixture
 def run(tmp_path: Path) -> RunDir:
-    return RunDir(tmp_path / "sweep" / "bf16" / "arithmetic" / "tiny" / "seed0")
+    """A run directory as `RunDir.start` leaves it before its first row: config.yaml records the configuration
+    (run.json, with its config_hash, is left out: the tests below write the run.json each case needs)."""
+    run = RunDir(tmp_path / "sweep" / "bf16" / "arithmetic" / "tiny" / "seed0")
+    run.path.mkdir(parents=True)
+    (run.path / CONFIG_FILE).write_text(OmegaConf.to_yaml(cfg()))
+    return run
 
 
 def test_completed_and_other_finished_runs_are_skipped_untouched(run):
@@ -86,7 +92,7 @@ def test_overwrite_is_the_explicit_way_to_restart(run):
 
 
 def test_empty_directory_starts(run):
-    run.path.mkdir(parents=True)
+    run.path.mkdir(parents=True, exist_ok=True)
     plan = decide(run, cfg())
     assert plan.action == "start" and plan.start == 0 and plan.notes == []
 
@@ -176,7 +182,7 @@ def test_stale_temporaries_are_removed(run):
 
 
 def test_append_after_a_torn_line_keeps_the_new_row_whole(run):
-    run.path.mkdir(parents=True)
+    run.path.mkdir(parents=True, exist_ok=True)
     run.metrics_file.write_text('{"step": 0}\n{"step": 1, "x')  # a writer killed mid-line
     run.append_metrics({"step": 1, "x": 2})
     read = [json.loads(line) for line in run.metrics_file.read_text().splitlines() if line.endswith("}")]
@@ -184,7 +190,7 @@ def test_append_after_a_torn_line_keeps_the_new_row_whole(run):
 
 
 def test_failed_atomic_write_leaves_no_temporary(run, monkeypatch):
-    run.path.mkdir(parents=True)
+    run.path.mkdir(parents=True, exist_ok=True)
 
     def boom(*a, **k):
         raise OSError(28, "No space left on device")
@@ -199,7 +205,7 @@ def test_failed_atomic_write_leaves_no_temporary(run, monkeypatch):
 def test_preview_says_what_decide_will_do_without_touching_anything(run):
     from bench.run.resume import preview
 
-    run.path.mkdir(parents=True)
+    run.path.mkdir(parents=True, exist_ok=True)
     assert preview(run, cfg()) == "run"
     write_rows(run, range(3), [0, 2])
     (run.path / "ckpt").mkdir()
@@ -213,3 +219,89 @@ def test_preview_says_what_decide_will_do_without_touching_anything(run):
     run.update_info(status="diverged")
     assert preview(run, cfg()) == "skip" and preview(run, cfg(overwrite=True)) == "restart"
     assert "last.pt.tmp1" in before  # preview removed nothing (decide did, above)
+
+
+# ---- issue 32 F2: two witnesses of the configuration, config.yaml and run.json's config_hash -------------------
+
+
+def recorded(run: RunDir, **train) -> bytes:
+    """A completed run of cfg(**train) with both records, as `RunDir.start` and `finish` leave them; returns the
+    bytes of config.yaml."""
+    write_rows(run, range(4), [0, 2, 4])
+    text = OmegaConf.to_yaml(cfg(**train))
+    (run.path / CONFIG_FILE).write_text(text)
+    run.update_info(status="completed", config_hash=config_hash(OmegaConf.to_container(cfg(**train))),
+                    overrides=[f"train.{k}={v}" for k, v in train.items()])
+    return text.encode()
+
+
+def damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "delete":
+        path.unlink()
+    elif how == "tear":  # garbage after half the file: YAML and JSON that no longer parse
+        path.write_bytes(data[: len(data) // 2] + b"\x00{[")
+    else:  # "truncate": cut at a line in the middle, as a writer killed half way leaves it (YAML that still parses)
+        path.write_bytes(b"".join(data.splitlines(keepends=True)[:2]))
+
+
+def files(run: RunDir) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
+
+
+@pytest.mark.parametrize("how", ["delete", "tear", "truncate"])
+def test_a_lost_config_yaml_still_refuses_a_changed_config_by_run_jsons_hash(run, how):
+    """F2: config.yaml deleted or torn, a relaunch with another lr resumed and rewrote both records to it."""
+    recorded(run, lr=1e-4)
+    damage(run.path / CONFIG_FILE, how)
+    before = files(run)
+    plan = decide(run, cfg(lr=5e-4))
+    assert (plan.action, plan.outcome) == ("refuse", "bad_config")
+    assert "another configuration" in plan.message and "config_hash" in plan.message
+    assert "train.lr=0.0001" in plan.message  # run.json's record of the earlier launch's overrides
+    assert {"delete": "is missing", "tear": "is unreadable", "truncate": "does not hash to it"}[how] in plan.message
+    assert preview(run, cfg(lr=5e-4)) == "refuse"
+    assert files(run) == before  # neither record rewritten
+    assert decide(run, cfg(lr=1e-4)).action == "skip"  # the same configuration: the hash agrees
+
+
+@pytest.mark.parametrize("how", ["delete", "tear"])
+def test_a_lost_run_json_still_refuses_a_changed_config_naming_the_keys(run, how):
+    recorded(run, lr=1e-4)
+    damage(run.info_file, how)
+    before = files(run)
+    plan = decide(run, cfg(lr=5e-4))
+    assert (plan.action, plan.outcome) == ("refuse", "bad_config")
+    assert "train.lr: 0.0001 -> 0.0005" in plan.message
+    assert files(run) == before
+
+
+def test_a_config_yaml_that_disagrees_with_run_jsons_hash_is_no_witness(run):
+    """An edited config.yaml (says lr 5e-4; run.json's hash says 1e-4): the launch that matches the edit is refused,
+    the one that matches the hash is not."""
+    recorded(run, lr=1e-4)
+    (run.path / CONFIG_FILE).write_text(OmegaConf.to_yaml(cfg(lr=5e-4)))
+    plan = decide(run, cfg(lr=5e-4))
+    assert plan.outcome == "bad_config" and "does not hash to it" in plan.message
+    assert decide(run, cfg(lr=1e-4)).action == "skip"
+
+
+@pytest.mark.parametrize("how", ["delete", "tear"])
+def test_results_with_neither_record_are_refused_with_both_ways_on(run, how):
+    recorded(run, lr=1e-4)
+    damage(run.path / CONFIG_FILE, how)
+    damage(run.info_file, how)
+    before = files(run)
+    for launch in (cfg(lr=1e-4), cfg(lr=5e-4)):  # no launch can be shown to be that run
+        plan = decide(run, launch)
+        assert (plan.action, plan.outcome) == ("refuse", "refused")
+        assert "neither a readable config.yaml nor run.json's config_hash" in plan.message
+        assert "move the directory" in plan.message and "train.overwrite=true" in plan.message
+        assert "\n" not in plan.message and preview(run, launch) == "refuse"
+    assert files(run) == before
+    assert decide(run, cfg(lr=5e-4, overwrite=True)).action == "start"  # the way to discard them
+
+
+def test_a_directory_without_records_or_results_starts(run):
+    (run.path / CONFIG_FILE).unlink()
+    assert decide(run, cfg(lr=5e-4)).action == "start"

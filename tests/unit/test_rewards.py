@@ -26,15 +26,16 @@ from bench.rewards import (
 HUGE = "1" + "0" * 10_000  # 10**10000 as text: more digits than int() converts by default
 NESTED = "\\boxed{" + "{" * 3000 + "42" + "}" * 3000 + "}"  # takes sympy/latex2sympy well over 5 s
 LIMIT_S = 1.0
-# How far past the limit a cut call may end: the machine is shared and CI runs on whatever CPU it is given, so
-# the bound is wide; it still fails if the limit does not act (NESTED alone takes ~50 s, measured on an EPYC).
-SLACK_S = 4.0
+# No test here bounds the wall time of a scoring call (issue 32 F8: a loaded machine stretches any such bound).
+# That the limit acted is an event: the scorer's timeout count, and a result only a cut call gives (NESTED alone
+# takes ~50 s, measured on an EPYC); a call that hangs trips the hang guard (pyproject.toml: pytest-timeout).
 # The limit of the tests that check answers, not the timer: generous, because a first \sqrt or \pi after the
 # warm-up took 1.1 s on a loaded 2-core machine (0.1 s idle), and a right answer cut by the timer scores 0.
 SCORE_LIMIT_S = 60.0
 
 
 def scored(reward: Reward, completion, gold):
+    """The score and the wall time of one call (a lower bound on it holds on any machine; no upper bound does)."""
     t0 = time.monotonic()
     value = reward(completion, gold)
     return value, time.monotonic() - t0
@@ -125,35 +126,30 @@ def test_math_verify_non_utf8_and_surrogates(math_reward):
 
 
 def test_math_verify_huge_number(limited_reward):
-    value, wall = scored(limited_reward, f"\\boxed{{{HUGE}}}", "42")
-    assert value == 0.0 and wall < LIMIT_S + SLACK_S
+    assert limited_reward(f"\\boxed{{{HUGE}}}", "42") == 0.0
     assert limited_reward(f"The answer is {HUGE}", HUGE) in (0.0, 1.0)  # no exception either way
 
 
 def test_math_verify_boxed_spam(limited_reward):
     empty_spam = "\\boxed{}" * 5000
-    value, wall = scored(limited_reward, empty_spam, "42")
-    assert value == 0.0 and wall < LIMIT_S + SLACK_S
+    assert limited_reward(empty_spam, "42") == 0.0
     hedge = "".join(f"\\boxed{{{i}}}" for i in range(2000))  # every answer from 0 to 1999, 42 among them
-    value, wall = scored(limited_reward, hedge, "42")
-    assert value == 0.0 and wall < LIMIT_S + SLACK_S
+    assert limited_reward(hedge, "42") == 0.0
 
 
 def test_math_verify_slow_completion_is_cut_by_the_time_limit(limited_reward):
-    """Deeply nested braces take latex2sympy ~50 s; the limit cuts the call: counted as a timeout, scored 0, and
-    ended within a wide slack of the limit (not a speed test: the slack absorbs a loaded machine)."""
+    """Deeply nested braces take latex2sympy ~50 s; the limit cuts the call: counted as a timeout (the event that
+    says the limit acted), scored 0, and not before the limit (a lower bound holds under any load)."""
     before = limited_reward.stats["timeouts"]
     value, wall = scored(limited_reward, NESTED, "42")
-    assert value == 0.0
-    assert LIMIT_S * 0.9 <= wall < LIMIT_S + SLACK_S
+    assert value == 0.0 and wall >= LIMIT_S * 0.9
     assert limited_reward.stats["timeouts"] == before + 1
     assert limited_reward("\\boxed{42}", "42") == 1.0  # and scoring carries on normally
 
 
 @pytest.mark.parametrize("tower", ["\\boxed{10^{10^{10}}}", "\\boxed{9^{9^{9}}}", "\\boxed{(10^{100000})!}"])
 def test_math_verify_power_towers_are_bounded(limited_reward, tower):
-    value, wall = scored(limited_reward, tower, "42")
-    assert value == 0.0 and wall < LIMIT_S + SLACK_S
+    assert limited_reward(tower, "42") == 0.0  # bounded: a tower evaluated in full would trip the hang guard
 
 
 def test_math_verify_limit_holds_in_a_worker_thread():
@@ -163,14 +159,13 @@ def test_math_verify_limit_holds_in_a_worker_thread():
 
     def run():
         out["right"] = reward("\\boxed{\\frac{84}{2}}", "42")
-        out["slow"] = scored(reward, NESTED, "42")
+        out["slow"] = reward(NESTED, "42")
 
     t = threading.Thread(target=run)
     t.start()
     t.join()
     assert out["right"] == 1.0
-    value, wall = out["slow"]
-    assert value == 0.0 and wall < LIMIT_S + SLACK_S and reward.stats["timeouts"] == 1
+    assert out["slow"] == 0.0 and reward.stats["timeouts"] == 1  # cut: NESTED in full takes ~50 s
 
 
 # ---- gsm8k_strict ------------------------------------------------------------------------------------
@@ -334,5 +329,4 @@ def test_every_scorer_survives_hostile_text(name):
     reward = Reward(name, format_weight=0.1, time_limit_s=LIMIT_S)
     for completion in ["", b"\xff\xfe\x00", "\udcff" * 50, "\\boxed{}" * 2000, "{" * 5000, f"#### {HUGE}",
                        "<answer>" * 2000, "Answer: " * 2000, "\n" * 10_000]:
-        value, wall = scored(reward, completion, gold)
-        assert value in (0.0, 0.1) and wall < LIMIT_S + SLACK_S, (name, completion[:20])
+        assert reward(completion, gold) in (0.0, 0.1), (name, completion[:20])

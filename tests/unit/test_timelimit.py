@@ -10,10 +10,10 @@ import pytest
 
 from bench.run.timelimit import ScoreTimeout, call_with_time_limit, signal_limit_available
 
-# Upper bounds on a cut call's wall time are the limit plus this slack: CI runs on a shared machine of any speed,
-# and the slow calls below run 5-30 s (minutes for stuck_in_c) without the limit, so the bound still separates
-# "cut" from "ran to the end".
-SLACK_S = 2.5
+# No test here bounds a cut call's wall time from above (issue 32 F8: a loaded machine stretches any such bound).
+# That the limit acted is a result only a cut call gives: ScoreTimeout from work that would otherwise return a value
+# after 5-30 s (minutes for stuck_in_c). A lower bound (the call was not cut before its limit) holds on any machine;
+# a limit that never acts trips the hang guard (tests/hang.py).
 
 # Module-level functions: process mode pickles them by reference and the helper imports this module.
 
@@ -36,7 +36,14 @@ def swallow_once(seconds: float) -> str:
 
 
 def nested_limits(inner_seconds: float) -> str:
+    """10 s of work under an inner limit: with an inner limit longer than that, only the outer one can cut it."""
     return call_with_time_limit(python_loop, 10.0, seconds=inner_seconds)
+
+
+def sort_in_c(data: list[int]) -> str:
+    """One long C call holding the GIL: list.sort of ints compares in C, with no bytecode boundary inside."""
+    data.sort()
+    return "sorted"
 
 
 def stuck_in_c(n: int) -> int:
@@ -83,13 +90,12 @@ def test_fast_calls_return_their_value():
 def test_main_thread_limit_cuts_python_work():
     assert signal_limit_available()
     value, wall = timed(call_with_time_limit, python_loop, 10.0, seconds=0.3)
-    assert value is ScoreTimeout and 0.3 <= wall < 0.3 + SLACK_S
+    assert value is ScoreTimeout and wall >= 0.3  # uncut, the loop returns "done" after 10 s
 
 
 def test_a_swallowed_timeout_is_raised_again():
     # Without re-arming, the second 5 s loop would run to the end after the first timeout was swallowed.
-    value, wall = timed(call_with_time_limit, swallow_once, 5.0, seconds=0.3)
-    assert value is ScoreTimeout and wall < 0.3 + SLACK_S
+    assert timed(call_with_time_limit, swallow_once, 5.0, seconds=0.3)[0] is ScoreTimeout  # not "done"
 
 
 def test_timeout_is_not_an_exception_subclass():
@@ -119,17 +125,24 @@ def test_no_stray_signal_after_a_timeout():
 
 
 def test_nested_limits_keep_the_outer_deadline():
-    value, wall = timed(call_with_time_limit, nested_limits, 5.0, seconds=0.3)
-    assert value is ScoreTimeout and wall < 0.3 + SLACK_S  # the inner 5 s limit does not extend the outer 0.3 s
+    # the inner 60 s limit does not extend the outer 0.3 s: if it did, the 10 s loop would return "done"
+    assert timed(call_with_time_limit, nested_limits, 60.0, seconds=0.3)[0] is ScoreTimeout
 
 
 def test_signal_mode_does_not_hold_inside_one_long_c_call():
-    """Documented limitation: the handler runs only after the C call returns. Process mode covers this."""
-    n = 3 * 10**7  # 0.3-1 s of C work, depending on the CPU
-    alone = timed(stuck_in_c, n)[1]
-    value, wall = timed(call_with_time_limit, stuck_in_c, n, seconds=0.05)
-    assert wall > 0.5 * alone and alone > 0.1  # far past the 0.05 s limit: the C call ran to completion first
-    assert value in (ScoreTimeout, n * (n - 1) // 2)
+    """Documented limitation: the handler runs only after the C call returns. Process mode covers this.
+
+    The evidence is an event, not a time: the limit fired (ScoreTimeout) and yet the list is sorted, so the C sort
+    ran to its end past the limit. A sort of 10**6 ints takes 0.1-1 s on any CPU, far past the 0.01 s limit; the
+    rare attempt where the timer fires before the sort even starts (a loaded machine) is tried again."""
+    import random
+
+    for _ in range(5):
+        data = random.Random(0).sample(range(10**6), 10**6)
+        value = timed(call_with_time_limit, sort_in_c, data, seconds=0.01)[0]
+        if data[:3] == [0, 1, 2]:  # the sort ran, to its end (a cut mid-sort would leave it unsorted)
+            break
+    assert value is ScoreTimeout and data == sorted(data)  # the limit fired, after the C call completed
 
 
 def test_unknown_mode_lists_valid_ones():
@@ -145,13 +158,12 @@ def test_worker_thread_calls_use_the_helper_process():
     assert box == {"value": 42}
     box = in_thread(timed, call_with_time_limit, python_loop, 30.0, seconds=0.5)
     value, wall = box["value"]
-    assert value is ScoreTimeout and 0.5 <= wall < 0.5 + SLACK_S
+    assert value is ScoreTimeout and wall >= 0.5  # uncut, the loop returns "done" after 30 s
 
 
 def test_process_mode_kills_a_call_stuck_in_c_code():
     # sum(range(10**10)) holds the GIL for minutes; the helper is killed at limit + KILL_GRACE_S (1 s).
-    value, wall = timed(call_with_time_limit, stuck_in_c, 10**10, seconds=0.3, mode="process")
-    assert value is ScoreTimeout and wall < 0.3 + 1.0 + SLACK_S
+    assert timed(call_with_time_limit, stuck_in_c, 10**10, seconds=0.3, mode="process")[0] is ScoreTimeout
     assert call_with_time_limit(add, 1, 2, seconds=5.0, mode="process") == 3  # a fresh helper serves on
 
 
