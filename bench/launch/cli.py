@@ -118,7 +118,7 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
     from bench.run.resume import decide
     from bench.train import build, train
 
-    from bench.rollout.vllm_preflight import applies, preflight
+    from bench.launch.vllm_preflight import applies, preflight
 
     try:
         parts = build(cfg)  # before touching the run dir: bad input leaves nothing behind
@@ -399,7 +399,7 @@ def run(args: list[str], checked: bool = False) -> None:
 
         sys.exit(dry_run([a for a in args if a not in ("--dry-run", "-m", "--multirun")]))
     if "--preflight" in args:  # the vLLM preflight of every engine setup of the sweep, here, before queueing it
-        from bench.rollout.vllm_preflight import preflight_sweep
+        from bench.launch.vllm_preflight import preflight_sweep
 
         sys.exit(preflight_sweep([a for a in args if a not in ("--preflight", "-m", "--multirun")]))
     hydra_main()

