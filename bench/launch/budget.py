@@ -95,9 +95,10 @@ def throughputs(b: Any) -> tuple[float, float, float] | None:
 # KERNEL_S is ours: an eager kernel launch with PyTorch's dispatch on an H100 host, ~10 us. The rollout benchmark
 # calibrates it: over two or more batch sizes it fits a decode step's cost as f + B x r (this model's form) and
 # prints f per layer and kernel, the measured KERNEL_S of the machine it runs on (bench.benchmarks.rollout
-# decode_fit). On the 2-core CPU (1M preset, loaded) f came out 2-6 ms per step, 11-20 us per kernel, and at
-# long-tail lengths the engine's cost followed its steps and live rows as the model has it (compaction: 2-2.4x at a
-# longest row 3.7x the mean). The GPU check's step 2 fits it at 1.5B (batch 32 and 256); its value replaces 10 us.
+# decode_fit). On the shared 2-core CPU the fit is noise under load (2026-11-27, load average 17: a per-row cost
+# below zero, which decode_fit flags), so the CPU checks the model's form (at long-tail lengths compaction's gain
+# follows the steps and live rows it removes: docs/benchmarks.md), not KERNEL_S. The GPU check's step 2 fits it at
+# 1.5B (batch 32 and 256); its value replaces 10 us.
 # The embedded engine is never priced below vLLM's rate (vLLM is the faster engine by construction; where the model
 # says otherwise, e.g. qurl_table1's 0.5B at 512 tokens, the stated vLLM rate is the conservative figure).
 

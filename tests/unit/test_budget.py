@@ -123,3 +123,42 @@ def test_rows_cross_the_cartesian_part_and_the_command_line_wins():
     # a job override of a key the row sets replaces it (here the precision)
     assert expand_rows(["method=naive rollout.precision=int8"], [["rollout.precision=fp8_e4m3"]]) == [
         ["method=naive", "rollout.precision=fp8_e4m3"]]
+
+
+def test_the_rollout_benchmark_fits_the_decode_step_cost_in_the_budget_form():
+    """bench.benchmarks.rollout decode_fit: timings made from t(B) = f + B x r give back f, r and f per layer-kernel
+    (the measured counterpart of KERNEL_S); from the `before` rows only when rows stop (their steps run to the
+    longest row); a per-row cost below zero is flagged as noise, not reported as a fit."""
+    from argparse import Namespace
+
+    from bench.benchmarks.rollout import build_model, decode_fit
+    from bench.launch.budget import ACT_QUANT_KERNELS, KERNELS_PER_LAYER, LINEARS_PER_LAYER
+
+    shape = build_model("1m", device="meta")  # 4 layers
+    f, r = 2e-3, 50e-6
+
+    def cells(line):
+        return [c.strip() for c in line.strip("|").split("|")]
+
+    no_stops = Namespace(batch=[4, 16, 64], stops=None)
+    rows = {f"embedded | {p}": {b: b / (f + b * r) for b in no_stops.batch} for p in ("fp32", "int8")}
+    table = decode_fit(rows, no_stops, shape, {})
+    (_, p32, f32, r32, k32), (_, p8, f8, r8, k8) = map(cells, table[2:])
+    assert (p32, p8) == ("fp32", "int8") and float(f32) == pytest.approx(2.0, rel=1e-3)
+    assert float(r32) == pytest.approx(50, rel=1e-3) and float(f8) == pytest.approx(2.0, rel=1e-3)
+    assert float(k32) == pytest.approx(f / (4 * KERNELS_PER_LAYER["eager"]) * 1e6, rel=1e-2)
+    eight_bit = KERNELS_PER_LAYER["eager"] + LINEARS_PER_LAYER * ACT_QUANT_KERNELS["eager"]
+    assert float(k8) == pytest.approx(f / (4 * eight_bit) * 1e6, rel=1e-2)
+
+    stops = Namespace(batch=[8, 32], stops=[127])  # one call's lengths: B rows, the longest 40 steps
+    lengths = {b: [10] * (b - 1) + [40] for b in stops.batch}
+    useful = {b: sum(lengths[b]) for b in stops.batch}
+    rows = {"embedded (before) | fp32": {b: useful[b] / (40 * (f + b * r)) for b in stops.batch},
+            "embedded | fp32": {b: 1e9 for b in stops.batch}}  # compacted: its steps are not B rows each
+    table = decode_fit(rows, stops, shape, lengths)
+    assert len(table) == 3 and cells(table[2])[0] == "embedded (before)"
+    assert float(cells(table[2])[2]) == pytest.approx(2.0, rel=1e-3)
+
+    noisy = {"embedded | fp32": {4: 4 / 0.01, 16: 16 / 0.005}}  # more rows, less time per step
+    assert "not a fit" in decode_fit(noisy, Namespace(batch=[4, 16], stops=None), shape, {})[2]
+    assert decode_fit(noisy, Namespace(batch=[16], stops=None), shape, {}) == []
