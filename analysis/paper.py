@@ -147,6 +147,7 @@ def paper_table(name: str, runs: list[Run]) -> Table:
     benchmarks = list(dict.fromkeys(ref["benchmark"]))
     rows: list[dict[str, Any]] = []
     data: list[dict[str, Any]] = []
+    engines: list[str] = []  # each row's rollout engine(s), from the runs that fill it, for the caption
     order = list(dict.fromkeys(tuple(r) for r in ref[["paper_label", "method", "bitwidth", "config"]].itertuples(index=False)))
     for label, method, bits, config in order:
         lines = ref[(ref.paper_label == label) & (ref.method == method) & (ref.bitwidth == bits) & (ref.config == config)]
@@ -176,6 +177,9 @@ def paper_table(name: str, runs: list[Run]) -> Table:
                          "metric": line["metric"].iloc[0],
                          "ours_mean": ours.mean, "ours_std": ours.std, "n_runs": ours.n, "paper": paper, "delta": diff,
                          "unit": line["unit"].iloc[0], "source": line["source"].iloc[0]})
+        used = sorted({str(get(r.config, "rollout.engine")) for r in runs
+                       if any(matches(r, method, bits, line["task"], line["model"], config) for _, line in lines.iterrows())})
+        engines.append(f"{label} [{method}] {bits}: {'/'.join(used) or 'no run'}")
         runs_n = [c.n for c in cells.values()]
         shown["Runs"] = str(min(runs_n)) if runs_n and min(runs_n) == max(runs_n) else "/".join(map(str, runs_n))
         rows.append(shown)
@@ -183,7 +187,7 @@ def paper_table(name: str, runs: list[Run]) -> Table:
     sources = ", ".join(sorted(set(ref["source"]) - {""}))
     caption = (f"{name}: our final-evaluation numbers (%, mean ± std over seeds; Runs = seeds per cell) beside the "
                f"paper's ({sources}); Δ = ours - paper. 'base' = the bf16 run at step 0. {MISSING} = no run or no "
-               "paper number.")
+               f"paper number. Rollout engine of each row's runs: {'; '.join(engines)}.")
     return Table(f"paper_{Path(name).stem.removesuffix('.reference')}", pd.DataFrame(data), display, caption)
 
 

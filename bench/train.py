@@ -272,6 +272,14 @@ def evaluate(p: Parts, step: int) -> dict[str, float]:
                                             p.prompt_format, p.cfg.seed, step)
 
 
+def shares_engine(p: Parts) -> bool:
+    """Whether the evaluation generates in the rollout engine itself (a vLLM evaluation at the rollout precision),
+    which it then builds first anyway. Otherwise the run builds the rollout engine before its first evaluation
+    (unless the vLLM preflight already started it: `build_s`), so that an engine which cannot start fails in
+    seconds, not after an evaluation of hours."""
+    return p.eval_engine is p.engine or bool(getattr(p.eval_engine, "shares_rollout_engine", False))
+
+
 def precision_info(cfg: DictConfig) -> dict[str, Any]:
     """The rollout precision as reports name it (label, bit widths), recorded in run.json for the analysis."""
     r = cfg.rollout
@@ -344,6 +352,9 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
     tracker.replay(run.metrics(), run.evals(), below=start)  # rows an earlier attempt's W&B mirror lost
     run.update_info(wandb_id=tracker.run_id, setup=setup, **declared)
     t0, every = time.perf_counter(), cfg.train
+    if start < every.steps and start % every.eval_every == 0 and not shares_engine(p) \
+            and getattr(p.engine, "build_s", None) is None:
+        p.engine.load_weights(p.policy)  # the rollout engine before the first evaluation: its failure costs seconds
     bar = progress(range(start, every.steps), run_name)  # a tqdm bar on a terminal, plain lines in a log file
     with PreemptionGuard() as guard:
         try:

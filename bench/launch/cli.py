@@ -125,8 +125,12 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
     from bench.run.resume import decide
     from bench.train import build, train
 
+    from bench.launch.vllm_preflight import applies, preflight
+
     try:
         parts = build(cfg)  # before touching the run dir: bad input leaves nothing behind (bench.train.check_startup)
+        if applies(cfg):  # before any evaluation or training: a vLLM that cannot serve the run fails in seconds
+            preflight(parts, say=lambda line: say(name, line))
     except (ValueError, OSError, ImportError) as e:  # ImportError: an optional engine's package is missing
         return _bad_input(cfg, name, e)
     from bench import distributed
@@ -403,6 +407,10 @@ def run(args: list[str], checked: bool = False) -> None:
         from bench.launch.dryrun import dry_run
 
         sys.exit(dry_run([a for a in args if a not in ("--dry-run", "-m", "--multirun")]))
+    if "--preflight" in args:  # the vLLM preflight of every engine setup of the sweep, here, before queueing it
+        from bench.launch.vllm_preflight import preflight_sweep
+
+        sys.exit(preflight_sweep([a for a in args if a not in ("--preflight", "-m", "--multirun")]))
     hydra_main()
     code = sweep_report.exit_code()  # a sweep: its launcher recorded the jobs' outcomes (None for one run)
     if code:

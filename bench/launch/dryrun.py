@@ -3,8 +3,10 @@ without launching anything (no SLURM submission, no training). Expands the sweep
 the rows of `hydra/sweeper=rows` (bench/launch/sweeper.py) crossed with `hydra.sweeper.params` and the command-line
 overrides (with no rows: Hydra's basic sweeper).
 
-Where a job's config sets `budget.params_b` (the paper recipes), its line ends with the estimated GPU-hours
-(bench/launch/budget.py) and the summary gives the total and the assumptions behind it. Where the model's shape is known
+Where a job's config sets `budget.params_b` (the paper recipes), its line ends with the estimated GPU-hours, priced
+with the rollout engine the job runs (bench/launch/budget.py: vLLM at its rate, the embedded engine by a model of its
+own decode), the rollout's share of a step, and, where the embedded engine costs more than 3x vLLM, vLLM's hours and
+the override (a warning in the summary); the summary gives the total and the assumptions behind it. Where the model's shape is known
 (the recipes' hub models, the built-in ones) and the job runs on a GPU, the line also gives its peak memory per GPU
 (bench/launch/memory.py; per GPU, with the trainer states divided by the FSDP shard count when the job runs one
 rank per GPU, `train.nproc_per_node`), a job whose estimate exceeds `budget.gpu_memory_gb` gets a warning, and one
@@ -20,7 +22,7 @@ import sys
 
 from hydra import compose, initialize_config_dir
 
-from bench.launch.budget import describe, describe_eval, estimate, eval_estimate
+from bench.launch.budget import CHEAPER_BY, describe, describe_embedded, describe_eval, estimate, eval_estimate
 from bench.config import CONF_DIR, register_configs
 from bench.launch.memory import estimate_memory
 from bench.methods.base import build_method
@@ -44,7 +46,7 @@ def dry_run(overrides: list[str]) -> int:
     jobs = expand(overrides)
     counts: dict[str, int] = {}
     refusals: dict[str, int] = {}  # why, how many
-    gpu_hours, assumptions, too_big, tight, idle = 0.0, set(), [], [], []
+    gpu_hours, assumptions, too_big, tight, idle, slow = 0.0, set(), [], [], [], []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for job in jobs:
             cfg = compose("config", overrides=job)
@@ -60,7 +62,11 @@ def dry_run(overrides: list[str]) -> int:
             if est is not None:
                 gpu_hours += est.gpu_hours
                 assumptions.add(describe(cfg))
-                cost = f"  ~{est.gpu_hours:,.1f} GPU-h ({est.generated_per_step:,.0f} generated + {est.trained_per_step:,.0f} trained tokens/step)"
+                if est.engine == "embedded":
+                    assumptions.add(describe_embedded())
+                if est.vllm_would_save:
+                    slow.append(f"{RunDir.name_of(cfg)}: {est.line(cfg.rollout.precision).split('  ')[-1]}")
+                cost = f"  {est.line(cfg.rollout.precision)}"
                 ev = eval_estimate(cfg)  # the evaluations through either engine (eval.engine)
                 if ev is not None:
                     cost += f"  {ev.line()}"
@@ -88,6 +94,8 @@ def dry_run(overrides: list[str]) -> int:
     if tight:
         print(f"note: {len(tight)} job(s) within 10% of the GPU's memory (an estimate: check with scripts/gpu_check.sh "
               f"before a long run): {', '.join(tight)}", file=sys.stderr)
+    for line in slow:
+        print(f"WARNING: the embedded engine costs more than {CHEAPER_BY:g}x vLLM's rollout: {line}", file=sys.stderr)
     if assumptions:
         print(f"estimated GPU-hours (all jobs): ~{gpu_hours:,.0f}", file=sys.stderr)
         for line in sorted(assumptions):

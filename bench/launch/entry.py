@@ -45,7 +45,7 @@ jobs share, 1 when they differ, 128+N when the sweep itself was stopped by signa
 did not complete, with its reason and log.
 """
 
-HELP = """usage: qrl-bench [-m] [--dry-run] [key=value ...]     (python -m bench)
+HELP = """usage: qrl-bench [-m] [--dry-run | --preflight] [key=value ...]     (python -m bench)
        qrl-bench sync SWEEP_DIR [...] [--dry-run]
 
 One GRPO run, or with -m a sweep, of an arm (a method at a rollout precision) on a task and a model.
@@ -60,6 +60,7 @@ examples:
   qrl-bench -m +experiment=smoke_short               run a named sweep (conf/experiment/)
   qrl-bench -m +experiment=smoke_short hydra/launcher=slurm   the same sweep on SLURM (submitit)
   qrl-bench -m +experiment=paper/qurl_table1 --dry-run     a paper recipe: its rows, GPU-hours
+  qrl-bench -m +experiment=paper/qurl_table2 --preflight   its vLLM engines checked here (a GPU node) before queueing
   qrl-analyze results/smoke_short                    figures, tables and report.md of a sweep
   qrl-bench sync results/smoke_short [--dry-run]     upload a sweep's offline W&B runs (names, groups, tags kept)
 
@@ -77,7 +78,7 @@ SYNC = "sync"
 #: the quick check's verdicts (the child's exit status): the command line is fine / an error was printed
 PASSED, FAILED = 0, 2
 #: the flags qrl-bench itself answers, and Hydra's (hydra/_internal/utils.py get_args_parser)
-OWN_FLAGS = ("-m", "--multirun", "--dry-run", "--exit-codes", "--help", "-h")
+OWN_FLAGS = ("-m", "--multirun", "--dry-run", "--preflight", "--exit-codes", "--help", "-h")
 HYDRA_ARGPARSE_FLAGS = ("--cfg", "-c", "--resolve", "--package", "-p", "--run", "-r", "--shell-completion", "-sc",
                         "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--info", "-i",
                         "--experimental-rerun", "--hydra-help", "--version")

@@ -43,7 +43,7 @@ def test_every_recipe_dry_runs_with_a_gpu_hours_estimate(name, tmp_path, capsys)
     out, err = capsys.readouterr()
     lines = out.splitlines()
     assert len(lines) == JOBS[name]
-    assert all(re.search(r"~[\d,.]+ GPU-h \(", line) for line in lines), out
+    assert all(re.search(r"~[\d,.]+ GPU-h on (embedded|vllm) \(rollout \d+% of a step", line) for line in lines), out
     assert len({line.split()[3] for line in lines}) == len(lines), "two jobs share a run directory"
     total = float(re.search(r"estimated GPU-hours \(all jobs\): ~([\d,]+)", err).group(1).replace(",", ""))
     per_job = [float(re.search(r"~([\d,.]+) GPU-h", line).group(1).replace(",", "")) for line in lines]
