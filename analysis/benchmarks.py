@@ -2,8 +2,8 @@
 eval/aime24/avg@32, eval/math500/pass@16; bench/evaluation.py), tabulated as the papers do.
 
 One row per arm and metric, one column per benchmark and their average (QuRL Table 3, DeepScaleR's Avg@32 on
-AIME/MATH-500/AMC...): the final value of each run (its last evaluation that has the key), mean ± sample std over
-seeds, in percent. The average is over the benchmarks of the row's metric and shown only when the arm has all
+AIME/MATH-500/AMC...): the value in each run's final evaluation (never an earlier one: analysis.load.final_eval),
+mean ± sample std over seeds, in percent. The average is over the benchmarks of the row's metric and shown only when the arm has all
 of them. The best arm per column (of one metric, model and training task) is bold when at least two compete.
 """
 
@@ -31,22 +31,18 @@ def metric_order(metric: str) -> tuple[int, int]:
 
 
 def final_benchmarks(sweep: Sweep) -> pd.DataFrame:
-    """One row per (run, benchmark, metric): the value at the run's last evaluation that has it (a fraction)."""
+    """One row per (run, benchmark, metric): its value in the run's final evaluation (a fraction); a benchmark the
+    final row has no finite value for is left out for that run (analysis.load.final_eval warns), never read from
+    an earlier row."""
     rows = []
     for r in sweep.runs:
-        if r.evals.empty:
-            continue
-        ev = r.evals.sort_values("step")
-        for col in ev.columns:
-            m = BENCH_KEY.match(str(col))
+        for col, value in r.final.items():
+            m = BENCH_KEY.match(col)
             if m is None:
-                continue
-            have = ev.dropna(subset=[col])
-            if have.empty:
                 continue
             rows.append({"method": r.method, "precision": r.precision, "task": r.task, "model": r.model, "seed": r.seed,
                          "status": r.status, "benchmark": m["set"], "metric": m["metric"],
-                         "step": int(have["step"].iloc[-1]), "value": float(have[col].iloc[-1])})
+                         "step": r.final_step, "value": value})
     return pd.DataFrame(rows, columns=["method", "precision", "task", "model", "seed", "status", "benchmark", "metric",
                                        "step", "value"])
 

@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     from .report import write_report
     from .severity import SeverityOptions, has_severity_axis, severity_figures, severity_table
     from .benchmarks import benchmark_table
+    from .ranges import ranges_table
     from .tables import accuracy_table, results_table, throughput_table, write_table
 
     from .aggregate import aggregate_table
@@ -148,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                           primary=primary)
     # the report's tables, in the order it shows them; a severity ladder's table leads, the decomposition before it
     built = [results_table(sweep, args.baseline), accuracy_table(sweep, args.baseline), paired_table(sweep, sev),
-             aggregate_table(sweep, sev), benchmark_table(sweep), throughput_table(sweep, args.baseline, args.warmup)]
+             aggregate_table(sweep, sev), benchmark_table(sweep), throughput_table(sweep, args.baseline, args.warmup),
+             ranges_table(sweep)]
     if has_severity_axis(sweep):
         built.insert(0, severity_table(sweep, sev))
         built.insert(0, decomposition_table(sweep, sev))

@@ -18,7 +18,9 @@ the keys that differ (`unique_runs`).
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -36,6 +38,8 @@ from . import arms
 ID_COLUMNS = ["run_id", "method", "precision", "task", "model", "seed"]
 KNOWN_STATUSES = STATUSES
 RUN_FILES = (identity.INFO_FILE, identity.METRICS_FILE)
+#: The number every accuracy table, figure and the report's verdict read as a run's result (`Run.final_accuracy`).
+RESULT_KEY = "eval/accuracy"
 # Sub-directories of a sweep that never hold runs; pruned so discovery does not walk checkpoints.
 PRUNED_DIRS = {"ckpt", "wandb", "__pycache__"}
 
@@ -64,6 +68,13 @@ class Run:
     warnings: list[str] = field(default_factory=list)
     severity: str = ""  # the precision plus the rollout options that change its numerics (`severity_key`)
     task_key: str = ""  # the task's whole configuration (`task_key`): one task name can hold several problem sets
+    final: dict[str, float] = field(default_factory=dict)  # the final evaluation's finite eval/* values (`final_eval`)
+    final_step: int | None = None  # the step of that evaluation; None: the run has no evaluation
+
+    @property
+    def final_accuracy(self) -> float | None:
+        """The run's result: RESULT_KEY of its final evaluation (a finite number by `final_eval`), or None."""
+        return self.final.get(RESULT_KEY)
 
     @property
     def task_name(self) -> str:
@@ -158,7 +169,6 @@ class Sweep:
         """One row per used run: identity, status, length and provenance (the runs.csv of the report)."""
         rows = []
         for r in self.runs:
-            last_eval = r.evals.sort_values("step").iloc[-1] if not r.evals.empty else None
             rows.append(
                 {
                     "run_id": r.run_id,
@@ -170,8 +180,8 @@ class Sweep:
                     "status": r.status,
                     "reason": r.reason,
                     "steps": int(r.metrics["step"].max()) + 1 if not r.metrics.empty else 0,
-                    "final_eval_step": None if last_eval is None else int(last_eval["step"]),
-                    "final_eval_accuracy": None if last_eval is None else last_eval.get("eval/accuracy"),
+                    "final_eval_step": r.final_step,
+                    "final_eval_accuracy": r.final_accuracy,
                     "git_sha": r.info.get("git_sha"),
                     "git_dirty": r.info.get("git_dirty"),
                     "host": r.info.get("host"),
@@ -324,17 +334,76 @@ def _frame(records: list[dict[str, Any]], name: str, warnings: list[str]) -> pd.
     return pd.DataFrame(numeric).sort_values("step").reset_index(drop=True)
 
 
-def check_final_eval(evals: pd.DataFrame, final_step: int, warnings: list[str]) -> None:
-    """A completed run must have its final evaluation (the eval row at step = train.steps): every table and the
-    report's summary read "final accuracy" from it. Without it, the last readable row is an earlier step's
-    accuracy, which would be reported as final (issue 19: a torn last line flipped the sign of a gap), so the
-    run is left out, saying why."""
-    if final_step in set(evals["step"].tolist()):
-        return
-    torn = any(w.startswith("eval.jsonl: dropped unreadable last line") for w in warnings)
-    why = "its last line is unreadable (a torn write)" if torn else "there is no row for that step"
-    raise RunError(f"incomplete: eval.jsonl lacks the final evaluation (step {final_step}): {why}; "
-                   "an earlier step's accuracy is not reported as final")
+def finite_number(value: Any) -> bool:
+    """A JSON number that is finite: not null, not a string, not a boolean, not NaN or ±inf."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _step(record: dict[str, Any]) -> int | None:
+    step = record.get("step")
+    return int(step) if finite_number(step) and float(step).is_integer() else None
+
+
+def final_eval(records: list[dict[str, Any]], final_step: int | None, warnings: list[str]) -> tuple[int | None, dict[str, float]]:
+    """The run's final evaluation, (step, its finite eval/* values), as read from eval.jsonl's own records.
+
+    Every table and the report's summary read a run's result from here, and only from here: the eval row at
+    `final_step` (train.steps for a completed run), or the last eval row a diverged run wrote (`final_step`
+    None). Its RESULT_KEY must be a finite number (where the run records it at all: rows of eval sets alone, as a
+    W&B export may hold, have none). A missing row, a torn last line, or a row whose accuracy is null, a string,
+    NaN or inf leaves the run out (RunError): reading the last earlier row instead would report an earlier step's
+    accuracy as final (issue 19: a torn line flipped the sign of a gap; issue 32: a null final accuracy was
+    reported as the step-15 one). Another eval/* key that is not a finite number in that row is dropped with a
+    warning, so no table reads it from an earlier row either. A run without any evaluation gives (None, {})."""
+    by_step = {s: r for r in records if (s := _step(r)) is not None}  # a repeated step keeps its last record
+    if final_step is None and not by_step:
+        return None, {}
+    step = max(by_step) if final_step is None else final_step
+    row = by_step.get(step)
+    if row is None:
+        torn = any(w.startswith("eval.jsonl: dropped unreadable last line") for w in warnings)
+        why = "its last line is unreadable (a torn write)" if torn else "there is no row for that step"
+        raise RunError(f"incomplete: eval.jsonl lacks the final evaluation (step {step}): {why}; "
+                       "an earlier step's accuracy is not reported as final")
+    value = row.get(RESULT_KEY)
+    recorded = any(RESULT_KEY in r for r in by_step.values())  # a run of eval sets alone records no accuracy
+    if recorded and not finite_number(value):
+        raise RunError(f"incomplete: eval.jsonl's final evaluation (step {step}) has {RESULT_KEY}="
+                       f"{json.dumps(value)}, not a finite number; an earlier step's accuracy is not reported as final")
+    bad = sorted(k for k, v in row.items() if k.startswith("eval/") and not finite_number(v))
+    if bad:
+        warnings.append(f"eval.jsonl: the final evaluation (step {step}) has no finite value for {', '.join(bad)}; "
+                        "the tables leave them out for this run")
+    return step, {k: float(v) for k, v in row.items() if k.startswith("eval/") and finite_number(v)}
+
+
+def nan_settings(config: dict[str, Any]) -> list[str]:
+    """The settings of a config that are NaN (`key=nan`): no setting's value, so a run configured with one is a
+    configuration error, whatever it then recorded (algo.adv_eps=nan trains on NaN advantages and "diverges")."""
+    return [f"{k}=nan" for k, v in flatten(config).items() if isinstance(v, float) and math.isnan(v)]
+
+
+#: the step a divergence names in its reason (bench/compute.py Diverged: "step 12: non-finite loss (nan)")
+_DIVERGED_AT = re.compile(r"^step (\d+):")
+
+
+def diverged_step(info: dict[str, Any], logged_steps: int | None = None) -> int | None:
+    """The training step at which a diverged run stopped: run.json `diverged_step` (bench/train.py), else the step
+    its reason names, else the number of steps it logged (the diverged step writes no row); None when unknown."""
+    step = info.get("diverged_step")
+    if finite_number(step):
+        return int(step)
+    match = _DIVERGED_AT.match(str(info.get("reason") or ""))
+    return int(match[1]) if match else logged_steps
+
+
+def check_divergence(step: int | None) -> None:
+    """A diverged run is a result of training only when training had run: a divergence in step 0, the first rollout
+    batch of the untrained policy, comes from the setup (a setting, the data, the model), and its last evaluation is
+    the starting accuracy, no outcome of any training. Such a run is left out (RunError), saying so."""
+    if step is not None and step < 1:
+        raise RunError("diverged at step 0, on the untrained policy's first batch: the non-finite value comes from "
+                       "the setup (a setting, the data or the model), not from training; not a result")
 
 
 def _identity_from_path(run_dir: Path) -> dict[str, Any]:
@@ -427,6 +496,10 @@ def load_run(run_dir: Path, root: Path | None = None, run_id: str | None = None)
         reason = info.get("reason")
         raise RunError(f"status={status}" + (f" ({reason})" if reason else "") + _where(info, run_dir))
     config = _read_config(run_dir)
+    if nans := nan_settings(config):
+        raise RunError(f"configuration error: {', '.join(nans)} (NaN is no setting's value); not a result")
+    if status == "diverged":
+        check_divergence(diverged_step(info))
     fallback = _identity_from_path(run_dir)
     ident = {
         "method": get(config, "method.name", fallback.get("method")),
@@ -466,8 +539,10 @@ def load_run(run_dir: Path, root: Path | None = None, run_id: str | None = None)
         raise RunError(f"incomplete: metrics.jsonl lacks {len(missing_steps)} step(s): {shown}")
     if status == "completed" and isinstance(info.get("step"), int) and info["step"] + 1 > logged:
         raise RunError(f"incomplete: run.json says step {info['step']} but metrics.jsonl ends at step {logged - 1}")
-    if status == "completed":
-        check_final_eval(evals, planned if isinstance(planned, int) else logged, warnings)
+    if status == "diverged":
+        check_divergence(diverged_step(info, logged))
+    final_step, final = final_eval(eval_records, (planned if isinstance(planned, int) else logged)
+                                   if status == "completed" else None, warnings)
 
     variant = get(config, "variant", fallback.get("variant")) or ""
     method = str(ident["method"]) + (f"[{variant}]" if variant else "")
@@ -492,6 +567,8 @@ def load_run(run_dir: Path, root: Path | None = None, run_id: str | None = None)
         warnings=warnings,
         severity=severity_key(config, info, precision),
         task_key=task_key(config),
+        final=final,
+        final_step=final_step,
     )
 
 

@@ -111,15 +111,16 @@ def matches(run: Run, method: str, bits: str, task: str, model: str, config: str
 
 
 def run_value(run: Run, metric: str, at_start: bool) -> float:
-    """The metric (or the mean of `a+b+c`) at the run's last evaluation, or at step 0; NaN when absent."""
+    """The metric (or the mean of `a+b+c`) at the run's final evaluation (`Run.final`: its finite values only), or at
+    step 0; NaN when absent."""
+    keys = metric.split("+")
+    if not at_start:
+        values = [run.final.get(k, np.nan) for k in keys]
+        return float(np.mean(values)) if all(np.isfinite(values)) else np.nan
     e = run.evals
-    if e.empty:
-        return np.nan
-    e = e.sort_values("step")
-    row = e[e["step"] == 0] if at_start else e.iloc[[-1]]
+    row = e[e["step"] == 0] if not e.empty else e
     if row.empty:
         return np.nan
-    keys = metric.split("+")
     values = [float(row[k].iloc[0]) if k in row and pd.notna(row[k].iloc[0]) else np.nan for k in keys]
     return float(np.mean(values)) if all(np.isfinite(values)) else np.nan
 
@@ -146,6 +147,7 @@ def paper_table(name: str, runs: list[Run]) -> Table:
     benchmarks = list(dict.fromkeys(ref["benchmark"]))
     rows: list[dict[str, Any]] = []
     data: list[dict[str, Any]] = []
+    engines: list[str] = []  # each row's rollout engine(s), from the runs that fill it, for the caption
     order = list(dict.fromkeys(tuple(r) for r in ref[["paper_label", "method", "bitwidth", "config"]].itertuples(index=False)))
     for label, method, bits, config in order:
         lines = ref[(ref.paper_label == label) & (ref.method == method) & (ref.bitwidth == bits) & (ref.config == config)]
@@ -175,6 +177,9 @@ def paper_table(name: str, runs: list[Run]) -> Table:
                          "metric": line["metric"].iloc[0],
                          "ours_mean": ours.mean, "ours_std": ours.std, "n_runs": ours.n, "paper": paper, "delta": diff,
                          "unit": line["unit"].iloc[0], "source": line["source"].iloc[0]})
+        used = sorted({str(get(r.config, "rollout.engine")) for r in runs
+                       if any(matches(r, method, bits, line["task"], line["model"], config) for _, line in lines.iterrows())})
+        engines.append(f"{label} [{method}] {bits}: {'/'.join(used) or 'no run'}")
         runs_n = [c.n for c in cells.values()]
         shown["Runs"] = str(min(runs_n)) if runs_n and min(runs_n) == max(runs_n) else "/".join(map(str, runs_n))
         rows.append(shown)
@@ -182,7 +187,7 @@ def paper_table(name: str, runs: list[Run]) -> Table:
     sources = ", ".join(sorted(set(ref["source"]) - {""}))
     caption = (f"{name}: our final-evaluation numbers (%, mean ± std over seeds; Runs = seeds per cell) beside the "
                f"paper's ({sources}); Δ = ours - paper. 'base' = the bf16 run at step 0. {MISSING} = no run or no "
-               "paper number.")
+               f"paper number. Rollout engine of each row's runs: {'; '.join(engines)}.")
     return Table(f"paper_{Path(name).stem.removesuffix('.reference')}", pd.DataFrame(data), display, caption)
 
 

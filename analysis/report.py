@@ -177,6 +177,7 @@ def write_report(
         "accuracy": f"Final eval accuracy per arm and task (gap to {baseline})",
         "benchmarks": "Benchmarks (eval sets: accuracy, avg@k, pass@k)",
         "throughput": "Throughput per task, arm, precision, engine and device",
+        "mismatch_ranges": "Healthy ranges of the mismatch metrics (step 0 and end, per precision)",
     }
     for table, paths in tables:
         if table.display.empty:

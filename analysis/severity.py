@@ -55,7 +55,7 @@ from .arms import BASELINE, CONTROL, NAIVE, arm_color, method_sort_key
 from .collapse import COLLAPSE_SENTENCE, collapse_step
 from .load import SEVERITY_OPTIONS, Run, Sweep, get
 from .stats import METHOD_SENTENCE, NAN_INTERVAL, Interval, diff_interval, mean_interval, ratio_interval
-from .tables import MISSING, Table, eval_curve, fmt_ci, fmt_se, gap_eval_se, n_test
+from .tables import MISSING, Table, eval_curve, fmt_ci, fmt_se, gap_eval_se, n_test, sampler_accuracy0
 
 KL_METRICS = ("mismatch/kl_k3", "mismatch/kl_k1")
 #: one marker per method in the severity figure: methods at one severity often measure the same mismatch and
@@ -110,27 +110,19 @@ def run_seq_mismatch(run: Run) -> float:
     return float((m["reward/response_length"] * m[kl]).mean())
 
 
-def sampler_accuracy0(run: Run) -> float:
-    """The step-0 training batch's reward/accuracy in % (mu's own accuracy before any update); NaN if not logged."""
-    m = run.metrics
-    if "reward/accuracy" not in m or m.empty or (m["step"] != 0).all():
-        return float("nan")
-    return 100 * float(m.loc[m["step"] == 0, "reward/accuracy"].iloc[0])
-
-
 def run_rows(sweep: Sweep, k: int = 3) -> pd.DataFrame:
     """One row per run with an eval: identity, severity, mismatch, final accuracy, AUC (%) and collapse."""
     rows = []
     for r in sweep.runs:
         e = eval_curve(r)
-        if e is None:
+        if e is None or r.final_accuracy is None:
             continue
         step = collapse_step(e["step"].tolist(), e["eval/accuracy"].tolist(), k, n_test(r))
         rows.append({
             "run_id": r.run_id, "model": r.model, "task": r.task, "method": r.method, "precision": r.precision,
             "severity": r.severity, "seed": r.seed, "status": r.status, "kl": run_mismatch(r),
             "seq_kl": run_seq_mismatch(r), "sampler_acc0": sampler_accuracy0(r),
-            "final_acc": 100 * float(e["eval/accuracy"].iloc[-1]),
+            "final_acc": 100 * r.final_accuracy,
             "auc": 100 * eval_auc(e["step"].tolist(), e["eval/accuracy"].tolist()),
             "collapsed": step is not None, "collapse_step": step, "n_test": n_test(r),
         })
@@ -302,6 +294,7 @@ def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> T
             "Model": r.model if new_block else "",
             "Severity": r.severity_label if key != prev else "",
             "Method": r.method,
+            "μ acc. @ step 0 (%)": fmt_ci(r.sampler_acc0, r.sampler_acc0_lo, r.sampler_acc0_hi, n=r.sampler_acc0_n),
             "KL(μ‖π_old)": f"{r.kl:.2e}" if np.isfinite(r.kl) else MISSING,
             "Accuracy (%)": fmt_ci(r.acc, r.acc_lo, r.acc_hi, n=r.acc_n),
             "AUC (%)": fmt_ci(r.auc, r.auc_lo, r.auc_hi, n=r.auc_n),
@@ -320,7 +313,9 @@ def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> T
         rows.append(row)
         prev = key
     caption = (
-        f"Per severity (rollout precision and options, ordered by measured mismatch): mean KL(μ‖π_old) per token (k3, "
+        f"Per severity (rollout precision and options, ordered by measured mismatch): μ's own accuracy on the step-0 "
+        f"training batch (the rollout policy sampling, before any update: a worse sampler is a floor no correction "
+        f"removes), mean KL(μ‖π_old) per token (k3, "
         f"mean over steps and seeds), final eval accuracy and AUC (time-averaged eval accuracy), their gaps to "
         f"{opts.baseline} and the fraction of the {opts.naive} arm's gap to {opts.baseline} each method recovers "
         f"((acc − acc_{opts.naive}) / (acc_{opts.baseline} − acc_{opts.naive})). {METHOD_SENTENCE} "
@@ -334,6 +329,48 @@ def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> T
 
 
 # --------------------------------------------------------------------------------------------- figure
+#: Horizontal distance (points) between arms drawn at one severity: their markers (4 pt) and caps stay apart.
+DODGE_PT = 6.0
+DODGE_NOTE = (f"arms at one severity are drawn {DODGE_PT:.0f} pt apart, in the legend's order, so each stays "
+              "visible (a shift for drawing only; the tables give each arm's measured value)")
+
+
+def dodge_offsets(groups: Iterable[Iterable[str]], order: Sequence[str]) -> dict[str, float]:
+    """Horizontal offsets (points) that keep arms sharing an x apart: each method that shares one of `groups` (the
+    methods drawn at one severity or cell) with another gets its own slot, slots in `order`, centred on 0; a
+    method alone wherever it is drawn (the baseline) stays at 0. One offset per method, so its line stays whole."""
+    crowded = {m for g in map(set, groups) if len(g) > 1 for m in g}
+    slots = [m for m in order if m in crowded]
+    return {m: (slots.index(m) - (len(slots) - 1) / 2) * DODGE_PT if m in crowded else 0.0 for m in order}
+
+
+def artists(container: Any) -> list[Any]:
+    """The artists of an errorbar container: its line through the points, its caps and its bars."""
+    line, caps, bars = container.lines
+    return [a for a in (line, *caps, *bars) if a is not None]
+
+
+def shift_apart(drawn: dict[tuple[Any, str], list[Any]], offsets: dict[str, float]) -> None:
+    """Move each (axis, method)'s artists `offsets[method]` points to the right, once everything is drawn: each axis
+    first keeps the limits its data gave it (an artist drawn in shifted coordinates from the start is left out of
+    autoscaling, which cut points off). A shift in points is the same on a linear, log or symlog axis."""
+    from matplotlib.text import Annotation
+    from matplotlib.transforms import offset_copy
+
+    for ax in {ax for ax, _ in drawn}:
+        ax.autoscale_view()
+        ax.set_xlim(ax.get_xlim())
+        ax.set_ylim(ax.get_ylim())
+    for (ax, method), items in drawn.items():
+        if offsets.get(method):
+            shift = offset_copy(ax.transData, fig=ax.figure, x=offsets[method], y=0.0, units="points")
+            for a in items:
+                if isinstance(a, Annotation):
+                    a.xycoords = shift
+                else:
+                    a.set_transform(shift)
+
+
 def plot_severity(sweep: Sweep, task: str, model: str, out_dir: Path, opts: SeverityOptions = SeverityOptions(),
                   formats: Sequence[str] = ("png", "pdf")):
     """The headline figure: final accuracy and AUC against the measured mismatch, one line per method across the
@@ -349,6 +386,8 @@ def plot_severity(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Seve
     fig, axes = plt.subplots(1, 2, figsize=(FULL_WIDTH, 3.1), layout="constrained")
     methods = sorted(data["method"].unique(), key=method_sort_key)
     markers = {m: METHOD_MARKERS[i % len(METHOD_MARKERS)] for i, m in enumerate(methods)}
+    offsets = dodge_offsets(data.groupby("severity")["method"].apply(list), methods)
+    drawn: dict[tuple[Any, str], list[Any]] = {}
     kl = data["kl"].to_numpy(dtype=float)
     for ax, (col, title) in zip(axes, (("acc", "final eval accuracy"), ("auc", "AUC (time-averaged eval accuracy)"))):
         for method in methods:
@@ -357,11 +396,13 @@ def plot_severity(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Seve
             x, y = d["kl"].to_numpy(float), d[col].to_numpy(float)
             xerr = _err(x, kl_lower(d["kl_lo"], kl), d["kl_hi"])
             yerr = _err(y, d[f"{col}_lo"].clip(0, 100), d[f"{col}_hi"].clip(0, 100))  # an accuracy is in [0, 100]
-            ax.errorbar(x, y, xerr=xerr, yerr=yerr, color=color, marker=markers[method], ms=4, lw=1.2, elinewidth=0.7,
-                        capsize=2, mfc=color, mec="white", mew=0.4)
+            eb = ax.errorbar(x, y, xerr=xerr, yerr=yerr, color=color, marker=markers[method], ms=4, lw=1.2,
+                             elinewidth=0.7, capsize=2, mfc=color, mec="white", mew=0.4)
+            drawn[(ax, method)] = artists(eb)
             hit = d["n_collapsed"].to_numpy() > 0
             if hit.any():  # a ring around the point: the arm's own marker stays visible inside it
-                ax.plot(x[hit], y[hit], ls="none", marker="o", mfc="none", mec="0.15", ms=9, mew=0.9, zorder=5)
+                drawn[(ax, method)] += ax.plot(x[hit], y[hit], ls="none", marker="o", mfc="none", mec="0.15", ms=9,
+                                               mew=0.9, zorder=5)
             if method == opts.baseline and d["severity"].nunique() == 1:
                 ax.axhline(y[0], color=color, lw=0.8, ls="--", zorder=0)
                 lo, hi = d[f"{col}_lo"].iloc[0], d[f"{col}_hi"].iloc[0]
@@ -373,6 +414,7 @@ def plot_severity(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Seve
         ax.set_title(f"{title} vs mismatch", pad=4)
         ax.set_xlabel("mean KL(μ‖π_old) per token (k3, nats)")
         ax.set_ylabel(f"{'accuracy' if col == 'acc' else 'AUC'} (%)")
+    shift_apart(drawn, offsets)
     handles = [Line2D([], [], color=arm_color(m), marker=markers[m], ms=4, lw=1.2, mec="white", mew=0.4) for m in methods]
     names = list(methods)
     if (data["n_collapsed"] > 0).any():
@@ -388,7 +430,7 @@ def plot_severity(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Seve
         f"(mean over steps of the per-token KL(μ‖π_old), k3), one line per method across the severities it ran "
         f"(labelled on the top axis, at each severity's mean mismatch); 95 % t-intervals over seeds on both axes, "
         f"clipped to 0-100 %; dashed line and band: {opts.baseline}. A ring marks a severity where at least one "
-        f"seed collapsed."
+        f"seed collapsed" + (f"; {DODGE_NOTE}." if any(offsets.values()) else ".")
     )
     return FigureFile(name, "severity", f"Accuracy against mismatch — {task} / {model}", caption,
                       _save(fig, out_dir, name, formats))
@@ -414,11 +456,14 @@ def plot_recovered(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Sev
     plotted = np.isfinite(data["recovered"]) | (data["method"] == opts.naive)
     seq_kl = data.loc[plotted, "seq_kl"].to_numpy(float)  # the x values drawn: the axis is chosen for them
     shown = []
+    defined = data[data["method"].isin(arms) & np.isfinite(data["recovered"])]
+    offsets = dodge_offsets(defined.groupby("severity")["method"].apply(list), arms)
+    drawn: dict[tuple[Any, str], list[Any]] = {}
     for method in arms:
-        d = data[(data["method"] == method) & np.isfinite(data["recovered"])].sort_values("seq_kl")
+        d = defined[defined["method"] == method].sort_values("seq_kl")
         if d.empty:
             continue
-        _recovered_bars(left, d, _arm_style(method, markers[method]))
+        drawn[(left, method)] = _recovered_bars(left, d, _arm_style(method, markers[method]))
         shown.append(method)
     _recovered_levels(left)
     _kl_axis(left, seq_kl)
@@ -441,6 +486,7 @@ def plot_recovered(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Sev
     right.set_xlabel("T·KL (nats)")
     right.set_ylabel("step-0 batch accuracy (%)")
     right.set_title("μ's own accuracy (sampler quality)", pad=4)
+    shift_apart(drawn, offsets)
     handles = [Line2D([], [], color=arm_color(m), marker=markers[m], ms=4, lw=1.0) for m in shown]
     handles += [Line2D([], [], color=arm_color(opts.naive), marker="o", ms=4, lw=1.0),
                 Line2D([], [], color=arm_color(opts.baseline), lw=0.9, ls="--")]
@@ -455,7 +501,7 @@ def plot_recovered(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Sev
         f"{OFF_SCALE}; severities where the {opts.naive} gap is within noise have no point (the severity "
         f"table says why). Right: the step-0 training batch accuracy of the {opts.naive} arm's rollout policy μ at each "
         f"severity against {opts.baseline}'s (dashed, band: 95 % t-interval over seeds): a μ that answers worse is a "
-        f"worse sampler, a floor no reweighting of its samples removes."
+        f"worse sampler, a floor no reweighting of its samples removes" + (f"; left: {DODGE_NOTE}." if any(offsets.values()) else ".")
     )
     return FigureFile(name, "recovered", f"Recovered share against T·KL — {task} / {model}", caption,
                       _save(fig, out_dir, name, formats))
@@ -489,14 +535,16 @@ def plot_tkl(sweep: Sweep, out_dir: Path, opts: SeverityOptions = SeverityOption
     arms = sorted(low["method"].unique(), key=method_sort_key)
     markers = {m: METHOD_MARKERS[i % len(METHOD_MARKERS)] for i, m in enumerate(arms)}
     gap = f"gap_to_{opts.baseline}"
+    offsets = dodge_offsets(low.groupby("cell")["method"].apply(list), arms)
+    drawn: dict[tuple[Any, str], list[Any]] = {}
     for method in arms:
         d = low[low["method"] == method].sort_values("seq_kl")
         style = _arm_style(method, markers[method])
         x, y = d["seq_kl"].to_numpy(float), d[gap].to_numpy(float)
-        gap_ax.errorbar(x, y, yerr=_err(y, d[f"{gap}_lo"], d[f"{gap}_hi"]), **style)
+        drawn[(gap_ax, method)] = artists(gap_ax.errorbar(x, y, yerr=_err(y, d[f"{gap}_lo"], d[f"{gap}_hi"]), **style))
         r = d[np.isfinite(d["recovered"])]
         if not r.empty:
-            _recovered_bars(rec_ax, r, style)
+            drawn[(rec_ax, method)] = _recovered_bars(rec_ax, r, style)
     gap_ax.axhline(0, color=arm_color(opts.baseline), lw=0.9, ls="--", zorder=0)
     _recovered_levels(rec_ax)
     x = cells["seq_kl"].to_numpy(float)
@@ -518,6 +566,7 @@ def plot_tkl(sweep: Sweep, out_dir: Path, opts: SeverityOptions = SeverityOption
     rec_ax.set_title("recovered share", pad=4)
     mu_ax.set_ylabel("step-0 batch accuracy (%)")
     mu_ax.set_title("sampler quality", pad=4)
+    shift_apart(drawn, offsets)
     rec_ax.set_xlabel("T·KL: response length × KL(μ‖π_old) per token (nats)")
     handles = [Line2D([], [], color=arm_color(m), marker=markers[m], ms=4, lw=1.0) for m in arms]
     handles.append(Line2D([], [], color=arm_color(opts.baseline), marker="s", ms=4, lw=1.0, ls="--"))
@@ -537,7 +586,8 @@ def plot_tkl(sweep: Sweep, out_dir: Path, opts: SeverityOptions = SeverityOption
         + (f" (not in cell{'s' if len(unresolved) > 1 else ''} {', '.join(unresolved)})" if unresolved else "")
         + f". Right: the step-0 training batch accuracy of the {opts.naive} arm's rollout policy μ and of "
         f"{opts.baseline}'s in the same cell: where μ answers worse, part of the gap is the sampler, which no "
-        f"reweighting of its samples removes."
+        f"reweighting of its samples removes" + (f"; left and middle: {DODGE_NOTE.replace('severity', 'cell')}."
+                                                 if any(offsets.values()) else ".")
     )
     return FigureFile("tkl", "recovered", "Correction against sequence-level mismatch — every cell", caption,
                       _save(fig, out_dir, "tkl", formats))
@@ -564,24 +614,28 @@ def recovered_drawn(d: pd.DataFrame) -> pd.DataFrame:
                          "lo_cut": lo < low, "hi_cut": hi > high})
 
 
-def _recovered_bars(ax, d: pd.DataFrame, style: dict[str, Any]) -> None:
+def _recovered_bars(ax, d: pd.DataFrame, style: dict[str, Any]) -> list[Any]:
     """Recovered shares (%) against T·KL with their Fieller intervals, drawn within RECOVERED_RANGE
     (`recovered_drawn`): a share beyond it is an arrow at the edge pointing off the scale under its value, written
     out; an interval end beyond it ends its bar in an arrowhead. Arrows, not triangle markers: the arms' own markers
     include triangles."""
     p = recovered_drawn(d)
     in_range = (p["off"] == 0).tolist()
-    ax.errorbar(p["x"], p["y"], yerr=_err(p["y"].to_numpy(), p["lo"], p["hi"]), markevery=in_range, **style)
+    out = artists(ax.errorbar(p["x"], p["y"], yerr=_err(p["y"].to_numpy(), p["lo"], p["hi"]), markevery=in_range,
+                              **style))
     color = style["color"]
     for r in p[p["off"] != 0].itertuples(index=False):  # the arrow points from the label to the edge it lies beyond
-        ax.annotate(f"{r.value:+.0f} %", (r.x, r.y), xytext=(0, -14 * r.off), textcoords="offset points",
-                    ha="center", va="top" if r.off > 0 else "bottom", fontsize=6, color=color, zorder=5,
-                    arrowprops=dict(arrowstyle="-|>", color=color, lw=1.0, mutation_scale=8, shrinkA=1, shrinkB=0))
+        out.append(ax.annotate(
+            f"{r.value:+.0f} %", (r.x, r.y), xytext=(0, -14 * r.off), textcoords="offset points", ha="center",
+            va="top" if r.off > 0 else "bottom", fontsize=6, color=color, zorder=5,
+            arrowprops=dict(arrowstyle="-|>", color=color, lw=1.0, mutation_scale=8, shrinkA=1, shrinkB=0)))
     cut = [(r.x, r.lo, -1) for r in p.itertuples(index=False) if r.lo_cut and r.off >= 0]  # off < 0: arrow drawn
     cut += [(r.x, r.hi, 1) for r in p.itertuples(index=False) if r.hi_cut and r.off <= 0]
     for x, y, direction in cut:
-        ax.annotate("", (x, y), xytext=(0, -6 * direction), textcoords="offset points", zorder=5,
-                    arrowprops=dict(arrowstyle="-|>", color=color, lw=0.7, mutation_scale=6, shrinkA=0, shrinkB=0))
+        out.append(ax.annotate(
+            "", (x, y), xytext=(0, -6 * direction), textcoords="offset points", zorder=5,
+            arrowprops=dict(arrowstyle="-|>", color=color, lw=0.7, mutation_scale=6, shrinkA=0, shrinkB=0)))
+    return out  # every artist, for shift_apart
 
 
 def _recovered_levels(ax) -> None:

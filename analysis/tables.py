@@ -152,6 +152,16 @@ _LATEX_SPECIAL = {
 _NUMERIC = re.compile(r"^\s*(?:[+\-−]?\d+(?:\.\d+)?(?:\s*±\s*\d+(?:\.\d+)?)?\s*(?:×|%|s)?(?:\s*\(.*\))?|–|)\s*$")
 
 
+#: What an exported .tex table needs, stated in its header: booktabs' rules and graphicx's \\resizebox. On TeX Live,
+#: booktabs.sty is in texlive-latex-recommended (texlive-latex-base lacks it), graphicx in texlive-latex-base.
+LATEX_NEEDS = ("% requires \\usepackage{booktabs} (\\toprule, \\midrule, \\bottomrule) and \\usepackage{graphicx} "
+               "(\\resizebox)",
+               "% TeX Live: texlive-latex-recommended (booktabs; texlive-latex-base lacks it) and texlive-latex-base")
+#: Every table fits its page: a tabular wider than the line is scaled down to it, a narrower one keeps its size
+#: (graphicx's \\width is the tabular's natural width; the closing brace follows \\end{tabular}).
+FIT_WIDTH = "\\resizebox{\\ifdim\\width>\\linewidth\\linewidth\\else\\width\\fi}{!}{%\n"
+
+
 def latex_escape(text: str) -> str:
     return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text))
 
@@ -168,7 +178,8 @@ def render(
     label: str | None = None,
     bold: pd.DataFrame | None = None,
 ) -> str:
-    """Render a DataFrame of display strings as Markdown ("md") or LaTeX ("tex", booktabs).
+    """Render a DataFrame of display strings as Markdown ("md") or LaTeX ("tex": booktabs, scaled down to the line
+    width when wider, its header saying which packages it needs: LATEX_NEEDS, FIT_WIDTH).
 
     The single entry point for both formats: cells, order and emphasis come from the same frame.
     """
@@ -196,17 +207,17 @@ def render(
         s = latex_escape(s)
         return f"\\textbf{{{s}}}" if strong and s else s
 
-    lines = ["% requires \\usepackage{booktabs}", "\\begin{table}[t]", "\\centering"]
+    lines = [*LATEX_NEEDS, "\\begin{table}[t]", "\\centering"]
     if caption:
         lines.append(f"\\caption{{{latex_escape(caption)}}}")
     if label:
         lines.append(f"\\label{{{label}}}")
-    lines += [f"\\begin{{tabular}}{{{''.join(align)}}}", "\\toprule"]
+    lines += [FIT_WIDTH + f"\\begin{{tabular}}{{{''.join(align)}}}", "\\toprule"]
     lines.append(" & ".join(tcell(str(c), False) for c in df.columns) + r" \\")
     lines.append("\\midrule")
     for i, row in enumerate(cells):
         lines.append(" & ".join(tcell(s, emph[i, j]) for j, s in enumerate(row)) + r" \\")
-    lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
+    lines += ["\\bottomrule", "\\end{tabular}}", "\\end{table}"]
     return "\n".join(lines) + "\n"
 
 
@@ -286,28 +297,39 @@ def eval_curve(run: Run) -> pd.DataFrame | None:
     return None if e.empty else e
 
 
+def sampler_accuracy0(run: Run) -> float:
+    """The step-0 training batch's reward/accuracy in % (mu's own accuracy before any update); NaN if not logged."""
+    m = run.metrics
+    if "reward/accuracy" not in m or m.empty or (m["step"] != 0).all():
+        return float("nan")
+    return 100 * float(m.loc[m["step"] == 0, "reward/accuracy"].iloc[0])
+
+
 def final_accuracy(sweep: Sweep) -> pd.DataFrame:
     """One row per run with an eval: identity, status, final_step and final eval accuracy (fraction).
 
-    "Final" is the last evaluation the run wrote (for a diverged run: the last one before it stopped).
+    "Final" is the run's final evaluation (`Run.final_accuracy`: the row at train.steps, or for a diverged run the
+    last one before it stopped), a finite number by construction (analysis.load.final_eval): a run whose final
+    row lacks one was left out at load, never read from an earlier row.
     """
     rows = []
     for r in sweep.runs:
         e = eval_curve(r)
-        if e is None:
+        if e is None or r.final_accuracy is None:
             continue
         rows.append(
             {
                 "method": r.method, "precision": r.precision, "task": r.task, "model": r.model, "seed": r.seed,
-                "status": r.status, "final_step": int(e["step"].iloc[-1]), "accuracy": float(e["eval/accuracy"].iloc[-1]),
+                "status": r.status, "final_step": r.final_step, "accuracy": r.final_accuracy,
                 "initial_accuracy": float(e["eval/accuracy"].iloc[0]) if int(e["step"].iloc[0]) == 0 else np.nan,
                 "act_granularity": get(r.config, "rollout.act_granularity"), "n_test": n_test(r),
+                "sampler_accuracy0": sampler_accuracy0(r),
             }
         )
     return pd.DataFrame(
         rows,
         columns=["method", "precision", "task", "model", "seed", "status", "final_step", "accuracy", "initial_accuracy",
-                 "act_granularity", "n_test"],
+                 "act_granularity", "n_test", "sampler_accuracy0"],
     )
 
 
@@ -419,6 +441,15 @@ def results_table(sweep: Sweep, baseline: str = "bf16") -> Table:
                 s = summarize(100 * init[init.task == t]["initial_accuracy"])
                 num[f"{t}_mean"], num[f"{t}_std"] = s.mean, s.std
             block_num.append(num)
+        for precision in dict.fromkeys(a[1] for a in arms):
+            runs = fm[fm.precision == precision]  # every arm's runs at this precision: mu is the same sampler
+            if not np.isfinite(runs["sampler_accuracy0"]).any():
+                continue  # no run logged its step-0 training batch
+            num = {"model": model, "method": "μ @ step 0", "precision": precision, "bitwidth": bitwidth(precision)}
+            for t in tasks:
+                s = summarize(runs[runs.task == t]["sampler_accuracy0"].dropna())
+                num[f"{t}_mean"], num[f"{t}_std"] = s.mean, s.std
+            block_num.append(num)
         for arm in arms:
             d = dm[(dm.method == arm[0]) & (dm.precision == arm[1])]
             act = fm[(fm.method == arm[0]) & (fm.precision == arm[1])]["act_granularity"]
@@ -463,7 +494,9 @@ def results_table(sweep: Sweep, baseline: str = "bf16") -> Table:
     bold = pd.DataFrame(bold_rows, columns=display.columns) if rows_disp else None
     caption = (
         "Final eval accuracy (%) per task, mean ± std over seeds; Avg. = mean over tasks of the per-task means; "
-        f"best arm per column in bold; '{baseline} @ step 0' = accuracy before RL; 'div.' = seeds that diverged "
+        f"best arm per column in bold; '{baseline} @ step 0' = accuracy before RL; 'μ @ step 0' = the rollout policy's "
+        "own accuracy at that bitwidth on the step-0 training batch (sampled, before any update; all arms' runs); "
+        "'div.' = seeds that diverged "
         "(their last eval before diverging is used; such a cell, and the Avg. of its arm, is never bold)."
     )
     return Table("results", data_out, display, caption, bold, wide=tuple(tasks))

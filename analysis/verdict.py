@@ -11,7 +11,7 @@ listed (Bonferroni level 1 - 0.05/m). Every number comes from the same definitio
     (primary)   the pre-registered test, when `--primary` names its arms: each hypothesis, its two endpoints with raw
                 and Holm-adjusted p within the pre-registered family, supported or not
     sentence 2  arms vs the baseline: those that differ after Holm (at most three, the largest first), else the
-                smallest adjusted p
+                smallest adjusted p; a sweep without a baseline run says so (no comparison, no finding)
     sentence 3  corrections vs naive at the same precision and task, the same way
     (control)   where the on-policy control ran: the naive gap split into the sampler-and-capacity and mismatch costs
     sentence 4  the recovered share of the naive gap of every arm where it is defined, highest first, with simultaneous
@@ -89,8 +89,12 @@ def verdict(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> list[str
     primary = cmp[[is_primary(r) for r in cmp.itertuples(index=False)]]
     if not primary.empty:
         out.append(_primary(primary, opts, multi_task, labels))
-    out.append(_comparison(final[final["family"] == family_name("base", opts)], f"differ from {opts.baseline}",
-                           multi_task, labels, none=f"No arm differs from {opts.baseline}"))
+    if (runs["method"] == opts.baseline).any():
+        out.append(_comparison(final[final["family"] == family_name("base", opts)], f"differ from {opts.baseline}",
+                               multi_task, labels, none=f"No arm differs from {opts.baseline}"))
+    else:  # nothing was compared: "no arm differs" would read as a finding
+        out.append(f"No arm is compared with a baseline: the sweep has no {opts.baseline} run "
+                   "(`qrl-analyze --baseline <method>` names another).")
     vs_naive = final[final["family"] == family_name("naive", opts)]
     if not vs_naive.empty:
         out.append(_comparison(vs_naive, f"differ from {opts.naive} at the same precision", multi_task, labels,

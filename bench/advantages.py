@@ -23,8 +23,11 @@ from bench.rollout.base import Rollout
 
 
 class AdvantageEstimator(Protocol):
-    def estimate(self, rollout: Rollout, rewards: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        """Advantages ([B] or [B, T], detached) of a rollout batch and metrics; remembers what `update` needs."""
+    def estimate(
+        self, rollout: Rollout, rewards: torch.Tensor, keep: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Advantages ([B] or [B, T], detached) of a rollout batch and metrics; remembers what `update` needs.
+        `keep` [B] (algo.baseline=kept, GRPO only): the responses that make each group's baseline."""
 
     def update(self, rollout: Rollout, mask: torch.Tensor, step: int) -> dict[str, float]:
         """After the policy update: train whatever the estimator learns (the critic); returns metrics."""
@@ -40,8 +43,11 @@ class GRPOAdvantage:
     def __init__(self, algo: Any, train: Any):
         self.algo, self.group_size = algo, train.group_size
 
-    def estimate(self, rollout: Rollout, rewards: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        adv = group_advantages(rewards, self.group_size, eps=self.algo.adv_eps, norm_by_std=self.algo.norm_adv_by_std)
+    def estimate(
+        self, rollout: Rollout, rewards: torch.Tensor, keep: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        adv = group_advantages(rewards, self.group_size, eps=self.algo.adv_eps, norm_by_std=self.algo.norm_adv_by_std,
+                               keep=keep)
         return adv, {}
 
     def update(self, rollout: Rollout, mask: torch.Tensor, step: int) -> dict[str, float]:
@@ -62,7 +68,11 @@ class GAEAdvantage:
         self.critic = Critic(policy, algo, train)
         self._targets: tuple[torch.Tensor, torch.Tensor] | None = None  # (old values, returns) of the last batch
 
-    def estimate(self, rollout: Rollout, rewards: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    def estimate(
+        self, rollout: Rollout, rewards: torch.Tensor, keep: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        if keep is not None:
+            raise ValueError("GAE advantages have no group baseline to re-centre (algo.baseline=kept is GRPO's)")
         mask = rollout.response_mask.bool()
         values = torch.where(mask, self.critic.values(rollout), torch.zeros(()))
         adv, returns = gae_from_outcome(rewards, values, mask, self.algo.gamma, self.algo.lam,

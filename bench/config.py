@@ -67,6 +67,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = MISSING
     seed: int = num(0, "[0, inf)")  # names the run (seed<N>, -s<N>) and seeds its generators
+    convention: str = "ours"  # whose defaults the arm's knobs take: conf/convention/, docs/arms.md §8
     sweep: str = "default"
     variant: str = ""  # set by the sweeper when jobs would share a run directory (bench/run/identity.py)
     out_root: str = "results"
@@ -145,7 +146,7 @@ def checks(cfg: DictConfig) -> list[Callable[[], Any]]:
 
 
 #: the config groups a `+group=option` override picks from (conf/<group>/); only experiment/ is not in the defaults
-CONFIG_GROUPS = ("experiment", "method", "model", "task", "rollout", "tracking")
+CONFIG_GROUPS = ("experiment", "method", "convention", "model", "task", "rollout", "tracking")
 
 
 def check_known_keys(cfg: DictConfig, sections: dict[str, type]) -> None:
@@ -210,10 +211,33 @@ def _check_part(cfg: DictConfig, key: str, schema: type) -> None:
     check_schema(_as_object(cfg[key], schema, key), key)
 
 
+#: the framework whose defaults the arm takes when convention= is not given (conf/convention/)
+OUR_CONVENTION = "ours"
+
+
+def arm_conventions(method: str) -> list[str]:
+    """The conventions `method` can take: ours, and each framework with a preset conf/convention_preset/<arm>_<fw>.yaml."""
+    known = sorted(p.stem for p in (CONF_DIR / "convention").glob("*.yaml"))
+    return [OUR_CONVENTION] + [c for c in known if c != OUR_CONVENTION
+                               and (CONF_DIR / "convention_preset" / f"{method}_{c}.yaml").exists()]
+
+
+def check_convention(cfg: DictConfig) -> None:
+    """convention=<framework> must have a preset for the arm: a framework without a counterpart would otherwise run
+    our conventions under its name (the preset group is optional in conf/config.yaml)."""
+    convention, method = str(cfg.get("convention", OUR_CONVENTION)), str(cfg.method.name)
+    valid = arm_conventions(method)
+    if convention not in valid:
+        raise ValueError(f"convention={convention}: {convention} has no counterpart of method={method} (no "
+                         f"conf/convention_preset/{method}_{convention}.yaml); conventions for {method}: "
+                         f"{', '.join(valid)} (docs/arms.md §8)")
+
+
 def check_across(cfg: DictConfig) -> None:
     """Checks that need two sections (the advantage estimator and DAPO's knobs against train.* and task.*) or
     none (the root's seed)."""
     algo, train = cfg.algo, cfg.train
+    check_convention(cfg)
     fixed = METHODS.entry(cfg.method.name).meta.get("precision")
     if fixed is not None and cfg.rollout.precision != fixed:
         raise ValueError(f"method={cfg.method.name} is the {fixed} baseline and rolls out in {fixed}, not "

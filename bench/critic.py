@@ -13,7 +13,8 @@ forked RNG), so adding a critic changes nothing else in the run's random streams
 Values are read exactly where the policy's log-probs are (bench/models/logprobs.py `sequence_inputs`): the
 hidden state at the position before response token t is V(s_t), the state before t is generated. The critic
 computes as the policy does (bench/compute.py): the trainer's device and dtype (rounded weights on CPU, autocast
-on CUDA, loss scaling for fp16), `train.micro_batch_size` sequences per forward, the same gradient clip.
+on CUDA, loss scaling for fp16), the same micro-batches cut to their rows' extent (`train.micro_batch_size`,
+`train.micro_batch_tokens`), the same gradient clip.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from bench.compute import Diverged, TrainerCompute, micro_slices
+from bench.compute import Diverged, TrainerCompute, inverse, widened
 from bench.gae import clipped_value_loss
 from bench.grpo import masked_mean
 from bench.models.logprobs import emulated_weights, forward, sequence_inputs
@@ -49,7 +50,9 @@ class ValueModel(nn.Module):
                 use_cache: bool = False) -> torch.Tensor:
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                use_cache=use_cache).last_hidden_state
-        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)
+        # a tensor of its own, not a view of the head's output: FSDP2 hooks this (root) output for its backward,
+        # and an in-place op on a view of it would bypass the hook (and the pre-backward all-gather)
+        return self.head(hidden.to(self.head.weight.dtype))[..., 0].clone()
 
 
 def backbone_of(model: PreTrainedModel) -> nn.Module:
@@ -94,13 +97,23 @@ class Critic:
         self.algo, self.train = algo, train
         # the policy's compute settings, with a loss scaler of the critic's own (fp16)
         device = next(self.model.parameters()).device
-        self.compute = TrainerCompute(device, train.dtype, 1.0, train.micro_batch_size)
+        self.compute = TrainerCompute(device, train.dtype, 1.0, train.micro_batch_size,
+                                      micro_batch_tokens=train.micro_batch_tokens)
 
     @torch.no_grad()
-    def values(self, rollout: Rollout) -> torch.Tensor:
-        """The old values V(s_t) of a rollout batch, [B, T], no gradient, micro-batch by micro-batch."""
-        return torch.cat([token_values(self.model, rollout.select(s), self.train.dtype)
-                          for s in micro_slices(rollout.batch_size, self.train.micro_batch_size)])
+    def values(self, rollout: Rollout, minibatches: int | None = None) -> torch.Tensor:
+        """The old values V(s_t) of a rollout batch, [B, T], no gradient, micro-batch by micro-batch (the update's
+        minibatches by default, so that the update's first pass cuts its micro-batches the same way)."""
+        minibatches = self.train.minibatches if minibatches is None else minibatches
+        out = torch.zeros(rollout.response_ids.shape, device=rollout.response_ids.device)
+        for (rows,) in self.compute.plan(rollout, minibatches):
+            out[rows.to(out.device)] = self._values(rollout, rows)
+        return out
+
+    def _values(self, rollout: Rollout, rows: torch.Tensor) -> torch.Tensor:
+        """V of `rows`, cut to their extent, [rows, T] at the rollout's width (zeros past the cut)."""
+        part = self.compute.rows(rollout, rows)
+        return widened(token_values(self.model, part, self.train.dtype), rollout.response_ids.shape[1])
 
     def update(self, rollout: Rollout, returns: torch.Tensor, old_values: torch.Tensor, mask: torch.Tensor,
                step: int) -> dict[str, float]:
@@ -129,18 +142,19 @@ class Critic:
         policy: one pass, or with micro-batches the loss on detached values and d loss / d V pushed back per
         micro-batch. Raises Diverged on a non-finite loss before any gradient is written."""
         scaler, dtype = self.compute.scaler, self.train.dtype
-        slices = micro_slices(rollout.batch_size, self.train.micro_batch_size)
+        plan = self.compute.plan(rollout)
         with emulated_weights(self.model, dtype):
-            if len(slices) == 1:
-                vpred = token_values(self.model, rollout, dtype)
+            if len(plan) == 1:
+                ((rows,),) = plan
+                vpred = self._values(rollout, rows)[inverse(rows).to(rollout.response_ids.device)]  # in row order
                 loss, clipfrac = self._checked(loss_fn, vpred, step)
                 scaler.scale(loss).backward()
                 return loss.detach(), clipfrac, vpred.detach()
-            leaf = self.values(rollout).requires_grad_(True)
+            leaf = self.values(rollout, minibatches=1).requires_grad_(True)
             loss, clipfrac = self._checked(loss_fn, leaf, step)
             (grad,) = torch.autograd.grad(scaler.scale(loss), leaf)
-            for s in slices:
-                token_values(self.model, rollout.select(s), dtype).backward(grad[s])
+            for (rows,) in plan:
+                self._values(rollout, rows).backward(grad[rows.to(grad.device)])
         return loss.detach(), clipfrac, leaf.detach()
 
     @staticmethod

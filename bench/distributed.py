@@ -11,8 +11,10 @@ MASTER_ADDR / MASTER_PORT), every rank runs the same loop (bench/train.py) on th
                     each sampled with its own generator seeded from the run's generator; rank r generates the
                     blocks b with b % N == r, and the blocks are all-gathered, so every rank holds the same batch
     rewards         computed by every rank on the gathered batch (cheap, and identical everywhere)
-    log-probs       each rank runs its rows of a batch (an equal share, padded), the [B, T] results are
-                    all-gathered: every arm's `prepare` / `loss` sees the whole minibatch, unchanged
+    log-probs       the micro-batches of bench.compute.micro_batches, rows sorted by length and dealt round-robin
+                    to the ranks (each rank's part cut to its own rows' extent, padded to the same row count so
+                    that every rank runs the same forwards); the [B, T] results are all-gathered: every arm's
+                    `prepare` / `loss` sees the whole minibatch, unchanged
     backward        d loss / d logp is taken on the whole minibatch (as the micro-batched backward of
                     bench/compute.py does on one process), sliced to the rank's rows and pushed through its own
                     forward; FSDP2 sums the rows' gradients across ranks, which is the one-process gradient
@@ -33,6 +35,7 @@ import os
 import shutil
 import socket
 import sys
+import threading
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -42,8 +45,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bench.compute import TrainerCompute, micro_slices
-from bench.critic import Critic, token_values
+from bench.compute import TrainerCompute
+from bench.critic import Critic
 from bench.models import logprobs as lp
 from bench.models.logprobs import token_logprobs
 from bench.rollout.base import Rollout, SamplingParams
@@ -51,7 +54,11 @@ from bench.run.store import RunDir
 
 #: what a launcher exports to every rank (torch.distributed.run, submitit's TorchDistributedEnvironment)
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-TIMEOUT = timedelta(minutes=int(os.environ.get("QRL_DIST_TIMEOUT_MIN", "30")))
+#: How long a collective waits for the other ranks before the run fails: generous during start-up (loading the model,
+#: building the engines, the first evaluation: minutes apart between ranks), then short (`settle`), so that a rank
+#: that hangs (a stuck NCCL peer) ends the job in minutes rather than half an hour; verl's default is 10 minutes too.
+TIMEOUT = timedelta(minutes=float(os.environ.get("QRL_DIST_TIMEOUT_MIN", "30")))
+STEP_TIMEOUT = timedelta(minutes=float(os.environ.get("QRL_DIST_STEP_TIMEOUT_MIN", "10")))
 
 
 # ------------------------------------------------------------------------------------------- process group
@@ -120,17 +127,55 @@ def local_env(rank_: int, nproc: int, port: int) -> dict[str, str]:
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
 
 
-def _rank_main(local_rank: int, nproc: int, port: int, fn: Callable[..., Any], args: tuple, results: Any) -> None:
+def settle() -> None:
+    """After start-up (the run's first step): every process group of this rank waits STEP_TIMEOUT at most in a
+    collective (`QRL_DIST_STEP_TIMEOUT_MIN`). Nothing at world size 1."""
+    if not dist.is_initialized():
+        return
+    from torch.distributed.distributed_c10d import _set_pg_timeout, _world
+
+    for group in list(_world.pg_map):  # the default group and the device mesh's (HSDP)
+        _set_pg_timeout(STEP_TIMEOUT, group)
+
+
+def leave(together: bool) -> None:
+    """Leave the process group (nothing when there is none). `together`: every rank ends the run here on the
+    same decision (completed, diverged, preempted, skipped): a barrier first, so that no rank tears its
+    connections down while a peer is still inside a collective or reading what it sent (a rank of a preempted
+    gloo run died now and then at exit, "terminate called without an active exception", SIGABRT). After a
+    failure no barrier: a peer may be inside a collective the failed rank never joins."""
+    if not dist.is_initialized():
+        return
+    if together:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def ended_together(out: Any) -> bool:
+    """Whether the ranks ended `fn` on one shared decision: its outcome says so (bench.launch.cli.Outcome
+    `together`); a function that ran several jobs returns their outcomes in a dict, each of which must."""
+    outs = out.values() if isinstance(out, dict) else [out]
+    return all(bool(getattr(o, "together", False)) for o in outs)
+
+
+def _rank_main(local_rank: int, nproc: int, port: int, fn: Callable[..., Any], args: tuple, results: Any,
+               exits: Any) -> None:
     os.environ.update(local_env(local_rank, nproc, port))
     if local_rank:
         os.environ["WANDB_MODE"] = "disabled"  # rank 0 alone mirrors the run to W&B
     try:
         out = fn(*args)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    except BaseException:
+        leave(together=False)
+        raise
+    leave(together=ended_together(out))
     if local_rank == 0:
         results.put(out)
+    # no rank exits (closing its sockets, and rank 0 the rendezvous store) before every rank has left the group
+    try:
+        exits.wait(timeout=TIMEOUT.total_seconds())
+    except threading.BrokenBarrierError:
+        pass
 
 
 def launch_local(nproc: int, fn: Callable[..., Any], *args: Any) -> Any:
@@ -140,33 +185,12 @@ def launch_local(nproc: int, fn: Callable[..., Any], *args: Any) -> Any:
 
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
-    mp.start_processes(_rank_main, args=(nproc, free_port(), fn, args, results), nprocs=nproc, join=True,
-                       start_method="spawn")
+    mp.start_processes(_rank_main, args=(nproc, free_port(), fn, args, results, ctx.Barrier(nproc)), nprocs=nproc,
+                       join=True, start_method="spawn")
     return results.get()
 
 
 # ------------------------------------------------------------------------------------------------- gathers
-
-
-def all_gather_rows(local: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    """Rows of every rank in rank order: each rank passes its padded rows (the same count everywhere);
-    rank r's first counts[r] rows are kept."""
-    parts = [torch.empty_like(local) for _ in range(world_size())]
-    dist.all_gather(parts, local.contiguous())
-    return torch.cat([p[:n] for p, n in zip(parts, counts)])
-
-
-def row_shares(n: int) -> tuple[list[torch.Tensor], int]:
-    """Rows 0..n cut into world-size contiguous shares (tensor_split) and the largest share's size."""
-    shares = list(torch.arange(n).tensor_split(world_size()))
-    return shares, max(len(s) for s in shares)
-
-
-def padded(rows: torch.Tensor, width: int) -> torch.Tensor:
-    """`rows` padded to `width` entries by repeating its first row (row 0 of the batch when it is empty):
-    every rank then runs the same number of forwards of the same size, which FSDP's collectives need."""
-    fill = rows[:1] if len(rows) else torch.zeros(1, dtype=torch.long)
-    return torch.cat([rows, fill.expand(width - len(rows))])
 
 
 def gather_object(obj: Any) -> list[Any]:
@@ -531,18 +555,38 @@ def _device_of(engine: Any) -> torch.device:
 # ------------------------------------------------------------------------------------------------- compute
 
 
-def sharded_rows(n: int, micro_batch_size: int | None, fn: Callable[[slice, torch.Tensor], list[torch.Tensor]]
+def rank_rows(parts: list[torch.Tensor], r: int) -> tuple[torch.Tensor, int]:
+    """Rank r's rows of one micro-batch (`parts`, one per rank: bench.compute.micro_batches), padded to the largest
+    part by repeating a row (its own first, else the micro-batch's first), and how many are its own: every rank
+    then runs the same forwards, which FSDP's collectives need; a padding row's outputs and gradient are dropped."""
+    width = max(len(p) for p in parts)
+    mine = parts[r]
+    fill = mine[:1] if len(mine) else parts[0][:1]
+    return torch.cat([mine, fill.expand(width - len(mine))]), len(mine)
+
+
+def sharded_rows(plan: list[list[torch.Tensor]], n: int, fn: Callable[[torch.Tensor], list[torch.Tensor]]
                  ) -> list[torch.Tensor]:
-    """Run `fn(micro slice, rows)` over this rank's padded share of rows 0..n, micro-batch by micro-batch, and
-    all-gather each of its outputs ([rows, ...]) into the whole batch's [n, ...] in row order."""
-    shares, width = row_shares(n)
-    mine = padded(shares[rank()], width)
-    outs = [fn(s, mine[s]) for s in micro_slices(width, micro_batch_size)]
-    counts = [len(s) for s in shares]
-    return [all_gather_rows(torch.cat([o[i] for o in outs]), counts) for i in range(len(outs[0]))]
+    """Run `fn(rows)` over this rank's part of every micro-batch of `plan`, and all-gather each of its outputs
+    ([rows, T] at the rollout's width) into the whole batch's [n, T] in row order."""
+    outs = [fn(rank_rows(parts, rank())[0]) for parts in plan]
+    result = []
+    for i in range(len(outs[0])):
+        local = torch.cat([o[i] for o in outs])
+        gathered = [torch.empty_like(local) for _ in range(world_size())]
+        dist.all_gather(gathered, local.contiguous())
+        whole = local.new_zeros((n, *local.shape[1:]))
+        for r, part in enumerate(gathered):
+            at = 0
+            for parts in plan:
+                rows, own = rank_rows(parts, r)
+                whole[rows[:own].to(whole.device)] = part[at: at + own]
+                at += len(rows)
+        result.append(whole)
+    return result
 
 
-def accumulating(model: nn.Module, slices: list[slice]) -> Iterator[slice]:
+def accumulating(model: nn.Module, slices: list[Any]) -> Iterator[Any]:
     """The micro-batches of one backward, in order. Under HSDP (across nodes) the gradients are reduce-scattered
     within the node after every micro-batch and accumulate there, and all-reduced across the nodes once, with
     the last: the network carries one gradient per minibatch, not one per micro-batch (FSDP2's
@@ -566,22 +610,20 @@ class ShardedCompute(TrainerCompute):
     @classmethod
     def of(cls, compute: TrainerCompute) -> "ShardedCompute":
         return cls(compute.device, compute.dtype, compute.temperature, compute.micro_batch_size, compute.scaler,
-                   compute.micro_batch_tokens)
+                   compute.micro_batch_tokens, compute.cut)
 
     @torch.no_grad()
-    def logprobs(self, model: nn.Module, rollout: Rollout, with_entropy: bool = False
+    def logprobs(self, model: nn.Module, rollout: Rollout, with_entropy: bool = False, minibatches: int = 1
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not is_sharded(model):
-            return super().logprobs(model, rollout, with_entropy)
-        rows = rollout.select
+            return super().logprobs(model, rollout, with_entropy, minibatches)
 
-        def part(_: slice, idx: torch.Tensor) -> list[torch.Tensor]:
-            lp_, ent = token_logprobs(model, rows(idx.to(rollout.response_ids.device)), self.temperature, self.dtype,
-                                      with_entropy, micro_batch_tokens=self.micro_batch_tokens)
+        def part(rows: torch.Tensor) -> list[torch.Tensor]:
+            lp_, ent = self._pass(model, rollout, rows, with_entropy)
             return [lp_] + ([ent] if with_entropy else [])
 
         with emulated_shards(model, self.dtype):
-            out = sharded_rows(rollout.batch_size, self.micro_batch_size, part)
+            out = sharded_rows(self.plan(rollout, minibatches, world_size()), rollout.batch_size, part)
         reshard(model)
         return out[0], (out[1] if with_entropy else None)
 
@@ -591,14 +633,22 @@ class ShardedCompute(TrainerCompute):
         leaf = logp.clone().requires_grad_(True)
         loss, metrics = self._checked(loss_fn, leaf, step)
         (grad,) = torch.autograd.grad(self.scaler.scale(loss), leaf)
-        shares, width = row_shares(rollout.batch_size)
-        mine = padded(shares[rank()], width).to(grad.device)
-        g = grad[mine] * (torch.arange(width, device=grad.device) < len(shares[rank()]))[:, None]  # pad rows: 0
         with emulated_shards(model, self.dtype):
-            for s in accumulating(model, micro_slices(width, self.micro_batch_size)):
-                part, _ = token_logprobs(model, rollout.select(mine[s]), self.temperature, self.dtype)
-                part.backward(g[s])
+            for parts in accumulating(model, self.plan(rollout, 1, world_size())):
+                rows, own = rank_rows(parts, rank())
+                part, _ = self._pass(model, rollout, rows, with_entropy=False)
+                keep = (torch.arange(len(rows), device=grad.device) < own)[:, None]  # padding rows: no gradient
+                part.backward(grad[rows.to(grad.device)] * keep)
         return loss.detach(), metrics, logp, entropy
+
+    def metrics(self) -> dict[str, float]:
+        """As TrainerCompute.metrics, `pad_fraction` over every rank's forwards (a collective: every rank calls it
+        once per step); with the same micro-batches, the one-process figure."""
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        counts = torch.tensor(self.tokens, dtype=torch.float64, device=device)
+        dist.all_reduce(counts)
+        self.tokens = [int(counts[0]), int(counts[1])]
+        return super().metrics()
 
     def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float, step: int) -> float | None:
         """As TrainerCompute.step; the gradient norm is the norm of the whole (sharded) gradient."""
@@ -633,25 +683,23 @@ class ShardedCritic(Critic):
         return new
 
     @torch.no_grad()
-    def values(self, rollout: Rollout) -> torch.Tensor:
-        def part(_: slice, idx: torch.Tensor) -> list[torch.Tensor]:
-            return [token_values(self.model, rollout.select(idx.to(rollout.response_ids.device)), self.train.dtype)]
-
+    def values(self, rollout: Rollout, minibatches: int | None = None) -> torch.Tensor:
+        minibatches = self.train.minibatches if minibatches is None else minibatches
+        plan = self.compute.plan(rollout, minibatches, world_size())
         with emulated_shards(self.model, self.train.dtype):
-            out = sharded_rows(rollout.batch_size, self.train.micro_batch_size, part)[0]
+            out = sharded_rows(plan, rollout.batch_size, lambda rows: [self._values(rollout, rows)])[0]
         reshard(self.model)
         return out
 
     def _backward(self, rollout: Rollout, loss_fn: Any, step: int) -> tuple[torch.Tensor, float, torch.Tensor]:
-        leaf = self.values(rollout).requires_grad_(True)
+        leaf = self.values(rollout, minibatches=1).requires_grad_(True)
         loss, clipfrac = self._checked(loss_fn, leaf, step)
         (grad,) = torch.autograd.grad(self.compute.scaler.scale(loss), leaf)
-        shares, width = row_shares(rollout.batch_size)
-        mine = padded(shares[rank()], width).to(grad.device)
-        g = grad[mine] * (torch.arange(width, device=grad.device) < len(shares[rank()]))[:, None]
         with emulated_shards(self.model, self.train.dtype):
-            for s in accumulating(self.model, micro_slices(width, self.train.micro_batch_size)):
-                token_values(self.model, rollout.select(mine[s]), self.train.dtype).backward(g[s])
+            for parts in accumulating(self.model, self.compute.plan(rollout, 1, world_size())):
+                rows, own = rank_rows(parts, rank())
+                keep = (torch.arange(len(rows), device=grad.device) < own)[:, None]
+                self._values(rollout, rows).backward(grad[rows.to(grad.device)] * keep)
         return loss.detach(), clipfrac, leaf.detach()
 
     # (saved through bench/distributed.py's DCP checkpoint; loading a one-process checkpoint at N > 1 comes here)
@@ -732,21 +780,25 @@ __all__ = ["BlockEngine", "ShardedCompute", "ShardedCritic", "distribute", "init
 def frozen_copy(model: nn.Module) -> nn.Module:
     """A frozen copy of the policy (the reference model of algo.kl_ref_beta), sharded like it at N > 1.
 
-    FSDP2 refuses `copy.deepcopy` of a sharded module, so a sharded policy's copy is built as a new model of its
-    class and config, sharded over the same mesh, and loaded from the policy's full state dict (every rank
-    gathers it once, at the start of the run)."""
+    FSDP2 refuses `copy.deepcopy` of a sharded module, so a sharded policy's copy is built on the meta device (no
+    memory), sharded over the same mesh, materialized empty, and each rank copies its own shards of the policy's
+    parameters into it (same class, config and mesh: the same placements) and the buffers: nothing is gathered, and
+    no rank ever holds more than its shards (a full state dict on every rank was ~60 GB transient at 7B)."""
     import copy
 
     if not is_sharded(model):
         return copy.deepcopy(model).requires_grad_(False)
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    device = next(iter(full.values())).device
-    dtype = next(model.parameters()).dtype
-    ref = type(model)(model.config).to(device=device, dtype=dtype)
+    first = next(model.parameters())
+    with torch.device("meta"):
+        ref = type(model)(model.config).to(first.dtype)
     shard(ref)
-    load_full_state(ref, full)
+    ref.to_empty(device=first.device)
+    with torch.no_grad():
+        for (name, r), (other, p) in zip(ref.named_parameters(), model.named_parameters(), strict=True):
+            assert name == other, (name, other)
+            r.to_local().copy_(p.to_local())
+        for (name, r), (other, p) in zip(ref.named_buffers(), model.named_buffers(), strict=True):
+            r.copy_(p)
     return ref.requires_grad_(False)
 
 

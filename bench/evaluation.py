@@ -12,7 +12,7 @@
     pass@k  `pass@<j>` for j = 1, 2, 4, ... up to k (and k itself): the unbiased estimator of Chen et al. 2021
             from n >= k samples per problem (bench/passk.py; `eval.n`, default k), plus `reward_mean` and
             `response_length`.
-  Sampling uses `eval.temperature` and `eval.top_p`. Top-p is applied by the engine's sampler (truncated and
+  Sampling uses `eval.temperature`, `eval.top_k` and `eval.top_p`, applied by the engine's sampler (truncated and
   renormalized); it is offered for evaluation only, since the trainer's log-probs are never truncated
   (docs/arms.md §1).
 
@@ -65,6 +65,7 @@ class EvalConfig:
     # avg@k / pass@k sampling temperature (greedy argmax is eval.mode=greedy; beyond ~10 sampling is near uniform)
     temperature: float = num(1.0, "(0, 10]")
     top_p: float = num(1.0, "(0, 1]", {1.0: "no nucleus truncation"})  # avg@k / pass@k nucleus sampling
+    top_k: int = num(0, "[1, inf)", {0: "no top-k truncation"})  # avg@k / pass@k: the k most likely tokens
     sets: List[str] = field(default_factory=list)  # registered task names, e.g. [aime24, amc23, math500]
     overrides: Dict[str, Any] = field(default_factory=dict)  # per set, task keys: {aime24: {source: /data/aime24}}
     max_new_tokens: Optional[int] = num(None, "[1, inf)", {None: "each set's task.max_new_tokens"})
@@ -185,7 +186,7 @@ def sample_rewards(
         ids, mask = encode_prompts(tokenizer, task, chunk, fmt)
         budget = response_budget(sampling.max_new_tokens, ids.shape[1], engine)
         rollout = engine.generate(ids, mask, n, SamplingParams(budget, sampling.temperature, sampling.greedy,
-                                                               sampling.top_p), generator)
+                                                               sampling.top_p, sampling.top_k), generator)
         completions = decode_responses(tokenizer, rollout.response_ids, rollout.response_mask)
         rewards += [task.reward(ex, c) for ex, c in zip((e for e in chunk for _ in range(n)), completions)]
         lengths.append(rollout.response_mask.sum(1).float())
@@ -243,7 +244,8 @@ def evaluate_set(
     prefix = f"eval/{name}"
     scorer_metrics(task, prefix)  # drop counts that are not this evaluation's (e.g. the warm start's)
     greedy = cfg.mode == "greedy"
-    sampling = SamplingParams(cfg.max_new_tokens or task.max_new_tokens, cfg.temperature, greedy, cfg.top_p)
+    sampling = SamplingParams(cfg.max_new_tokens or task.max_new_tokens, cfg.temperature, greedy, cfg.top_p,
+                              cfg.top_k)
     # on the engine's device: a CPU generator for an engine on a GPU is refused (or costs a copy per call)
     generator = None if greedy else make_generator(sampling_device(engine), stable_seed("eval", seed, step, name) % 2**63)
     rewards, lengths = sample_rewards(engine, tokenizer, task, examples, cfg.samples, sampling, fmt,

@@ -18,6 +18,9 @@ from bench.domains import num
 
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 ADVANTAGES = ("grpo", "gae")
+#: whose rewards make a group's GRPO baseline: "all" its responses (verl, TRL, SkyRL, AReaL, ROLL, miles, prime-rl
+#: at their commits in docs/arms.md §8), or only those the arm kept ("kept": verl PR #6452, NeMo-RL's valid_mask)
+BASELINES = ("all", "kept")
 
 
 @dataclass
@@ -33,6 +36,7 @@ class AlgoConfig:
     loss_agg: str = "token-mean"
     adv_eps: float = num(1e-6, "[0, 1]")  # added to the group std; inf would zero every advantage
     norm_adv_by_std: bool = True  # False: Dr.GRPO
+    baseline: str = "all"  # grpo: all responses of a group set its mean/std | kept: the ones the arm did not reject
     kl_ref_beta: float = num(0.0, "[0, 100]", {0.0: "no reference model"})  # KL(pi_theta || pi_ref) coefficient
     # |log ratio| clamp before every exp (verl SAFETY_BOUND 20); above ~88 exp overflows fp32
     log_ratio_clamp: float = num(20.0, "(0, 80]")
@@ -55,10 +59,13 @@ class AlgoConfig:
     overlong_penalty_factor: float = num(1.0, "[0, 100]")
 
     def check(self) -> None:
-        """What the declared domains cannot say: the choices."""
-        for key, valid in (("loss_agg", LOSS_AGGS), ("advantage", ADVANTAGES)):
+        """What the declared domains cannot say: the choices, and the baseline's estimator."""
+        for key, valid in (("loss_agg", LOSS_AGGS), ("advantage", ADVANTAGES), ("baseline", BASELINES)):
             if getattr(self, key) not in valid:
                 raise ValueError(f"algo.{key}={getattr(self, key)!r} is not valid; choose one of: {', '.join(valid)}")
+        if self.baseline == "kept" and self.advantage != "grpo":
+            raise ValueError(f"algo.baseline=kept re-centres a GRPO group over its kept responses; "
+                             f"algo.advantage={self.advantage} has no group baseline (use algo.baseline=all)")
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -67,7 +74,8 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def group_advantages(
-    rewards: torch.Tensor, group_size: int, eps: float = 1e-6, norm_by_std: bool = True
+    rewards: torch.Tensor, group_size: int, eps: float = 1e-6, norm_by_std: bool = True,
+    keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GRPO group-normalized advantages Â_i = (R_i - mean_g R) / (std_g R + eps)  (docs/arms.md §2.1).
 
@@ -76,6 +84,11 @@ def group_advantages(
     exactly 0 (the mean subtraction alone leaves ~1e-11 for non-binary rewards). group_size == 1 gives 0 with a
     warning (ours: verl/FeynRL would return the raw reward). Computed in fp64, returned in the rewards' float
     dtype (fp32 for integer rewards).
+
+    `keep` [B] bool (algo.baseline=kept): a group's mean and std come from its kept responses only, and a response
+    that is not kept gets 0; a group with fewer than 2 kept responses gets 0 everywhere (its baseline is undefined,
+    as for group_size 1). Rewards [1, 1, 0, 0] with the 2nd dropped give [0.666667, 0, -0.333333, -0.333333]
+    without std scaling; with all four kept the dropped response would have pulled the mean to 0.5.
     """
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
@@ -86,10 +99,21 @@ def group_advantages(
         warnings.warn("group_size=1: GRPO advantages are undefined, returning 0 (docs/arms.md §2.1)", stacklevel=2)
         return torch.zeros_like(rewards, dtype=out_dtype)
     r = rewards.detach().to(torch.float64).view(-1, group_size)
-    centered = r - r.mean(dim=1, keepdim=True)
-    adv = centered / (r.std(dim=1, keepdim=True, unbiased=True) + eps) if norm_by_std else centered
-    all_equal = (r == r[:, :1]).all(dim=1, keepdim=True)
-    adv = torch.where(all_equal, torch.zeros_like(adv), adv)
+    if keep is None:
+        centered = r - r.mean(dim=1, keepdim=True)
+        adv = centered / (r.std(dim=1, keepdim=True, unbiased=True) + eps) if norm_by_std else centered
+        all_equal = (r == r[:, :1]).all(dim=1, keepdim=True)
+        adv = torch.where(all_equal, torch.zeros_like(adv), adv)
+        return adv.reshape(-1).to(out_dtype)
+    k = keep.detach().to(device=r.device, dtype=torch.bool).view(-1, group_size)
+    n = k.sum(dim=1, keepdim=True).to(torch.float64)
+    mean = torch.where(k, r, torch.zeros_like(r)).sum(dim=1, keepdim=True) / n.clamp(min=1)
+    centered = torch.where(k, r - mean, torch.zeros_like(r))
+    std = (centered.square().sum(dim=1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()
+    adv = centered / (std + eps) if norm_by_std else centered
+    kept_r = torch.where(k, r, mean)  # rejected rows read as the mean: they never break "all equal"
+    all_equal = (kept_r == mean).all(dim=1, keepdim=True) | (n < 2)
+    adv = torch.where(all_equal | ~k, torch.zeros_like(adv), adv)
     return adv.reshape(-1).to(out_dtype)
 
 
@@ -225,6 +249,7 @@ def kl_ref_penalty(
 
 __all__ = [
     "ADVANTAGES",
+    "BASELINES",
     "LOSS_AGGS",
     "agg_loss",
     "clip_bounds",

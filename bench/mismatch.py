@@ -4,8 +4,9 @@ One function, `mismatch_metrics(logp_old, logp_mu, mask)`, so that "kl_k3" or "i
 for every arm. For bypass arms (naive_ppo_is, ess) the trainer passes log pi_theta in place of log pi_old
 (docs/arms.md §7). Everything is computed in fp64 under no_grad and returned as Python floats.
 
-Empty-mask conventions (no valid token / sequence): KLs, chi2, log-prob gaps, log-PPL differences, fractions and
-max_prob_diff are 0 (no mismatch observed); ratio mean/max/min are 1 and ratio_std 0 (the on-policy ratio);
+Empty-mask conventions (no valid token / sequence): KLs, chi2, log-prob gaps, log-PPL differences, fractions,
+max_prob_diff and prob_diff_mean are 0 (no mismatch observed); ratio mean/max/min and token_mult_prob_error are 1
+and ratio_std 0 (the on-policy ratio);
 ppl_train, ppl_rollout and ppl_ratio are 1 (exp of an empty mean of log-probs, taken as 0); is_ess is 1 (the
 P3O convention for an all-masked batch, docs/arms.md §4.7). Per-sequence perplexities saturate at e^LOG_PPL_CAP.
 """
@@ -42,6 +43,11 @@ MISMATCH_KEYS = (
     "mismatch/logp_diff_mean",
     "mismatch/logp_diff_max",
     "mismatch/max_prob_diff",
+    "mismatch/prob_diff_mean",
+    "mismatch/token_mult_prob_error",
+    "mismatch/kl_k3_clamped",
+    "mismatch/kl_k3_masked",
+    "mismatch/kl_k3_unmasked",
 )
 
 
@@ -71,9 +77,19 @@ def _seq_means(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def mismatch_metrics(
-    logp_old: torch.Tensor, logp_mu: torch.Tensor, mask: torch.Tensor, cap_C: float = 2.0  # noqa: N803
+    logp_old: torch.Tensor, logp_mu: torch.Tensor, mask: torch.Tensor, cap_C: float = 2.0,  # noqa: N803
+    kept: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """The docs/arms.md §7 table for delta = lold - lmu on valid tokens, rho = exp(LR(delta)).
+
+    The field's other mismatch metrics, each as its framework defines it (docs/arms.md §7):
+    token_mult_prob_error = mean exp(|LR(delta)|) (NeMo-RL; >= 1, 1 = no mismatch; NeMo-RL plots a sample above
+    1.05); kl_k3_clamped = mean clamp(exp(LR(delta)) - 1 - LR(delta), -10, 10) (miles' train_rollout_kl, the
+    "outlier-robust" k3: one token contributes at most 10); prob_diff_mean = mean over responses of
+    mean_t (p_old - p_mu) (ROLL's signed train_infer_diff_token_mean; its max is max_prob_diff);
+    kl_k3_masked / kl_k3_unmasked = kl_k3's per-token terms averaged over the valid tokens the arm dropped / kept
+    (`kept`, the arm's Method.kept_tokens at theta_old: prime-rl's masked/unmasked_mismatch_kl), 0 over an empty
+    set; an arm that drops nothing (kept None) has kl_k3_masked 0 and kl_k3_unmasked = kl_k3.
 
     k1/k2/log-prob gaps and the chi2_seq sequence sum use the raw delta; rho and chi2_token use the
     +-20-clamped delta.
@@ -125,6 +141,16 @@ def mismatch_metrics(
     lpd = mean_lmu - mean_lold  # per-sequence log-PPL difference log PPL_train - log PPL_rollout
     seq_log_rho = delta.sum(-1).clamp(-20.0, 20.0)  # LR of the raw sequence sum (verl chi2_seq)
 
+    k3_tok = rho - delta - 1.0
+    kept_m = m if kept is None else m & kept.bool()
+    dropped_m = m & ~kept_m
+    delta_c_k3 = torch.exp(delta_c) - 1.0 - delta_c  # miles: delta clamped in both terms, then the term at +-10
+    p_diff = torch.exp(torch.where(m, lold, zero)) - torch.exp(torch.where(m, lmu, zero))
+
+    def mean_over(x: torch.Tensor, where: torch.Tensor) -> float:
+        k = int(where.sum())
+        return float(torch.where(where, x, zero).sum() / k) if k else 0.0
+
     w = rho.clamp(1.0 / cap_C, cap_C)
     sw = float(torch.where(m, w, zero).sum())
     sw2 = float(torch.where(m, w * w, zero).sum())
@@ -154,6 +180,11 @@ def mismatch_metrics(
         "mismatch/logp_diff_mean": mean_m(delta.abs()),
         "mismatch/logp_diff_max": max_m(delta.abs(), 0.0),
         "mismatch/max_prob_diff": max_m((torch.exp(lold) - torch.exp(lmu)).abs(), 0.0),
+        "mismatch/prob_diff_mean": mean_seq(_seq_means(p_diff, m), 0.0),
+        "mismatch/token_mult_prob_error": mean_m(torch.exp(delta_c.abs())) if n else 1.0,
+        "mismatch/kl_k3_clamped": mean_m(delta_c_k3.clamp(-10.0, 10.0)),
+        "mismatch/kl_k3_masked": mean_over(k3_tok, dropped_m),
+        "mismatch/kl_k3_unmasked": mean_over(k3_tok, kept_m),
     }
 
 

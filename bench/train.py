@@ -15,6 +15,7 @@ precisions is behind the engine (bench/rollout, bench/quant): this file never br
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 import time
@@ -33,11 +34,11 @@ from bench.device import DEVICES, describe, make_generator, resolve_device, rest
 from bench.evaluation import build_eval_engine, build_eval_sets, evaluate_policy
 from bench.methods.base import Batch, Method, arm_info, build_method, select_stats
 from bench.mismatch import mismatch_metrics, sanitize
-from bench.models.load import context_length, load_policy
+from bench.models.load import config_overrides, context_length, load_policy
 from bench.models.logprobs import TRAINER_DTYPES
 from bench.models.tokenizer import PromptFormat, engine_ids, uses_chat_template
 from bench.run.preempt import PreemptionGuard
-from bench.preflight import check_data
+from bench.preflight import check_data, check_inputs
 from bench.run.progress import progress
 from bench.quant import diagnostics
 from bench.quant.quantizers import Quantizer
@@ -63,14 +64,15 @@ class TrainConfig:
     group_size: int = num(8, "[1, inf)")  # GRPO needs 2 or more: bench.config.check_across
     minibatches: int = num(1, "[1, inf)")  # optimizer steps per rollout batch
     epochs: int = num(1, "[1, inf)")  # passes over each rollout batch
-    lr: float = num(1e-4, "(0, 1]")  # Adam on a ~1M model: 3e-4+ destroys the warm start's accuracy, 2e-5 barely moves
+    lr: float = num(3e-5, "(0, 1]")  # the ~1M model: the default run (arithmetic) learns at 3e-5 and unlearns at 1e-4
+    # (README); the chain sweeps learn at 1e-4 and pin it; 3e-4+ destroys a warm start's accuracy
     weight_decay: float = num(0.0, "[0, 1]")  # AdamW's decoupled decay (times lr per step)
     grad_clip: float = num(1.0, "(0, inf)")  # the largest gradient norm an update keeps (negative would train in reverse)
     dtype: str = "bf16"  # compute over fp32 master weights: bf16 | fp16 (+ loss scaling) | fp32 (bench/compute.py)
     device: str = "auto"  # auto (cuda when torch sees a GPU, else cpu) | cpu | cuda (bench/device.py)
     # sequences per forward/backward
     micro_batch_size: Optional[int] = num(None, "[1, inf)", {None: "the whole minibatch"})
-    # no-grad log-prob passes: <= this many tokens per forward
+    # tokens per forward, every pass (rows x the micro-batch's cut length; at least one row)
     micro_batch_tokens: Optional[int] = num(16384, "[1, inf)", {None: "no cap"})
     gradient_checkpointing: bool = False  # recompute decoder layers in backward (activation memory -> ~1 layer)
     # both divide the step number in the loop; a value >= train.steps means only at the end (eval: and at step 0)
@@ -134,10 +136,7 @@ def build(cfg: DictConfig) -> Parts:
     method.setup_trainer(policy, cfg.rollout)  # how the trainer computes (the control: at the rollout's precision)
     if cfg.train.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
-    prompt_format = PromptFormat.from_config(cfg.model)
-    for t in (task, *eval_sets.values()):
-        uses_chat_template(tokenizer, t, prompt_format)  # a template asked for but missing fails here
-    max_len = context_length(cfg.model, policy)
+    prompt_format, max_len = check_startup(cfg, task, eval_sets, policy, tokenizer)
     ids = engine_ids(tokenizer, policy)  # every EOS id the model may emit, and the pad id
     engine = build_engine(cfg.rollout, **ids, max_len=max_len)
     parts = distributed.distribute(Parts(  # untouched at world size 1 (bench/distributed.py)
@@ -157,6 +156,21 @@ def build(cfg: DictConfig) -> Parts:
     return parts
 
 
+def check_startup(cfg: DictConfig, task: Task, eval_sets: dict[str, Task], policy: torch.nn.Module, tokenizer: Any
+                  ) -> tuple[PromptFormat, int | None]:
+    """The checks of a loaded model against the run's settings, before any engine is built: the chat template of
+    every task, the context (`model.max_length` within the model's max_position_embeddings, after
+    `model.max_position_embeddings`), every prompt's length (bench/preflight.py). They read the model's config only,
+    so tests/integration/test_paper_recipes.py runs them on every paper recipe at its real model's shape (on the
+    meta device). Returns the prompt format and the context the engines get."""
+    prompt_format = PromptFormat.from_config(cfg.model)
+    for t in (task, *eval_sets.values()):
+        uses_chat_template(tokenizer, t, prompt_format)  # a template asked for but missing fails here
+    max_len = context_length(cfg.model, policy)
+    check_inputs(cfg, task, eval_sets, policy, tokenizer, prompt_format)
+    return prompt_format, max_len
+
+
 def train_step(p: Parts, step: int) -> dict[str, float]:
     t = Timer(device=p.compute.device)  # waits for the GPU at every phase boundary
     with t("sync"):
@@ -167,8 +181,10 @@ def train_step(p: Parts, step: int) -> dict[str, float]:
     rollout = sample.rollout
 
     with t("recompute"):
-        logp_old = p.compute.logprobs(p.policy, rollout)[0] if p.method.needs_recompute else None
-        logp_ref = p.compute.logprobs(p.ref_policy, rollout)[0] if p.ref_policy else None
+        # cut into the update's minibatches' micro-batches: log pi_old is then exactly log pi_theta at theta_old
+        mbs = p.cfg.train.minibatches
+        logp_old = p.compute.logprobs(p.policy, rollout, minibatches=mbs)[0] if p.method.needs_recompute else None
+        logp_ref = p.compute.logprobs(p.ref_policy, rollout, minibatches=mbs)[0] if p.ref_policy else None
         adv, measured = p.advantage.estimate(rollout, sample.rewards)
     mask, frac_nonfinite = sanitize(logp_old if logp_old is not None else rollout.logp_mu, rollout.logp_mu, rollout.response_mask)
     mask = sample.loss_mask(mask)
@@ -176,13 +192,25 @@ def train_step(p: Parts, step: int) -> dict[str, float]:
     before = diagnostics.snapshot(p.policy)
     with t("train"):
         stats = p.method.prepare(batch)
+        batch = rebaseline(p, rollout, sample.rewards, batch, stats)
         logs, logp_theta0 = update(p, rollout, batch, stats, step)
         measured |= p.advantage.update(rollout, mask, step)
     # bypass arms have no pi_old: their mismatch uses log pi_theta at theta_old (docs/arms.md §7)
-    measured |= mismatch_metrics(logp_old if logp_old is not None else logp_theta0, rollout.logp_mu, mask)
+    measured |= mismatch_metrics(logp_old if logp_old is not None else logp_theta0, rollout.logp_mu, mask,
+                                 kept=p.method.kept_tokens(batch, stats, logp_theta0))
     measured |= {"mismatch/frac_nonfinite_logprob": frac_nonfinite}
     measured |= diagnostics.weight_update(before, p.policy) | p.engine.quant_metrics() | scorer_metrics(p.task, "reward")
     return step_metrics(p, step, sample, logs, stats, measured, t)
+
+
+def rebaseline(p: Parts, rollout: Rollout, rewards: torch.Tensor, batch: Batch, stats: dict) -> Batch:
+    """algo.baseline=kept: the GRPO advantages again, each group's mean and std over the responses the arm did not
+    reject in `prepare` (a rejected response gets 0); the batch unchanged otherwise (docs/arms.md §2.1)."""
+    rejected = p.method.rejected_rows(batch, stats) if p.cfg.algo.baseline == "kept" else None
+    if rejected is None or not bool(rejected.any()):
+        return batch
+    adv, _ = p.advantage.estimate(rollout, rewards, keep=~rejected)
+    return dataclasses.replace(batch, adv=adv)
 
 
 def update(p: Parts, rollout: Rollout, batch: Batch, stats: dict, step: int) -> tuple[dict[str, float], torch.Tensor]:
@@ -205,10 +233,11 @@ def update(p: Parts, rollout: Rollout, batch: Batch, stats: dict, step: int) -> 
             logs["entropy"].append((entropy * mb.mask).sum().item() / mb.n_tokens)
             for k, v in metrics.items():
                 logs[k].append(float(v))
-    return {k: sum(v) / len(v) for k, v in logs.items() if v} | p.compute.scaler_metrics(), logp_theta0
+    return {k: sum(v) / len(v) for k, v in logs.items() if v} | p.compute.metrics(), logp_theta0
 
 
-COMPUTE_KEYS = ("grad_scale", "skipped_steps")  # fp16 loss scaling (bench/compute.py), train/* only
+#: bench/compute.py's own metrics, train/* only: the padded share of the forwards' tokens; fp16 loss scaling
+COMPUTE_KEYS = ("pad_fraction", "grad_scale", "skipped_steps")
 TRAIN_KEYS = ("loss", "grad_norm", "entropy", "clipfrac", "ppo_kl", *COMPUTE_KEYS)
 
 
@@ -245,6 +274,14 @@ def evaluate(p: Parts, step: int) -> dict[str, float]:
                                             p.prompt_format, p.cfg.seed, step)
 
 
+def shares_engine(p: Parts) -> bool:
+    """Whether the evaluation generates in the rollout engine itself (a vLLM evaluation at the rollout precision),
+    which it then builds first anyway. Otherwise the run builds the rollout engine before its first evaluation
+    (unless the vLLM preflight already started it: `build_s`), so that an engine which cannot start fails in
+    seconds, not after an evaluation of hours."""
+    return p.eval_engine is p.engine or bool(getattr(p.eval_engine, "shares_rollout_engine", False))
+
+
 def precision_info(cfg: DictConfig) -> dict[str, Any]:
     """The rollout precision as reports name it (label, bit widths), recorded in run.json for the analysis."""
     r = cfg.rollout
@@ -252,9 +289,12 @@ def precision_info(cfg: DictConfig) -> dict[str, Any]:
 
 
 def runtime_info(p: Parts) -> dict[str, Any]:
-    """Where the run computes (engine, device, trainer dtype), recorded in run.json so that the analysis can
-    label throughput rows (and call CPU low-precision rollouts emulated) without importing torch."""
-    return {"engine": p.cfg.rollout.engine, **describe(p.compute.device), "trainer_dtype": p.cfg.train.dtype}
+    """Where the run computes (engine, device, trainer dtype) and the model's context (its max_position_embeddings,
+    and the config.json fields `model.*` overrode), recorded in run.json so that the analysis can label throughput
+    rows (and call CPU low-precision rollouts emulated) without importing torch."""
+    return {"engine": p.cfg.rollout.engine, **describe(p.compute.device), "trainer_dtype": p.cfg.train.dtype,
+            "max_position_embeddings": getattr(p.policy.config, "max_position_embeddings", None),
+            "config_overrides": config_overrides(p.cfg.model)}  # what the model's config.json was given
 
 
 def checkpoint(p: Parts, next_step: int) -> dict[str, Any]:
@@ -314,6 +354,9 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
     tracker.replay(run.metrics(), run.evals(), below=start)  # rows an earlier attempt's W&B mirror lost
     run.update_info(wandb_id=tracker.run_id, setup=setup, **declared)
     t0, every = time.perf_counter(), cfg.train
+    if start < every.steps and start % every.eval_every == 0 and not shares_engine(p) \
+            and getattr(p.engine, "build_s", None) is None:
+        p.engine.load_weights(p.policy)  # the rollout engine before the first evaluation: its failure costs seconds
     bar = progress(range(start, every.steps), run_name)  # a tqdm bar on a terminal, plain lines in a log file
     with PreemptionGuard() as guard:
         try:
@@ -322,6 +365,8 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
                     run.append_eval(ev := evaluate(p, step))
                     tracker.log(ev, step)
                 row = train_step(p, step)
+                if step == start:  # start-up is over: a rank stuck from now on ends the run within minutes
+                    distributed.settle()
                 run.append_metrics(row)
                 tracker.log(row, step)
                 bar.set_postfix(reward=f"{row.get('reward/mean', float('nan')):.3f}",
@@ -334,8 +379,8 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
                     tracker.mark_preempting()
                     tracker.finish(exit_code=1)
                     guard.exit_after_checkpoint()
-        except Diverged as e:
-            run.finish("diverged", reason=str(e), wall_s=time.perf_counter() - t0)
+        except Diverged as e:  # diverged_step: analysis keeps a divergence as a result only after step 0
+            run.finish("diverged", reason=str(e), wall_s=time.perf_counter() - t0, diverged_step=step)
             tracker.finish(exit_code=1)
             return "diverged"
         # the final evaluation is guarded too: a signal during it lets it finish, then ends the run cleanly

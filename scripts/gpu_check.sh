@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# One command that checks a machine with an NVIDIA GPU end to end and writes one Markdown report
-# (bench/launch/gpu_check.py lists the steps: FP8 GEMM precision, cuda-marked tests, a few training steps per
-# engine x precision, 2 steps of paper/qurl_table1 at its real shape with peak memory against the dry run's estimate,
-# INT8 weight layouts, vLLM bf16 vs fp8 decode at 1.5B and 8B shapes). Budget: <= 10 min on one H100.
+# One command that asks a machine with an NVIDIA GPU the questions that now decide the project, in this order, each
+# step with its own time limit inside ~420 s, and writes one Markdown report after every step, stamped with the
+# commit and the card (bench/launch/gpu_check.py lists the steps): (1) the FP8 accumulator and the CUDA FP8 engine
+# test's ratio; (2) the embedded engine's rollout at real shapes (0.5B, 1.5B, 8B; bf16 / fp8 / int8; before and
+# after compaction); (3) one step of each qurl_table1 precision row at its real shape; (4) trainer memory at 1.5B
+# for 8.4k / 16.4k tokens; (5) the cuda-marked tests; (6) the INT8 layouts, then vLLM's rows and the preflight.
 #
 #   bash scripts/gpu_check.sh                 install (.venv-gpu: CUDA torch + vLLM) and run; report in gpu_check_report.md
 #   bash scripts/gpu_check.sh --dry-run       the CPU self-test only (what a machine without a GPU runs)
@@ -10,8 +12,11 @@
 # Environment: GPU_CHECK_REPORT (report path), VLLM_SPEC (default vllm==0.32.*; it brings the CUDA torch it
 # pins), TORCH_SPEC (optional: a particular torch build), PIP_EXTRA_INDEX_URL (e.g. the PyTorch cu128 index),
 # GPU_CHECK_PYTHON (an interpreter that already has a CUDA torch and the project's dependencies, e.g. on a machine
-# without network access: nothing is installed, and the vLLM rows say they did not run unless it has vLLM).
-# On a machine without a usable GPU it says so, runs the CPU self-test and exits 0.
+# without network access: nothing is installed, and the vLLM rows say they did not run unless it has vLLM),
+# GPU_CHECK_COMMIT (the commit to stamp where the copy has no .git). The time limits count from when the environment
+# is ready (the install is not in them); the whole check is also killed at GPU_CHECK_LIMIT seconds (default 480), and
+# the report then holds every step that finished. On a machine without a usable GPU it says so, runs the CPU
+# self-test and exits 0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPORT=${GPU_CHECK_REPORT:-gpu_check_report.md}
@@ -54,5 +59,6 @@ else
 fi
 $PY -c "import torch; assert torch.cuda.is_available(), 'torch sees no GPU: ' + str(torch.version.cuda)"
 echo "[gpu_check] environment ready after $(( $(date +%s) - t0 )) s" >&2
-$PY -m bench.launch.gpu_check --report "$REPORT" ${GPU_CHECK_DEADLINE:+--deadline "$GPU_CHECK_DEADLINE"}
+timeout "${GPU_CHECK_LIMIT:-480}" $PY -m bench.launch.gpu_check --report "$REPORT" \
+  || echo "[gpu_check] the check ended with exit $? (124: GPU_CHECK_LIMIT); the report holds the steps that finished" >&2
 echo "[gpu_check] done in $(( $(date +%s) - t0 )) s; report in $REPORT" >&2

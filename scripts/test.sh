@@ -4,9 +4,10 @@
 # Extra arguments go to the main pytest run, e.g. `bash scripts/test.sh -m "not slow"`.
 # Then the real-vLLM tests (tests/vllm) run in their own venv (.venv-vllm, scripts/install_vllm.sh: ~4 min the
 # first time, 2.9 GB); QRL_VLLM=0 skips them outside CI. The main venv never collects tests/vllm.
+# Without --quick, as root with apt-get, it also installs TeX (texlive-latex-recommended) for the LaTeX table check.
 # --quick (first argument): no side effects beyond .venv: no apt packages, no SLURM cluster, no vLLM venv; runs
-# the tests not marked slow or slurm (`-m "not slow and not slurm"`; a later -m replaces it). CI (.ci/run) never
-# passes it.
+# the tests not marked slow or slurm (`-m "not slow and not slurm"`; a later -m replaces it); the LaTeX compile
+# check skips, saying why, unless TeX with booktabs is already there. CI (.ci/run) never passes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
@@ -25,10 +26,12 @@ if [ $quick = 0 ] && [ "${QRL_SLURM:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command
     echo "[test] SLURM bring-up failed; SLURM tests will fail in CI and skip elsewhere" >&2
   fi
 fi
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v pdflatex >/dev/null; then
-  # pdflatex for tests/analysis/test_latex.py (compiles every .tex table the report writes; ~100 MB of TeX)
-  apt-get install -y -q texlive-latex-base >/dev/null \
-    || echo "[test] texlive-latex-base not installed; the LaTeX compile test will skip" >&2
+if [ $quick = 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+    && ! { command -v pdflatex >/dev/null && kpsewhich booktabs.sty >/dev/null; }; then
+  # pdflatex with booktabs for tests/analysis/test_latex.py (compiles every .tex table the report writes and checks
+  # it fits a page; texlive-latex-recommended has booktabs.sty and pulls in texlive-latex-base: ~130 MB of TeX)
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q texlive-latex-recommended >/dev/null \
+    || echo "[test] texlive-latex-recommended not installed; the LaTeX compile test will fail in CI, skip elsewhere" >&2
 fi
 set +e
 timeout 4200 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 --ignore=tests/vllm "$@"

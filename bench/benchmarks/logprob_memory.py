@@ -1,5 +1,5 @@
 """Peak memory (RSS) of the trainer's no-grad log-prob pass (recompute of log pi_old, reference policy) on long
-responses, whole batch against micro-batches (`train.micro_batch_tokens`, bench/models/logprobs.py).
+responses, whole batch against micro-batches (`train.micro_batch_tokens`, bench/compute.py).
 
     python -m bench.benchmarks.logprob_memory [--model tiny] [--batch 64] [--prompt-len 32] [--response-len 2048]
         [--micro-batch-tokens none,16384,4096] [--dtype bf16] [--threads 1]
@@ -7,8 +7,10 @@ responses, whole batch against micro-batches (`train.micro_batch_tokens`, bench/
 Each setting runs in a fresh process (peak RSS, ru_maxrss, cannot be reset within one): it builds the model
 preset with random weights (memory does not depend on their values; `model.max_position_embeddings` is raised
 to fit prompt + response), a random batch of the given shape, and runs `token_logprobs` under no_grad exactly
-as bench/train.py `recompute` does. Reported: RSS before the pass, peak RSS, their difference (what the pass
-itself holds at its peak), wall seconds, and whether the log-probs equal the whole-batch pass bit for bit.
+as bench/train.py `recompute` does (bench/compute.py `TrainerCompute.logprobs`). Reported: RSS before the pass,
+peak RSS, their difference (what the pass itself holds at its peak), wall seconds, and whether the log-probs equal
+the whole-batch pass bit for bit. The lm_head's own slicing (bench.models.logprobs HEAD_CHUNK_TOKENS) and a training
+step on long sequences: bench/benchmarks/trainer_memory.py.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def one(model_name: str, batch: int, prompt_len: int, response_len: int, micro: 
     from hydra import compose, initialize_config_dir
 
     from bench.launch.cli import CONF_DIR
-    from bench.models.logprobs import token_logprobs
+    from bench.compute import TrainerCompute
     from bench.models.tiny import build_tiny_model
     from bench.models.tokenizer import build_char_tokenizer
     from bench.rollout.base import Rollout
@@ -60,8 +62,7 @@ def one(model_name: str, batch: int, prompt_len: int, response_len: int, micro: 
                       torch.zeros(batch, response_len))
     before = rss_mib()
     t0 = time.perf_counter()
-    with torch.no_grad():
-        logp, _ = token_logprobs(model, rollout, 1.0, dtype, micro_batch_tokens=micro)
+    logp, _ = TrainerCompute(torch.device("cpu"), dtype, 1.0, micro_batch_tokens=micro).logprobs(model, rollout)
     wall = time.perf_counter() - t0
     out = {"micro_batch_tokens": micro, "rss_before_mib": before, "peak_rss_mib": peak_rss_mib(),
            "wall_s": wall, "params": sum(p.numel() for p in model.parameters())}

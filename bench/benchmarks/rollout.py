@@ -2,26 +2,43 @@
 
     python -m bench.benchmarks.rollout [--engines embedded vllm] [--preset 1m|10m|qwen2.5-0.5b|qwen2.5-1.5b|qwen3-8b] [--device auto]
                                        [--layers N] [--batch 16 64] [--new-tokens 64] [--prompt-len 32]
+                                       [--mean-response N [--tail 8]] [--variants eager compiled before]
                                        [--threads 2] [--repeats 3] [--hf]
 
-Protocol (perf-notes 2): a model of the preset's SHAPE, random init (std 0.02), no weights downloaded; pure
-sampling at T=1 with no EOS stop, every engine returning the sampled tokens *and* their log-probs.
-Throughput = generated tokens / wall time, prefill included; one warm-up, then the best of `--repeats` rounds
-(the machine is shared: the best is the least disturbed run). "sync ms" is one `load_weights` of the trainer's
-weights into the engine (embedded: copy + fresh quantization; vLLM: in-place reload + re-quantization +
-prefix-cache reset), paid once per GRPO step; "vs bf16" is the speed-up over the same engine's bf16.
+Protocol (perf-notes 2): a model of the preset's SHAPE, random init (std 0.02), no weights downloaded; sampling at
+T=1, every engine returning the sampled tokens *and* their log-probs. Throughput = useful (response) tokens / wall
+time, prefill included; one warm-up, then the best of `--repeats` rounds, the runs of one batch size interleaved
+(the machine is shared: the best is the least disturbed run, and a burst of load hits every method's round).
+"sync ms" is one `load_weights` of the trainer's weights into the engine (embedded: copy + fresh quantization; vLLM:
+in-place reload + re-quantization + prefix-cache reset), paid once per GRPO step; "vs bf16" is the speed-up over the
+same engine's bf16.
+
+Response lengths: without `--mean-response`, no stop id (every row runs `--new-tokens`). With `--mean-response N`,
+the RL shape: the top round(vocab / N) token ids are stop ids, so on a near-uniform random model a row stops with
+probability ~1/N per token (geometric lengths, a long tail), capped at `--tail` x N new tokens (default 8: max ~8x
+mean). The realized mean / max lengths are printed. An engine that decodes a batch until its longest row ends
+spends most steps on a few rows; one that drops finished rows (continuous batching in vLLM, compaction in the
+embedded engine) does not.
+
+Embedded variants (`--variants`): `eager` (the defaults: a host sync every rollout.sync_every tokens, finished rows
+leave the batch), `compiled` (rollout.compile=true: torch.compile'd decode step and fused activation quantization),
+`before` (rollout.sync_every=1 rollout.compact=false: the engine as it was before compaction, a host sync and stop
+check every token). The ratios table gives each variant's useful tokens/s over `before` and over vLLM's fp32 row.
 
 Engines and precisions: embedded fp32 | bf16 | fp8_e4m3 | int8 (CPU); vLLM fp32 | bf16 | fp8_e4m3 with the
-FP8 schemes of the platform (GPU: per_tensor, per_channel, per_block; CPU: per_channel). Each vLLM precision
-runs in a child process, so one engine's GPU memory is gone before the next starts. `--hf` adds HF `generate`
-rows (log-probs from `output_logits`, as a trainer-side rollout without an engine would get them).
+FP8 schemes of the platform (GPU: per_tensor, per_channel, per_block; CPU: per_channel). On a GPU each vLLM
+precision runs in a child process, so one engine's GPU memory is gone before the next starts; on a CPU the vLLM
+engines run in this process, interleaved with the embedded ones. `--hf` adds HF `generate` rows (log-probs from
+`output_logits`, as a trainer-side rollout without an engine would get them; no stop ids).
 
 On a CPU without bf16/fp8/int8 hardware (AVX2) the low-precision rows are emulated: they measure the
 emulation, not a speed-up. A GPU user (vLLM on the GPU; pip install -e .[vllm]):
     python -m bench.benchmarks.rollout --engines vllm --preset qwen2.5-1.5b --batch 64 256 --new-tokens 512
-    python -m bench.benchmarks.rollout --engines vllm --preset qwen2.5-1.5b --batch 64 256 --new-tokens 2048
-    python -m bench.benchmarks.rollout --engines vllm --preset qwen3-8b --batch 64 256 --new-tokens 512
+    python -m bench.benchmarks.rollout --engines embedded vllm --preset qwen2.5-1.5b --batch 32 256 --mean-response 512
     python -m bench.benchmarks.rollout --engines vllm --preset qwen3-8b --batch 64 256 --new-tokens 2048
+The CPU comparison of issue 34 (docs/benchmarks.md):
+    .venv-vllm/bin/python -m bench.benchmarks.rollout --engines embedded vllm --preset 1m --batch 64 \
+        --mean-response 64 --variants before eager compiled --precisions fp32
 """
 
 from __future__ import annotations
@@ -35,6 +52,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -133,13 +151,26 @@ def sync_ms(model, precision: str, repeats: int) -> float:
     return best * 1e3
 
 
-def engine_runner(engine, prompts: torch.Tensor, new_tokens: int) -> Callable[[], int]:
+def stop_ids(vocab: int, mean_response: int | None) -> list[int] | None:
+    """The stop ids giving ~`mean_response` tokens per row on a near-uniform model: the top round(vocab / mean)
+    ids (None without a mean: no stop, every row runs to the cap)."""
+    if mean_response is None:
+        return None
+    count = max(1, round(vocab / mean_response))
+    return list(range(vocab - count, vocab))
+
+
+def engine_runner(engine, prompts: torch.Tensor, new_tokens: int, lengths: list | None = None) -> Callable[[], int]:
+    """Generate once per call; returns the useful (response) tokens. `lengths` collects each row's length."""
     mask = torch.ones_like(prompts, dtype=torch.bool)
     sampling = SamplingParams(max_new_tokens=new_tokens)
-    gen = torch.Generator(device=prompts.device).manual_seed(0)
+    gen = torch.Generator(device=prompts.device)
 
-    def run() -> int:
-        return engine.generate(prompts, mask, 1, sampling, gen).num_tokens()
+    def run() -> int:  # the same seed every call: every engine variant samples the same responses
+        rollout = engine.generate(prompts, mask, 1, sampling, gen.manual_seed(0))
+        if lengths is not None:
+            lengths.extend(rollout.response_mask.sum(1).tolist())
+        return rollout.num_tokens()
 
     return run
 
@@ -161,8 +192,19 @@ def hf_runner(model, prompts: torch.Tensor, new_tokens: int) -> Callable[[], int
     return run
 
 
-def make_prompts(vocab: int, batch: int, length: int) -> torch.Tensor:
-    return torch.randint(1, vocab, (batch, length), generator=torch.Generator().manual_seed(batch))
+def make_prompts(vocab: int, batch: int, length: int, avoid: list[int] | None = None) -> torch.Tensor:
+    """Random prompt ids in [1, vocab), none of them a stop id (`avoid`)."""
+    top = min(avoid) if avoid else vocab
+    return torch.randint(1, top, (batch, length), generator=torch.Generator().manual_seed(batch))
+
+
+#: embedded engine variants (module docstring): label -> EmbeddedEngine keyword arguments
+VARIANTS = {"eager": {}, "compiled": {"compile": True}, "before": {"sync_every": 1, "compact": False}}
+BEFORE = "before"
+
+
+def embedded_label(variant: str) -> str:
+    return "embedded" if variant == "eager" else f"embedded ({variant})"
 
 
 def vllm_variants() -> list[tuple[str, str]]:
@@ -176,39 +218,64 @@ def vllm_variants() -> list[tuple[str, str]]:
     return [("fp32", "per_channel"), ("bf16", "per_channel")] + [("fp8_e4m3", g) for g in FP8_SCHEMES[device]]
 
 
-def vllm_child(spec: dict) -> dict:
-    """One vLLM precision, in this (child) process: engine start, best sync, best tokens/s per batch."""
+def vllm_engine(spec: dict, model: torch.nn.Module):
+    """A built vLLM engine for one precision of `spec` (its stop ids, lengths, batch), timed."""
     from bench.rollout.vllm_engine import VLLMEngine
 
+    max_len = spec["prompt_len"] + spec["new_tokens"]
+    engine = VLLMEngine(spec["precision"], spec["granularity"], "per_token", eos_id=spec.get("stops"), max_len=max_len,
+                        gpu_memory_utilization=spec["gpu_memory_utilization"], max_num_seqs=max(spec["batch"]),
+                        enforce_eager=spec.get("enforce_eager"))
+    engine.load_weights(model)
+    return engine
+
+
+def vllm_sync_ms(engine, model, repeats: int) -> float:
+    syncs = []
+    for _ in range(repeats):
+        engine.load_weights(model)
+        syncs.append(engine.last_sync_s)
+    return min(syncs) * 1e3
+
+
+def vllm_child(spec: dict) -> dict:
+    """One vLLM precision, in this (child) process: engine start, best sync, best tokens/s per batch."""
     torch.set_num_threads(spec["threads"])
     cuda = torch.cuda.is_available()
     max_len = spec["prompt_len"] + spec["new_tokens"]
     # the trainer's copy: fp32 on CPU; bf16 on the GPU (fp32 masters of an 8B model would not leave room)
     model = build_model(spec["preset"], spec["layers"], max_len, torch.bfloat16 if cuda else torch.float32,
                         "cuda" if cuda else "cpu")
-    engine = VLLMEngine(spec["precision"], spec["granularity"], "per_token", eos_id=None, max_len=max_len,
-                        gpu_memory_utilization=spec["gpu_memory_utilization"], max_num_seqs=max(spec["batch"]))
-    engine.load_weights(model)
-    syncs = []
-    for _ in range(spec["repeats"]):
-        engine.load_weights(model)
-        syncs.append(engine.last_sync_s)
-    out = {"start_s": engine.build_s, "sync_ms": min(syncs) * 1e3, "tok_s": {}}
+    engine = vllm_engine(spec, model)
+    out = {"start_s": engine.build_s, "sync_ms": vllm_sync_ms(engine, model, spec["repeats"]), "tok_s": {}}
     for B in spec["batch"]:
-        run = engine_runner(engine, make_prompts(model.config.vocab_size, B, spec["prompt_len"]), spec["new_tokens"])
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # vLLM's
+        prompts = make_prompts(model.config.vocab_size, B, spec["prompt_len"], spec.get("stops"))
+        run = engine_runner(engine, prompts, spec["new_tokens"])
+        device = torch.device("cuda" if cuda else "cpu")  # vLLM's
         out["tok_s"][B] = best_tokens_per_s({"r": run}, spec["repeats"], device)["r"]
     return out
 
 
-def run_vllm(args, rows: dict, syncs: dict, notes: list[str]) -> None:
-    for precision, granularity in vllm_variants():
-        if precision not in args.precisions:
-            continue
-        name = f"vllm | {precision}" + (f" {granularity}" if precision == "fp8_e4m3" else "")
-        spec = dict(precision=precision, granularity=granularity, preset=args.preset, layers=args.layers,
-                    batch=args.batch, new_tokens=args.new_tokens, prompt_len=args.prompt_len, threads=args.threads,
-                    repeats=args.repeats, gpu_memory_utilization=args.gpu_memory_utilization)
+def vllm_specs(args) -> list[dict]:
+    """One spec per vLLM row: each precision of the platform, eager; with --vllm-compiled also without enforce_eager
+    (CUDA graphs on a GPU, torch.compile on a CPU: bench.rollout.vllm_engine.ENFORCE_EAGER)."""
+    modes = (True, False) if args.vllm_compiled else (None,)
+    return [dict(precision=precision, granularity=granularity, preset=args.preset, layers=args.layers,
+                 batch=args.batch, new_tokens=args.new_tokens, prompt_len=args.prompt_len, threads=args.threads,
+                 repeats=args.repeats, gpu_memory_utilization=args.gpu_memory_utilization, stops=args.stops,
+                 enforce_eager=eager)
+            for precision, granularity in vllm_variants() if precision in args.precisions for eager in modes]
+
+
+def vllm_label(precision: str, granularity: str, enforce_eager: bool | None = None) -> str:
+    engine = "vllm (compiled)" if enforce_eager is False else "vllm"
+    return f"{engine} | {precision}" + (f" {granularity}" if precision == "fp8_e4m3" else "")
+
+
+def run_vllm_children(args, rows: dict, syncs: dict, notes: list[str]) -> None:
+    """A GPU: each vLLM precision in its own child process (its GPU memory is gone before the next)."""
+    for spec in vllm_specs(args):
+        name = vllm_label(spec["precision"], spec["granularity"], spec["enforce_eager"])
         proc = subprocess.run([sys.executable, "-m", "bench.benchmarks.rollout", "--vllm-child", json.dumps(spec)],
                               capture_output=True, text=True)
         result = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -221,18 +288,65 @@ def run_vllm(args, rows: dict, syncs: dict, notes: list[str]) -> None:
         notes.append(f"{name}: engine start {res['start_s']:.1f} s")
 
 
-def run_embedded(args, rows: dict, syncs: dict) -> None:
-    device = resolve_device(args.device)
+def decode_fit(rows: dict, args, shape: Any, lengths: dict) -> list[str]:
+    """The embedded engine's cost per decode step in bench/launch/budget.py's form, t(B) = f + B x r, fitted by least
+    squares over the batch sizes: from every embedded row of a run without stop ids (all B rows decode every step, a
+    step takes B / tokens-per-second), else from the `before` rows (they keep all B rows to the longest: a step takes
+    the run's time over its longest response). Prefill is left in. f is what a step costs whatever its rows (weights
+    read, kernel launches), r what each row adds; f over the layers and the eager kernels per layer
+    (budget.KERNELS_PER_LAYER) is this machine's cost per kernel, the analogue of budget.KERNEL_S."""
+    from bench.launch.budget import ACT_QUANT_KERNELS, KERNELS_PER_LAYER, LINEARS_PER_LAYER
+    from bench.launch.memory import EIGHT_BIT
+
+    if len(args.batch) < 2:
+        return []
+    lines = []
+    for name, by_batch in rows.items():
+        engine, prec = name.split(" | ")
+        if not engine.startswith("embedded") or len(by_batch) < 2 or (args.stops and engine != embedded_label(BEFORE)):
+            continue
+        if args.stops:  # one call's lengths are the first B collected (every call samples the same responses)
+            per_step = {b: sum(lengths[b][:b]) / by_batch[b] / max(lengths[b][:b]) for b in by_batch if lengths.get(b)}
+        else:
+            per_step = {b: b / by_batch[b] for b in by_batch}
+        if len(per_step) < 2:
+            continue
+        B = torch.tensor([float(b) for b in per_step], dtype=torch.float64)
+        t = torch.tensor(list(per_step.values()), dtype=torch.float64)
+        f, r = torch.linalg.lstsq(torch.stack([torch.ones_like(B), B], dim=1), t[:, None]).solution.flatten().tolist()
+        kernels = KERNELS_PER_LAYER["eager"] + (LINEARS_PER_LAYER * ACT_QUANT_KERNELS["eager"] if prec in EIGHT_BIT else 0)
+        per_kernel = f"{f / (shape.config.num_hidden_layers * kernels) * 1e6:.3g}"
+        if f <= 0 or r < 0:  # a step cannot cost less with more rows: the timings are noise (a loaded machine)
+            per_kernel += " (not a fit: a cost below zero; rerun on an idle machine)"
+        lines.append(f"| {engine} | {prec} | {f * 1e3:.3g} | {r * 1e6:.3g} | {per_kernel} |")
+    return (["| engine | precision | f ms per step | r us per row and step | f per layer-kernel us |",
+             "|---|---|---|---|---|"] + lines) if lines else []
+
+
+def run_all(args, rows: dict, syncs: dict, notes: list[str], lengths: dict) -> None:
+    """The embedded variants (and, on a CPU, the vLLM engines) timed in interleaved rounds per batch size."""
+    device = resolve_device(args.device) if "embedded" in args.engines else torch.device("cpu")
     model = build_model(args.preset, args.layers, args.prompt_len + args.new_tokens + 1).to(device)
     model_bf16 = copy.deepcopy(model).to(torch.bfloat16) if args.hf else None
-    precisions = [p for p in EMBEDDED_PRECISIONS if p in args.precisions]
+    embedded = [p for p in EMBEDDED_PRECISIONS if p in args.precisions] if "embedded" in args.engines else []
+    vllm: dict[str, object] = {}
+    if "vllm" in args.engines:  # on a CPU (the caller sends a GPU's vLLM rows to child processes)
+        for spec in vllm_specs(args):
+            name = vllm_label(spec["precision"], spec["granularity"], spec["enforce_eager"])
+            vllm[name] = engine = vllm_engine(spec, model)
+            syncs[name] = f"{vllm_sync_ms(engine, model, args.repeats):.1f}"
+            notes.append(f"{name}: engine start {engine.build_s:.1f} s")
     for B in args.batch:
-        prompts = make_prompts(model.config.vocab_size, B, args.prompt_len).to(device)
+        prompts = make_prompts(model.config.vocab_size, B, args.prompt_len, args.stops).to(device)
         runs = {}
-        for prec in precisions:
-            engine = EmbeddedEngine(prec)
-            engine.load_weights(model)
-            runs[f"embedded | {prec}"] = engine_runner(engine, prompts, args.new_tokens)
+        for prec in embedded:
+            for variant in args.variants:
+                engine = EmbeddedEngine(prec, eos_id=args.stops, **VARIANTS[variant])
+                engine.load_weights(model)
+                seen = lengths.setdefault(B, []) if variant == args.variants[0] and prec == embedded[0] else None
+                runs[f"{embedded_label(variant)} | {prec}"] = engine_runner(engine, prompts, args.new_tokens, seen)
+        for name, engine in vllm.items():
+            runs[name] = engine_runner(engine, prompts, args.new_tokens)
         if args.hf:
             runs["hf_generate | fp32"] = hf_runner(model, prompts, args.new_tokens)
             runs["hf_generate | bf16"] = hf_runner(model_bf16, prompts, args.new_tokens)
@@ -240,8 +354,86 @@ def run_embedded(args, rows: dict, syncs: dict) -> None:
             rows.setdefault(name, {})[B] = tok_s
         del runs
         gc.collect()
-    for prec in precisions:
+    for prec in embedded:
         syncs[f"embedded | {prec}"] = f"{sync_ms(model, prec, args.repeats):.1f}"
+    for engine in vllm.values():
+        engine.close()
+
+
+def ratio_table(rows: dict, args) -> list[str]:
+    """Each embedded variant's useful tokens/s over the `before` engine's and over vLLM's fp32 engines' (eager, and
+    compiled with --vllm-compiled)."""
+    refs = [name for name in ("vllm | fp32", "vllm (compiled) | fp32") if name in rows]
+    cols = ["before"] + [r.split(" | ")[0] for r in refs]
+    lines = ["| embedded | precision | " + " | ".join(f"B={B} vs {c}" for B in args.batch for c in cols) + " |",
+             "|" + "---|" * (2 + len(cols) * len(args.batch))]
+    for variant in args.variants:
+        if variant == BEFORE:
+            continue
+        for prec in EMBEDDED_PRECISIONS:
+            mine, before = rows.get(f"{embedded_label(variant)} | {prec}"), rows.get(f"{embedded_label(BEFORE)} | {prec}", {})
+            if mine is None:
+                continue
+            cells = [f"{mine[B] / ref[B]:.2f}x" if B in ref else "-" for B in args.batch
+                     for ref in [before] + [rows[r] for r in refs]]
+            lines.append(f"| {variant} | {prec} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def per_token_arrays(completions: list, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference for `--conversion`: VLLMEngine._to_rollout before issue 34, a Python lookup per token in vLLM's
+    per-position log-prob dicts (logprobs=0, flat_logprobs=False)."""
+    lengths = torch.tensor([len(c.token_ids) for c in completions])
+    B, T = len(completions), int(lengths.max())
+    tokens = torch.full((B, T), pad_id, dtype=torch.long)
+    logp = torch.zeros(B, T, dtype=torch.float32)
+    for i, c in enumerate(completions):
+        toks = list(c.token_ids)
+        tokens[i, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+        logp[i, : len(toks)] = torch.tensor([lp[t].logprob for t, lp in zip(toks, c.logprobs)])
+    return tokens, logp
+
+
+def conversion(args) -> None:
+    """`--conversion`: vLLM's completions -> the rollout's tensors, the per-token loop (dict log-probs) against
+    `completion_arrays` (flat log-probs), at --batch[0] x --new-tokens tokens: the conversion alone, best of
+    --repeats, and the whole generate call of each format (vLLM builds a dict per token for the first)."""
+    from bench.rollout.vllm_engine import completion_arrays
+
+    torch.set_num_threads(args.threads)
+    B, T = args.batch[0], args.new_tokens
+    model = build_model(args.preset, args.layers, args.prompt_len + T + 1)
+    spec = dict(precision="fp32", granularity="per_channel", batch=[B], new_tokens=T, prompt_len=args.prompt_len,
+                gpu_memory_utilization=args.gpu_memory_utilization, stops=None)
+    engine = vllm_engine(spec, model)
+    vllm = engine.vllm
+    prompts = [{"prompt_token_ids": row.tolist()} for row in make_prompts(model.config.vocab_size, B, args.prompt_len)]
+    outputs, generate_s = {}, {}
+    for flat in (False, True):
+        params = [vllm.SamplingParams(n=1, temperature=1.0, top_k=0, max_tokens=T, min_tokens=T, logprobs=0,
+                                      flat_logprobs=flat, ignore_eos=True, seed=i) for i in range(B)]
+        t0 = time.perf_counter()
+        outputs[flat] = [o.outputs[0] for o in engine.llm.generate(prompts, params, use_tqdm=False)]
+        generate_s[flat] = time.perf_counter() - t0
+    best = {"per-token loop (dict log-probs)": float("inf"), "completion_arrays (flat log-probs)": float("inf")}
+    for _ in range(args.repeats):
+        for name, flat, fn in (("per-token loop (dict log-probs)", False, per_token_arrays),
+                               ("completion_arrays (flat log-probs)", True, completion_arrays)):
+            t0 = time.perf_counter()
+            fn(outputs[flat], 0)
+            best[name] = min(best[name], time.perf_counter() - t0)
+    old_tokens, old_logp = per_token_arrays(outputs[False], 0)
+    new_tokens, new_logp, _ = completion_arrays(outputs[True], 0)
+    same = torch.equal(old_tokens, torch.from_numpy(new_tokens)) and torch.equal(old_logp, torch.from_numpy(new_logp))
+    engine.close()
+    print(f"## vLLM output conversion: {B} x {T} tokens ({args.preset}, fp32, {args.threads} threads, best of "
+          f"{args.repeats})\n")
+    print("| conversion | seconds | generate call (s, one run) |\n|---|---|---|")
+    for (name, sec), flat in zip(best.items(), (False, True)):
+        print(f"| {name} | {sec:.4f} | {generate_s[flat]:.1f} |")
+    ratio = best["per-token loop (dict log-probs)"] / best["completion_arrays (flat log-probs)"]
+    print(f"\nspeed-up of the conversion: {ratio:.1f}x; both formats give the same tokens and log-probs "
+          f"(same per-request seeds): {same}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -250,7 +442,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--preset", "--model-size", dest="preset", choices=tuple(PRESETS), default="1m")
     ap.add_argument("--layers", type=int, default=None, help="cut the preset's depth (CPU runs of big shapes)")
     ap.add_argument("--batch", type=int, nargs="+", default=[16, 64])
-    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=64, help="max new tokens (with --mean-response: tail x mean)")
+    ap.add_argument("--mean-response", type=int, default=None,
+                    help="long-tail lengths: stop ids giving ~this many tokens per row (module docstring)")
+    ap.add_argument("--tail", type=float, default=8.0, help="with --mean-response: the cap, in means (default 8)")
+    ap.add_argument("--variants", nargs="+", choices=tuple(VARIANTS), default=["eager"],
+                    help="embedded engine variants (module docstring); 'before' is the reference of the ratios")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="auto", help="embedded engine: auto (cuda when available) | cpu | cuda")
@@ -259,33 +456,53 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hf", action="store_true", help="add HF generate rows (fp32, bf16)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6,
                     help="vLLM's share of the GPU (the trainer's bf16 copy needs the rest: 16 GB for 8B)")
+    ap.add_argument("--vllm-compiled", action="store_true",
+                    help="add vLLM rows without enforce_eager (CUDA graphs / torch.compile)")
+    ap.add_argument("--conversion", action="store_true",
+                    help="time vLLM's completions -> rollout tensors, old loop vs numpy, at --batch[0] x --new-tokens")
     ap.add_argument("--vllm-child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.conversion:
+        conversion(args)
+        return
     if args.vllm_child:
         print("RESULT " + json.dumps(vllm_child(json.loads(args.vllm_child))), flush=True)
         return
+    if args.mean_response is not None:
+        if args.mean_response < 1 or args.tail < 1:
+            ap.error(f"--mean-response {args.mean_response} and --tail {args.tail:g} must be at least 1")
+        args.new_tokens = int(args.tail * args.mean_response)
     torch.set_num_threads(args.threads)
 
+    shape = build_model(args.preset, args.layers, 8, device="meta")
+    args.stops = stop_ids(shape.config.vocab_size, args.mean_response)
     rows: dict[str, dict[int, float]] = {}
     syncs: dict[str, str] = {}
     notes: list[str] = []
-    if "embedded" in args.engines:
-        run_embedded(args, rows, syncs)
-    if "vllm" in args.engines:
-        run_vllm(args, rows, syncs, notes)
+    lengths: dict[int, list] = {}
+    gpu_vllm = "vllm" in args.engines and torch.cuda.is_available()
+    if "embedded" in args.engines or ("vllm" in args.engines and not gpu_vllm):
+        run_all(args, rows, syncs, notes, lengths)
+    if gpu_vllm:
+        run_vllm_children(args, rows, syncs, notes)
 
-    shape = build_model(args.preset, args.layers, 8, device="meta")
     n_params = sum(p.numel() for p in shape.parameters())
     cuda = torch.cuda.is_available()
     device = torch.cuda.get_device_name() if cuda else (platform.processor() or platform.machine())
+    stops = (f", {len(args.stops)} stop ids (mean response ~{args.mean_response}, cap {args.new_tokens})"
+             if args.stops else f", {args.new_tokens} new tokens, no stop id")
     print(f"## Rollout throughput: {args.preset}{f' cut to {args.layers} layers' if args.layers else ''} "
-          f"({n_params / 1e6:.1f}M params), prompt {args.prompt_len}, {args.new_tokens} new tokens, "
+          f"({n_params / 1e6:.1f}M params), prompt {args.prompt_len}{stops}, "
           f"{args.threads} threads, best of {args.repeats}\n")
     print(f"torch {torch.__version__}, {device}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
           f"fast int8 _int_mm (VNNI): {fast_int_mm()}, native bf16 matmul: {native_bf16_matmul()}\n")
     if not native_bf16_matmul() or "embedded" in args.engines:
         print("CPU rows: bf16 / fp8 / int8 without native hardware are EMULATED here; their speed is the "
               "emulation's, not a speed-up claim (measure low-precision speed on a GPU).\n")
+    for B, seen in lengths.items():
+        if args.stops and seen:
+            print(f"B={B}: response length mean {sum(seen) / len(seen):.0f}, max {max(seen):.0f} "
+                  f"(every timed round of the first embedded row)\n")
     header = "| engine | precision | " + " | ".join(f"B={B} tok/s | B={B} vs bf16" for B in args.batch)
     print(header + " | sync ms |")
     print("|" + "---|" * (3 + 2 * len(args.batch)))
@@ -296,6 +513,14 @@ def main(argv: list[str] | None = None) -> None:
             f"{by_batch[B]:.0f} | " + (f"{by_batch[B] / ref[B]:.2f}x" if B in ref else "-") for B in args.batch
         )
         print(f"| {engine} | {precision} | {cells} | {syncs.get(name, '-')} |")
+    if "embedded" in args.engines and (BEFORE in args.variants or "vllm | fp32" in rows):
+        print("\nUseful tokens/s ratios:\n")
+        print("\n".join(ratio_table(rows, args)))
+    fit = decode_fit(rows, args, shape, lengths)
+    if fit:
+        print("\nThe embedded decode's cost per step, fitted as t(B) = f + B x r over the batch sizes "
+              "(bench/launch/budget.py's form; prefill left in):\n")
+        print("\n".join(fit))
     for note in notes:
         print(f"\n- {note}", end="")
     print()

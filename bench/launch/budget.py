@@ -23,6 +23,12 @@ type): step 0 shows timing/gen 21.47 s for 256 x 239.1 generated tokens (2,851 t
 tokens (15,184 tokens/s forward). A small model is far below its FLOPs bound (the FLOPs model would give it
 ~100k tokens/s), which is why the 0.5B recipes state the measurement instead. No estimate (the CPU configs) when
 neither the throughputs nor `params_b` are set.
+
+The rate above is vLLM's (continuous batching, paged KV cache, fused kernels, CUDA graphs). A job on the embedded
+engine (`rollout.engine=embedded`) is priced by a model of that engine's own decode instead (`embedded_rollout_s`,
+below): the rollout share of its step and its GPU-hours follow, and where it costs more than CHEAPER_BY x what
+vLLM would, the dry run says so and names the override (`rollout=vllm`), or says that vLLM cannot serve the
+precision (INT8 and the emulated formats).
 """
 
 from __future__ import annotations
@@ -73,9 +79,62 @@ def throughputs(b: Any) -> tuple[float, float, float] | None:
     return tuple(s if s is not None else d for s, d in zip(stated, derived))  # type: ignore[return-value]
 
 
+# ------------------------------------------------------------------ the embedded engine's rollout (rollout.engine)
+#
+# The embedded engine (bench/rollout/embedded.py) decodes a batch in chunks of R = chunk_tokens // (L_p + T)
+# sequences (T = task.max_new_tokens), each chunk for as many steps as its longest row, taken to be T (a chunk of
+# tens of long-tail responses has one near the cap). Every decode step reads the engine's weights and launches the
+# layers' kernels one by one (eager PyTorch: a GPU decode at these batch sizes waits on the host); each live row
+# also reads its KV cache. Per GPU (B / budget.gpus sequences of one rollout round):
+#     seconds = chunks x T x (weight bytes / HBM + layers x kernels x KERNEL_S)           the steps
+#             + B/gpus x L_r x (L_p + L_r / 2) x kv bytes / HBM                           live rows (compaction)
+#             [ without rollout.compact: + B/gpus x T x (L_p + T / 2) x kv bytes / HBM: every row runs T steps ]
+#             + B/gpus x L_p x 2 P / (peak x gen_mfu)                                      the prompts' prefill
+# kernels per layer (counted in FastDecoder): 45 in eager bf16; the W8A8 formats add ~17 per linear (4 per layer)
+# to quantize activations eagerly, 1 with rollout.compile; compile fuses a layer's elementwise work to ~15.
+# KERNEL_S is ours: an eager kernel launch with PyTorch's dispatch on an H100 host, ~10 us. The rollout benchmark
+# calibrates it: over two or more batch sizes it fits a decode step's cost as f + B x r (this model's form) and
+# prints f per layer and kernel, the measured KERNEL_S of the machine it runs on (bench.benchmarks.rollout
+# decode_fit). On the shared 2-core CPU the fit is noise under load (2026-11-27, load average 17: a per-row cost
+# below zero, which decode_fit flags), so the CPU checks the model's form (at long-tail lengths compaction's gain
+# follows the steps and live rows it removes: docs/benchmarks.md), not KERNEL_S. The GPU check's step 2 fits it at
+# 1.5B (batch 32 and 256); its value replaces 10 us.
+# The embedded engine is never priced below vLLM's rate (vLLM is the faster engine by construction; where the model
+# says otherwise, e.g. qurl_table1's 0.5B at 512 tokens, the stated vLLM rate is the conservative figure).
+
+KERNEL_S = 1.0e-5  # ours: one eager kernel launch + dispatch on an H100 host (module comment above)
+KERNELS_PER_LAYER = {"eager": 45, "compiled": 15}
+ACT_QUANT_KERNELS = {"eager": 17, "compiled": 1}  # per W8A8 linear: dynamic activation quantization
+LINEARS_PER_LAYER = 4  # fused qkv, o, fused gate_up, down
+#: the embedded engine would cost more than this many times vLLM's rollout: the dry run names the override
+CHEAPER_BY = 3.0
+#: rollout precisions vLLM serves (bench/rollout/vllm_engine.py DTYPES); the others have no vLLM alternative
+VLLM_PRECISIONS = ("fp32", "bf16", "fp8_e4m3")
+
+
+def embedded_rollout_s(cfg: Any, shape: Any, sequences: float) -> float:
+    """Seconds one GPU's embedded engine takes for `sequences` rollouts (the model above)."""
+    from bench.launch.memory import EIGHT_BIT, engine_bytes
+    from bench.rollout.embedded import CHUNK_TOKENS
+
+    b, r = cfg.budget, cfg.rollout
+    L_p, L_r, T = float(b.prompt_tokens), float(b.response_tokens), int(cfg.task.max_new_tokens)
+    act_bytes = 4 if r.precision == "fp32" else 2
+    chunk = r.get("chunk_tokens", CHUNK_TOKENS)
+    rows = max(1, int((chunk or 2**62) // (L_p + T)))
+    chunks = math.ceil(sequences / rows)
+    mode = "compiled" if r.get("compile", False) else "eager"
+    kernels = KERNELS_PER_LAYER[mode] + (LINEARS_PER_LAYER * ACT_QUANT_KERNELS[mode] if r.precision in EIGHT_BIT else 0)
+    step = engine_bytes(shape, r.precision, act_bytes) / HBM_BYTES_PER_S + shape.layers * kernels * KERNEL_S
+    kv = shape.kv_bytes(act_bytes) / HBM_BYTES_PER_S
+    live = sequences * (L_r * (L_p + L_r / 2) if r.get("compact", True) else T * (L_p + T / 2)) * kv
+    prefill = sequences * L_p * 2 * shape.params / (b.peak_tflops * 1e12 * b.gen_mfu)
+    return chunks * T * step + live + prefill
+
+
 @dataclass
 class Estimate:
-    """Tokens per step and the GPU-hours of one run."""
+    """Tokens per step and the GPU-hours of one run; the rollout priced by the engine that runs it."""
 
     generated_per_step: float
     trained_per_step: float
@@ -83,10 +142,32 @@ class Estimate:
     evals: int
     gpu_hours: float
     wall_hours: float
+    engine: str = "vllm"  # whose rollout cost the hours count
+    rollout_share: float = 0.0  # of a step's GPU-seconds
+    vllm_gpu_hours: float | None = None  # the same run on vLLM's rollout (embedded jobs)
+
+    @property
+    def vllm_would_save(self) -> bool:
+        """The embedded engine costs more than CHEAPER_BY x vLLM's rollout would."""
+        return self.vllm_gpu_hours is not None and self.gpu_hours > CHEAPER_BY * self.vllm_gpu_hours
+
+    def line(self, precision: str) -> str:
+        """The dry run's cost column: engine, rollout share, GPU-hours (and vLLM's, where it would save)."""
+        text = (f"~{self.gpu_hours:,.1f} GPU-h on {self.engine} (rollout {self.rollout_share:.0%} of a step; "
+                f"{self.generated_per_step:,.0f} generated + {self.trained_per_step:,.0f} trained tokens/step)")
+        if self.vllm_would_save:
+            how = ("set rollout=vllm" if precision in VLLM_PRECISIONS else
+                   f"vLLM has no {precision}: no override, the embedded engine is the one that serves it")
+            text += f"  {self.gpu_hours / self.vllm_gpu_hours:,.0f}x vLLM's ~{self.vllm_gpu_hours:,.1f} GPU-h: {how}"
+        return text
 
 
 def estimate(cfg: Any, needs_recompute: bool) -> Estimate | None:
-    """The estimate for one composed run config, or None when the config sets no throughput."""
+    """The estimate for one composed run config, or None when the config sets no throughput. The rollout is the
+    embedded engine's model (`embedded_rollout_s`) for rollout.engine=embedded where the model's shape is known,
+    else the generation rate."""
+    from bench.launch.memory import model_shape
+
     b, train, algo = cfg.budget, cfg.train, cfg.algo
     rates = throughputs(b)
     if rates is None:
@@ -94,13 +175,30 @@ def estimate(cfg: Any, needs_recompute: bool) -> Estimate | None:
     gen_tps, train_tps, fwd_tps = rates
     seqs, length = train.batch_size, b.prompt_tokens + b.response_tokens
     gae = algo.advantage == "gae"
-    generated = seqs * b.response_tokens / (b.keep_rate if algo.dynamic_sampling else 1.0)
+    rounds = 1.0 / b.keep_rate if algo.dynamic_sampling else 1.0
+    generated = seqs * b.response_tokens * rounds
     trained = seqs * length * train.epochs * (2 if gae else 1)
     forward = seqs * length * (int(needs_recompute) + int(algo.kl_ref_beta > 0) + int(gae))
-    step_s = generated / gen_tps + trained / train_tps + forward / fwd_tps
+    other_s = trained / train_tps + forward / fwd_tps
     evals = math.ceil(train.steps / train.eval_every) + 1 if b.eval_tokens else 0
-    gpu_hours = (train.steps * step_s + evals * b.eval_tokens / gen_tps) / 3600.0
-    return Estimate(generated, trained, forward, evals, gpu_hours, gpu_hours / b.gpus)
+    eval_s = evals * b.eval_tokens / gen_tps
+
+    def hours(rollout_s: float) -> float:
+        return (train.steps * (rollout_s + other_s) + eval_s) / 3600.0
+
+    vllm_s = generated / gen_tps
+    engine = cfg.rollout.engine if cfg.get("rollout") is not None else "vllm"
+    shape = model_shape(cfg.model) if engine == "embedded" else None
+    if shape is None:
+        gpu_hours = hours(vllm_s)
+        return Estimate(generated, trained, forward, evals, gpu_hours, gpu_hours / b.gpus,
+                        "vllm" if engine == "vllm" else "embedded at vLLM's rate (shape unknown)",
+                        vllm_s / (vllm_s + other_s))
+    # GPU-seconds; never below vLLM's: where the model says otherwise, the stated vLLM rate is the conservative one
+    rollout_s = max(b.gpus * embedded_rollout_s(cfg, shape, seqs / b.gpus) * rounds, vllm_s)
+    gpu_hours = hours(rollout_s)
+    return Estimate(generated, trained, forward, evals, gpu_hours, gpu_hours / b.gpus, "embedded",
+                    rollout_s / (rollout_s + other_s), hours(vllm_s))
 
 
 def describe(cfg: Any) -> str:
@@ -214,6 +312,13 @@ def eval_estimate(cfg: Any) -> EvalEstimate | None:
     return EvalEstimate(float(tokens), evals, eager_s, tokens / rates[0])
 
 
+def describe_embedded() -> str:
+    """One line: what the embedded engine's rollout model assumes (for the dry run's summary)."""
+    return (f"the embedded engine's rollout: chunks x max new tokens decode steps, each reading its weights at "
+            f"{HBM_BYTES_PER_S / 1e12:g} TB/s and launching layers x kernels at {KERNEL_S * 1e6:g} us (ours), plus the "
+            "live rows' KV cache, never below vLLM's rate (bench/launch/budget.py embedded_rollout_s)")
+
+
 def describe_eval() -> str:
     """One line: what the evaluation-time estimate assumes (for the dry run's summary)."""
     return (f"evaluation on one GPU, every response at its max tokens: vLLM at the generation rate above; the "
@@ -222,4 +327,5 @@ def describe_eval() -> str:
 
 
 __all__ = ["BudgetConfig", "Estimate", "EvalEstimate", "FLOPS_MODEL", "VERL_QUICKSTART", "describe", "describe_eval",
-           "eager_tokens_per_s", "estimate", "eval_estimate", "eval_passes", "problem_count", "throughputs"]
+           "describe_embedded", "eager_tokens_per_s", "embedded_rollout_s", "estimate", "eval_estimate", "eval_passes",
+           "problem_count", "throughputs"]

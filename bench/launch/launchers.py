@@ -242,6 +242,11 @@ class SnapshotLocalLauncher(_Snapshotting, Launcher):
         code = str(self._snapshot())
         n_workers = self.n_jobs if self.n_jobs > 0 else max(1, (os.cpu_count() or 1) + 1 + self.n_jobs)
         n_workers = min(n_workers, len(job_overrides))
+        nproc = int(OmegaConf.select(self.config, "train.nproc_per_node", default=1) or 1)
+        on_gpu = OmegaConf.select(self.config, "train.device", default="auto") != "cpu"
+        gpus = gpu_blocks(visible_gpus(), nproc, n_workers) if on_gpu else None
+        if gpus is not None:
+            log.info(f"{len(gpus)} local worker(s), each on its own GPUs: {'; '.join(gpus)}")
         if self._stopped_by is not None:  # an earlier batch of this sweep was stopped: start nothing more
             self._freeze_configs(job_overrides)
             jobs, overrides = job_views(self.hydra_context.config_loader, self.config, job_overrides, initial_job_idx)
@@ -249,9 +254,11 @@ class SnapshotLocalLauncher(_Snapshotting, Launcher):
             return _job_returns(jobs, overrides, self.config)
         sys.path.insert(0, code)  # spawned workers get this sys.path: they import `bench` from the snapshot
         try:
-            pool = WorkerPool(n_workers)  # started now: their imports overlap the config composition below
+            pool = WorkerPool(n_workers, gpus)  # started now: their imports overlap the config composition below
             try:
                 self._freeze_configs(job_overrides)
+                if gpus is not None:
+                    check_gpu_blocks(self.hydra_context.config_loader._configs.values(), nproc)
                 jobs, overrides = job_views(self.hydra_context.config_loader, self.config, job_overrides,
                                             initial_job_idx)
                 line = LiveLine(sweep_dir.name, jobs)
@@ -267,14 +274,49 @@ class SnapshotLocalLauncher(_Snapshotting, Launcher):
         return _job_returns(jobs, overrides, self.config)
 
 
-def check_gpu_request(params: Dict[str, Any]) -> list[str]:
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (its entries when it is set, else
+    0..n-1); none without CUDA. Asked without creating a CUDA context here (torch counts them through NVML)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def gpu_blocks(visible: Sequence[str], nproc: int, n_workers: int) -> list[str] | None:
+    """The CUDA_VISIBLE_DEVICES of each local worker: the visible GPUs in blocks of `nproc` (a run's ranks, one GPU
+    each: rank r takes GPU r of its block), worker i the i-th block; as many workers as whole blocks at most.
+    None without a GPU: nothing changes (the workers inherit the environment, CPU runs). Without this every worker
+    saw every GPU and took cuda:0 (a run of `nproc` ranks: cuda:0..nproc-1), so concurrent jobs shared GPU 0."""
+    if not visible:
+        return None
+    if nproc > len(visible):
+        raise ValueError(f"train.nproc_per_node={nproc} needs {nproc} GPUs, one per rank; {len(visible)} visible "
+                         f"(CUDA_VISIBLE_DEVICES={','.join(visible)})")
+    blocks = [",".join(visible[i: i + nproc]) for i in range(0, len(visible) - nproc + 1, nproc)]
+    return [blocks[i % len(blocks)] for i in range(min(n_workers, len(blocks)))]
+
+
+def check_gpu_blocks(configs: Any, nproc: int) -> None:
+    """Every job of a local GPU sweep runs at most `nproc` ranks (its worker's block of GPUs, sized by the sweep's
+    base config)."""
+    wanted = max(int(OmegaConf.select(c, "train.nproc_per_node", default=1) or 1) for c in configs)
+    if wanted > nproc:
+        raise ValueError(f"a job of this sweep sets train.nproc_per_node={wanted}, but the local workers' GPU blocks "
+                         f"hold {nproc} (the sweep's base train.nproc_per_node): sweep it in separate launches")
+
+
+def check_gpu_request(params: Dict[str, Any], ranks_per_node: int | None = None) -> list[str]:
     """Coherence of a job's GPU/CPU request (hydra.launcher.*); raises ValueError for a contradiction and
     returns warnings for a request that runs but wastes what it asked for.
 
     submitit writes `gpus_per_node` as `#SBATCH --gpus-per-node=N`; SLURM then exports CUDA_VISIBLE_DEVICES to
     the job, where `train.device=auto` finds the GPU. Asking twice (a gpu `gres` as well) double-books or gets
-    the job rejected; `cpus_per_gpu` is ignored by SLURM without `gpus_per_task` (submitit only warns); a run
-    trains on one device, so a second GPU per job idles (run more jobs instead: one per GPU).
+    the job rejected; `cpus_per_gpu` is ignored by SLURM without `gpus_per_task` (submitit only warns). A job runs
+    `ranks_per_node` ranks on each node, one GPU each (SLURM tasks, `tasks_per_node`, or the processes one task
+    spawns, `train.nproc_per_node`; None: not known yet): more GPUs than ranks idle, fewer cannot start.
     """
     per_node, per_task = params.get("gpus_per_node"), params.get("gpus_per_task")
     gres = str(params.get("gres") or "")
@@ -284,9 +326,33 @@ def check_gpu_request(params: Dict[str, Any]) -> list[str]:
     if params.get("cpus_per_gpu") and not per_task:
         raise ValueError(f"hydra.launcher.cpus_per_gpu={params['cpus_per_gpu']} needs gpus_per_task (SLURM ignores it "
                          "with gpus_per_node); set cpus_per_task instead")
-    n_gpus = max(int(per_node or 0), int(per_task or 0))
-    return [f"hydra.launcher asks for {n_gpus} GPUs per job, but a run trains on one (train.device=cuda uses the "
-            "first visible GPU): the others idle; submit one job per GPU instead"] if n_gpus > 1 else []
+    tasks = int(params.get("tasks_per_node") or 1)
+    n_gpus = int(per_node or 0) or int(per_task or 0) * tasks
+    if ranks_per_node is None or not n_gpus:
+        return []
+    if n_gpus < ranks_per_node:
+        raise ValueError(f"hydra.launcher asks for {n_gpus} GPU(s) per node, but a job runs {ranks_per_node} ranks per "
+                         f"node, one GPU each (train.nproc_per_node / hydra.launcher.tasks_per_node): ask for "
+                         f"hydra.launcher.gpus_per_node={ranks_per_node}")
+    if n_gpus > ranks_per_node:
+        return [f"hydra.launcher asks for {n_gpus} GPUs per node, but a job runs {ranks_per_node} rank(s) per node, one "
+                f"GPU each: {n_gpus - ranks_per_node} idle; set train.nproc_per_node={n_gpus} (one run over them) or "
+                f"hydra.launcher.gpus_per_node={ranks_per_node}"]
+    return []
+
+
+def ranks_per_node(params: Dict[str, Any], configs: Sequence[DictConfig]) -> int:
+    """Ranks a job of the sweep runs on each node: its SLURM tasks, or else the processes its task spawns
+    (`train.nproc_per_node`; the largest of the sweep's jobs)."""
+    tasks = int(params.get("tasks_per_node") or 1)
+    if tasks > 1:
+        return tasks
+    return max([int(OmegaConf.select(c, "train.nproc_per_node", default=1) or 1) for c in configs] or [1])
+
+
+#: srun options of every job: a task that dies (kill -9, out of memory, a segfault) ends the job's other tasks at
+#: once, instead of leaving them waiting in their next collective until the process group's timeout (NCCL)
+SRUN_ARGS = ("--kill-on-bad-exit=1",)
 
 
 class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
@@ -301,11 +367,16 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
         self.submit_cwd: str | None = None
         self._user_setup = list(self.params.get("setup") or [])
         self._user_sbatch = dict(self.params.get("additional_parameters") or {})
+        self._user_srun = [a for a in self.params.get("srun_args") or [] if a not in SRUN_ARGS]
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         code = shlex.quote(str(self._snapshot()))
         self._freeze_configs(job_overrides)
+        configs = list(self.hydra_context.config_loader._configs.values())
+        for warning in check_gpu_request(self.params, ranks_per_node(self.params, configs)):
+            log.warning(warning)
         self.submit_cwd = os.getcwd()
+        self.params["srun_args"] = [*SRUN_ARGS, *self._user_srun]
         sig = self.preempt_signal
         self.params["setup"] = [
             f"cd {code}",

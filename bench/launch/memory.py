@@ -18,23 +18,29 @@ resident, held through the whole step
 transient, one phase at a time (the peak is the resident part plus the largest)
     generation          embedded KV cache at its chunk size: min(rollout.chunk_tokens, sequences x tokens) x
                         2 L kv_heads head_dim x bytes (bf16 2, fp32 4), plus the sampler's [rows, V] logits,
-                        log-probs and float64 CDF (24 B x V per row); evaluation the same for the fp32 engine
-                        at eval.batch_size sequences, and that engine's weights, 4 B x (P_lin + 2 emb) (built for
-                        each evaluation and released after it)
-    recompute           no-grad log-prob passes over train.micro_batch_tokens tokens: ~14 B x V per token
-                        (bf16 logits, their fp32 copy, / T, log-softmax) + one layer's activations
-    training            train.micro_batch_size sequences (null: the minibatch): ~20 B x V per token (the above
-                        plus their gradients) + activations: with gradient checkpointing the layer inputs
-                        (L x h x 2 B), without it ~L x (26 h + 8 i) B (the README's GPU section)
+                        their / T, log-probs and probabilities (16 B x V per row) and the float64 CDF of CDF_ROWS
+                        rows at a time (8 B x V each); evaluation the same for the fp32 engine at eval.batch_size
+                        sequences, and that engine's weights, 4 B x (P_lin + 2 emb) (built for each evaluation and
+                        released after it)
+    recompute           no-grad log-prob passes over train.micro_batch_tokens tokens: one layer's activations per
+                        token, and the lm_head's logits of one slice of HEAD_CHUNK_TOKENS positions at a time
+                        (bench.models.logprobs: bf16 logits, their fp32 copy, / T, log-softmax: ~14 B x V each)
+    training            train.micro_batch_size sequences (null: the minibatch), at most train.micro_batch_tokens
+                        tokens (at least one sequence): activations per token (with gradient checkpointing the layer
+                        inputs, L x h x 2 B; without it ~L x (26 h + 8 i) B, the README's GPU section) and one
+                        slice's logits with their gradients (~20 B x V x HEAD_CHUNK_TOKENS, recomputed in backward)
+Sequences count at prompt + max new tokens, the padded worst case: a micro-batch is cut to its own rows
+(bench/compute.py), but the one holding the longest rows runs at full length.
 
-Several processes (`train.nproc_per_node` = N > 1, one per GPU; bench/distributed.py): the trainer states,
-autocast copies, snapshot, critic and reference are divided by the FSDP shard count N (the ranks of one node:
-across nodes the model is replicated, HSDP, so N is the shard count at any node count); the engine, the KV cache,
-logits and activations are per rank, whole. One transient is added: the weight sync gathers the whole fp32
-model (4 B x P) while the rollout engine builds its copy. The evaluation's fp32 engine reads the gathered weights
-in place (bench/distributed.py BlockEngine), which its one-process term above already counts. A recipe that leaves nproc_per_node at 1 but
-states budget.gpus > 1 and does not fit one GPU is estimated the same way over budget.gpus, and the line says it
-needs the scale-out path. `tight` marks a peak above TIGHT of the device.
+GPUs: a run uses train.nproc_per_node GPUs on its node, one rank each; budget.gpus is what the recipe books (and
+what its GPU-hours count). `MemoryEstimate.line` says both, and the dry run warns when they differ.
+Several processes (N = train.nproc_per_node > 1; bench/distributed.py): the trainer states, autocast copies,
+snapshot, critic and reference are divided by the FSDP shard count N (the ranks of one node: across nodes the
+model is replicated, HSDP, so N is the shard count at any node count); the engine, the KV cache, logits and
+activations are per rank, whole. One transient is added: the weight sync gathers the whole fp32 model (4 B x P)
+while the rollout engine builds its copy. The evaluation's fp32 engine reads the gathered weights in place
+(bench/distributed.py BlockEngine), which its one-process term above already counts. `tight` marks a peak above
+TIGHT of the device.
 """
 
 from __future__ import annotations
@@ -44,7 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.rollout.embedded import CHUNK_TOKENS
+from bench.models.logprobs import HEAD_CHUNK_TOKENS
+from bench.rollout.embedded import CDF_ROWS, CHUNK_TOKENS
 from bench.rollout.vllm_engine import GPU_MEMORY_UTILIZATION
 
 GB = 1e9
@@ -61,9 +68,16 @@ SHAPES: dict[str, tuple[int, int, int, int, int, int, int, bool]] = {
     "Qwen/Qwen3-8B": (4096, 36, 32, 8, 128, 12288, 151936, False),
     "meta-llama/Llama-3.2-1B-Instruct": (2048, 16, 32, 8, 64, 8192, 128256, True),
 }
-LOGIT_BYTES_NO_GRAD = 14  # per token and vocabulary entry (module docstring)
+#: The published config.json max_position_embeddings of the same models: the context a run gets unless
+#: `model.max_position_embeddings` overrides it (tests/integration/test_paper_recipes.py starts every recipe on it).
+CONTEXTS: dict[str, int] = {
+    "Qwen/Qwen2.5-0.5B-Instruct": 32768, "Qwen/Qwen2.5-1.5B-Instruct": 32768, "Qwen/Qwen2.5-Math-1.5B": 4096,
+    "Qwen/Qwen2.5-Math-7B": 4096, "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": 131072, "Qwen/Qwen3-1.7B": 40960,
+    "Qwen/Qwen3-4B": 40960, "Qwen/Qwen3-8B": 40960, "meta-llama/Llama-3.2-1B-Instruct": 131072,
+}
+LOGIT_BYTES_NO_GRAD = 14  # per position of an lm_head slice and vocabulary entry (module docstring)
 LOGIT_BYTES_GRAD = 20
-SAMPLER_BYTES = 24  # per row and vocabulary entry: fp32 logits, log-probs, probs, float64 CDF
+SAMPLER_BYTES = 16  # per row and vocabulary entry: fp32 logits, / T, log-probs, probabilities
 EIGHT_BIT = ("int8", "fp8_e4m3")
 TIGHT = 0.9  # of the device: less than 10 % headroom for the allocator's fragmentation and what is not counted  # real 1-byte kernels on a GPU (_int_mm, _scaled_mm)
 
@@ -119,15 +133,15 @@ def model_shape(model: Any) -> Shape | None:
 
 @dataclass
 class MemoryEstimate:
-    """GB per GPU: resident parts, transient phases, the peak; `sharded` when the trainer is sharded over
-    `gpus` ranks (FSDP2), `launched` when the run is set to launch them (train.nproc_per_node)."""
+    """GB per GPU: resident parts, transient phases, the peak; `sharded` when the trainer is sharded over `gpus`
+    ranks (FSDP2, train.nproc_per_node), `booked` the GPUs the recipe states (budget.gpus)."""
 
     parts: dict[str, float]
     phases: dict[str, float]
     gpus: int
     sharded: bool
     device_gb: float
-    launched: bool = False
+    booked: int = 1
 
     @property
     def resident(self) -> float:
@@ -145,16 +159,20 @@ class MemoryEstimate:
     def tight(self) -> bool:
         return self.fits and self.peak > TIGHT * self.device_gb
 
+    @property
+    def idle(self) -> int:
+        """Booked GPUs the run leaves idle (negative: it uses more than it books)."""
+        return self.booked - self.gpus
+
     def line(self) -> str:
         """The dry run's per-job text."""
         phase = max(self.phases, key=self.phases.get) if self.phases else "-"
-        where = "/GPU"
-        if self.sharded:
-            where += f", FSDP2 over {self.gpus} ranks" + ("" if self.launched else
-                                                          " (needs train.nproc_per_node, the scale-out path)")
+        where = "/GPU" + (f", FSDP2 over {self.gpus} ranks" if self.sharded else "")
         warn = (f"  EXCEEDS {self.device_gb:g} GB" if not self.fits else
                 f"  TIGHT: {self.peak / self.device_gb:.0%} of {self.device_gb:g} GB" if self.tight else "")
-        return f"mem ~{self.peak:,.0f} GB{where} (resident {self.resident:,.0f} + {phase} {self.phases.get(phase, 0):,.0f}){warn}"
+        use = f"  GPUs {self.gpus} used / {self.booked} booked" + ("  IDLE GPUs" if self.idle > 0 else "")
+        return (f"mem ~{self.peak:,.0f} GB{where} (resident {self.resident:,.0f} + {phase} "
+                f"{self.phases.get(phase, 0):,.0f}){warn}{use}")
 
 
 def engine_bytes(shape: Shape, precision: str, act_bytes: int) -> float:
@@ -162,6 +180,11 @@ def engine_bytes(shape: Shape, precision: str, act_bytes: int) -> float:
     activation dtype (M1: bf16 around the 8-bit GEMMs)."""
     per_linear = {"fp32": 4, "bf16": 2, "fp16": 2}.get(precision, 1 if precision in EIGHT_BIT else 4)
     return shape.linear * per_linear + 2 * shape.embed * act_bytes
+
+
+def sampler_bytes(rows: float, vocab: int) -> float:
+    """The sampler's transient per decode step: [rows, V] in fp32 a few times, the fp64 CDF of CDF_ROWS rows."""
+    return rows * vocab * SAMPLER_BYTES + min(rows, CDF_ROWS) * vocab * 8
 
 
 def estimate_memory(cfg: Any) -> MemoryEstimate | None:
@@ -196,30 +219,30 @@ def estimate_memory(cfg: Any) -> MemoryEstimate | None:
     if rollout.engine != "vllm":
         positions = train.batch_size * seq if chunk is None else min(chunk, train.batch_size * seq)
         rows = positions / seq
-        phases["generation"] = positions * shape.kv_bytes(act_bytes) + rows * V * SAMPLER_BYTES
+        phases["generation"] = positions * shape.kv_bytes(act_bytes) + sampler_bytes(rows, V)
     eval_cfg = cfg.get("eval") or {}
     eval_seq = prompt + (eval_cfg.get("max_new_tokens") or task.max_new_tokens)
     eval_positions = eval_cfg.get("batch_size", 64) * eval_seq
     eval_positions = min(eval_positions, CHUNK_TOKENS)  # the evaluation engine's default chunk_tokens
     phases["evaluation"] = (4 * (shape.linear + 2 * shape.embed) + eval_positions * shape.kv_bytes(4)
-                            + eval_positions / eval_seq * V * SAMPLER_BYTES)
+                            + sampler_bytes(eval_positions / eval_seq, V))
     layer_act = 2 * shape.hidden * 16  # one layer's transient activations per token (bf16), rough
     recompute_tokens = train.micro_batch_tokens or train.batch_size * seq
-    phases["recompute"] = recompute_tokens * (LOGIT_BYTES_NO_GRAD * V + layer_act)
+    phases["recompute"] = (recompute_tokens * layer_act
+                           + min(HEAD_CHUNK_TOKENS, recompute_tokens) * LOGIT_BYTES_NO_GRAD * V)
     micro = train.micro_batch_size or train.batch_size // train.minibatches
+    rows = micro if train.micro_batch_tokens is None else max(1, min(micro, int(train.micro_batch_tokens // seq)))
+    tokens = rows * seq
     per_token = (shape.layers * shape.hidden * 2 if train.gradient_checkpointing
                  else shape.layers * (26 * shape.hidden + 8 * shape.mlp))
-    phases["training"] = micro * seq * (LOGIT_BYTES_GRAD * V + per_token + layer_act)
+    phases["training"] = tokens * (per_token + layer_act) + min(HEAD_CHUNK_TOKENS, tokens) * LOGIT_BYTES_GRAD * V
 
-    nproc, gpus = int(train.get("nproc_per_node", 1)), int(b.get("gpus", 1))
-    single = sum(sharded_parts.values()) + sum(parts.values()) + max(phases.values())
-    sharded = nproc > 1 or (gpus > 1 and single > device_gb * GB)
-    shards = nproc if nproc > 1 else gpus if sharded else 1
+    nproc, booked = int(train.get("nproc_per_node", 1)), int(b.get("gpus", 1))
+    sharded = nproc > 1
     if sharded:  # FSDP2 gathers the whole fp32 model while the rollout engine copies it (module docstring)
         phases["weight sync"] = 4 * P
-    out_parts = {k: v / shards / GB for k, v in sharded_parts.items() if v} | {k: v / GB for k, v in parts.items()}
-    return MemoryEstimate(out_parts, {k: v / GB for k, v in phases.items()}, shards, sharded, device_gb,
-                          launched=nproc > 1)
+    out_parts = {k: v / nproc / GB for k, v in sharded_parts.items() if v} | {k: v / GB for k, v in parts.items()}
+    return MemoryEstimate(out_parts, {k: v / GB for k, v in phases.items()}, nproc, sharded, device_gb, booked)
 
 
-__all__ = ["GB", "MemoryEstimate", "SHAPES", "Shape", "estimate_memory", "model_shape"]
+__all__ = ["CONTEXTS", "GB", "MemoryEstimate", "SHAPES", "Shape", "estimate_memory", "model_shape"]

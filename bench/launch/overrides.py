@@ -37,7 +37,7 @@ def check_overrides(args: list[str], check: Callable[[Any], str | None] | None =
     """The one-line error for the first override Hydra cannot compose, or None (see the module docstring);
     `check(cfg)` (bench.launch.entry: the value checks) is asked about each composed config too."""
     flags = [a for a in args if a.startswith("-")]
-    if any(f not in HYDRA_FLAGS + ("--dry-run",) for f in flags):
+    if any(f not in HYDRA_FLAGS + ("--dry-run", "--preflight") for f in flags):
         return None  # --cfg, --config-name, ...: Hydra's own command line
     overrides = [a for a in args if not a.startswith("-")]
     from hydra import compose, initialize_config_dir

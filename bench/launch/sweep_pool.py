@@ -184,6 +184,7 @@ class _Worker:
     process: Any
     conn: Connection
     job: JobView | None = None
+    gpus: str | None = None  # its CUDA_VISIBLE_DEVICES (bench.launch.launchers.gpu_blocks); None: inherited
 
 
 def next_job(pending: list[JobView], jobs: list[JobView], t0: float) -> JobView:
@@ -216,8 +217,10 @@ class WorkerPool:
     """`n_workers` worker processes, started at once (their imports overlap the parent's config composition);
     `run` hands them the sweep. Signals to this process are passed on to the workers from `__init__` on."""
 
-    def __init__(self, n_workers: int) -> None:
-        self.n_workers = n_workers
+    def __init__(self, n_workers: int, gpus: list[str] | None = None) -> None:
+        """`gpus`: each worker's CUDA_VISIBLE_DEVICES (one entry per worker; a replacement takes the one of the
+        worker it replaces), set in its environment before it starts, before anything in it can touch CUDA."""
+        self.n_workers = n_workers if gpus is None else len(gpus)
         self.ctx = mp.get_context("spawn")
         self.workers: list[_Worker] = []
         self.stopping: list[int] = []
@@ -226,8 +229,8 @@ class WorkerPool:
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             self._previous = {sig: signal.signal(sig, self._on_signal) for sig in FORWARDED}
-        for _ in range(n_workers):
-            self._spawn()
+        for i in range(self.n_workers):
+            self._spawn(None if gpus is None else gpus[i])
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stopping.append(signum)
@@ -239,15 +242,16 @@ class WorkerPool:
                 except ProcessLookupError:
                     pass
 
-    def _spawn(self) -> None:
+    def _spawn(self, gpus: str | None = None) -> None:
         parent_conn, child_conn = self.ctx.Pipe()
         proc = self.ctx.Process(target=worker_main, args=(child_conn, os.getpid()),
                                 name=f"qrl-sweep-worker-{len(self.workers)}")
-        proc.start()
+        with _environment(CUDA_VISIBLE_DEVICES=gpus):  # a spawned child starts with this process's environment
+            proc.start()
         child_conn.close()
         if self.payload is not None:
             parent_conn.send(self.payload)
-        self.workers.append(_Worker(proc, parent_conn))
+        self.workers.append(_Worker(proc, parent_conn, gpus=gpus))
 
     def run(self, payload: bytes, jobs: list[JobView], overrides: dict[int, list[str]], line: LiveLine,
             sweep_dir: Path) -> int | None:
@@ -294,7 +298,7 @@ class WorkerPool:
                             w.job.outcome = _death_outcome(w)
                         self.workers.remove(w)
                         if not self.stopping and pending and len(self.workers) < self.n_workers:
-                            self._spawn()
+                            self._spawn(w.gpus)  # the replacement takes over its GPUs
                 line.refresh()
         finally:
             self.close()
@@ -316,6 +320,21 @@ class WorkerPool:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+
+
+@contextmanager
+def _environment(**values: str | None) -> Iterator[None]:
+    """os.environ with `values` set (None: left as it is) for the duration."""
+    saved = {k: os.environ.get(k) for k, v in values.items() if v is not None}
+    os.environ.update({k: v for k, v in values.items() if v is not None})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _drain(w: _Worker) -> None:

@@ -51,6 +51,24 @@ class MethodConfig:
         """Value checks a type cannot express; raise ValueError naming the key and the valid range."""
 
 
+#: where a dropped token goes in the token-mean: "all" keeps it in the denominator with weight 0 (ours; TRL, SkyRL,
+#: AReaL's rejection sampling, miles, prime-rl), "kept" removes it (verl's rollout_rs, ROLL's filters, AReaL's
+#: M2PO): the loss is then ours x N / N_kept (docs/arms.md §8)
+DENOMINATORS = ("all", "kept")
+
+
+@dataclass
+class MaskingConfig(MethodConfig):
+    """Keys of an arm that drops tokens or whole responses (weight 0): where the dropped tokens count."""
+
+    denominator: str = "all"  # all | kept (DENOMINATORS)
+
+    def check(self) -> None:
+        if self.denominator not in DENOMINATORS:
+            raise ValueError(f"method.denominator={self.denominator!r} is not valid; choose one of: "
+                             f"{', '.join(DENOMINATORS)}")
+
+
 def is_cap_c(default: float = 2.0) -> Any:
     """The field `is_cap_C`: the cap C on pi_old/mu of every arm that truncates or bands it (TIS, Seq-MIS, ACR,
     AIS, Geo-RS's token TIS), its domain declared once here."""
@@ -140,6 +158,9 @@ class Method(ABC):
     #: the keys of `method/<arm>/<key>` that every training step writes (train/* holds loss, clipfrac, ppo_kl);
     #: the diagnostics are among them. tests/integration/test_arms.py checks each registered arm's.
     metric_keys: ClassVar[tuple[str, ...]] = ()
+    #: True when a term of the loss acts on tokens the arm dropped (dppo_tv's (log r)^2): an all-dropped batch then
+    #: still has a loss, the one at zero advantages (tests/conformance/)
+    regularizes_dropped: ClassVar[bool] = False
 
     def __init__(self, cfg: Any, algo: Any) -> None:
         self.cfg = cfg
@@ -163,6 +184,24 @@ class Method(ABC):
     def prepare(self, batch: Batch) -> dict[str, Any]:
         """Per-rollout-batch constants (detached). Default: none."""
         return {}
+
+    def kept_tokens(self, batch: Batch, stats: dict[str, Any], logp: torch.Tensor) -> torch.Tensor | None:
+        """Bool [B, T]: the valid tokens this arm trains on with a nonzero weight, at log pi_theta = `logp`
+        (the trainer passes theta_old's); None when the arm drops none. Feeds mismatch/kl_k3_{masked,unmasked}
+        (prime-rl's masked/unmasked mismatch KL)."""
+        return None
+
+    def sequence_aggregation(self) -> str:
+        """How the arm reduces a response's token log-ratios to the one number it tests or weights by: "token"
+        (no per-response statistic), "sum" (the product ratio, which compounds with length), "mean" (the
+        geometric mean, length-invariant) or "max" (the worst token). docs/arms.md §5 lists it per arm;
+        tests/conformance/ checks it on a response whose tokens are duplicated."""
+        return "token"
+
+    def rejected_rows(self, batch: Batch, stats: dict[str, Any]) -> torch.Tensor | None:
+        """Bool [B]: the non-empty responses `prepare` dropped entirely, before any update and whatever their
+        advantage (so that algo.baseline=kept can take them out of their group's baseline); None: none."""
+        return None
 
     @abstractmethod
     def loss(self, logp: torch.Tensor, batch: Batch, stats: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -196,5 +235,5 @@ def make_method(name: str, **knobs: Any) -> Method:
     return build_method(cfg, algo)
 
 
-__all__ = ["Batch", "DEFAULT_LOW_PRECISION", "METHODS", "arm_precision", "Method", "MethodConfig", "arm_info", "build_method", "make_method", "select_stats",
+__all__ = ["Batch", "DEFAULT_LOW_PRECISION", "DENOMINATORS", "METHODS", "MaskingConfig", "arm_precision", "Method", "MethodConfig", "arm_info", "build_method", "make_method", "select_stats",
            "token_advantages"]

@@ -7,6 +7,7 @@ log g_i  = (1/n_i) sum_t m * LR(lold - lmu)                     each token's log
 keep_i   = 1[ log lo <= log g_i <= log hi ]                     compared in log space, inclusive; the band is on g
 w[i,t]   = keep_i                          (geo_rs_token_tis = false)
 w[i,t]   = keep_i * min(rho[i,t], C)       (geo_rs_token_tis = true: token TIS on the kept sequences)
+w[i,t]   = keep_i * g_i                    (geo_rs_weighted = true: AReaL's sequence-level ratio weight)
 L        = agg( w * psi(r, A) ) [+ beta_ref * agg(k3_ref)],     r = exp(LR(ltheta - lold))
 
 Not verl's Seq-MIS: that one masks on the product ratio rho_seq = prod_t rho_t and keeps rho_seq as the weight
@@ -40,17 +41,24 @@ from typing import Any
 import torch
 
 from bench.domains import num
-from bench.methods.base import METHODS, Batch, MethodConfig, is_cap_c
+from bench.methods.base import METHODS, Batch, MaskingConfig, is_cap_c
 from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio, weight_stats
 
 
 @dataclass
-class GeoRSConfig(MethodConfig):
+class GeoRSConfig(MaskingConfig):
     # keep a sequence when geo_rs_lo <= geometric-mean(pi_old/mu) <= geo_rs_hi (the band contains 1: no mismatch)
-    geo_rs_lo: float = num(1.0 / 1.1, "(0, 1]")
+    geo_rs_lo: float = num(1.0 / 1.1, "(0, 1]", {0.0: "no lower edge (AReaL's lower=None)"})
     geo_rs_hi: float = num(1.1, "[1, inf)")
     geo_rs_token_tis: bool = False  # also weight kept tokens by min(pi_old/mu, is_cap_C) (Geo-RS-Token-TIS)
+    geo_rs_weighted: bool = False  # weight a kept sequence's tokens by g itself (AReaL's sequence-level ratio)
     is_cap_C: float = is_cap_c(2.0)  # noqa: N815  (the TIS cap C, used only with geo_rs_token_tis)
+
+    def check(self) -> None:
+        super().check()
+        if self.geo_rs_token_tis and self.geo_rs_weighted:
+            raise ValueError("method.geo_rs_token_tis and method.geo_rs_weighted are both true: choose one weight "
+                             "(token TIS min(rho, C), or the sequence's g)")
 
 
 @torch.no_grad()
@@ -60,7 +68,7 @@ def geometric_keep(log_rho: torch.Tensor, mask: torch.Tensor, lo: float, hi: flo
     m = mask.bool()
     n = m.sum(-1)
     log_g = torch.where(m, log_rho, torch.zeros_like(log_rho)).sum(-1) / n.clamp(min=1)
-    keep = (log_g >= math.log(lo)) & (log_g <= math.log(hi))
+    keep = (log_g >= (math.log(lo) if lo > 0 else -math.inf)) & (log_g <= math.log(hi))
     return keep, log_g
 
 
@@ -71,6 +79,9 @@ class GeoRS(ConstantWeightMethod):
     diagnostics = {"seq_masked_frac": "Geo-RS rejected seq. frac."}
     metric_keys = ("seq_masked_frac", "geo_mean", "geo_min", "geo_max")
 
+    def sequence_aggregation(self) -> str:
+        return "mean"
+
     @torch.no_grad()
     def prepare(self, batch: Batch) -> dict[str, Any]:
         cfg = self.cfg
@@ -78,7 +89,12 @@ class GeoRS(ConstantWeightMethod):
         log_rho = behaviour_log_ratio(batch, self.algo.log_ratio_clamp)  # per-token clamp before the mean
         rho = torch.exp(log_rho)
         keep, log_g = geometric_keep(log_rho, mask, cfg.geo_rs_lo, cfg.geo_rs_hi)
-        w = rho.clamp(max=cfg.is_cap_C) if cfg.geo_rs_token_tis else torch.ones_like(rho)
+        if cfg.geo_rs_token_tis:
+            w = rho.clamp(max=cfg.is_cap_C)
+        elif cfg.geo_rs_weighted:
+            w = torch.exp(log_g)[:, None].expand_as(rho)
+        else:
+            w = torch.ones_like(rho)
         w = w * keep[:, None] * mask
         stats: dict[str, Any] = weight_stats(w, rho, mask, cfg.is_cap_C)
         rows = mask.any(-1)

@@ -11,7 +11,8 @@ M(k) = k on [alpha, beta] and 0 outside, and every implementation we checked app
 `truncated_importance_sampling_type: icepop`, ratio 0.5..5: "set weights outside [min, max] to zero"). A masked
 token carries weight 0 but stays in the token-mean denominator (agg over the step's valid tokens), as in those
 implementations. It is TIS's mask mode (`tis is_mode=mask`) with IcePop's two-sided band; unlike truncation,
-a token far outside the band contributes nothing instead of a capped weight.
+a token far outside the band contributes nothing instead of a capped weight. icepop_weight="one" keeps the band
+and drops the weight (a pure token filter: ROLL's ratio filter, verl's token_k1 rejection).
 
 Metrics (`method/icepop/*`): masked_frac{,_low,_high} (rho outside [alpha, beta], below alpha, above beta);
 is_mean/max/min/std/ess of the applied weights (zero weights count); is_frac_low = rho < alpha and
@@ -33,15 +34,24 @@ from typing import Any
 import torch
 
 from bench.domains import num
-from bench.methods.base import METHODS, Batch, MethodConfig
+from bench.methods.base import METHODS, Batch, MaskingConfig
 from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio, truncated_weights, weight_stats
+
+ICEPOP_WEIGHTS = ("ratio", "one")
 
 
 @dataclass
-class IcePopConfig(MethodConfig):
+class IcePopConfig(MaskingConfig):
     # the kept band of pi_old/mu (Ring-1T's edges); it contains rho = 1, no mismatch
     icepop_alpha: float = num(0.5, "[0, 1)")
     icepop_beta: float = num(5.0, "(1, inf)")
+    icepop_weight: str = "ratio"  # ratio: a kept token weighs rho (Ring-1T) | one: a filter only (ROLL, verl token_k1)
+
+    def check(self) -> None:
+        super().check()
+        if self.icepop_weight not in ICEPOP_WEIGHTS:
+            raise ValueError(f"method.icepop_weight={self.icepop_weight!r} is not valid; choose one of: "
+                             f"{', '.join(ICEPOP_WEIGHTS)}")
 
 
 @METHODS.register("icepop", schema=IcePopConfig, color="#882255", order=32)
@@ -56,8 +66,9 @@ class IcePop(ConstantWeightMethod):
         cfg = self.cfg
         mask = batch.mask.bool()
         rho = torch.exp(behaviour_log_ratio(batch, self.algo.log_ratio_clamp))
-        w = truncated_weights(rho, cfg.icepop_beta, "mask", cfg.icepop_alpha) * mask
-        stats: dict[str, Any] = weight_stats(w, rho, mask, cfg.icepop_beta)
+        mode = "mask" if cfg.icepop_weight == "ratio" else "reject"
+        w = truncated_weights(rho, cfg.icepop_beta, mode, cfg.icepop_alpha) * mask
+        stats: dict[str, Any] = weight_stats(w, rho, mask, cfg.icepop_beta, cfg.icepop_alpha)
         n = max(int(mask.sum()), 1)
         low = int(((rho < cfg.icepop_alpha) & mask).sum())
         high = int(((rho > cfg.icepop_beta) & mask).sum())

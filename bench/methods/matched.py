@@ -1,12 +1,12 @@
 """M9 The on-policy quantized control ("fix at source"): the trainer computes at the rollout engine's precision
-(docs/arms.md §4.13).
+(docs/arms.md §4.20).
 
 L = agg( psi(r, A) ) [+ beta * agg(k3_ref)],   r = exp(LR(ltheta - lold)),   lmu unused   (the naive arm's loss)
 
 The loss is naive's; what changes is the trainer's forward. Both the recompute of pi_old and the update's pi_theta run
 through the engine's quantizer at `rollout.precision` (weights and activations as the engine quantizes them, its
 activation dtype and attention, its KV-cache rounding), with straight-through gradients into the fp32 master weights
-(bench/quant/qat.py). So pi_old is mu up to float summation order (mismatch/kl_k3 <= 1e-6 per token, tests/unit/
+(bench/rollout/qat.py). So pi_old is mu up to float summation order (mismatch/kl_k3 <= 1e-6 per token, tests/unit/
 test_qat.py), and a naive gap splits in two, per cell and paired by seed (analysis/decomposition.py):
 
     sampler-and-capacity cost  = bf16 - matched   what the quantized network costs as a sampler and a learner
@@ -28,7 +28,7 @@ import torch
 from bench.device import DTYPES
 from bench.methods.base import METHODS, MethodConfig
 from bench.methods.naive import Naive
-from bench.quant.qat import quantize_trainer, unsupported
+from bench.rollout.qat import quantize_trainer, unsupported
 from bench.quant.quantizers import Quantizer
 
 #: the trainer dtype this arm needs: its forward rounds as the engine does, so nothing may round before it

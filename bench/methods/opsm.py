@@ -40,18 +40,19 @@ import torch
 
 from bench.domains import num
 from bench.grpo import safe_log_ratio
-from bench.methods.base import METHODS, Batch, MethodConfig
+from bench.methods.base import METHODS, Batch, MaskingConfig
 from bench.methods.ppo_clip import PPOClipMethod
 
 BEHAVIOURS = ("rollout", "recompute")
 
 
 @dataclass
-class OPSMConfig(MethodConfig):
+class OPSMConfig(MaskingConfig):
     opsm_delta: float = num(0.5, "[0, inf)")  # threshold on the mean per-token log-ratio (nats); TRL's suggested value
     opsm_behaviour: str = "rollout"  # rollout: log mu (DeepSeek-V3.2, TRL) | recompute: log pi_old
 
     def check(self) -> None:
+        super().check()
         if self.opsm_behaviour not in BEHAVIOURS:
             raise ValueError(f"method.opsm_behaviour={self.opsm_behaviour!r} is not valid; choose one of: "
                              f"{', '.join(BEHAVIOURS)}")
@@ -95,6 +96,14 @@ class OPSM(PPOClipMethod):
             "seq_log_ratio_max": float(d[rows].max()) if rows.any() else 0.0,
         })
         return loss, metrics
+
+    def sequence_aggregation(self) -> str:
+        return "mean"
+
+    def kept_tokens(self, batch: Batch, stats: dict[str, Any], logp: torch.Tensor) -> torch.Tensor:
+        logp_b = batch.logp_mu if self.cfg.opsm_behaviour == "rollout" else self.prox_logp(batch)
+        keep, _ = opsm_keep(logp, logp_b, batch.adv, batch.mask.bool(), self.cfg.opsm_delta)
+        return self.weights(batch, {**stats, "opsm_keep": keep})
 
     def weights(self, batch: Batch, stats: dict[str, Any]) -> torch.Tensor:
         keep = stats["opsm_keep"]

@@ -3,14 +3,20 @@
 rho_bar[i,t] = min( exp(LR(lold - lmu)), C ) * m          (constant, computed once per rollout batch in prepare)
 L            = agg( rho_bar * psi(r, A) ) [+ beta * agg(k3_ref)],   r = exp(LR(ltheta - lold))
 
-Variants from the config: is_level="sequence" (Seq-TIS: w_i = min(exp(LR(sum_t m*LR(lold - lmu))), C)
-broadcast over the sequence) and is_mode="mask" (MIS: weight rho if rho in [is_cap_low or 0, C] else 0).
+Variants from the config: is_level="sequence" (Seq-TIS: w_i = min(exp(LR(sum_t m*(lold - lmu))), C)
+broadcast over the sequence; is_seq_ratio="geometric" takes the per-token mean instead of the sum, AReaL's and
+ROLL's sequence ratio), is_mode="mask" (MIS: weight rho if rho in [is_cap_low or 0, C] else 0) and
+is_mode="reject" (rejection sampling without a weight: 1 inside [is_cap_low or 0, C], 0 outside). A dropped token
+stays in the token-mean denominator unless denominator="kept" (bench/methods/base.py MaskingConfig).
 
 Metrics (`method/tis/*`, bench/methods/importance.weight_stats): is_mean/max/min/std/ess over the valid tokens'
-applied weights. is_frac_high / is_frac_low count where the ratio the weight is computed from leaves [1/C, C]:
-at token level the fraction of valid tokens whose rho = pi_old/mu does; at sequence level (Seq-TIS) the
-fraction of non-empty sequences whose sequence ratio does (verl's rollout_is_ratio_fraction_high/low at
-sequence level), not the token ratios inside them, which the weight never sees.
+applied weights. is_frac_high / is_frac_low count where the ratio the weight is computed from leaves its band:
+above C, and below 1/C when truncating or below the band's lower edge is_cap_low (0 when unset) in mask and
+reject modes (verl's rollout_is_ratio_fraction_low for a "lo_hi" threshold; rho = [0.6, 1] in the band [0.8, 2]
+gives 0.5). At token level they are fractions of valid tokens (rho = pi_old/mu); at sequence level (Seq-TIS) of
+non-empty sequences by their sequence ratio (verl's rollout_is_ratio_fraction_high/low at sequence level), not
+the token ratios inside them, which the weight never sees. verl's sequence-level fractions divide by every row of
+the batch, empty ones included; these divide by the non-empty rows (docs/arms.md §8).
 No lower truncation (unless is_mode="mask" sets is_cap_low). The KL-to-ref term is never weighted.
 
 verl 0.9.1 presets (`algorithm.rollout_correction = RolloutCorrectionConfig.<preset>()`):
@@ -34,21 +40,33 @@ from typing import Any, Optional
 import torch
 
 from bench.domains import num
-from bench.methods.base import METHODS, Batch, MethodConfig, is_cap_c
-from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio, truncated_weights, weight_stats
+from bench.methods.base import METHODS, Batch, MaskingConfig, is_cap_c
+from bench.methods.importance import (
+    IS_MODES,
+    ConstantWeightMethod,
+    behaviour_log_ratio,
+    low_edge,
+    truncated_weights,
+    weight_stats,
+)
 
 IS_LEVELS = ("token", "sequence")
-IS_MODES = ("truncate", "mask")
+SEQ_RATIOS = ("product", "geometric")
 
 
 @dataclass
-class TISConfig(MethodConfig):
+class TISConfig(MaskingConfig):
     is_cap_C: float = is_cap_c(2.0)  # noqa: N815  (the C of docs/arms.md: verl rollout_is_threshold, FlashRL "TIS-2")
     is_level: str = "token"  # token | sequence (Seq-TIS)
-    is_mode: str = "truncate"  # truncate (TIS) | mask (MIS: weight 0 outside [is_cap_low, C])
-    is_cap_low: Optional[float] = num(None, "[0, inf)", {None: "no lower bound (0)"})  # mask mode's lower edge
+    is_mode: str = "truncate"  # truncate (TIS) | mask (MIS: weight 0 outside [is_cap_low, C]) | reject (weight 1 inside)
+    is_cap_low: Optional[float] = num(None, "[0, inf)", {None: "no lower bound (0)"})  # mask/reject modes' lower edge
+    is_seq_ratio: str = "product"  # sequence level: product exp(sum_t) (verl, TRL, SkyRL) | geometric exp(mean_t) (AReaL)
 
     def check(self) -> None:
+        super().check()
+        if self.is_seq_ratio not in SEQ_RATIOS:
+            raise ValueError(f"method.is_seq_ratio={self.is_seq_ratio!r} is not valid; choose one of: "
+                             f"{', '.join(SEQ_RATIOS)}")
         if self.is_level not in IS_LEVELS:
             raise ValueError(f"method.is_level={self.is_level!r} is not valid; choose one of: {', '.join(IS_LEVELS)}")
         if self.is_mode not in IS_MODES:
@@ -65,6 +83,11 @@ class TIS(ConstantWeightMethod):
     diagnostics = {"is_frac_high": "TIS truncated frac. (ρ>C)"}
     metric_keys = ("is_mean", "is_max", "is_frac_high", "is_ess")
 
+    def sequence_aggregation(self) -> str:
+        if self.cfg.is_level == "token":
+            return "token"
+        return "sum" if self.cfg.is_seq_ratio == "product" else "mean"
+
     @torch.no_grad()
     def prepare(self, batch: Batch) -> dict[str, Any]:
         cfg = self.cfg
@@ -72,18 +95,22 @@ class TIS(ConstantWeightMethod):
         if cfg.is_level == "token":
             rho = torch.exp(behaviour_log_ratio(batch, self.algo.log_ratio_clamp))
         elif cfg.is_level == "sequence":
-            # LR is applied to the sequence sum, not per token (docs/arms.md §4.4 Seq-TIS)
+            # LR is applied to the sequence sum (or mean), not per token (docs/arms.md §4.4 Seq-TIS)
             raw = behaviour_log_ratio(batch, float("inf"))
-            seq_log_rho = raw.sum(-1).clamp(-self.algo.log_ratio_clamp, self.algo.log_ratio_clamp)
+            seq_log_rho = raw.sum(-1)
+            if cfg.is_seq_ratio == "geometric":
+                seq_log_rho = seq_log_rho / mask.sum(-1).clamp(min=1)
+            seq_log_rho = seq_log_rho.clamp(-self.algo.log_ratio_clamp, self.algo.log_ratio_clamp)
             rho = torch.exp(seq_log_rho)[:, None].expand_as(raw)
         else:
             raise ValueError(f"unknown is_level {cfg.is_level!r}; valid: token, sequence")
         w = truncated_weights(rho, cfg.is_cap_C, cfg.is_mode, cfg.is_cap_low) * mask
-        stats: dict[str, Any] = weight_stats(w, rho, mask, cfg.is_cap_C)  # seq level: per token of each row
+        low = low_edge(cfg.is_cap_C, cfg.is_mode, cfg.is_cap_low)
+        stats: dict[str, Any] = weight_stats(w, rho, mask, cfg.is_cap_C, low)  # seq level: per token of each row
         if cfg.is_level == "sequence":
             rows = mask.any(-1)
             stats.update(_seq_stats(_row_weight(w, mask)[rows]))
-            stats.update(_seq_fractions(rho[:, 0][rows] if rho.shape[1] else rho.new_zeros(0), cfg.is_cap_C))
+            stats.update(_seq_fractions(rho[:, 0][rows] if rho.shape[1] else rho.new_zeros(0), cfg.is_cap_C, low))
         stats["is_weights"] = w.detach()
         return stats
 
@@ -93,13 +120,13 @@ def _row_weight(w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, w, torch.zeros_like(w)).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-def _seq_fractions(seq_rho: torch.Tensor, cap: float) -> dict[str, float]:
+def _seq_fractions(seq_rho: torch.Tensor, cap: float, low: float) -> dict[str, float]:
     """is_frac_high / is_frac_low of Seq-TIS: the fraction of non-empty sequences whose sequence ratio is above C
-    or below 1/C (0 when there is none)."""
+    or below `low` (0 when there is none)."""
     if seq_rho.numel() == 0:
         return {"is_frac_high": 0.0, "is_frac_low": 0.0}
     v = seq_rho.to(torch.float64)
-    return {"is_frac_high": float((v > cap).double().mean()), "is_frac_low": float((v < 1.0 / cap).double().mean())}
+    return {"is_frac_high": float((v > cap).double().mean()), "is_frac_low": float((v < low).double().mean())}
 
 
 def _seq_stats(seq_w: torch.Tensor) -> dict[str, float]:

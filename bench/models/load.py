@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from bench.domains import num
 from bench.device import DTYPES
@@ -38,7 +38,11 @@ class ModelConfig:
     num_heads: int = num(4, "[1, inf)")
     num_kv_heads: int = num(2, "[1, inf)")
     intermediate_size: int = num(512, "[1, inf)")
-    max_position_embeddings: int = num(128, "[2, inf)")
+    # the model's context (positions): the built-in model is built with it; a loaded model's config.json value is
+    # replaced by it when set (as verl's `override_config`: qurl_table2 raises Qwen2.5-Math-7B's 4,096 to 32,768);
+    # the presets of loaded models set null
+    max_position_embeddings: Optional[int] = num(128, "[2, inf)", {
+        None: "a loaded model's own (config.json); the built-in model needs a value"})
     vocab_size: int = num(128, "[1, inf)")  # built-in only: embedding rows (>= the 100-token character tokenizer)
     warmstart_seed: int = num(0, "[0, inf)")  # built-in only: init + SFT data order of the warm start
     # built-in only: SFT step budget of the cosine schedule (stops at warmstart_target_acc)
@@ -65,6 +69,9 @@ class ModelConfig:
             raise ValueError(f"model.hidden_size={self.hidden_size}, model.num_heads={self.num_heads}, model.num_kv_heads="
                              f"{self.num_kv_heads}: the hidden size must be a multiple of the heads, and the heads of "
                              "the key/value heads")
+        if self.path is None and self.max_position_embeddings is None:
+            raise ValueError("model.max_position_embeddings=null is for loaded models; the built-in model "
+                             "(model.path=null) is built with that many positions (e.g. 128)")
         if self.path is None and self.chat_template:
             raise ValueError("model.chat_template=true, but the built-in model (model.path=null) uses a character "
                              "tokenizer without a chat template; leave it null or false")
@@ -81,7 +88,8 @@ LOAD_DTYPES = {name: DTYPES[name] for name in ("fp32", "bf16")}
 def load_policy(model_cfg: Any, path: str | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model in eval mode, tokenizer) for `model_cfg`, read from `path` (default `model.path`); the caller
     switches to train mode. The built-in model's path is its warm-start directory, which the caller resolves
-    (bench.warmstart.policy_path): loading needs no task.
+    (bench.warmstart.policy_path): loading needs no task. A loaded model's config takes `config_overrides(model_cfg)`
+    before the model is built; every engine reads that config (vLLM's is saved from it), so they all see the override.
 
     fp32 by default because the trainer keeps fp32 master weights (bf16 is an autocast choice, not a storage
     one); `model.dtype=bf16` keeps the weights themselves in bf16. `model.stop_tokens` are added to the model's
@@ -91,7 +99,7 @@ def load_policy(model_cfg: Any, path: str | None = None) -> tuple[PreTrainedMode
     if path is None:
         raise ValueError("model.path=null is the built-in model: pass its warm-start directory "
                          "(bench.warmstart.policy_path)")
-    model, tokenizer = load_pretrained(str(path), getattr(model_cfg, "dtype", "fp32"))
+    model, tokenizer = load_pretrained(str(path), getattr(model_cfg, "dtype", "fp32"), config_overrides(model_cfg))
     add_stop_tokens(model, tokenizer, list(getattr(model_cfg, "stop_tokens", None) or []))
     context_length(model_cfg, model)  # fails now, naming the key, if model.max_length exceeds the model
     return model, tokenizer
@@ -112,6 +120,21 @@ def add_stop_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     model.generation_config.eos_token_id = ids
 
 
+def config_overrides(model_cfg: Any) -> dict[str, Any]:
+    """The config.json fields a loaded model's config takes from `model.*` (`model.max_position_embeddings` when
+    set); nothing for the built-in model, which is built from its config. Recorded in run.json (bench/train.py)."""
+    if getattr(model_cfg, "path", None) is None or getattr(model_cfg, "max_position_embeddings", None) is None:
+        return {}
+    return {"max_position_embeddings": int(model_cfg.max_position_embeddings)}
+
+
+def apply_overrides(config: Any, overrides: dict[str, Any]) -> Any:
+    """`config` (a transformers PretrainedConfig) with `overrides` set, e.g. a longer context."""
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
 def context_length(model_cfg: Any, model: PreTrainedModel) -> int | None:
     """Prompt + response tokens the model may use: `model.max_length`, else its max_position_embeddings."""
     limit = getattr(model.config, "max_position_embeddings", None)
@@ -119,8 +142,11 @@ def context_length(model_cfg: Any, model: PreTrainedModel) -> int | None:
     if wanted is None:
         return limit
     if limit is not None and wanted > limit:
+        hint = "" if getattr(model_cfg, "path", None) is None else (
+            f"; to run it past its trained context, set model.max_position_embeddings={wanted} (its config then says "
+            "so to every engine, as verl's override_config does)")
         raise ValueError(f"model.max_length={wanted} exceeds the model's max_position_embeddings={limit} "
-                         f"({getattr(model_cfg, 'path', None) or 'built-in model'})")
+                         f"({getattr(model_cfg, 'path', None) or 'built-in model'}){hint}")
     return int(wanted)
 
 
@@ -145,9 +171,10 @@ def _load_tokenizer(source: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(source)
 
 
-def load_pretrained(path: str, dtype: str = "fp32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_pretrained(path: str, dtype: str = "fp32", overrides: dict[str, Any] | None = None
+                    ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A causal LM + its tokenizer from a local directory or a hub id (the same calls for both), its weights in
-    `dtype` (a LOAD_DTYPES name).
+    `dtype` (a LOAD_DTYPES name), its config with `overrides` set before the model is built (`config_overrides`).
 
     The tokenizer's pad token falls back to EOS when it has none (GRPO batches need padding).
     """
@@ -163,7 +190,8 @@ def load_pretrained(path: str, dtype: str = "fp32") -> tuple[PreTrainedModel, Pr
     source = local if os.path.isdir(local) else path
     try:
         tokenizer = _load_tokenizer(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=LOAD_DTYPES[dtype])
+        config = apply_overrides(AutoConfig.from_pretrained(source), overrides or {})
+        model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=LOAD_DTYPES[dtype])
     except (OSError, ConnectionError) as e:  # ConnectionError is an OSError; named for the reader
         offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
         why = "the hub is offline (HF_HUB_OFFLINE=1)" if offline else "it could not be fetched from the hub"

@@ -12,9 +12,10 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import torch
+import torch.utils.checkpoint
 
 from bench.device import DTYPES
-from bench.quant.qat import engine_kwargs
+from bench.rollout.qat import engine_kwargs
 from bench.rollout.base import Rollout
 
 #: train.dtype -> the low-precision compute dtype (None: plain fp32). Master weights are fp32 in every case.
@@ -91,65 +92,88 @@ def forward(model: torch.nn.Module, dtype: str, **inputs: torch.Tensor):
         return model(**inputs)
 
 
+#: Response positions whose logits exist at once in a log-prob pass: the lm_head runs over the sequence in slices
+#: of this many positions (all rows of a forward flattened), so a pass holds [HEAD_CHUNK_TOKENS, vocab] logits
+#: instead of [rows, response length, vocab]; under autograd each slice is checkpointed (recomputed in backward).
+#: At a 152k vocabulary a slice's logits, their fp32 copies and gradients take ~3 GB (bench/launch/memory.py),
+#: where one 16k-token sequence's whole logits took ~50 GB.
+HEAD_CHUNK_TOKENS = 1024
+
+
 def token_logprobs(
     model: torch.nn.Module,
     rollout: Rollout,
     temperature: float = 1.0,
     dtype: str = "fp32",
     with_entropy: bool = False,
-    micro_batch_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(response token | prefix) for every response position, [B, T] float32.
+    """log p(response token | prefix) for every response position, [B, T] float32, in one forward of all rows.
 
     Masked positions are returned as computed (finite garbage); callers mask them. Entropy [B, T] of the
     temperature-scaled distribution is returned when asked (detached: it is a diagnostic only).
 
-    `micro_batch_tokens`: rows go through the model in chunks of at most this many tokens (rows x padded
-    sequence length, at least one row), so that a pass holds one chunk's activations and [rows, T, vocab]
-    logits at a time instead of the whole batch's. Rows are computed independently of each other, so the
-    result is bit-identical to the unchunked pass (tests/unit/test_logprobs.py). This bounds memory in the
-    no-grad passes (recompute, reference: bench/compute.py `TrainerCompute.logprobs`, `train.micro_batch_tokens`);
-    under autograd every chunk's graph would be kept until backward, so the training pass splits its minibatch
-    itself (`train.micro_batch_size`, `TrainerCompute.backward`).
-    """
-    rows = rows_per_chunk(rollout, micro_batch_tokens)
-    if rows >= rollout.batch_size:
-        return _token_logprobs(model, rollout, temperature, dtype, with_entropy)
-    parts = [_token_logprobs(model, rollout.select(slice(i, i + rows)), temperature, dtype, with_entropy)
-             for i in range(0, rollout.batch_size, rows)]
-    logp = torch.cat([lp for lp, _ in parts])
-    return logp, (torch.cat([e for _, e in parts]) if with_entropy else None)
+    The logits never exist for the whole sequence: the model's lm_head is swapped, for this forward, for
+    `head_logprobs`, which takes the final hidden states of the response positions and returns their log-probs
+    and entropies slice by slice (HEAD_CHUNK_TOKENS positions at a time); the model returns those log-probs as
+    its "logits", so they stay its output (FSDP2 hooks the root module's outputs for its backward). Memory and
+    batching across forwards are the caller's (bench/compute.py: micro-batches cut to their rows' length).
 
-
-def rows_per_chunk(rollout: Rollout, micro_batch_tokens: int | None) -> int:
-    """Rows per chunk so that rows x (prompt + response - 1) tokens stay within `micro_batch_tokens` (>= 1 row)."""
-    if micro_batch_tokens is None:
-        return rollout.batch_size
-    if micro_batch_tokens < 1:
-        raise ValueError(f"micro_batch_tokens={micro_batch_tokens} must be positive (or None for the whole batch)")
-    length = rollout.prompt_ids.shape[1] + rollout.response_ids.shape[1] - 1
-    return max(1, micro_batch_tokens // max(1, length))
-
-
-def _token_logprobs(
-    model: torch.nn.Module, rollout: Rollout, temperature: float, dtype: str, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One pass over all rows of `rollout`.
-
-    The logits of every position are computed and the response positions sliced out afterwards. Asking HF
-    for the response positions only (`logits_to_keep`) would spare the prompt's [rows, P, vocab], but the
-    lm_head then multiplies a non-contiguous slice, which torch.matmul computes by a different kernel with
-    and without autograd: log pi_old (no grad) and log pi_theta at theta_old (grad) would then differ in the
-    last bits (measured: 4e-6), and the on-policy ratio would no longer be exactly 1.
+    The slices are contiguous copies, computed by the same function with and without autograd, so the
+    recompute pass (no grad) and the training pass (grad) give bit-identical log-probs: the on-policy ratio is
+    exactly 1 (tests/unit/test_logprobs.py). A model whose forward transforms the lm_head's output (logit
+    soft-capping) is refused: its log-probs would not be those of its logits.
     """
     ids, attn, pos = sequence_inputs(rollout)
     P = rollout.prompt_ids.shape[1]
-    logits = forward(model, dtype, input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
-                     **engine_kwargs(model, P)).logits
-    logits = logits[:, P - 1 :].float() / temperature
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no output embedding (lm_head) to compute log-probs with")
+    out: dict[str, torch.Tensor | None] = {}
+
+    def response_logprobs(hidden: torch.Tensor) -> torch.Tensor:  # replaces head.forward for this call
+        out["logp"], out["entropy"] = head_logprobs(head, hidden[:, P - 1 :], rollout.response_ids, temperature,
+                                                    with_entropy)
+        return out["logp"]
+
+    head.forward = response_logprobs  # an instance attribute: nn.Module.__call__ finds it before the class's
+    try:
+        result = forward(model, dtype, input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
+                         **engine_kwargs(model, P))
+    finally:
+        del head.forward
+    if result.logits is not out.get("logp"):
+        raise ValueError(f"{type(model).__name__} transforms its lm_head output (e.g. logit soft-capping): the "
+                         "trainer's chunked log-probs do not support it")
+    return out["logp"], out["entropy"]
+
+
+def head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                  with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(head(hidden) / temperature) at `targets` [rows, T] (and the entropy), HEAD_CHUNK_TOKENS
+    positions at a time; under autograd each slice is checkpointed, so only one slice's logits exist in backward.
+    """
+    rows, T = targets.shape
+    flat = hidden.reshape(rows * T, hidden.shape[-1])  # a contiguous copy of the response positions
+    goal = targets.reshape(rows * T)
+    grad = torch.is_grad_enabled() and flat.requires_grad
+    logps, entropies = [], []
+    for i in range(0, rows * T, HEAD_CHUNK_TOKENS):
+        args = (head, flat[i : i + HEAD_CHUNK_TOKENS], goal[i : i + HEAD_CHUNK_TOKENS], temperature, with_entropy)
+        lp, ent = (torch.utils.checkpoint.checkpoint(_slice_logprobs, *args, use_reentrant=False) if grad
+                   else _slice_logprobs(*args))
+        logps.append(lp)
+        entropies.append(ent)
+    logp = torch.cat(logps).view(rows, T)
+    return logp, (torch.cat(entropies).view(rows, T) if with_entropy else None)
+
+
+def _slice_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One slice of positions [n, hidden] -> (log-prob of its target [n], entropy [n] or None), in fp32."""
+    logits = type(head).forward(head, hidden).float() / temperature  # the module's own forward, not the swap
     logp_all = torch.log_softmax(logits, dim=-1)
     del logits
-    logp = logp_all.gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = None
     if with_entropy:
         with torch.no_grad():

@@ -142,7 +142,7 @@ class Int8Linear(QuantLinear):
         x2 = x.reshape(-1, self.in_features).float()
         s_w = self.weight_scale.reshape(1, -1)
         if self.quantizer.quantizes_activations:
-            x_codes, s_x = quantize(x2, "int8", self.quantizer.act_granularity)
+            x_codes, s_x = self.quantizer.quantize_act(x2)  # the engine may swap in a fused (compiled) one
             y = int8_matmul(x_codes, self.weight_codes, self.kernel) * (s_x * s_w)
         else:
             y = x2 @ (self.weight_codes.float() * self.weight_scale).t()

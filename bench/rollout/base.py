@@ -52,16 +52,19 @@ ENGINES: Registry[Any] = Registry("rollout engine", "bench.rollout")
 class SamplingParams:
     """How to sample. `greedy=True` takes the argmax (evaluation); log-probs are then those of T=1.
 
-    `top_p` < 1 samples from the nucleus (the smallest set of most likely tokens whose probability reaches
-    top_p), renormalized; the log-probs returned are then those of that truncated distribution. The trainer's
-    log pi is not truncated, so training rollouts keep top_p = 1 (docs/arms.md §1); top-p is for
-    evaluation (`eval.top_p`).
+    `top_k` > 0 keeps the k most likely tokens and `top_p` < 1 the nucleus (the smallest set of most likely
+    tokens whose probability reaches top_p, of the top-k distribution when both are set, as vLLM and HF order
+    them), renormalized; the log-probs returned are then those of that truncated distribution, log p - log S with S
+    the kept mass, so that rho = pi/mu carries the truncation (docs/arms.md §1). The trainer's log pi is not
+    truncated, so training rollouts keep top_k = 0 and top_p = 1; truncation is for evaluation (`eval.top_k`,
+    `eval.top_p`).
     """
 
     max_new_tokens: int
     temperature: float = 1.0
     greedy: bool = False
     top_p: float = 1.0
+    top_k: int = 0  # 0: off
 
 
 def token_ids(ids: int | Sequence[int] | None) -> tuple[int, ...]:

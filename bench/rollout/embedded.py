@@ -50,6 +50,17 @@ BACKENDS = ("auto", "fast", "hf")
 #: 2^18 positions hold 3 GB of bf16 cache for Qwen2.5-0.5B, 7.5 GB for 1.5B, 38 GB for Qwen3-8B (fp32
 #: caches twice that), and every CPU preset's whole batch (64 x 64 positions) in one chunk.
 CHUNK_TOKENS = 2**18
+#: Decode steps between two host syncs of a generate chunk (`sync_every`): the stop check (`bool(done.all())` waits
+#: for the GPU) and the compaction of finished rows. A row that stopped between syncs decodes up to k - 1 more
+#: throw-away tokens (masked out); the last sync of a chunk may run k - 1 steps past its longest row. 16: the sync
+#: is 1/16 of what it was, the waste at most 15 steps of the rows still in the batch.
+SYNC_EVERY = 16
+#: A compaction keeps at least this many rows (finished ones decode on, masked, to make up the number). A CPU GEMM
+#: of very few rows takes a matrix-vector kernel whose summation order differs from the batched kernel's (measured
+#: on this project's CPU with torch 2.13: 1-3 rows differ in the last bit, 4-63 do not); an FP8 rollout rounds
+#: such a last-bit difference to bf16 and then to an FP8 code of the next layer, which can flip a token. Keeping 8
+#: rows keeps every decode GEMM on the batched kernel, so compacted tokens equal uncompacted ones bit for bit.
+COMPACT_MIN_ROWS = 8
 
 
 def plain_quantizer(act_dtype: torch.dtype) -> Quantizer:
@@ -69,6 +80,10 @@ class EmbeddedRolloutConfig(RolloutConfig):
     int8_kernel: str = "auto"
     kv_cache_dtype: Optional[str] = None  # null: the activation dtype; fp8 | fp8_e4m3 | fp8_e5m2 (scale 1, as vLLM)
     chunk_tokens: Optional[int] = num(CHUNK_TOKENS, "[1, inf)", {None: "the whole batch in one chunk"})  # KV-cache positions per generate chunk
+    # decode steps between host syncs (the stop check; finished rows leave the batch there): SYNC_EVERY
+    sync_every: int = num(SYNC_EVERY, "[1, 4096]")
+    compact: bool = True  # finished rows leave the batch and the KV cache at every sync (exact)
+    compile: bool = False  # torch.compile each layer's decode pieces and the quantized linears' activation quantization
 
     def check(self) -> None:
         super().check()
@@ -163,9 +178,12 @@ class _Layer(nn.Module):
         self.down = build(mlp.down_proj.weight.detach(), _bias(mlp.down_proj), _parts(down_proj=mlp.down_proj))
         self.register_buffer("ln1", hf_layer.input_layernorm.weight.detach().to(act).clone())
         self.register_buffer("ln2", hf_layer.post_attention_layernorm.weight.detach().to(act).clone())
-        has_qk_norm = hasattr(at, "q_norm")  # Qwen3
-        self.register_buffer("q_norm", at.q_norm.weight.detach().to(act).clone() if has_qk_norm else None)
-        self.register_buffer("k_norm", at.k_norm.weight.detach().to(act).clone() if has_qk_norm else None)
+        qk_norm = None
+        if hasattr(at, "q_norm"):  # Qwen3: one weight per head dim, for the q heads and the k heads ([H + Hkv, D])
+            q_w, k_w = at.q_norm.weight.detach(), at.k_norm.weight.detach()
+            heads = at.q_proj.weight.shape[0] // q_w.shape[0], at.k_proj.weight.shape[0] // k_w.shape[0]
+            qk_norm = torch.cat([q_w.expand(heads[0], -1), k_w.expand(heads[1], -1)])
+        self.register_buffer("qk_norm", None if qk_norm is None else qk_norm.to(act).clone())
 
 
 class FastDecoder(nn.Module):
@@ -240,7 +258,9 @@ class FastDecoder(nn.Module):
             v=torch.zeros(shape, dtype=self.attn, device=ids.device),
             cos=cos,
             sin=sin,
-            valid=valid[:, None, None, :],
+            # the decode steps' attention mask, additive (0 / -inf) as SDPA turns a bool mask into on every call
+            valid=torch.zeros(B, 1, 1, total, dtype=self.attn, device=ids.device).masked_fill_(
+                ~valid[:, None, None, :], float("-inf")),
             next_pos=mask.sum(1, keepdim=True),
             length=P,
         )
@@ -257,32 +277,71 @@ class FastDecoder(nn.Module):
         st["next_pos"] = pos + 1
         return self._forward(tokens[:, None], pos, start, st["valid"][..., : start + 1])
 
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, start: int, attn_mask: torch.Tensor) -> torch.Tensor:
-        """Logits [B, V] (fp32) of the last position; writes K/V of positions start..start+S-1 to the cache."""
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` (indices into the batch) in the batch and the KV cache: the other sequences finished.
+        Rows are independent, so the kept rows decode exactly as before (EmbeddedEngine.generate)."""
         st = self._state
-        B, S = ids.shape
-        H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
-        end = start + S
-        cos, sin = st["cos"][pos].unsqueeze(1), st["sin"][pos].unsqueeze(1)  # [B, 1, S, D]
+        b, end = rows.numel(), st["length"]
+        for key in ("k", "v"):  # in place, the positions written so far: the kept rows move to the front
+            cache = st[key]
+            cache[:, :b, :, :end] = cache[:, rows, :, :end]
+            st[key] = cache[:, :b]
+        st["valid"], st["next_pos"] = st["valid"].index_select(0, rows), st["next_pos"].index_select(0, rows)
+
+    def use_compiled(self) -> None:
+        """Run each layer's two pieces (`_qkv`, `_mlp`) and the head through torch.compile (Inductor: a layer's
+        elementwise ops and activation quantization fused; C++ on a CPU, Triton on a GPU). One compiled graph per
+        piece serves every layer (they are passed in, not baked in) and every step: shapes are dynamic, as the
+        batch shrinks at every compaction. The attention and the cache stay eager. No CUDA graphs: they would need
+        a static attention length (the whole cache read every step) and one graph per batch size."""
+        self._qkv, self._mlp, self._head = (compiled(f) for f in (self._qkv, self._mlp, self._head))
+
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, start: int, attn_mask: torch.Tensor) -> torch.Tensor:
+        """Logits [B, V] (fp32) of the last position; writes K/V of positions start..start+S-1 to the cache.
+
+        Per layer: `_qkv` (norm, projections, RoPE), the cache write and the attention, then `_mlp` (output
+        projection, residuals, MLP). With `compile` the two pieces run compiled and the cache is written here,
+        eagerly, in place: a compiled graph that wrote into its input cache would copy the whole cache every step."""
+        st = self._state
+        end = start + ids.shape[1]
+        cos, sin = st["cos"][pos].unsqueeze(2), st["sin"][pos].unsqueeze(2)  # [B, S, 1, D]
         x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self.layers):
-            h = _rms_norm(x, layer.ln1, self.eps)
-            q, k, v = layer.qkv(h).split([H * D, Hkv * D, Hkv * D], dim=-1)
-            q, k, v = q.view(B, S, H, D), k.view(B, S, Hkv, D), v.view(B, S, Hkv, D)
-            if layer.q_norm is not None:
-                q, k = _rms_norm(q, layer.q_norm, self.eps), _rms_norm(k, layer.k_norm, self.eps)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            if self.kv_cache_dtype is not None:  # what an fp8 KV cache stores (K after RoPE, V), scale 1
-                k, v = fake_quant_kv(k, self.kv_cache_dtype), fake_quant_kv(v, self.kv_cache_dtype)
+            q, k, v = self._qkv(layer, x, cos, sin)
             st["k"][i, :, :, start:end] = k
             st["v"][i, :, :, start:end] = v
-            a = grouped_attention(q.to(self.attn), st["k"][i, :, :, :end], st["v"][i, :, :, :end], attn_mask, D**-0.5)
-            x = x + layer.o(a.to(self.act).transpose(1, 2).reshape(B, S, H * D))
-            g, u = layer.gate_up(_rms_norm(x, layer.ln2, self.eps)).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(g) * u)
-        return self.lm_head(_rms_norm(x[:, -1], self.norm, self.eps)).float()
+            a = grouped_attention(q, st["k"][i, :, :, :end], st["v"][i, :, :, :end], attn_mask, self.head_dim**-0.5)
+            x = self._mlp(layer, x, a)
+        return self._head(x[:, -1])
+
+    def _qkv(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, H, S, D] in the attention dtype, k and v [B, Hkv, S, D] as the cache stores them. The q and k heads
+        are normalized (Qwen3) and rotated together, as one [B, S, H + Hkv, D] block of the fused projection's
+        output: the same elementwise arithmetic as head by head, in a third of the kernels."""
+        B, S = x.shape[:2]
+        H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
+        h = _rms_norm(x, layer.ln1, self.eps)
+        qkv = layer.qkv(h).view(B, S, H + 2 * Hkv, D)
+        qk, v = qkv[:, :, : H + Hkv], qkv[:, :, H + Hkv:]
+        if layer.qk_norm is not None:
+            qk = _rms_norm(qk, layer.qk_norm, self.eps)
+        qk = qk * cos + _rotate_half(qk) * sin  # cos, sin [B, S, 1, D]
+        if self.kv_cache_dtype is not None:  # what an fp8 KV cache stores (K after RoPE, V), scale 1
+            k, v = fake_quant_kv(qk[:, :, H:], self.kv_cache_dtype), fake_quant_kv(v, self.kv_cache_dtype)
+        else:
+            k = qk[:, :, H:]
+        return qk[:, :, :H].transpose(1, 2).to(self.attn), k.transpose(1, 2), v.transpose(1, 2)
+
+    def _mlp(self, layer: _Layer, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """The residual stream after the attention output `a` [B, H, S, D] and the layer's MLP."""
+        B, S = x.shape[:2]
+        x = x + layer.o(a.to(self.act).transpose(1, 2).reshape(B, S, self.n_heads * self.head_dim))
+        g, u = layer.gate_up(_rms_norm(x, layer.ln2, self.eps)).chunk(2, dim=-1)
+        return x + layer.down(F.silu(g) * u)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(_rms_norm(x, self.norm, self.eps)).float()
 
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
@@ -373,6 +432,16 @@ class HFDecoder:
         st["cache"] = out.past_key_values
         return out.logits[:, -1].float()
 
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` of the batch and of HF's cache (FastDecoder.keep)."""
+        st = self._state
+        st["cache"].reorder_cache(rows)
+        st["attn"], st["next_pos"] = st["attn"].index_select(0, rows), st["next_pos"].index_select(0, rows)
+
+    def use_compiled(self) -> None:
+        """The generic path keeps HF's eager forward (its cache object does not trace cleanly); only the quantized
+        linears are compiled (EmbeddedEngine.load_weights)."""
+
 
 @ENGINES.register("embedded", schema=EmbeddedRolloutConfig)
 class EmbeddedEngine:
@@ -394,6 +463,15 @@ class EmbeddedEngine:
     chunk_tokens        KV-cache positions per generate chunk (None: one chunk): a batch is generated
                         chunk_tokens // (prompt + max new tokens) sequences at a time, so its cache is bounded
                         whatever the batch; per-sequence uniforms make the tokens independent of the chunking
+    sync_every          decode steps between host syncs (SYNC_EVERY): the stop check waits for the device only
+                        every k tokens, not every token
+    compact             at each sync, rows that emitted a stop id leave the batch and the KV cache, so a chunk's
+                        step costs what its unfinished rows cost (long-tail lengths: most rows end early). Exact:
+                        rows are independent and each samples from its own uniforms, so the tokens are those of
+                        an uncompacted chunk (tests/unit/test_engine.py); log-probs agree to rounding, as across
+                        chunk sizes (a GEMM's kernel may depend on the batch size)
+    compile             torch.compile the fast decoder's decode step and every quantized linear (the FP8 / INT8
+                        activation quantization becomes one fused kernel per linear computing the same codes)
     """
 
     def __init__(
@@ -411,10 +489,15 @@ class EmbeddedEngine:
         int8_kernel: str = "auto",
         kv_cache_dtype: str | None = None,
         chunk_tokens: int | None = CHUNK_TOKENS,
+        sync_every: int = SYNC_EVERY,
+        compact: bool = True,
+        compile: bool = False,
     ):
         check_choice("backend", backend, BACKENDS)
         if chunk_tokens is not None and chunk_tokens < 1:
             raise ValueError(f"chunk_tokens={chunk_tokens} must be positive (or None: no chunking)")
+        if sync_every < 1:
+            raise ValueError(f"sync_every={sync_every} must be at least 1")
         if kv_cache_dtype is not None:
             check_choice("kv cache dtype", kv_cache_dtype, KV_CACHE_DTYPES)
         check_choice("int8 kernel", int8_kernel, INT8_KERNELS)
@@ -434,12 +517,13 @@ class EmbeddedEngine:
         self.int8_kernel = int8_kernel
         self.kv_cache_dtype = kv_cache_dtype
         self.chunk_tokens = chunk_tokens
+        self.sync_every, self.compact, self.compile = sync_every, compact, compile
         self.decoder: FastDecoder | HFDecoder | None = None
 
     @classmethod
     def from_config(cls, cfg: Any, *, eos_id: int | Sequence[int] | None, pad_id: int, max_len: int | None, **overrides: Any) -> "EmbeddedEngine":
         keys = ("precision", "weight_granularity", "act_granularity", "quantize_lm_head", "quantize_embeddings",
-                "backend", "act_dtype", "int8_kernel", "kv_cache_dtype", "chunk_tokens")
+                "backend", "act_dtype", "int8_kernel", "kv_cache_dtype", "chunk_tokens", "sync_every", "compact", "compile")
         kwargs = {k: getattr(cfg, k) for k in keys if hasattr(cfg, k)} | overrides
         return cls(**kwargs, eos_id=eos_id, pad_id=pad_id, max_len=max_len)
 
@@ -475,6 +559,10 @@ class EmbeddedEngine:
         self.decoder = None  # free the old copy before building the new one
         self.decoder = build(model, self.quantizer, self.act_dtype, self.quantize_lm_head, self.quantize_embeddings,
                              self.int8_kernel, self.kv_cache_dtype)
+        if self.compile:
+            fuse_activation_quantization(self.decoder.modules() if isinstance(self.decoder, nn.Module)
+                                         else self.decoder.model.modules())
+            self.decoder.use_compiled()
 
     @torch.no_grad()
     def generate(
@@ -494,6 +582,8 @@ class EmbeddedEngine:
             raise ValueError(f"temperature={sampling.temperature} must be positive (or use greedy=True)")
         if not 0.0 < sampling.top_p <= 1.0:
             raise ValueError(f"top_p={sampling.top_p} must be in (0, 1]")
+        if sampling.top_k < 0:
+            raise ValueError(f"top_k={sampling.top_k} must be >= 0 (0: off)")
         T = sampling.max_new_tokens
         if T < 1:
             raise ValueError(f"max_new_tokens={T} must be at least 1")
@@ -521,28 +611,86 @@ class EmbeddedEngine:
     def _generate_chunk(
         self, ids: torch.Tensor, mask: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(tokens, response mask, log mu) [b, steps] of one chunk; its KV cache is freed before returning."""
+        """(tokens, response mask, log mu) [b, steps] of one chunk; its KV cache is freed before returning.
+
+        The host syncs every `sync_every` steps: it stops when every row has emitted a stop id and, with
+        `compact`, drops the finished rows from the batch (`live` maps the batch's rows to the chunk's)."""
         B, T, device = ids.shape[0], sampling.max_new_tokens, ids.device
         tokens = torch.full((B, T), self.pad_id, dtype=torch.long, device=device)
         logp = torch.zeros(B, T, dtype=torch.float32, device=device)
         resp_mask = torch.zeros(B, T, dtype=torch.bool, device=device)
         done = torch.zeros(B, dtype=torch.bool, device=device)
+        live: torch.Tensor | slice = slice(None)  # the chunk's rows still in the batch (all, until a compaction)
+        u = uniforms
         logits = self.decoder.start(ids, mask, T)
         stops = self.stop_ids.to(logits.device)
         for t in range(T):
-            tok, lp = _sample(logits, sampling, None if uniforms is None else uniforms[:, t])
-            tokens[:, t] = tok.masked_fill(done, self.pad_id)
-            logp[:, t] = lp.masked_fill(done, 0.0)
-            resp_mask[:, t] = ~done
+            tok, lp = _sample(logits, sampling, None if u is None else u[:, t])
+            tokens[live, t] = tok.masked_fill(done, self.pad_id)
+            logp[live, t] = lp.masked_fill(done, 0.0)
+            resp_mask[live, t] = ~done
             if stops.numel():
                 done |= torch.isin(tok, stops)
-                if bool(done.all()):
-                    break
+                if (t + 1) % self.sync_every == 0 or t + 1 == T:  # the host waits for the device here only
+                    if bool(done.all()):
+                        break
+                    if self.compact and bool(done.any()) and done.numel() > COMPACT_MIN_ROWS:
+                        keep = compaction(done)
+                        live = (torch.arange(B, device=device) if isinstance(live, slice) else live)[keep]
+                        tok, done = tok[keep], done[keep]
+                        u = None if u is None else u[keep]
+                        self.decoder.keep(keep)
             if t + 1 < T:
-                logits = self.decoder.step(tokens[:, t])
+                logits = self.decoder.step(tok.masked_fill(done, self.pad_id))
         self.decoder._state = {}  # free the KV cache now: on a GPU the next chunk or the training step needs it
-        steps = t + 1
+        steps = int(resp_mask.sum(1).max())  # the longest row: steps past it (a sync's last k - 1) are dropped
         return tokens[:, :steps], resp_mask[:, :steps], logp[:, :steps]
+
+
+#: torch.compile's backend for `compile=True` (the tests trace with "eager": the same graphs run eagerly, no C++ build)
+COMPILE_BACKEND = "inductor"
+
+
+def compiled(fn):
+    """`fn` through torch.compile with dynamic shapes (module docstring of EmbeddedEngine: `compile`)."""
+    return torch.compile(fn, dynamic=True, backend=COMPILE_BACKEND)
+
+
+def compaction(done: torch.Tensor) -> torch.Tensor:
+    """Indices of the rows to keep at a compaction: every unfinished row, topped up with finished ones (in batch
+    order) to COMPACT_MIN_ROWS, so that no decode GEMM gets fewer rows than that (COMPACT_MIN_ROWS says why)."""
+    order = torch.argsort(done.to(torch.int8), stable=True)  # unfinished rows first, each group in batch order
+    keep = order[: max(int((~done).sum()), COMPACT_MIN_ROWS)]
+    return keep.sort().values
+
+
+def fuse_activation_quantization(modules) -> int:
+    """Give every quantized linear among `modules` a quantizer whose dynamic activation quantization runs as one
+    compiled kernel (`FusedActQuantizer`); returns how many. One compiled function per quantizer, shared by its
+    linears (shapes dynamic: any number of tokens)."""
+    fused: dict[Quantizer, FusedActQuantizer] = {}
+    count = 0
+    for m in modules:
+        q = getattr(m, "quantizer", None)
+        if isinstance(q, Quantizer) and q.quantizes_activations:
+            m.quantizer = fused.setdefault(q, FusedActQuantizer(q))
+            count += 1
+    return count
+
+
+class FusedActQuantizer:
+    """A Quantizer whose `quantize_act` / `fake_quant_act` are torch.compile'd: the amax reduction, the scale, the
+    rounding and the dequantization of one activation in one fused kernel instead of ~10-17 eager ones. Compiled
+    from the same functions, so the same codes and scales (tests/unit/test_engine.py compares them bit for bit
+    on the CPU; a GPU check compares the CUDA kernel with the CPU emulation). Everything else is the Quantizer's."""
+
+    def __init__(self, quantizer: Quantizer):
+        self.quantizer = quantizer
+        self.quantize_act = compiled(quantizer.quantize_act)
+        self.fake_quant_act = compiled(quantizer.fake_quant_act)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.quantizer, name)
 
 
 def chunk_rows(seq_len: int, chunk_tokens: int | None) -> int:
@@ -557,7 +705,7 @@ def _sample(
     logits: torch.Tensor, sampling: SamplingParams, uniform: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token and its log-prob under the distribution it was drawn from: softmax(logits / T), fp32, truncated to
-    the top-p nucleus and renormalized when top_p < 1.
+    the top-k tokens (top_k > 0), then to the top-p nucleus (top_p < 1), renormalized.
 
     Greedy takes the argmax and reports the T=1 log-prob (SamplingParams). Sampling inverts the row's CDF at
     its own uniform [B] (float64): a token is a function of its row's logits and uniform alone, whatever else is
@@ -568,20 +716,46 @@ def _sample(
         tok = logp_all.argmax(-1)
     else:
         logp_all = torch.log_softmax(logits.float() / sampling.temperature, dim=-1)
+        if sampling.top_k > 0:
+            logp_all = top_k_logprobs(logp_all, sampling.top_k)
         if sampling.top_p < 1.0:
             logp_all = top_p_logprobs(logp_all, sampling.top_p)
         tok = inverse_cdf(logp_all.exp(), uniform)
     return tok, logp_all.gather(-1, tok[:, None]).squeeze(-1)
 
 
+#: Rows whose float64 CDF exists at once in `inverse_cdf` (8 B x vocabulary each: 1.2 MB at 152k).
+CDF_ROWS = 64
+
+
 def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """Index k [B] with cdf[k-1] <= u * total < cdf[k] for each row of probs [B, V] (float64 CDF): token k is
-    drawn with probability p_k / total, and a zero-probability token never (it has an empty interval)."""
-    cdf = probs.double().cumsum(-1)
-    x = uniform.to(cdf)[:, None] * cdf[:, -1:]
-    tok = torch.searchsorted(cdf, x, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
-    # u * total rounding up to total (odds ~2^-53) would land past the last token of positive probability
-    return torch.where(probs.gather(-1, tok[:, None]).squeeze(-1) > 0, tok, probs.argmax(-1))
+    drawn with probability p_k / total, and a zero-probability token never (it has an empty interval).
+
+    CDF_ROWS rows at a time, so the float64 CDF is [CDF_ROWS, V] at most, not [B, V]. The CDF itself stays: a
+    cheaper form (float32 prefix sums, or float64 block sums and a search within the block) sums in another order,
+    and would draw another token wherever u * total falls within the rounding of a boundary; a float32 CDF over
+    152k entries also misplaces the small tokens' intervals by more than their width. Each row's draw is its own,
+    so the row chunks draw exactly the tokens of one pass."""
+    toks = []
+    for rows in range(0, probs.shape[0], CDF_ROWS):
+        p = probs[rows: rows + CDF_ROWS]
+        cdf = p.double().cumsum(-1)
+        x = uniform[rows: rows + CDF_ROWS].to(cdf)[:, None] * cdf[:, -1:]
+        tok = torch.searchsorted(cdf, x, right=True).squeeze(-1).clamp_(max=p.shape[-1] - 1)
+        # u * total rounding up to total (odds ~2^-53) would land past the last token of positive probability
+        toks.append(torch.where(p.gather(-1, tok[:, None]).squeeze(-1) > 0, tok, p.argmax(-1)))
+    return torch.cat(toks)
+
+
+def top_k_logprobs(logp: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Log-probs [B, V] of the top-k distribution: the k most likely tokens renormalized (log p - log S, S their
+    mass), -inf elsewhere; k >= V keeps every token. Ties at the k-th value are broken by the sort, as in vLLM."""
+    if top_k >= logp.shape[-1]:
+        return logp
+    keep = torch.zeros_like(logp, dtype=torch.bool).scatter(-1, logp.topk(top_k, dim=-1).indices, True)
+    kept = logp.masked_fill(~keep, float("-inf"))
+    return kept - torch.logsumexp(kept, dim=-1, keepdim=True)
 
 
 def top_p_logprobs(logp: torch.Tensor, top_p: float) -> torch.Tensor:

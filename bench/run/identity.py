@@ -44,6 +44,7 @@ AXES = ("method", "precision", "task", "model", "variant", "seed")
 #: config key of each axis (`variant` is a top-level key set by the sweeper, empty for a plain run)
 AXIS_KEYS = {"method": "method.name", "precision": "rollout.precision", "task": "task.name", "model": "model.name",
              "variant": "variant", "seed": "seed"}
+ENGINE_KEY = "rollout.engine"  # the rollout engine of a run (RunId.engine)
 
 #: Settings that do not change a run's numbers: left out of `config_hash`, so changing them never makes a run
 #: directory refuse a relaunch. Dotted prefixes: `tracking` covers every `tracking.*` key.
@@ -138,6 +139,9 @@ class RunId:
     model: str
     seed: int
     variant: str = ""
+    #: the rollout engine (`rollout.engine`): a W&B tag, not a path level (an arm's runs on two engines differ in
+    #: their config hash, so one directory never holds both: a relaunch on the other engine is refused)
+    engine: str = ""
 
     def __post_init__(self) -> None:
         """A RunId whose path would leave out_root cannot be made (check_path_parts says it before any work)."""
@@ -152,7 +156,7 @@ class RunId:
         values = {axis: _get(cfg, key) for axis, key in AXIS_KEYS.items()}
         return cls(sweep=str(_get(cfg, "sweep")), method=str(values["method"]), precision=str(values["precision"]),
                    task=str(values["task"]), model=str(values["model"]), seed=int(values["seed"]),
-                   variant=str(values["variant"] or ""))
+                   variant=str(values["variant"] or ""), engine=str(_get(cfg, ENGINE_KEY) or ""))
 
     @property
     def arm(self) -> str:
@@ -174,8 +178,9 @@ class RunId:
 
     @property
     def tags(self) -> list[str]:
-        """W&B tags: one `<axis>:<value>` per identity axis (the variant only when there is one)."""
-        return [f"{a}:{getattr(self, a)}" for a in AXES if a != "variant" or self.variant]
+        """W&B tags: one `<axis>:<value>` per identity axis (the variant only when there is one), and the engine."""
+        return [f"{a}:{getattr(self, a)}" for a in AXES if a != "variant" or self.variant] + (
+            [f"engine:{self.engine}"] if self.engine else [])
 
 
 def run_path(out_root: str | Path, sweep: str, method: str, precision: str, task: str, model: str, seed: int,

@@ -204,3 +204,24 @@ def test_the_verdict_lists_every_recovered_share_and_says_which_are_missing(cli_
     assert shares == sorted(shares, reverse=True)
     assert "(none in the other 2 arm-severity cells: no naive run at this severity; the severity table says which)" \
         in sentence
+
+
+def test_the_verdict_names_the_baseline_it_compared_with_or_says_there_is_none(tmp_path):
+    """Issue 32 F10: a sweep without a bf16 run said "No arm differs from bf16", a comparison never made."""
+    from analysis.load import load_sweeps
+    from analysis.severity import SeverityOptions
+    from analysis.verdict import verdict
+
+    from .synth import write_run
+
+    root = tmp_path / "sweep"
+    for method in ("naive", "tis"):
+        for seed in (0, 1):
+            write_run(root, method, "arithmetic", seed)
+    sweep = load_sweeps([root])
+    opening = " ".join(verdict(sweep, SeverityOptions()))
+    assert "No arm is compared with a baseline: the sweep has no bf16 run" in opening
+    assert "differs from bf16" not in opening and "differ from bf16" not in opening
+    with_naive_as_baseline = " ".join(verdict(sweep, SeverityOptions(baseline="naive")))
+    assert "compared with a baseline" not in with_naive_as_baseline
+    assert "from naive" in with_naive_as_baseline  # the baseline that is present is named

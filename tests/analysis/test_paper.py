@@ -54,6 +54,9 @@ def test_qurl_table1_cells_by_hand(tmp_path):
     assert rows["FP8 W8A8 | QuRL (Ours) [acr]"][2:] == ["55.28", "54.28", "+1.00", "1"]
     assert rows["INT8 W8A8 | QuRL (Ours) [acr]"][2:] == ["–", "53.55", "–", "0"]  # the running run is not used
     assert len(rows) == 1 + 7  # the paper's seven rows, in its order
+    # the caption names each row's rollout engine, from the runs that fill it (issue 34)
+    assert "Rollout engine of each row's runs: RL [bf16] BF16: embedded; " in out
+    assert "QuRL (Ours) [acr] INT8 W8A8: no run" in out
     tables = tmp_path / "rep" / "tables"
     data = pd.read_csv(tables / "paper_qurl_table1.csv")
     # long format (issue 25 item 4): one row per arm x statistic; the table's own metric stays a column

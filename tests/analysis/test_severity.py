@@ -320,3 +320,40 @@ def test_recovered_shares_beyond_the_axis_range_are_marked_at_its_edge():
     ys = [t.xy[1] for t in ax.texts] + list(line.get_ydata())
     assert min(ys) >= -100 and max(ys) <= 200
     plt.close(fig)
+
+
+def test_arms_at_one_severity_are_drawn_apart_in_the_severity_figure(tmp_path, monkeypatch):
+    """Issue 32 F10: the five mxfp4 arms sat on one x and hid each other. Three arms with the very same mismatch and
+    accuracy at one severity are drawn at three distinct x (DODGE_PT apart, in display points), the baseline alone
+    at its own; the caption says so."""
+    import analysis.plots as plots
+    from analysis.severity import DODGE_PT, dodge_offsets, plot_severity
+
+    root = tmp_path / "sweep"
+    for method, precision in (("bf16", "bf16"), ("naive", "int4"), ("tis", "int4"), ("ais", "int4")):
+        for seed in range(2):
+            write_run(root, method, "arithmetic", seed, precision=precision, kl=1e-5 if method == "bf16" else 0.1,
+                      final_acc=0.5)
+    drawn = {}
+
+    def keep(fig, out_dir, name, formats):  # instead of writing files: where each arm's points land, in pixels
+        fig.canvas.draw()
+        drawn["px_per_pt"] = fig.dpi / 72
+        for line in fig.axes[0].lines:  # each errorbar's line through its points (rings: colour 0.15)
+            if line.get_color() != "0.15":
+                xy = line.get_transform().transform(line.get_xydata())
+                drawn.setdefault(line.get_color(), set()).update(float(x) for x in xy[:, 0])
+        plots.plt.close(fig)
+        return {}
+
+    monkeypatch.setattr(plots, "_save", keep)
+    figure = plot_severity(load_sweeps([root]), "arithmetic", "tiny", tmp_path)
+    assert figure is not None and f"drawn {DODGE_PT:.0f} pt apart" in figure.caption
+    from analysis.arms import arm_color
+
+    (naive, tis, ais) = (drawn[arm_color(m)] for m in ("naive", "tis", "ais"))
+    assert len(naive) == len(tis) == len(ais) == 1  # one severity each
+    xs = [naive.pop(), tis.pop(), ais.pop()]
+    assert np.diff(xs) == pytest.approx([DODGE_PT * drawn["px_per_pt"]] * 2, rel=0.01)  # in the legend's order
+    assert dodge_offsets([["bf16"], ["naive", "tis", "ais"]], ["bf16", "naive", "tis", "ais"]) == {
+        "bf16": 0.0, "naive": -DODGE_PT, "tis": 0.0, "ais": DODGE_PT}

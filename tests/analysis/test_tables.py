@@ -75,7 +75,13 @@ def test_accuracy_display_shows_mean_std_and_gap(sweep: Sweep):
 def test_results_table_is_laid_out_like_the_papers(sweep: Sweep):
     t = results_table(sweep)
     assert list(t.display.columns) == ["Method", "Bitwidth", "arithmetic", "countdown", "Avg."]
-    assert t.display["Method"].tolist() == ["bf16 @ step 0", "bf16", "naive", "tis", "acr_uaq", "ess", "ais"]
+    assert t.display["Method"].tolist() == ["bf16 @ step 0", "μ @ step 0", "μ @ step 0", "μ @ step 0", "bf16", "naive",
+                                            "tis", "acr_uaq", "ess", "ais"]
+    # mu's own accuracy at each bitwidth: the step-0 training batch's reward/accuracy, over every arm's runs there
+    mu = t.data[t.data.method == "μ @ step 0"].set_index("precision")
+    step0 = [100 * float(r.metrics.loc[r.metrics["step"] == 0, "reward/accuracy"].iloc[0]) for r in sweep.runs
+             if r.precision == "int8" and r.task == "arithmetic" and r.evals is not None and not r.evals.empty]
+    assert step0 and math.isclose(mu.loc["int8", "arithmetic_mean"], float(np.mean(step0)))
     tis = _cell(t.data, method="tis")
     assert math.isclose(tis.avg, (50.0 + 30.0) / 2)
     assert _cell(t.data, method="acr_uaq").bitwidth == "INT8 W8A8"

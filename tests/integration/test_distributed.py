@@ -44,7 +44,7 @@ def run_all(out_root: str) -> dict[str, str]:
     """Every case in this process (one rank of a group, or alone); returns {case: outcome}."""
     out = {}
     for arm, adv in cases():
-        out[f"{arm}-{adv}"] = str(execute(case_cfg(Path(out_root), arm, adv)))
+        out[f"{arm}-{adv}"] = execute(case_cfg(Path(out_root), arm, adv))  # an Outcome: the ranks leave together
     return out
 
 
@@ -70,9 +70,13 @@ def test_two_processes_train_what_one_does(tmp_path):
         assert runs[0].info()["status"] == runs[1].info()["status"] == "completed"
 
 
-#: settings the arms' sweep above leaves at their defaults, each run at both world sizes too
-EXTRA = {"dynamic": ["algo.dynamic_sampling=true", "algo.dynamic_sampling_max_rounds=3"],  # DAPO's refill rounds
-         "reference": ["algo.kl_ref_beta=0.05", "train.steps=3"]}  # a reference model, sharded like the policy
+#: settings the arms' sweep above leaves at their defaults, each run at both world sizes too: DAPO's refill rounds; a
+#: reference model, sharded like the policy; gradient checkpointing under FSDP2, as every multi-GPU recipe runs it
+#: (two arms, both estimators: the critic is checkpointed too)
+EXTRA = {"dynamic": ["algo.dynamic_sampling=true", "algo.dynamic_sampling_max_rounds=3"],
+         "reference": ["algo.kl_ref_beta=0.05", "train.steps=3"],
+         "checkpointing-tis-grpo": ["train.gradient_checkpointing=true"],
+         "checkpointing-ess-gae": ["method=ess", "algo.advantage=gae", "train.gradient_checkpointing=true"]}
 
 
 def extra_cfg(out_root: Path, name: str):
@@ -80,10 +84,10 @@ def extra_cfg(out_root: Path, name: str):
 
 
 def run_extra(out_root: str) -> dict[str, str]:
-    return {name: str(execute(extra_cfg(Path(out_root), name))) for name in EXTRA}
+    return {name: execute(extra_cfg(Path(out_root), name)) for name in EXTRA}
 
 
-def test_dynamic_sampling_and_a_reference_model_on_two_processes(tmp_path):
+def test_dynamic_sampling_a_reference_model_and_checkpointing_on_two_processes(tmp_path):
     from bench.distributed import launch_local
 
     one = run_extra(str(tmp_path / "one"))
@@ -99,7 +103,7 @@ def test_dynamic_sampling_and_a_reference_model_on_two_processes(tmp_path):
             assert not bad, (name, r1["step"], bad)
         if name == "dynamic":
             assert all("sampling/rounds" in r for r in rows_1)
-        else:  # the reference is the policy until the first update moves the policy away from it
+        elif name == "reference":  # the reference is the policy until the first update moves the policy away from it
             for i, r in enumerate(rows_1):
                 moved = any(q["train/grad_norm"] > 0 for q in rows_1[:i])
                 assert (r["method/tis/kl_ref"] != 0) == moved, (i, r["method/tis/kl_ref"], moved)

@@ -1,5 +1,6 @@
 """`scripts/gpu_check.sh --dry-run` on a CPU machine: it runs its own CPU self-test (every step's driver at tiny
-shapes) and exits 0 with a report; a bad argument exits 2. The GPU run itself needs a GPU (bench/launch/gpu_check.py)."""
+shapes, in the issue-34 order, the report stamped) and exits 0 with a report; a bad argument exits 2. The GPU run itself
+needs a GPU (bench/launch/gpu_check.py)."""
 
 from __future__ import annotations
 
@@ -24,12 +25,16 @@ def test_gpu_check_dry_run_is_a_cpu_self_test(tmp_path):
     assert "CPU self-test passed" in proc.stderr
     text = report.read_text()
     assert text.startswith("# qrl-bench CPU self-test")
-    assert "accumulator: 1 + 2^-k exact for k <= 18" in text  # step 2 on the CPU fallback: an fp32 sum
-    for section in ("## Environment", "## FP8 GEMM precision", "## Engine x precision", "## qurl_table1 at its real shape", "## INT8 weight layouts"):
-        assert section in text
-    for precision in ("bf16", "fp8_e4m3", "int8"):
-        assert f"| embedded | {precision} | 0 |" in text  # each engine row trained without an error
-    assert "run status completed" in text and "step failed" not in text
+    assert "commit `" in text and "card **no GPU (cpu)**" in text  # the stamp
+    assert "accumulator: 1 + 2^-k exact for k <= 18" in text  # step 1 on the CPU fallback: an fp32 sum
+    sections = [line for line in text.splitlines() if line.startswith("## ") and line[3].isdigit()]
+    assert [s.split(".")[0] for s in sections] == ["## 1", "## 2", "## 3", "## 4", "## 5", "## 6"]  # the issue's order
+    assert "| embedded (before) | int8 |" in text and "| eager | int8 |" in text  # step 2: before / after ratios
+    for row in ("bf16@bf16", "naive@int8", "naive@fp8_e4m3"):
+        assert f"| {row} | 0 |" in text and "completed" in text  # step 3: one training step per precision row
+    assert "skipped: the cuda-marked tests need a CUDA GPU" in text and "step failed" not in text
+    memory = text.split("## 4.")[1].split("\n## ")[0]  # one training step on one 320-token sequence
+    assert "| 320 |" in memory and "exit " not in memory, memory
 
 
 def test_gpu_check_refuses_unknown_arguments():

@@ -4,9 +4,12 @@ update: clipfrac is 0 and acr equals tis step for step, issue 21)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from bench.launch.cli import execute
+from bench.methods.base import METHODS
 from bench.run.store import RunDir
 from tests.helpers import make_cfg
 
@@ -38,3 +41,46 @@ def test_one_minibatch_never_clips(tmp_path):
     nothing is clipped."""
     rows = run(tmp_path, "tis", "train.minibatches=1", "train.epochs=1")
     assert all(r["train/clipfrac"] == 0 for r in rows)
+
+
+# ---------------------------------------------------------------- micro-batches cut to their rows (issue 33 N4)
+CUT = ["train.batch_size=8", "train.group_size=4", "train.micro_batch_size=2", "train.grad_clip=1e6",
+       "algo.critic_lr=1e-4", "task.n_test=8"]
+
+
+def close(a: float, b: float) -> bool:
+    """Equal to 1e-6 of the larger magnitude, or 1e-6 absolute below 1 (the cut forwards sum in another order:
+    a log-prob moves by an ulp, ~1e-7, and a mismatch metric near 0 by as much in absolute terms)."""
+    return a == b or abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b))
+
+
+@pytest.mark.parametrize("adv", ["grpo", "gae"])
+@pytest.mark.parametrize("arm", METHODS.names())
+def test_cut_micro_batches_train_what_uncut_ones_do(tmp_path, arm, adv):
+    """Micro-batches cut to their rows' extent (bench/compute.py) against the same step at the rollout's padded
+    width, from the same state (the run's checkpoint, restored): every metric to 1e-6 (time/* and the padding
+    share itself aside), fewer tokens processed, and the on-policy ratio of the first minibatch exactly 1 (the
+    recompute and training passes cut alike).
+
+    One step: the next one would start from weights that differ in the last bits, and the low-precision
+    roundings of the trainer and of the engine (a bf16 ulp is 4e-3) turn some of those into larger differences,
+    as any change of summation order would."""
+    from bench.train import build, checkpoint, restore, train_step
+
+    parts = build(make_cfg(tmp_path, *CUT, f"method={arm}", f"algo.advantage={adv}"))
+    start = copy.deepcopy(checkpoint(parts, 0))
+    rows = {}
+    for cut in (True, False):
+        restore(parts, copy.deepcopy(start))
+        for compute in (parts.compute, getattr(getattr(parts.advantage, "critic", None), "compute", None)):
+            if compute is not None:
+                compute.cut = cut
+        rows[cut] = train_step(parts, 0)
+    fast, slow = rows[True], rows[False]
+    assert fast.keys() == slow.keys()
+    bad = {k: (fast[k], slow[k]) for k in fast
+           if not k.startswith("time/") and k != "train/pad_fraction" and not close(fast[k], slow[k])}
+    assert not bad, bad
+    assert fast["train/pad_fraction"] < slow["train/pad_fraction"]
+    if METHODS.entry(arm).obj.needs_recompute:
+        assert fast["train/ppo_kl"] == 0.0  # one minibatch, one epoch: log pi_theta == log pi_old, bit for bit

@@ -21,8 +21,9 @@ SHORT = ["train.steps=2", "train.batch_size=8", "train.group_size=4", "train.eva
 
 
 def test_preset_model_on_gsm8k_with_benchmark_eval_sets(tmp_path):
-    local = save_chat_model("qwen2", tmp_path / "Qwen2.5-0.5B-Instruct")
+    local = save_chat_model("qwen2", tmp_path / "Qwen2.5-0.5B-Instruct", max_positions=256)
     cfg = make_cfg(tmp_path, *SHORT, "model=qwen2.5-0.5b-instruct", f"model.path={local}", "model.max_length=512",
+                   "model.max_position_embeddings=512",  # past the saved 256 positions (issue 33 N1)
                    "task=gsm8k", f"task.source={FIXTURES}/gsm8k", "task.max_new_tokens=12",
                    "eval.sets=[gsm8k,math500]", f"+eval.overrides.math500.source={FIXTURES}/math500",
                    "eval.mode=pass@k", "eval.k=2", "eval.n=3", "eval.top_p=0.9", "eval.max_new_tokens=8",
@@ -46,3 +47,5 @@ def test_preset_model_on_gsm8k_with_benchmark_eval_sets(tmp_path):
             assert e[f"eval/{name}/response_length"] <= 8
         assert 0.0 <= e["eval/accuracy"] <= 1.0 and e["eval/response_length"] <= 12
     assert run.info()["final/eval_accuracy"] == evals[-1]["eval/accuracy"]
+    runtime = run.info()["runtime"]  # the context the run had, and what its config.json was given
+    assert runtime["max_position_embeddings"] == 512 and runtime["config_overrides"] == {"max_position_embeddings": 512}

@@ -90,7 +90,12 @@ def test_nan_loss_marks_run_diverged_and_keeps_metrics(tmp_path, monkeypatch):
     run = RunDir.of(cfg)
     info = run.info()
     assert info["status"] == "diverged" and "step 1" in info["reason"] and "non-finite loss" in info["reason"]
+    assert info["diverged_step"] == 1  # analysis keeps a divergence after step 0 as a result (issue 32 F3)
     assert [r["step"] for r in run.metrics()] == [0]  # step 0's metrics survive
+    from analysis.load import load_run
+
+    kept = load_run(run.path)
+    assert kept.status == "diverged" and kept.final_step == 0 and kept.final_accuracy is not None
 
 
 @pytest.mark.parametrize(

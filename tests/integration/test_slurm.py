@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -248,18 +250,28 @@ def test_preempted_slurm_job_is_requeued_and_resumes(slurm, cleanup, tmp_path):
     assert len(attempts) == 2 and all(info["wandb_id"] in a.name for a in attempts)
 
 
+def two_task_args(tmp_path: Path, *extra: str) -> list[str]:
+    """A small tis run of 8 rows in two sampling shards (one per task), its warm start cached under `tmp_path`."""
+    return [a for a in QUICK if not a.startswith("train.steps=")] + [
+        "method=tis", "train.batch_size=8", "train.group_size=4", "train.sampling_shards=2",
+        f"model.cache_dir={tmp_path / 'cache'}", "model.warmstart_target_acc=null", *extra]
+
+
+def on_two_tasks(args: list[str], timeout_min: int, out_root: Path) -> list[str]:
+    """The launch of one run (`args`) as one SLURM job of two tasks, one rank each."""
+    return [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2",
+            f"hydra.launcher.timeout_min={timeout_min}", *args, f"out_root={out_root}"]
+
+
 def test_one_run_as_two_slurm_tasks_trains_what_one_process_does(slurm, cleanup, tmp_path):
     """`hydra.launcher.tasks_per_node=2`: one run on two SLURM tasks, each one rank (FSDP2 over gloo, the torchrun
     environment exported from SLURM's by submitit). It equals the one-process run with the same sampling shards and
     micro-batches (every metric but time/* to 1e-6 relative); rank 0 alone writes run.json and W&B. The warm start
     is built inside the job, by whichever task takes its lock first (a build on rank 1 used to save no weights:
     transformers writes only on rank 0 of an initialized process group)."""
-    args = [a for a in QUICK if not a.startswith("train.steps=")] + [
-        "method=tis", "train.steps=2", "train.batch_size=8", "train.group_size=4", "train.sampling_shards=2",
-        "train.micro_batch_size=4", "train.grad_clip=1e6", f"model.cache_dir={tmp_path / 'cache'}",
-        "model.warmstart_steps=40", "model.warmstart_target_acc=null"]
-    cmd = [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2",
-           f"hydra.launcher.timeout_min={HANG_S // 60}", *args, f"out_root={tmp_path / 'two'}"]
+    args = two_task_args(tmp_path, "train.steps=2", "train.micro_batch_size=4", "train.grad_clip=1e6",
+                         "model.warmstart_steps=40")
+    cmd = on_two_tasks(args, HANG_S // 60, tmp_path / "two")
     proc = subprocess.run(cmd, cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     [info_file] = (tmp_path / "two").rglob("run.json")
@@ -281,3 +293,62 @@ def test_one_run_as_two_slurm_tasks_trains_what_one_process_does(slurm, cleanup,
             assert not bad, (kind, r1["step"], bad)
     [mirror] = offline_runs(two.path)  # one W&B run, rank 0's
     assert two.info()["wandb_id"] in mirror.name
+
+
+def task_pids(job_id: str) -> dict[int, int]:
+    """{SLURM_PROCID: pid} of the job's task processes (submitit's `_submit`), read from /proc."""
+    out = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if b"submitit.core._submit" not in (proc / "cmdline").read_bytes():
+                continue
+            env = dict(i.split("=", 1) for i in (proc / "environ").read_text().split("\0") if "=" in i)
+        except OSError:  # gone, or not ours to read
+            continue
+        if env.get("SLURM_JOB_ID") == job_id and "SLURM_PROCID" in env:
+            out[int(env["SLURM_PROCID"])] = int(proc.name)
+    return out
+
+
+def sacct(job_id: str, fields: str) -> str:
+    """Accounting's `fields` (comma-separated) of job `job_id`, '|'-separated; '' before it knows the job."""
+    return subprocess.run(["sacct", "-n", "-X", "-P", "-o", fields, "-j", job_id], capture_output=True, text=True,
+                          timeout=HANG_S).stdout.strip()
+
+
+def test_a_killed_task_ends_its_two_task_job(slurm, cleanup, tmp_path):
+    """Issue 33 N6: kill -9 of one of a run's two SLURM tasks ends the job, reported failed: srun runs with
+    --kill-on-bad-exit=1, so SLURM ends the other task instead of leaving it in its next collective until the
+    process group's timeout (a dead NCCL peer is not noticed otherwise; gloo over TCP notices at once, so the test
+    cannot rely on the survivor failing by itself). Proof by result, not by time: the survivor is stopped
+    (SIGSTOP) before its peer is killed, so nothing but SLURM can end it; without the option the job would run
+    into its time limit and end TIMEOUT."""
+    args = two_task_args(tmp_path, "train.steps=200", "train.checkpoint_every=1000", "task.n_test=4",
+                         "model.warmstart_steps=0")
+    cmd = on_two_tasks(args, HANG_S // 60 // 2, tmp_path)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        run = wait_until("the run's first step", lambda: next(
+            (RunDir(p.parent) for p in tmp_path.rglob("run.json") if RunDir(p.parent).metrics()), None), proc)
+        job_id = run.info()["slurm_job_id"]
+        tasks = wait_until("both tasks", lambda: (lambda t: t if len(t) == 2 else None)(task_pids(job_id)), proc)
+        script = next(tmp_path.glob("default/.submitit/*/*/*_submission.sh")).read_text()
+        assert "--kill-on-bad-exit=1" in next(line for line in script.splitlines() if line.startswith("srun ")), script
+        os.kill(tasks[0], signal.SIGSTOP)
+        killed = time.time()
+        os.kill(tasks[1], signal.SIGKILL)
+        # the job's end, from accounting (the launcher notices it only at its next poll, up to a minute later)
+        state, end = wait_until("the job to end", lambda: (lambda row: row if row[0] not in (
+            "", "PENDING", "RUNNING", "COMPLETING", "REQUEUED") else None)(sacct(job_id, "State,End").split("|")),
+            every=0.5)
+    finally:
+        proc.kill()  # the launcher (its job has ended, or the test failed)
+        out, _ = proc.communicate()
+    assert state == "FAILED", (state, out[-3000:])  # not TIMEOUT: SLURM ended the stopped survivor
+    assert not Path(f"/proc/{tasks[0]}").exists()
+    assert run.info()["status"] != "completed" and len(run.metrics()) < 200
+    took = datetime.fromisoformat(end).timestamp() - killed  # sacct's End: local time, whole seconds
+    print(f"kill -9 of task 1 (task 0 stopped) -> the job ended {took:.0f} s later (sacct End), {state}; "
+          f"run.json {run.info()['status']!r}")

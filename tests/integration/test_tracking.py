@@ -84,6 +84,45 @@ def test_resume_reuses_the_run_id(tmp_path, offline):
     assert [h["x"] for r in runs for h in history(r)] == [1.0, 2.0]
 
 
+def test_sync_uploads_a_sweeps_offline_attempts_with_wandb_sync_as_recorded(tmp_path, offline, monkeypatch):
+    """`qrl-bench sync` on real offline mirrors (a run resumed once: two attempts of one W&B id): it finds both, in
+    order, and hands them to the real `wandb sync`, which gets as far as offline allows: with the server reachable
+    (WANDB_BASE_URL: a local listener) and no credentials, W&B's own one-line error and a non-zero exit."""
+    import socket
+
+    from bench.run.identity import RunId
+    from bench.run.wandb_sync import find
+    from tests.helpers import cli
+
+    cfg = make_cfg(tmp_path, "tracking=offline", "sweep=up")
+    run_dir = RunId.of(cfg).path(tmp_path)
+    first = start_tracking(cfg, run_dir, RunId.of(cfg).name)
+    first.finish(exit_code=1)
+    second = start_tracking(cfg, run_dir, RunId.of(cfg).name, resume_id=first.run_id)
+    second.finish(exit_code=0)
+    (run_dir / "run.json").write_text(f'{{"status": "completed", "run_name": "{RunId.of(cfg).name}", '
+                                      f'"wandb_id": "{first.run_id}"}}')
+    (found,) = find([tmp_path / "up"])
+    assert found.attempts == offline_runs(run_dir) and len(found.attempts) == 2
+
+    home = tmp_path / "home"  # no ~/.netrc, no W&B settings: no credentials
+    home.mkdir()
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        env = {"HOME": str(home), "NETRC": str(home / "netrc"), "WANDB_CONFIG_DIR": str(home),
+               "WANDB_BASE_URL": f"http://127.0.0.1:{server.getsockname()[1]}"}
+        for key in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
+            monkeypatch.delenv(key, raising=False)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        proc = cli("sync", str(tmp_path / "up"), timeout=300)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert f"{RunId.of(cfg).name}  id {first.run_id}  2 offline attempt(s)" in proc.stdout
+    assert "No API key configured" in proc.stderr and "Syncing 2 run(s)" in proc.stderr, proc.stderr
+    assert f"qrl-bench sync: wandb sync exited {proc.returncode}" in proc.stderr
+
+
 def test_wandb_mode_env_wins_over_config(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert tracking_mode(make_cfg(tmp_path, "tracking=offline")) == "disabled"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from bench.launch.budget import BudgetConfig, estimate, throughputs
+from bench.launch.budget import BudgetConfig, embedded_rollout_s, estimate, throughputs
+from bench.launch.memory import model_shape
 from bench.grpo import AlgoConfig
 from bench.launch.sweeper import expand_rows
 from bench.train import TrainConfig
@@ -66,6 +67,46 @@ def test_kl_reference_adds_a_forward_pass():
     assert estimate(c, needs_recompute=True).forward_per_step == 16 * 20 * 2
 
 
+def embedded_cfg(precision: str = "bf16", **rollout):
+    c = cfg({"params_b": 1.54, "prompt_tokens": 100, "response_tokens": 1000}, {},
+            {"steps": 10, "batch_size": 256, "group_size": 8})
+    c.rollout = OmegaConf.create({"engine": "embedded", "precision": precision, "chunk_tokens": 2**18, **rollout})
+    c.task = OmegaConf.create({"max_new_tokens": 4096})
+    c.model = OmegaConf.create({"path": "Qwen/Qwen2.5-1.5B-Instruct"})
+    return c
+
+
+def test_embedded_engine_rollout_by_hand():
+    """Qwen2.5-1.5B (28 layers, bf16 engine weights 3,553,886,208 B, KV 28,672 B per token), 256 sequences on one GPU,
+    L_p 100, L_r 1,000, T 4,096: chunks of 262,144 // 4,196 = 62 rows -> 5 chunks of 4,096 steps, each step
+    3,553,886,208 / 3.35e12 + 28 x 45 x 1e-5 = 0.0136609 s -> 279.78 s; live rows 256 x 1,000 x (100 + 500) x 28,672
+    / 3.35e12 = 1.3146 s; prefill 256 x 100 x 2 x 1,543,569,408 / (989e12 x 0.1) = 0.7991 s => 281.89 s. Without
+    compaction every row runs 4,096 steps: 256 x 4,096 x (100 + 2,048) x 28,672 / 3.35e12 = 19.276 s instead of
+    1.3146. FP8 adds 4 linears x 17 eager activation-quantization kernels per layer: 28 x 68 x 1e-5 s per step."""
+    c = embedded_cfg()
+    shape = model_shape(c.model)
+    assert embedded_rollout_s(c, shape, 256) == pytest.approx(281.89, abs=0.01)
+    no_compaction = embedded_cfg(compact=False)
+    assert embedded_rollout_s(no_compaction, shape, 256) - embedded_rollout_s(c, shape, 256) == pytest.approx(
+        19.276 - 1.3146, abs=0.01)
+    fp8 = embedded_cfg("fp8_e4m3")  # and 1-byte linears: 1,310,195,712 B less to read per step
+    extra = 5 * 4096 * (28 * 68 * 1e-5 - 1_310_195_712 / 3.35e12)
+    assert embedded_rollout_s(fp8, shape, 256) - embedded_rollout_s(c, shape, 256) == pytest.approx(extra, abs=0.01)
+
+
+def test_embedded_jobs_are_priced_by_their_engine_and_name_the_override():
+    e = estimate(embedded_cfg(), needs_recompute=True)
+    vllm = 256 * 1000 / throughputs(embedded_cfg().budget)[0]  # 7.97 s at the FLOPs model's 32,110 tokens/s
+    assert e.engine == "embedded" and e.vllm_would_save and e.gpu_hours > 10 * e.vllm_gpu_hours
+    assert 0.9 < e.rollout_share < 1.0 and e.vllm_gpu_hours * 3600 / 10 > vllm
+    assert "set rollout=vllm" in e.line("bf16") and "vLLM has no int8: no override" in e.line("int8")
+    # a job the model would price below vLLM's rate is priced at vLLM's (the floor), and no override is named
+    short = embedded_cfg()
+    short.task.max_new_tokens, short.budget.response_tokens, short.budget.gen_tokens_per_s = 16, 10, 100.0
+    e = estimate(short, needs_recompute=True)
+    assert e.gpu_hours == pytest.approx(e.vllm_gpu_hours) and not e.vllm_would_save and "x vLLM" not in e.line("bf16")
+
+
 @pytest.mark.parametrize("bad", [{"keep_rate": 0.0}, {"gpus": 0}, {"gen_mfu": 0.0}, {"params_b": -1.0},
                                  {"train_tokens_per_s": 0.0}])
 def test_budget_checks_name_the_key(bad):
@@ -82,3 +123,42 @@ def test_rows_cross_the_cartesian_part_and_the_command_line_wins():
     # a job override of a key the row sets replaces it (here the precision)
     assert expand_rows(["method=naive rollout.precision=int8"], [["rollout.precision=fp8_e4m3"]]) == [
         ["method=naive", "rollout.precision=fp8_e4m3"]]
+
+
+def test_the_rollout_benchmark_fits_the_decode_step_cost_in_the_budget_form():
+    """bench.benchmarks.rollout decode_fit: timings made from t(B) = f + B x r give back f, r and f per layer-kernel
+    (the measured counterpart of KERNEL_S); from the `before` rows only when rows stop (their steps run to the
+    longest row); a per-row cost below zero is flagged as noise, not reported as a fit."""
+    from argparse import Namespace
+
+    from bench.benchmarks.rollout import build_model, decode_fit
+    from bench.launch.budget import ACT_QUANT_KERNELS, KERNELS_PER_LAYER, LINEARS_PER_LAYER
+
+    shape = build_model("1m", device="meta")  # 4 layers
+    f, r = 2e-3, 50e-6
+
+    def cells(line):
+        return [c.strip() for c in line.strip("|").split("|")]
+
+    no_stops = Namespace(batch=[4, 16, 64], stops=None)
+    rows = {f"embedded | {p}": {b: b / (f + b * r) for b in no_stops.batch} for p in ("fp32", "int8")}
+    table = decode_fit(rows, no_stops, shape, {})
+    (_, p32, f32, r32, k32), (_, p8, f8, r8, k8) = map(cells, table[2:])
+    assert (p32, p8) == ("fp32", "int8") and float(f32) == pytest.approx(2.0, rel=1e-3)
+    assert float(r32) == pytest.approx(50, rel=1e-3) and float(f8) == pytest.approx(2.0, rel=1e-3)
+    assert float(k32) == pytest.approx(f / (4 * KERNELS_PER_LAYER["eager"]) * 1e6, rel=1e-2)
+    eight_bit = KERNELS_PER_LAYER["eager"] + LINEARS_PER_LAYER * ACT_QUANT_KERNELS["eager"]
+    assert float(k8) == pytest.approx(f / (4 * eight_bit) * 1e6, rel=1e-2)
+
+    stops = Namespace(batch=[8, 32], stops=[127])  # one call's lengths: B rows, the longest 40 steps
+    lengths = {b: [10] * (b - 1) + [40] for b in stops.batch}
+    useful = {b: sum(lengths[b]) for b in stops.batch}
+    rows = {"embedded (before) | fp32": {b: useful[b] / (40 * (f + b * r)) for b in stops.batch},
+            "embedded | fp32": {b: 1e9 for b in stops.batch}}  # compacted: its steps are not B rows each
+    table = decode_fit(rows, stops, shape, lengths)
+    assert len(table) == 3 and cells(table[2])[0] == "embedded (before)"
+    assert float(cells(table[2])[2]) == pytest.approx(2.0, rel=1e-3)
+
+    noisy = {"embedded | fp32": {4: 4 / 0.01, 16: 16 / 0.005}}  # more rows, less time per step
+    assert "not a fit" in decode_fit(noisy, Namespace(batch=[4, 16], stops=None), shape, {})[2]
+    assert decode_fit(noisy, Namespace(batch=[16], stops=None), shape, {}) == []

@@ -14,7 +14,7 @@ import torch
 import transformers as tr
 
 from bench import device as dev
-from bench.compute import Diverged, TrainerCompute, enable_gradient_checkpointing, micro_slices
+from bench.compute import Diverged, TrainerCompute, enable_gradient_checkpointing
 from bench.methods.base import Batch, make_method
 from bench.models.logprobs import emulated_weights, token_logprobs
 from bench.rollout import SamplingParams
@@ -106,12 +106,6 @@ def test_train_config_checks_the_new_knobs():
         TrainConfig(dtype="fp8").check()
 
 
-def test_micro_slices_cover_the_rows_in_order():
-    assert micro_slices(7, None) == [slice(0, 7)]
-    assert micro_slices(7, 7) == micro_slices(7, 9) == [slice(0, 7)]
-    assert micro_slices(7, 3) == [slice(0, 3), slice(3, 6), slice(6, 7)]
-
-
 def test_rng_state_round_trip_and_cross_device_reseed():
     g = dev.make_generator(CPU, 7)
     state = dev.rng_state(g)
@@ -143,15 +137,17 @@ def test_micro_batches_give_the_big_batch_loss_and_gradient(model, rollout, arm,
     assert metrics_m.keys() == metrics.keys()
     for k in metrics:
         assert abs(metrics_m[k] - metrics[k]) <= 1e-6 * max(1.0, abs(metrics[k])), k
-    torch.testing.assert_close(logp_m, logp, rtol=0, atol=1e-6)
-    torch.testing.assert_close(ent_m, ent, rtol=0, atol=1e-6)
+    valid = rollout.response_mask  # past a micro-batch's cut the outputs are 0, not the padded pass's garbage
+    torch.testing.assert_close(logp_m[valid], logp[valid], rtol=0, atol=1e-6)
+    torch.testing.assert_close(ent_m[valid], ent[valid], rtol=0, atol=1e-6)
     _assert_grads_close(grads, grads_m)
 
 
 def test_micro_batched_recompute_equals_one_pass(model, rollout):
     one, _ = TrainerCompute(CPU, "bf16", 0.7).logprobs(model, rollout)
     many, _ = TrainerCompute(CPU, "bf16", 0.7, micro_batch_size=5).logprobs(model, rollout)
-    torch.testing.assert_close(many, one, rtol=0, atol=1e-6)
+    valid = rollout.response_mask
+    torch.testing.assert_close(many[valid], one[valid], rtol=0, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------ checkpointing
@@ -235,7 +231,7 @@ def test_fp16_loss_scaling_scales_unscales_and_skips_overflow(model, rollout):
     assert norm_16 == pytest.approx(norm_ref, rel=1e-6)  # the norm of the unscaled gradient
     for (n, p), q in zip(ref.named_parameters(), scaled.parameters()):
         torch.testing.assert_close(q, p, rtol=0, atol=1e-7, msg=n)
-    assert c_16.scaler_metrics() == {"grad_scale": 2.0**16, "skipped_steps": 0.0}
+    assert c_16.metrics().items() >= {"grad_scale": 2.0**16, "skipped_steps": 0.0}.items()
 
     # overflow of the scaled gradients: the step is skipped, the scale halved; not a divergence
     before = [p.detach().clone() for p in scaled.parameters()]
@@ -244,7 +240,7 @@ def test_fp16_loss_scaling_scales_unscales_and_skips_overflow(model, rollout):
     scaled.lm_head.weight.grad[0, 0] = float("inf")
     assert c_16.step(scaled, opt_16, 1.0, 1) is None
     assert all(torch.equal(p, b) for p, b in zip(scaled.parameters(), before))
-    assert c_16.scaler_metrics() == {"grad_scale": 2.0**15, "skipped_steps": 1.0}
+    assert c_16.metrics().items() >= {"grad_scale": 2.0**15, "skipped_steps": 1.0}.items()
     # ... unless the scale is already <= 1 (the unscaled gradient itself is not finite)
     c_1 = TrainerCompute(CPU, "fp16", 1.0, scaler=torch.amp.GradScaler("cpu", init_scale=1.0))
     opt_16.zero_grad()
@@ -263,7 +259,10 @@ def test_non_finite_loss_is_divergence_before_any_gradient(model, rollout):
 
 
 def test_trainer_logprobs_match_the_plain_function(model, rollout):
-    """TrainerCompute.logprobs is token_logprobs (the one definition of the trainer's log-prob)."""
+    """TrainerCompute.logprobs is token_logprobs (the one definition of the trainer's log-prob): bit for bit at the
+    padded width, to 1e-6 with its micro-batches cut to their rows."""
     expected, _ = token_logprobs(model, rollout, 0.7, "bf16")
+    assert torch.equal(TrainerCompute(CPU, "bf16", 0.7, cut=False).logprobs(model, rollout)[0], expected)
     got, _ = TrainerCompute(CPU, "bf16", 0.7).logprobs(model, rollout)
-    assert torch.equal(got, expected)
+    valid = rollout.response_mask
+    torch.testing.assert_close(got[valid], expected[valid], rtol=0, atol=1e-6)

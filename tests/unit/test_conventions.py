@@ -328,12 +328,12 @@ def test_fh3_loss_scale_regrows_after_400_finite_steps():
 
     assert compute.scaler.get_scale() == 65536.0
     assert one_step(1, overflow=True) is None
-    assert compute.scaler_metrics() == {"grad_scale": 32768.0, "skipped_steps": 1.0}
+    assert compute.metrics() == {"grad_scale": 32768.0, "skipped_steps": 1.0}
     for k in range(399):
         assert one_step(2 + k) is not None
     assert compute.scaler.get_scale() == 32768.0  # 399 finite steps: not yet
     one_step(401)
-    assert compute.scaler_metrics() == {"grad_scale": 65536.0, "skipped_steps": 0.0}  # torch's default: 2000
+    assert compute.metrics() == {"grad_scale": 65536.0, "skipped_steps": 0.0}  # torch's default: 2000
 
 
 # ---------------------------------------------------------------- MET2-MET3: mismatch metrics (section 11)

@@ -74,13 +74,14 @@ def test_world_size_one_is_untouched(clean_env):
     assert distributed.distribute(p) is p
 
 
-def test_rows_are_shared_evenly_and_padded():
-    assert [len(s) for s in distributed.row_shares(7)[0]] == [7]  # world size 1 here
-    rows = distributed.padded(distributed.row_shares(3)[0][0][2:], 2)
-    assert rows.tolist() == [2, 2]
+def test_each_rank_runs_as_many_rows_as_the_largest_part():
+    """A micro-batch's parts (bench.compute.micro_batches) padded to one row count per rank: a rank's own rows
+    first, then copies of one (its own, or the micro-batch's first when it has none), which are dropped."""
     import torch
 
-    assert distributed.padded(torch.zeros(0, dtype=torch.long), 2).tolist() == [0, 0]
+    parts = [torch.tensor([5, 2]), torch.tensor([7]), torch.tensor([], dtype=torch.long)]
+    assert [(r.tolist(), n) for r, n in (distributed.rank_rows(parts, i) for i in range(3))] == [
+        ([5, 2], 2), ([7, 7], 1), ([5, 5], 0)]
 
 
 def test_resume_at_another_world_size_warns_only_without_sampling_shards(clean_env):

@@ -333,6 +333,69 @@ def test_chunked_generation_equals_one_batch(models, precision):
     assert not whole.response_mask.all() and whole.response_mask[:, 0].all()  # some rows stopped early
 
 
+@pytest.mark.parametrize("precision, backend", [("fp32", "fast"), ("bf16", "fast"), ("fp8_e4m3", "fast"), ("int8", "fast"),
+                                                ("fp8_e4m3", "hf")])
+def test_compaction_and_sparse_syncs_give_the_same_rollout(models, precision, backend):
+    """Item 3 of issue 34: finished rows leave the batch and the KV cache at a host sync every k steps; the
+    tokens (and here the log-probs too) are those of the engine that syncs every token and never compacts."""
+    model = models["qwen2"]
+    ids, mask = _prompts()
+    free = _rollout(EmbeddedEngine(precision, backend=backend), model, n=8, new=24)
+    eos = [int(t) for t in free.response_ids.flatten().bincount().topk(3).indices]  # frequent ids: rows end early
+
+    def run(**kw):
+        engine = EmbeddedEngine(precision, eos_id=eos, backend=backend, **kw)
+        engine.load_weights(model)
+        rows, step = [], engine.decoder.step
+        engine.decoder.step = lambda tok: rows.append(tok.shape[0]) or step(tok)
+        r = engine.generate(ids, mask, 8, SamplingParams(24, 0.8), torch.Generator().manual_seed(1))
+        return r, rows
+
+    before, before_rows = run(sync_every=1, compact=False)
+    after, after_rows = run(sync_every=4)
+    lengths = before.response_mask.sum(1)
+    assert lengths.min() < 8 and lengths.max() > 12  # rows end at different steps: a compaction has work to do
+    assert set(before_rows) == {24}
+    assert after_rows[0] == 24 and min(after_rows) < 24 and min(after_rows) >= embedded.COMPACT_MIN_ROWS
+    changes = [t + 1 for t in range(1, len(after_rows)) if after_rows[t] != after_rows[t - 1]]
+    assert changes and all(t % 4 == 0 for t in changes)  # the batch shrinks at the syncs only
+    assert torch.equal(after.response_ids, before.response_ids) and torch.equal(after.response_mask, before.response_mask)
+    assert torch.equal(after.logp_mu, before.logp_mu)
+
+
+def test_sparse_syncs_stop_within_k_steps_of_the_last_row(models):
+    """With a sync every k steps the loop decodes at most k - 1 steps past the longest row, and the returned
+    width is the longest row's (as with a sync every token)."""
+    model = models["qwen2"]
+    free = _rollout(EmbeddedEngine("fp32"), model, temperature=0.8, n=4, new=30, seed=2)
+    eos = [int(free.response_ids[i, 3 + 2 * i]) for i in range(12)]  # the same draws: row i ends by token 4 + 2i
+    engine = EmbeddedEngine("fp32", eos_id=eos, sync_every=8)
+    engine.load_weights(model)
+    steps, step = [], engine.decoder.step
+    engine.decoder.step = lambda tok: steps.append(1) or step(tok)
+    ids, mask = _prompts()
+    r = engine.generate(ids, mask, 4, SamplingParams(30, 0.8), torch.Generator().manual_seed(2))
+    longest = int(r.response_mask.sum(1).max())
+    assert longest < 30 and r.response_ids.shape[1] == longest
+    assert longest - 1 <= len(steps) < longest - 1 + 8
+
+
+def test_compiled_engine_traces_and_gives_the_same_rollout(models, monkeypatch, precision="fp8_e4m3", backend="fast"):
+    """compile=True: the decode pieces and the fused activation quantizers trace without graph breaks into graphs
+    that compute what the eager engine does. Traced with dynamo's eager backend (no C++ build: Inductor's kernels are
+    for the benchmark and the GPU check, which compare them with the emulation)."""
+    monkeypatch.setattr(embedded, "COMPILE_BACKEND", "eager")
+    torch._dynamo.reset()
+    eager = _rollout(EmbeddedEngine(precision, backend=backend), models["qwen3"], n=1, new=3)
+    engine = EmbeddedEngine(precision, backend=backend, compile=True)
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    got = _rollout(engine, models["qwen3"], n=1, new=3)
+    assert not counters["graph_break"] and counters["stats"]["unique_graphs"] > 0
+    assert any(isinstance(getattr(m, "quantizer", None), embedded.FusedActQuantizer) for m in engine.decoder.modules())
+    assert torch.equal(got.response_ids, eager.response_ids) and (got.logp_mu - eager.logp_mu).abs().max() < 1e-5
+
+
 def test_inverse_cdf_draws_each_token_with_its_probability():
     probs = torch.tensor([[0.5, 0.0, 0.25, 0.25]]).expand(40000, 4)
     u = torch.rand(40000, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
@@ -361,3 +424,15 @@ def test_int8_engine_computes_in_bf16_on_cuda_and_fp32_on_cpu(models):
     engine.load_weights(next(iter(models.values())))
     assert engine.act_dtype == torch.float32
     assert EmbeddedEngine("int8", act_dtype="bf16").act_dtype == torch.bfloat16  # an explicit choice wins
+
+
+def test_inverse_cdf_in_row_chunks_draws_the_tokens_of_one_pass():
+    """The float64 CDF is built CDF_ROWS rows at a time (memory: [CDF_ROWS, V], not [rows, V]); each row's draw is
+    its own, so the chunks draw exactly the tokens of one pass over every row."""
+    g = torch.Generator().manual_seed(3)
+    rows = 2 * embedded.CDF_ROWS + 5
+    probs = torch.softmax(torch.randn(rows, 1000, generator=g) * 3, -1)
+    u = torch.rand(rows, dtype=torch.float64, generator=g)
+    cdf = probs.double().cumsum(-1)
+    whole = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).squeeze(-1)
+    assert torch.equal(embedded.inverse_cdf(probs, u), whole)

@@ -20,6 +20,82 @@ def test_contradictory_requests_fail_naming_the_keys():
     assert check_gpu_request({"gres": "gpu:a100:1"}) == []  # gres alone is a valid way to ask
 
 
-def test_more_than_one_gpu_per_job_warns_that_they_idle():
-    [warning] = check_gpu_request({"gpus_per_node": 4})
-    assert "4 GPUs per job" in warning and "one job per GPU" in warning
+def test_gpus_per_node_are_checked_against_the_ranks_a_job_runs():
+    """Issue 33 N10: a job runs `train.nproc_per_node` ranks (or `tasks_per_node` SLURM tasks) per node, one GPU
+    each: the 8-GPU recipes' own command (gpus_per_node=8, nproc_per_node=8) is coherent; GPUs beyond the ranks
+    idle (a warning naming both fixes); fewer GPUs than ranks cannot start (an error)."""
+    assert check_gpu_request({"gpus_per_node": 4}) == []  # the ranks are not known at construction
+    assert check_gpu_request({"gpus_per_node": 8}, ranks_per_node=8) == []
+    assert check_gpu_request({"gpus_per_task": 1, "tasks_per_node": 8}, ranks_per_node=8) == []
+    [warning] = check_gpu_request({"gpus_per_node": 4}, ranks_per_node=1)
+    assert "4 GPUs per node" in warning and "3 idle" in warning and "train.nproc_per_node=4" in warning
+    with pytest.raises(ValueError, match=r"1 GPU\(s\) per node, but a job runs 8 ranks per node.*gpus_per_node=8"):
+        check_gpu_request({"gpus_per_node": 1}, ranks_per_node=8)
+
+
+def test_ranks_per_node_are_the_tasks_or_the_processes_a_task_spawns():
+    from omegaconf import OmegaConf
+
+    from bench.launch.launchers import ranks_per_node
+
+    jobs = [OmegaConf.create({"train": {"nproc_per_node": n}}) for n in (1, 8)]
+    assert ranks_per_node({"tasks_per_node": 1}, jobs) == 8
+    assert ranks_per_node({"tasks_per_node": 4}, jobs) == 4  # each task is one rank (nproc_per_node is ignored)
+    assert ranks_per_node({}, []) == 1
+
+
+def test_local_workers_get_gpu_blocks_of_nproc_per_node():
+    """Issue 33 N7: the local launcher gives worker i the i-th block of `train.nproc_per_node` visible GPUs (a run's
+    rank r takes GPU r of its block) and runs no more workers than whole blocks; without a GPU nothing changes.
+    A pure function of the visible devices: tested with faked device lists, as an 8-GPU node would show them."""
+    from bench.launch.launchers import gpu_blocks
+
+    eight = [str(i) for i in range(8)]
+    assert gpu_blocks(eight, 1, 7) == ["0", "1", "2", "3", "4", "5", "6"]  # qurl_table1: 7 jobs, one GPU each
+    assert gpu_blocks(eight, 1, 16) == eight  # capped at the GPUs
+    assert gpu_blocks(eight, 8, 9) == ["0,1,2,3,4,5,6,7"]  # qurl_table2: one run of 8 ranks at a time
+    assert gpu_blocks(eight, 4, 5) == ["0,1,2,3", "4,5,6,7"]  # p3o_fp8: two runs of 4 ranks side by side
+    assert gpu_blocks(eight, 3, 5) == ["0,1,2", "3,4,5"]  # GPUs 6 and 7 would make no whole block
+    assert gpu_blocks(["GPU-a", "GPU-b"], 1, 3) == ["GPU-a", "GPU-b"]  # CUDA_VISIBLE_DEVICES as the scheduler set it
+    assert gpu_blocks([], 8, 3) is None  # no GPU: the workers inherit the environment
+    with pytest.raises(ValueError, match=r"train.nproc_per_node=8 needs 8 GPUs, one per rank; 2 visible"):
+        gpu_blocks(["0", "1"], 8, 1)
+
+
+def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
+    from bench.launch.launchers import visible_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert visible_gpus() == ["2", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpus() == []
+
+
+def test_each_worker_process_starts_with_its_gpu_block():
+    """The block is in the worker's environment from its start (before anything in it can initialize CUDA), and
+    the launching process's own environment is left as it was."""
+    import os
+    from pathlib import Path
+
+    from bench.launch.sweep_pool import WorkerPool
+    from tests.hang import wait_until
+
+    def environ(pid: int) -> dict[str, str]:
+        """The environment the process was started with, once it runs its own program (before, /proc shows the
+        forking parent's)."""
+        cmdline = Path(f"/proc/{pid}/cmdline")
+        wait_until("the worker to run its own program", lambda: b"spawn_main" in cmdline.read_bytes(), every=0.01)
+        text = Path(f"/proc/{pid}/environ").read_text()
+        return dict(item.split("=", 1) for item in text.split("\0") if "=" in item)
+
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    pool = WorkerPool(2, ["0,1", "2,3"])
+    try:
+        envs = [environ(w.process.pid) for w in pool.workers]
+        assert [e.get("CUDA_VISIBLE_DEVICES") for e in envs] == ["0,1", "2,3"]
+        assert [w.gpus for w in pool.workers] == ["0,1", "2,3"]
+        assert os.environ.get("CUDA_VISIBLE_DEVICES") == before
+    finally:
+        for w in pool.workers:
+            w.process.kill()
+        pool.close()

@@ -1,5 +1,6 @@
-"""Teacher-forced log-probs (bench.models.logprobs): micro-batched passes are bit-identical to one pass, with or
-without autograd."""
+"""Teacher-forced log-probs (bench.models.logprobs) through the chunked lm_head, and the trainer's micro-batches cut
+to their rows' extent (bench/compute.py): both equal the plain computation (full logits, the rollout's padded width)
+to 1e-6, and the recompute pass (no grad) equals the training pass (grad) bit for bit."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import pytest
 import torch
 import transformers as tr
 
-from bench.models.logprobs import rows_per_chunk, token_logprobs
+from bench.compute import TrainerCompute, cut, micro_batches, row_extents
+from bench.models import logprobs
+from bench.models.logprobs import emulated_weights, sequence_inputs, token_logprobs
 from bench.rollout.base import Rollout
 
-B, P, T = 12, 9, 40  # rows, prompt width, response length: 48 tokens per row in the pass
+B, P, T = 12, 9, 40  # rows, prompt width, response width
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +26,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def rollout() -> Rollout:
-    """Left-padded prompts of 5..9 tokens, responses with a masked tail on some rows."""
+    """Left-padded prompts of 5..9 tokens; responses of 40 tokens, or 30 on every third row, or 8 on row 4."""
     g = torch.Generator().manual_seed(1)
     prompt_mask = torch.ones(B, P, dtype=torch.bool)
     for i in range(B):
@@ -31,77 +34,122 @@ def rollout() -> Rollout:
     prompt_ids = torch.randint(1, 128, (B, P), generator=g).masked_fill(~prompt_mask, 0)
     response_mask = torch.ones(B, T, dtype=torch.bool)
     response_mask[::3, 30:] = False
+    response_mask[4, 8:] = False
     response_ids = torch.randint(1, 128, (B, T), generator=g).masked_fill(~response_mask, 0)
     return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, torch.zeros(B, T))
 
 
-def test_rows_per_chunk_by_hand(rollout):
-    assert rows_per_chunk(rollout, None) == B
-    assert rows_per_chunk(rollout, 1) == 1  # at least one row, however small the budget
-    assert rows_per_chunk(rollout, 100) == 2  # 100 // 48
-    assert rows_per_chunk(rollout, 48 * 5 + 47) == 5
-    assert rows_per_chunk(rollout, 10**6) == 10**6 // 48
-    with pytest.raises(ValueError, match="micro_batch_tokens=0 must be positive"):
-        rows_per_chunk(rollout, 0)
+def full_logits_logprobs(model, rollout, temperature, dtype="fp32"):
+    """The computation before chunking: every position's logits at once, log_softmax, gathered (and entropy)."""
+    ids, attn, pos = sequence_inputs(rollout)
+    with emulated_weights(model, dtype):
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, P - 1:].float() / temperature
+    logp_all = torch.log_softmax(logits, -1)
+    return logp_all.gather(-1, rollout.response_ids[..., None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-@pytest.mark.parametrize("budget", [1, 100, 48 * 5, 48 * 12])  # 1 row, 2 rows, 5 rows (uneven last chunk), all
-def test_chunked_pass_is_bit_identical(model, rollout, dtype, budget):
+@pytest.mark.parametrize("chunk", [7, 100, 10**6])  # slices of 7 and 100 positions (uneven last), and one slice
+def test_chunked_head_equals_the_full_logits(model, rollout, dtype, chunk, monkeypatch):
+    monkeypatch.setattr(logprobs, "HEAD_CHUNK_TOKENS", chunk)
     with torch.no_grad():
-        full, full_ent = token_logprobs(model, rollout, 0.7, dtype, with_entropy=True)
-        chunked, chunked_ent = token_logprobs(model, rollout, 0.7, dtype, with_entropy=True, micro_batch_tokens=budget)
-    assert chunked.shape == (B, T) and chunked.dtype == torch.float32
-    assert torch.equal(full, chunked) and torch.equal(full_ent, chunked_ent)
+        want, want_ent = full_logits_logprobs(model, rollout, 0.7, dtype)
+        logp, ent = token_logprobs(model, rollout, 0.7, dtype, with_entropy=True)
+    assert logp.shape == ent.shape == (B, T) and logp.dtype == torch.float32
+    assert torch.allclose(logp, want, atol=1e-6, rtol=1e-6) and torch.allclose(ent, want_ent, atol=1e-6, rtol=1e-6)
+    assert want.abs().max() > 3  # log-probs of a 128-token vocabulary: the tolerance is ~1e-7 relative
 
 
-def test_logprobs_are_the_full_forwards_response_positions(model, rollout):
-    """log_softmax(logits / 0.7) of the full forward at the response positions, gathered at the response tokens."""
-    ids = torch.cat([rollout.prompt_ids, rollout.response_ids], 1)[:, :-1]
-    attn = torch.cat([rollout.prompt_mask, torch.ones_like(rollout.response_mask)], 1)[:, :-1]
-    pos = (attn.long().cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
-        logp, _ = token_logprobs(model, rollout, 0.7, micro_batch_tokens=100)
-        full = model(input_ids=ids, attention_mask=attn.long(), position_ids=pos).logits[:, P - 1:] / 0.7
-    want = torch.log_softmax(full, -1).gather(-1, rollout.response_ids[..., None]).squeeze(-1)
-    assert torch.allclose(logp, want, atol=1e-6, rtol=0)
-
-
-def test_no_grad_chunks_equal_the_grad_pass(model, rollout):
-    """The recompute pass (no grad, chunked) gives exactly the training pass's log-probs at the same weights
-    (grad, one chunk): the on-policy ratio exp(log pi_theta - log pi_old) is exactly 1 at the first minibatch."""
-    with torch.no_grad():
-        old, _ = token_logprobs(model, rollout, 1.0, "bf16", micro_batch_tokens=100)
-    theta, _ = token_logprobs(model, rollout, 1.0, "bf16", with_entropy=True)
-    assert theta.requires_grad and torch.equal(old, theta.detach())
-
-
-def test_chunked_pass_keeps_gradients(model, rollout):
-    """With grad enabled the chunks' graphs join: the same loss gives the same gradient as one pass, up to
-    the order of the sum over rows."""
+def test_chunked_head_gradient_equals_the_full_logits_gradient(model, rollout, monkeypatch):
+    """Per-slice checkpointing: the same gradient as the full logits' (1e-6 of each parameter's largest entry)."""
+    monkeypatch.setattr(logprobs, "HEAD_CHUNK_TOKENS", 7)
     grads = []
-    for budget in (None, 100):
+    for fn in (lambda: full_logits_logprobs(model, rollout, 0.7)[0], lambda: token_logprobs(model, rollout, 0.7)[0]):
         model.zero_grad(set_to_none=True)
-        logp, _ = token_logprobs(model, rollout, 1.0, micro_batch_tokens=budget)
-        (logp * rollout.response_mask).sum().backward()
-        grads.append(model.model.embed_tokens.weight.grad.clone())
-    # the weight gradient sums over rows in another order (measured: 4e-6 of entries up to 13)
-    assert torch.allclose(grads[0], grads[1], atol=2e-5, rtol=0)
+        (fn() * rollout.response_mask).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name, g in grads[0].items():
+        assert torch.allclose(grads[1][name], g, atol=1e-6 * g.abs().max().item(), rtol=0), name
 
 
-def test_trainer_compute_cuts_each_micro_batch_by_tokens(model, rollout):
-    """The trainer's no-grad passes (bench/compute.py): rows in train.micro_batch_size micro-batches, each cut to
-    train.micro_batch_tokens per forward; the log-probs are those of one whole-batch pass, bit for bit."""
-    from bench.compute import TrainerCompute
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_no_grad_pass_equals_the_grad_pass(model, rollout, dtype, monkeypatch):
+    """The recompute pass (no grad) gives exactly the training pass's log-probs at the same weights (grad): the
+    on-policy ratio exp(log pi_theta - log pi_old) is exactly 1."""
+    monkeypatch.setattr(logprobs, "HEAD_CHUNK_TOKENS", 100)
+    with emulated_weights(model, dtype):
+        with torch.no_grad():
+            old, old_ent = token_logprobs(model, rollout, 1.0, dtype, with_entropy=True)
+        theta, ent = token_logprobs(model, rollout, 1.0, dtype, with_entropy=True)
+    assert theta.requires_grad and not ent.requires_grad
+    assert torch.equal(old, theta.detach()) and torch.equal(old_ent, ent)
 
-    rows = []
-    hook = model.register_forward_hook(lambda m, args, kwargs, out: rows.append(kwargs["input_ids"].shape[0]),
+
+def test_a_model_that_transforms_its_logits_is_refused(rollout):
+    """Logit soft-capping after the lm_head (Gemma 2) would not be in the chunked log-probs: refused, not wrong."""
+    class Capped(tr.Qwen2ForCausalLM):
+        def forward(self, **kw):
+            out = super().forward(**kw)
+            out.logits = torch.tanh(out.logits / 30) * 30
+            return out
+
+    capped = Capped(tr.Qwen2Config(vocab_size=128, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                   num_key_value_heads=1, intermediate_size=64)).eval()
+    with pytest.raises(ValueError, match="transforms its lm_head output"):
+        token_logprobs(capped, rollout)
+    assert "forward" not in vars(capped.lm_head)  # the swap is undone
+
+
+def test_row_extents_and_cut_by_hand(rollout):
+    prompt, response = row_extents(rollout)
+    assert prompt.tolist() == [P - i % 5 for i in range(B)]
+    assert response.tolist() == [30 if i % 3 == 0 else 8 if i == 4 else 40 for i in range(B)]
+    part = cut(rollout.select(torch.tensor([0, 4, 9])))  # prompts 9, 8, 5; responses 30, 8, 30
+    assert part.prompt_ids.shape == (3, 9) and part.response_ids.shape == (3, 30)
+    part = cut(rollout.select(torch.tensor([3, 4])))  # prompts 6, 5; responses 30, 8
+    assert part.prompt_ids.shape == (2, 6) and part.response_ids.shape == (2, 30)
+    assert torch.equal(part.prompt_ids, rollout.prompt_ids[[3, 4], 3:])  # only left padding is dropped
+
+
+def test_micro_batches_by_hand():
+    """Minibatches of the update, rows sorted by length, capped by rows and by tokens (rows x cut length)."""
+    prompt = torch.tensor([5, 5, 5, 5, 5, 5])
+    response = torch.tensor([10, 40, 20, 30, 40, 1])  # lengths 15, 45, 25, 35, 45, 6
+    flat = lambda plan: [[r.tolist() for r in parts] for parts in plan]  # noqa: E731
+    assert flat(micro_batches(prompt, response, 1, None, None)) == [[[1, 4, 3, 2, 0, 5]]]
+    assert flat(micro_batches(prompt, response, 1, 2, None)) == [[[1, 4]], [[3, 2]], [[0, 5]]]
+    assert flat(micro_batches(prompt, response, 2, None, None)) == [[[1, 2, 0]], [[4, 3, 5]]]  # minibatches kept
+    # tokens: 2 x 44 = 88 <= 90; 3 rows at 44 would be 132; then 34 + 24 + 14 (x 3 = 102 > 90 -> 2 rows)
+    assert flat(micro_batches(prompt, response, 1, None, 90)) == [[[1, 4]], [[3, 2]], [[0, 5]]]
+    assert flat(micro_batches(prompt, response, 1, None, 1)) == [[[i]] for i in [1, 4, 3, 2, 0, 5]]  # >= 1 row
+    # several ranks: contiguous parts of the sorted rows, each rank's part capped; with the rows cap dividing the
+    # minibatch, the parts are one process's micro-batches
+    assert flat(micro_batches(prompt, response, 1, 1, None, world=2)) == [[[1], [4]], [[3], [2]], [[0], [5]]]
+    assert flat(micro_batches(prompt, response, 1, 2, None, world=3)) == [[[1, 4], [3, 2], [0, 5]]]
+    assert flat(micro_batches(prompt, response, 1, None, None, world=4)) == [[[1, 4], [3, 2], [0, 5], []]]
+
+
+@pytest.mark.parametrize("micro, tokens", [(None, None), (5, 100), (2, None), (None, 60)])
+def test_cut_micro_batches_equal_the_uncut_pass(model, rollout, micro, tokens):
+    """The trainer's no-grad pass (bench/compute.py) with micro-batches cut to their rows: every row's log-prob and
+    entropy as at the padded width (1e-6), with fewer tokens processed (train/pad_fraction)."""
+    shapes = []
+    hook = model.register_forward_hook(lambda m, a, kw, out: shapes.append(tuple(kw["input_ids"].shape)),
                                        with_kwargs=True)
     try:
-        cut = TrainerCompute(torch.device("cpu"), "bf16", 0.7, micro_batch_size=5, micro_batch_tokens=100)
-        logp, _ = cut.logprobs(model, rollout)
+        fast = TrainerCompute(torch.device("cpu"), "bf16", 0.7, micro, micro_batch_tokens=tokens)
+        logp, ent = fast.logprobs(model, rollout, with_entropy=True)
     finally:
         hook.remove()
-    assert rows == [2, 2, 1, 2, 2, 1, 2]  # micro-batches of 5, 5, 2 rows; 100 // 48 = 2 rows per forward
-    whole, _ = TrainerCompute(torch.device("cpu"), "bf16", 0.7).logprobs(model, rollout)
-    assert torch.equal(logp, whole)
+    slow = TrainerCompute(torch.device("cpu"), "bf16", 0.7, micro, micro_batch_tokens=tokens, cut=False)
+    want, want_ent = slow.logprobs(model, rollout, with_entropy=True)
+    mask = rollout.response_mask
+    assert torch.allclose(logp[mask], want[mask], atol=1e-6, rtol=1e-6)
+    assert torch.allclose(ent[mask], want_ent[mask], atol=1e-6, rtol=1e-6)
+    assert all(rows * width <= (tokens or 10**9) or rows == 1 for rows, width in shapes)
+    assert max(width for _, width in shapes) == P + T - 1  # the micro-batch of the longest rows
+    if micro is None and tokens is None:  # one micro-batch: the whole batch's extent
+        assert fast.metrics() == slow.metrics()
+    else:
+        assert min(width for _, width in shapes) < P + T - 1
+        assert fast.metrics()["pad_fraction"] < slow.metrics()["pad_fraction"]

@@ -9,7 +9,9 @@ from hydra import compose, initialize_config_dir
 
 from bench.config import CONF_DIR
 from bench.launch.dryrun import dry_run
-from bench.launch.memory import GB, SHAPES, Shape, estimate_memory, model_shape
+from bench.launch.memory import GB, SAMPLER_BYTES, SHAPES, Shape, estimate_memory, model_shape
+from bench.models.logprobs import HEAD_CHUNK_TOKENS
+from bench.rollout.embedded import CDF_ROWS
 
 RECIPES = ("qurl_table1", "qurl_table2", "qurl_table3", "qurl_table4", "ais_table3", "flashrl_gsm8k", "p3o_fp8")
 
@@ -46,18 +48,26 @@ def test_qurl_table1_terms_by_hand():
     assert est.parts["critic"] == pytest.approx(18 * (s.linear + s.embed) / GB)  # PPO's critic: backbone + AdamW + autocast
     assert est.parts["rollout engine"] == pytest.approx((2 * s.linear + 4 * s.embed) / GB)  # bf16 row
     seq = 105 + 512
-    assert est.phases["training"] == pytest.approx(8 * seq * (20 * s.vocab + 24 * (26 * 896 + 8 * 4864) + 2 * 896 * 16) / GB)
-    assert est.phases["generation"] == pytest.approx((256 * seq * 2 * 24 * 2 * 64 * 2 + 256 * s.vocab * 24) / GB)
-    assert not est.sharded and est.fits
+    tokens = 4096 // seq * seq  # micro-batches of 8 sequences, at most train.micro_batch_tokens=4096 tokens: 6
+    assert est.phases["training"] == pytest.approx(
+        (tokens * (24 * (26 * 896 + 8 * 4864) + 2 * 896 * 16) + HEAD_CHUNK_TOKENS * 20 * s.vocab) / GB)
+    assert est.phases["recompute"] == pytest.approx((4096 * 2 * 896 * 16 + HEAD_CHUNK_TOKENS * 14 * s.vocab) / GB)
+    assert est.phases["generation"] == pytest.approx(
+        (256 * seq * 2 * 24 * 2 * 64 * 2 + 256 * s.vocab * SAMPLER_BYTES + CDF_ROWS * s.vocab * 8) / GB)
+    assert not est.sharded and est.fits and est.gpus == est.booked == 1
 
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_every_paper_recipe_fits_its_gpus(name):
-    cfg = recipe(name)
+    from bench.launch.dryrun import expand
+
+    jobs = [set(job) for job in expand([f"+experiment=paper/{name}"])]
+    # the rollout settings every row of the recipe makes (p3o_fp8: vLLM's memory share, a row-level setting)
+    shared = sorted(o for o in set.intersection(*jobs) if o.startswith("rollout."))
+    cfg = recipe(name, *shared)
     est = estimate_memory(cfg)
     assert est is not None and est.fits, est.line()
-    big = model_shape(cfg.model).params > 5e9
-    assert est.sharded == (big or name == "p3o_fp8")  # 7B/8B (and P3O's 16k-token logits): the scale-out path
+    assert est.sharded == (cfg.budget.gpus > 1) and est.idle == 0  # it uses every GPU it books (N3)
     assert cfg.train.micro_batch_size is not None and cfg.train.micro_batch_tokens is not None
 
 
@@ -70,7 +80,7 @@ def test_7b_8b_recipes_per_gpu_estimate_divides_the_states_by_the_fsdp_shards(na
     alone = estimate_memory(recipe(name, "method=bf16", row, "train.nproc_per_node=1", "budget.gpus=1"))
     est = estimate_memory(cfg)
     P = model_shape(cfg.model).params
-    assert cfg.train.nproc_per_node == cfg.budget.gpus == ranks and est.gpus == ranks and est.launched
+    assert cfg.train.nproc_per_node == cfg.budget.gpus == ranks and est.gpus == est.booked == ranks
     assert est.parts["trainer states"] == pytest.approx(16 * P / ranks / GB)
     for part in ("trainer states", "update snapshot", "autocast copies"):
         assert est.parts[part] * ranks == pytest.approx(alone.parts[part])
@@ -87,21 +97,25 @@ def test_dry_run_names_the_tight_jobs_and_the_ranks(capsys, tmp_path):
     out, err = capsys.readouterr()
     assert out.count("FSDP2 over 8 ranks") == 12 and out.count("TIGHT") == 3 and "EXCEEDS" not in out
     assert "note: 3 job(s) within 10% of the GPU's memory" in err and "bf16@bf16-gsm8k-qwen3-8b-s0" in err
+    assert out.count("GPUs 8 used / 8 booked") == 12 and "IDLE" not in out + err
     dry_run(["+experiment=paper/ais_table3", "train.nproc_per_node=1", f"out_root={tmp_path}"])
-    out = capsys.readouterr().out
-    assert out.count("needs train.nproc_per_node, the scale-out path") == 12
+    out, err = capsys.readouterr()
+    assert out.count("GPUs 1 used / 8 booked  IDLE GPUs") == 12
+    assert err.count("WARNING: booked GPUs idle or missing:") == 12 and "uses 1 of the 8 GPUs it books" in err
 
 
 def test_null_micro_batch_does_not_fit_and_the_dry_run_warns(capsys, tmp_path):
-    cfg = recipe("qurl_table1", "train.micro_batch_size=null")
-    assert not estimate_memory(cfg).fits  # the recipe as it was: ~200 GB in step 0's update
-    assert dry_run(["+experiment=paper/qurl_table1", "train.micro_batch_size=null", f"out_root={tmp_path}"]) == 0
+    uncapped = ["train.micro_batch_size=null", "train.micro_batch_tokens=null"]  # the whole minibatch per forward
+    cfg = recipe("qurl_table1", *uncapped)
+    assert not estimate_memory(cfg).fits  # the recipe as it was: ~240 GB of activations in step 0's update
+    assert estimate_memory(recipe("qurl_table1", uncapped[0])).fits  # the token cap alone bounds the training pass
+    assert dry_run(["+experiment=paper/qurl_table1", *uncapped, f"out_root={tmp_path}"]) == 0
     out, err = capsys.readouterr()
     assert out.count("EXCEEDS 80 GB") == 7 and "mem ~" in out
     assert "WARNING: memory estimate exceeds the GPU" in err
     dry_run(["+experiment=paper/qurl_table1", f"out_root={tmp_path}"])
     out, err = capsys.readouterr()
-    assert out.count("GB/GPU") == 7 and "EXCEEDS" not in out and "WARNING" not in err
+    assert out.count("GB/GPU") == 7 and "EXCEEDS" not in out and "WARNING: memory" not in err  # (1 seed: power warns)
 
 
 def test_cpu_configs_have_no_gpu_estimate_in_the_dry_run(capsys, tmp_path):

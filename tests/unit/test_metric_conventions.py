@@ -93,3 +93,19 @@ def test_kl_k3_clamps_rho_only(delta, k3):
     out = mismatch_metrics(lmu + delta, lmu, torch.ones(1, 1, dtype=torch.bool))
     assert out["mismatch/kl_k3"] == pytest.approx(k3, rel=1e-12)
     assert out["mismatch/kl_k3"] >= 0.0
+
+
+@pytest.mark.parametrize("mode", ["mask", "reject"])
+def test_is_frac_low_counts_below_the_band_in_mask_and_reject_modes(mode):
+    """docs/arms.md §8 example: rho = [0.6, 1] with the band [0.8, 2] gives
+    is_frac_low = 0.5 (0.6 < 0.8); 1/C = 0.5 would count none. Truncation keeps counting rho < 1/C."""
+    lmu = lg([[0.5, 0.5]])
+    lold = lmu + torch.log(torch.tensor([[0.6, 1.0]], dtype=D))
+    b = batch(lold, lmu, [1.0])
+    _, _, stats, _ = run(method("tis", is_mode=mode, is_cap_low=0.8, is_cap_C=2.0), lold, b)
+    assert stats["is_frac_low"] == pytest.approx(0.5) and stats["is_frac_high"] == 0.0
+    _, _, trunc, _ = run(method("tis", is_cap_C=2.0), lold, b)
+    assert trunc["is_frac_low"] == 0.0  # 0.6 >= 1/C = 0.5
+    # sequence level (seq_is_rs): rho_seq = 0.6 against its band [0.8, 2] is low; one non-empty row
+    _, _, seq, _ = run(method("seq_is_rs", is_cap_low=0.8), lold, b)
+    assert seq["is_frac_low"] == 1.0 and (seq["is_weights"] == 0).all()

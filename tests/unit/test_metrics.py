@@ -15,6 +15,8 @@ EXPECTED_KEYS = {
     "mismatch/ppl_ratio", "mismatch/chi2_token", "mismatch/chi2_seq", "mismatch/is_ess", "mismatch/ratio_mean",
     "mismatch/ratio_max", "mismatch/ratio_min", "mismatch/ratio_std", "mismatch/ratio_frac_high",
     "mismatch/ratio_frac_low", "mismatch/logp_diff_mean", "mismatch/logp_diff_max", "mismatch/max_prob_diff",
+    "mismatch/prob_diff_mean", "mismatch/token_mult_prob_error", "mismatch/kl_k3_clamped", "mismatch/kl_k3_masked",
+    "mismatch/kl_k3_unmasked",
 }
 
 
@@ -28,6 +30,26 @@ def test_keys_exact():
     out = mismatch_metrics(*met1())
     assert set(out) == EXPECTED_KEYS == set(MISMATCH_KEYS)
     assert all(isinstance(v, float) for v in out.values())
+
+
+def test_met1_the_fields_metrics():
+    """MET1 (rho = [2, 0.5, 1]) with the field's metrics, each as its framework defines it (bench/mismatch.py)."""
+    lold, lmu, m = met1()
+    out = mismatch_metrics(lold, lmu, m, kept=torch.tensor([[True, False, True]]))
+    assert out["mismatch/token_mult_prob_error"] == pytest.approx(5 / 3)  # NeMo-RL: mean exp|delta| = (2 + 2 + 1)/3
+    assert out["mismatch/kl_k3_clamped"] == pytest.approx(0.166667, abs=1e-6)  # miles: = k3 when no term hits 10
+    assert out["mismatch/prob_diff_mean"] == pytest.approx(0.05 / 3)  # ROLL: mean(0.25, -0.2, 0)
+    # prime-rl's masked/unmasked mismatch KL: k3 terms [0.306853, 0.193147, 0] over the dropped token / the kept two
+    assert out["mismatch/kl_k3_masked"] == pytest.approx(0.193147, abs=1e-6)
+    assert out["mismatch/kl_k3_unmasked"] == pytest.approx(0.153426, abs=1e-6)
+    whole = mismatch_metrics(lold, lmu, m)  # an arm that drops nothing
+    assert whole["mismatch/kl_k3_masked"] == 0.0 and whole["mismatch/kl_k3_unmasked"] == whole["mismatch/kl_k3"]
+    # miles clamps delta at +-20 in both terms and each term at 10: delta = +-30 gives 10 twice (ours: k3 unbounded)
+    out = mismatch_metrics(torch.tensor([[-1.0, -31.0]], dtype=D), torch.tensor([[-31.0, -1.0]], dtype=D),
+                           torch.ones(1, 2, dtype=torch.bool))
+    assert out["mismatch/kl_k3_clamped"] == pytest.approx(10.0)
+    assert out["mismatch/kl_k3"] > 1e8
+    assert out["mismatch/token_mult_prob_error"] == pytest.approx(math.exp(20))  # |delta| clamped at 20 before exp
 
 
 def test_met1():

@@ -121,3 +121,23 @@ def test_model_path_overrides_a_presets_hub_id_with_a_local_copy(tmp_path, gsm8k
     ids, mask = encode_prompts(tok, gsm8k, gsm8k.examples("test")[:1], PromptFormat.from_config(cfg.model))
     assert tok.decode(ids[0, mask[0]]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert Path(model.name_or_path) == local
+
+
+def test_max_position_embeddings_overrides_a_loaded_models_context(tmp_path):
+    """`model.max_position_embeddings` replaces the loaded config's context before the model is built (as verl's
+    override_config), so `model.max_length` may exceed the saved 512; the config an engine saves (vLLM's, from
+    `model.config`) says so too. Null keeps the model's own, and then the longer max_length is refused."""
+    from transformers import AutoConfig
+
+    local = save_chat_model("qwen2", tmp_path / "m", max_positions=512)
+    cfg = compose_cfg("model=qwen2.5-math-7b", f"model.path={local}", "model.max_length=2048",
+                      "model.max_position_embeddings=2048")
+    model, _ = load_policy(cfg.model)
+    assert model.config.max_position_embeddings == 2048
+    model.config.save_pretrained(tmp_path / "engine")  # what bench/rollout/vllm_engine.py hands vLLM
+    assert AutoConfig.from_pretrained(tmp_path / "engine").max_position_embeddings == 2048
+    own = compose_cfg("model=qwen2.5-math-7b", f"model.path={local}", "model.max_length=2048")
+    assert own.model.max_position_embeddings is None
+    with pytest.raises(ValueError, match=r"model.max_length=2048 exceeds the model's max_position_embeddings=512 .*"
+                                         r"set model.max_position_embeddings=2048"):
+        load_policy(own.model)

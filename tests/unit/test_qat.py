@@ -1,4 +1,4 @@
-"""The trainer at the rollout's precision (bench/quant/qat.py, the `matched` control): its teacher-forced log pi equals
+"""The trainer at the rollout's precision (bench/rollout/qat.py, the `matched` control): its teacher-forced log pi equals
 the embedded engine's log mu up to float summation order at every registered precision, its gradients are the
 straight-through ones into the fp32 master weights, and what it cannot reproduce is refused."""
 
@@ -11,7 +11,7 @@ import transformers as tr
 from bench.methods.base import METHODS
 from bench.mismatch import mismatch_metrics
 from bench.models.logprobs import token_logprobs
-from bench.quant.qat import QATLinear, quantize_trainer, unsupported
+from bench.rollout.qat import QATLinear, quantize_trainer, unsupported
 from bench.quant.quantizers import Quantizer, get_format, precisions
 from bench.rollout import SamplingParams
 from bench.rollout.embedded import EmbeddedEngine

@@ -9,6 +9,7 @@ Engine start costs ~7 s and `import vllm` ~18 s on a 2-core machine, so each mod
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 
 import pytest
@@ -17,6 +18,12 @@ from bench.rollout.vllm_engine import ENV_DEFAULTS
 
 for _key, _value in ENV_DEFAULTS.items():  # before vllm is imported anywhere in this process
     os.environ.setdefault(_key, _value)
+
+# vLLM logs its engine start's harmless warm-up failures (no tokenizer: skip_tokenizer_init) with their tracebacks;
+# pytest's log capture keeps every record to the end of the test, and with it every frame of the engine's start, so
+# a closed engine's memory would look held (the preflight's close / rebuild step measures it): keep vLLM's records
+# out of the root logger (vLLM prints them with its own handler).
+logging.getLogger("vllm").propagate = False
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 SKIP_REASON = "vllm is not installed in this environment (bash scripts/install_vllm.sh; use .venv-vllm/bin/python)"

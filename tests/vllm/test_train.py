@@ -2,7 +2,7 @@
 
 The trainer times `engine.load_weights` as time/sync_s; for the vLLM engine that call is the in-place push,
 vLLM's re-quantization of every layer and the prefix-cache reset, all synchronous in this process. The test
-checks the rows are complete and finite, that step 0's sync contains the engine start, and (fp8) that the
+checks the rows are complete and finite, that the engine started before step 0's evaluation, and (fp8) that the
 engine's scales after a sync are the fresh scales of the policy it was given.
 """
 
@@ -53,8 +53,9 @@ def test_grpo_run_with_vllm_rollouts(tmp_path, method, precision):
             assert r["reward/response_length"] > 0 and r["time/sync_s"] > 0
             assert r["mismatch/kl_k3"] > 0  # a bf16/fp8 vLLM rollout is not the trainer's exact policy
         assert [e["step"] for e in run.evals()] == [0, 2, 4, 5]
-        assert engine.num_syncs == 5 and engine.build_s > 0
-        assert rows[0]["time/sync_s"] >= engine.build_s  # step 0's sync started the engine
+        # the engine started before step 0's evaluation (which is embedded here: it does not share it), so a
+        # vLLM that cannot start fails before an evaluation; step 0's sync was then an in-place push
+        assert engine.num_syncs == 6 and engine.build_s > 0
         assert rows[-1]["time/sync_s"] >= engine.last_sync_s > 0  # later ones: in-place push + re-quantization
         if precision == "fp8_e4m3":
             assert any(k.startswith("quant/quant_error/") for k in rows[0])

@@ -1,0 +1,84 @@
+"""Issue 33's low items on the scale-out path, on the CPU: the process group's timeout after start-up (N6), the
+vLLM evaluation engine handed a sharded policy as it is (N14), tensor parallelism refused in one line (N15), the
+critic's output a tensor of its own. A one-rank gloo group stands in for a node's: FSDP2 and the timeouts are the
+real ones; no vLLM runs here (the engine's refusal comes before it is imported)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import transformers as tr
+
+from bench import distributed
+
+
+@pytest.fixture
+def group():
+    """A one-rank gloo process group with the start-up timeout, left after the test."""
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore(), timeout=distributed.TIMEOUT)
+    try:
+        yield dist.distributed_c10d._get_default_group()
+    finally:
+        dist.destroy_process_group()
+
+
+def timeout_of(group) -> timedelta:
+    return group._get_backend(torch.device("cpu")).options._timeout
+
+
+def test_the_timeout_drops_after_start_up(group):
+    """N6: generous while the run starts (30 min: models, engines, the first evaluation), short after its first
+    step (QRL_DIST_STEP_TIMEOUT_MIN, 10 min by default, as verl's): a stuck rank ends the job within minutes."""
+    assert timeout_of(group) == timedelta(minutes=30) == distributed.TIMEOUT
+    distributed.settle()
+    assert timeout_of(group) == distributed.STEP_TIMEOUT <= timedelta(minutes=10)
+
+
+def test_a_vllm_evaluation_gets_the_sharded_policy_as_it_is(group, monkeypatch):
+    """N14: the evaluation engine streams a sharded policy (one gathered tensor at a time, as the rollout engine
+    does), so the evaluation's BlockEngine must not unshard the whole fp32 policy first."""
+    from bench.rollout.vllm_engine import VLLMEvalEngine
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    model = tr.Qwen2ForCausalLM(tr.Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    distributed.shard(model)
+    seen = []
+
+    class Template:  # the engine VLLMEvalEngine would build (no vLLM here): records what it is handed
+        precision, device = "fp32", "cpu"  # the evaluation's precision on a CPU: it evaluates in the rollout engine
+
+        def load_weights(self, m):
+            seen.append(type(m.model.embed_tokens.weight).__name__)
+
+        def sibling(self, precision):
+            return self
+
+    engine = distributed.BlockEngine(VLLMEvalEngine(Template(), owns_template=True), 1, 0, in_place=True)
+    engine.load_weights(model)
+    assert seen == ["DTensor"]  # still sharded: nothing was gathered for it
+    assert distributed.is_sharded(model)
+
+
+def test_tensor_parallelism_is_refused_in_one_line():
+    """N15: each rank holds its own engine beside its trainer shard (external launcher, tensor parallel 1); a
+    tensor_parallel_size from the caller used to collide with the launcher's (a duplicate-keyword TypeError)."""
+    from bench.rollout.vllm_engine import VLLMEngine
+
+    with pytest.raises(ValueError, match=r"tensor_parallel_size must be 1: each rank of a run holds its own engine"):
+        VLLMEngine("bf16", tensor_parallel_size=2)
+
+
+def test_the_critic_returns_a_tensor_of_its_own():
+    """FSDP2 hooks a sharded module's outputs for its backward; a view of the value head's output would let an
+    in-place op bypass that hook (and the pre-backward all-gather)."""
+    from bench.critic import ValueModel
+
+    backbone = tr.Qwen2Model(tr.Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    ids = torch.randint(0, 32, (2, 5))
+    values = ValueModel(backbone, 16)(ids, torch.ones_like(ids), torch.arange(5).expand(2, 5))
+    assert values.shape == (2, 5) and values._base is None
