@@ -24,6 +24,9 @@ UNDECLARED_ORDER = 1000
 #: method whose gap to the baseline the corrections recover), written once: the CLI's help and SeverityOptions read them.
 BASELINE = "bf16"
 NAIVE = "naive"
+#: The default `--control`: the on-policy quantized control (the trainer at the rollout's precision, so pi_old = mu),
+#: which splits a naive gap into the sampler-and-capacity cost and the mismatch cost (analysis/decomposition.py).
+CONTROL = "matched"
 
 #: method -> {"color", "order", "diagnostics"}, precision -> {"label", "weight_bits", "act_bits", ...}
 _ARMS: dict[str, dict[str, Any]] = {}

@@ -16,7 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from .arms import BASELINE, NAIVE, method_sort_key
+from .arms import BASELINE, CONTROL, NAIVE, method_sort_key
 from .load import Sweep, load_sweeps, log, merge
 from .wandb_source import WandbUnavailable, default_cache, load_wandb
 
@@ -43,9 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--naive", default=None,
                    help="the uncorrected low-precision method whose gap to the baseline the corrections are measured "
                         f"against, per severity (default: {NAIVE})")
+    p.add_argument("--control", default=None,
+                   help="the on-policy control (the trainer at the rollout's precision) that splits the naive gap into "
+                        f"its sampler and mismatch costs (default: {CONTROL})")
+    p.add_argument("--primary", default=None, metavar="ARM[,ARM...]",
+                   help="pre-registered arms, each tested > naive (one-sided paired t, final accuracy and AUC, Holm "
+                        "over these tests alone) and marked as the primary comparisons")
     p.add_argument("--collapse-k", type=int, default=3,
-                   help="a run collapses when its eval reward stays below its step-0 value for this many "
-                        "consecutive evals (default: 3)")
+                   help="a run collapses when its eval accuracy stays below its step-0 value by more than the "
+                        "evaluation's binomial noise for this many consecutive evals (default: 3)")
     p.add_argument("--smooth", type=int, default=1,
                    help="centred moving-average window (steps) for per-step curves; 1 = raw (default)")
     p.add_argument("--warmup", type=int, default=1,
@@ -112,11 +118,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"qrl-analyze: error: {e}", file=sys.stderr)
         return 2
 
-    for option, value in (("--baseline", args.baseline), ("--naive", args.naive)):
+    primary = tuple(a.strip() for a in (args.primary or "").split(",") if a.strip())
+    for option, value in (("--baseline", args.baseline), ("--naive", args.naive), ("--control", args.control),
+                          *(("--primary", a) for a in primary)):
         if (error := unknown_method(sweep, option, value)) is not None:
             print(f"qrl-analyze: error: {error}", file=sys.stderr)
             return 2
-    args.baseline, args.naive = args.baseline or BASELINE, args.naive or NAIVE
+    args.baseline, args.naive, args.control = args.baseline or BASELINE, args.naive or NAIVE, args.control or CONTROL
 
     log(f"{len(sweep.runs)} run(s) used, {len(sweep.skipped)} left out")
     for s in sweep.skipped:
@@ -133,21 +141,33 @@ def main(argv: list[str] | None = None) -> int:
     from .ranges import ranges_table
     from .tables import accuracy_table, results_table, throughput_table, write_table
 
-    sev = SeverityOptions(naive=args.naive, baseline=args.baseline, collapse_k=args.collapse_k)
-    # the report's tables, in the order it shows them; a severity ladder's table leads
-    built = [results_table(sweep, args.baseline), accuracy_table(sweep, args.baseline), benchmark_table(sweep),
-             throughput_table(sweep, args.baseline, args.warmup), ranges_table(sweep)]
+    from .aggregate import aggregate_table
+    from .comparisons import paired_table
+    from .decomposition import decomposition_table, plot_decomposition
+
+    sev = SeverityOptions(naive=args.naive, baseline=args.baseline, collapse_k=args.collapse_k, control=args.control,
+                          primary=primary)
+    # the report's tables, in the order it shows them; a severity ladder's table leads, the decomposition before it
+    built = [results_table(sweep, args.baseline), accuracy_table(sweep, args.baseline), paired_table(sweep, sev),
+             aggregate_table(sweep, sev), benchmark_table(sweep), throughput_table(sweep, args.baseline, args.warmup),
+             ranges_table(sweep)]
     if has_severity_axis(sweep):
         built.insert(0, severity_table(sweep, sev))
+        built.insert(0, decomposition_table(sweep, sev))
     tables = [(t, write_table(t, out / "tables")) for t in built]
     sweep.index.to_csv(out / "tables" / "runs.csv", index=False)
     # in report order, each logged as it is written
-    figures = severity_figures(sweep, out / "figures", sev, formats, log=log) if has_severity_axis(sweep) else []
+    figures = []
+    if has_severity_axis(sweep):
+        if (fig := plot_decomposition(sweep, out / "figures", sev, formats)) is not None:
+            figures.append(fig)
+            log(f"figure {fig.name}")
+        figures += severity_figures(sweep, out / "figures", sev, formats, log=log)
     if sweep.runs:
         figures += make_figures(sweep, out / "figures", smooth=args.smooth, baseline=args.baseline,
                                 warmup=args.warmup, formats=formats, log=log)
     settings = {"baseline": args.baseline, "naive": args.naive, "collapse_k": args.collapse_k, "smooth": args.smooth,
-                "warmup": args.warmup}
+                "warmup": args.warmup, "control": args.control, **({"primary": ",".join(primary)} if primary else {})}
     report = write_report(sweep, out, tables, figures, command, baseline=args.baseline, settings=settings, opts=sev)
     log(f"report: {report}")
     print(report)

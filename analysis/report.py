@@ -30,12 +30,14 @@ from .verdict import verdict
 
 # Flattened config keys that identify a run rather than configure it (shown elsewhere in the report).
 IDENTITY_KEYS = {"seed", "method.name", "task.name", "model.name", "sweep"}
-#: The sections whose first figure leads the report: every cell on one T·KL axis (`tkl`, a "recovered" figure) comes
-#: first in severity_figures' list when there is one, else the first accuracy-against-mismatch figure.
-HEADLINE_SECTIONS = ("severity", "recovered")
+#: The sections whose first figure leads the report: the naive gap split by the on-policy control (`decomposition`)
+#: where one ran; else every cell on one T·KL axis (`tkl`, a "recovered" figure), first in severity_figures' list when
+#: there is one; else the first accuracy-against-mismatch figure.
+HEADLINE_SECTIONS = ("decomposition", "severity", "recovered")
 # Keys whose value is a machine-local path or output location: noise in a comparison of settings.
 LOCAL_KEYS = ("out_root", "model.cache_dir", "hydra.")
 SECTIONS = [
+    ("decomposition", "The naive gap split by the on-policy control"),
     ("severity", "Accuracy against mismatch across severities"),
     ("recovered", "Recovered share of the naive gap against T·KL"),
     ("curves", "Learning curves"),
@@ -167,7 +169,10 @@ def write_report(
 
     # ------------------------------------------------------------------ tables
     table_titles = {
+        "decomposition": "The naive gap: sampler-and-capacity cost and mismatch cost (on-policy control)",
         "severity": f"Severity ladder: gap to {baseline} and the recovered share of the naive gap",
+        "paired": "Paired comparisons: intervals, raw and Holm-adjusted p",
+        "aggregates": "Probability of improvement and IQM (rliable)",
         "results": "Results",
         "accuracy": f"Final eval accuracy per arm and task (gap to {baseline})",
         "benchmarks": "Benchmarks (eval sets: accuracy, avg@k, pass@k)",

@@ -29,9 +29,10 @@ recovered       (acc_arm - acc_naive) / (acc_base - acc_naive), the naive method
                 reported, with the reason, when the naive gap's CI contains 0 ("naive gap within noise"), when the
                 naive arm is better than the baseline beyond its CI ("naive better than baseline": no gap to
                 recover), when a group has fewer than 2 seeds, or when no naive or baseline run exists at s.
-collapse        a run collapses when its eval reward (eval/reward_mean, or eval/accuracy when absent) is below its
-                step-0 value at k consecutive evaluations after step 0 (`--collapse-k`, default 3); its collapse
-                step is the first of them. A run without a step-0 evaluation cannot be judged and is not counted.
+collapse        analysis/collapse.py, the one definition: eval accuracy below its step-0 value by more than the
+                evaluation's binomial noise at its test-set size, at k consecutive evaluations after step 0
+                (`--collapse-k`, default 3); its collapse step (the time to collapse) is the first of them. A run
+                without a step-0 evaluation cannot be judged and is not counted.
 CIs             95 % Student-t intervals over seeds (analysis.stats): a level (accuracy, AUC, KL) by the t-interval
                 of its seeds; a gap by the paired t-interval of the per-seed differences when both methods ran the
                 same seeds (Welch otherwise); the recovered share by Fieller's interval. Each shows its n (seeds or
@@ -50,7 +51,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from .arms import BASELINE, NAIVE, arm_color, method_sort_key
+from .arms import BASELINE, CONTROL, NAIVE, arm_color, method_sort_key
+from .collapse import COLLAPSE_SENTENCE, collapse_step
 from .load import SEVERITY_OPTIONS, Run, Sweep, get
 from .stats import METHOD_SENTENCE, NAN_INTERVAL, Interval, diff_interval, mean_interval, ratio_interval
 from .tables import MISSING, Table, eval_curve, fmt_ci, fmt_se, gap_eval_se, n_test, sampler_accuracy0
@@ -59,7 +61,6 @@ KL_METRICS = ("mismatch/kl_k3", "mismatch/kl_k1")
 #: one marker per method in the severity figure: methods at one severity often measure the same mismatch and
 #: similar accuracies, and colour alone does not tell overlapping points apart
 METHOD_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "p", "h", "*")
-REWARD_METRICS = ("eval/reward_mean", "eval/accuracy")
 NO_NAIVE_GAP = "naive gap within noise"
 #: the recovered-share figures' y range (%): beyond it a share or an interval end is marked at the edge
 RECOVERED_RANGE = (-100.0, 200.0)
@@ -71,11 +72,14 @@ NAIVE_BETTER = "naive better than baseline"
 
 @dataclass(frozen=True)
 class SeverityOptions:
-    """Which method is the naive form and which the baseline, and the collapse rule's k."""
+    """Which method is the naive form, the baseline and the on-policy control, the collapse rule's k, and the
+    pre-registered primary arms (each tested > naive, one-sided, in its own Holm family: analysis/comparisons.py)."""
 
     naive: str = NAIVE
     baseline: str = BASELINE
     collapse_k: int = 3
+    control: str = CONTROL
+    primary: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------------------------- per run
@@ -87,25 +91,6 @@ def eval_auc(steps: Sequence[float], values: Sequence[float]) -> float:
     if s.size == 1 or s[-1] == s[0]:
         return float(v[-1])
     return float(np.sum((v[1:] + v[:-1]) / 2 * np.diff(s)) / (s[-1] - s[0]))
-
-
-def collapse_step(steps: Sequence[float], values: Sequence[float], k: int) -> int | None:
-    """The first eval step of the first k consecutive evaluations after step 0 whose value is below the step-0
-    value; None when there is none, or no step-0 evaluation to compare with."""
-    s, v = list(steps), list(values)
-    if not s or s[0] != 0 or k < 1:
-        return None
-    start = 0
-    run = 0
-    for i in range(1, len(s)):
-        if v[i] < v[0]:
-            start = i if run == 0 else start
-            run += 1
-            if run >= k:
-                return int(s[start])
-        else:
-            run = 0
-    return None
 
 
 def run_mismatch(run: Run) -> float:
@@ -132,8 +117,7 @@ def run_rows(sweep: Sweep, k: int = 3) -> pd.DataFrame:
         e = eval_curve(r)
         if e is None or r.final_accuracy is None:
             continue
-        reward = next((m for m in REWARD_METRICS if m in e and e[m].notna().all()), "eval/accuracy")
-        step = collapse_step(e["step"].tolist(), e[reward].tolist(), k)
+        step = collapse_step(e["step"].tolist(), e["eval/accuracy"].tolist(), k, n_test(r))
         rows.append({
             "run_id": r.run_id, "model": r.model, "task": r.task, "method": r.method, "precision": r.precision,
             "severity": r.severity, "seed": r.seed, "status": r.status, "kl": run_mismatch(r),
@@ -284,9 +268,14 @@ def _recovered(a: pd.DataFrame, naive: pd.DataFrame, base: pd.DataFrame, naive_g
 # --------------------------------------------------------------------------------------------- table
 def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> Table:
     """The gap-to-baseline table across severities, with the recovered fraction of the naive gap and collapses."""
+    from .comparisons import family_name, p_columns, paired_comparisons  # it builds on this module
+
     data = severity_summary(sweep, opts)
     multi_model = data["model"].nunique() > 1 if not data.empty else False
     gap = f"gap_to_{opts.baseline}"
+    cmp = paired_comparisons(sweep, opts)
+    where = ("model", "task", "severity")
+    p_final, p_auc = (p_columns(cmp, family_name("base", opts), e, where) for e in ("final", "auc"))
     rows, prev = [], None
     for r in data.itertuples(index=False):
         d = r._asdict()
@@ -310,9 +299,11 @@ def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> T
             "Accuracy (%)": fmt_ci(r.acc, r.acc_lo, r.acc_hi, n=r.acc_n),
             "AUC (%)": fmt_ci(r.auc, r.auc_lo, r.auc_hi, n=r.auc_n),
             f"Δ vs {opts.baseline} (pp)": fmt_ci(d[gap], d[f"{gap}_lo"], d[f"{gap}_hi"], signed=True, n=d[f"{gap}_n"]),
+            "p / Holm": p_final.get(key + (r.method,), MISSING),
             "eval SE (pp)": fmt_se(d[f"{gap}_eval_se"]),
             f"AUC Δ vs {opts.baseline} (pp)": fmt_ci(d[f"auc_{gap}"], d[f"auc_{gap}_lo"], d[f"auc_{gap}_hi"], signed=True,
                                                       n=d[f"auc_{gap}_n"]),
+            "AUC p / Holm": p_auc.get(key + (r.method,), MISSING),
             f"Recovered ({opts.naive} gap)": recovered,
             "Collapsed": collapsed,
             "Seeds": str(r.n_seeds),
@@ -328,10 +319,11 @@ def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> T
         f"mean over steps and seeds), final eval accuracy and AUC (time-averaged eval accuracy), their gaps to "
         f"{opts.baseline} and the fraction of the {opts.naive} arm's gap to {opts.baseline} each method recovers "
         f"((acc − acc_{opts.naive}) / (acc_{opts.baseline} − acc_{opts.naive})). {METHOD_SENTENCE} "
+        f"p / Holm: the gap's paired t-test p and its Holm-adjusted p over every gap to {opts.baseline} of the report "
+        f"(per endpoint; the paired comparisons table). "
         f"eval SE: the binomial standard error the test set alone puts on the Δ (pp); "
         f"'n/a ({NO_NAIVE_GAP})' where the {opts.naive} gap's CI contains 0 ('{NAIVE_BETTER}' where it lies below 0). "
-        f"Collapsed: seeds whose eval reward stays "
-        f"below its step-0 value for {opts.collapse_k} consecutive evals (first such step)."
+        + COLLAPSE_SENTENCE.format(k=opts.collapse_k)
     )
     return Table("severity", data, pd.DataFrame(rows), caption)
 

@@ -372,9 +372,14 @@ def accuracy_summary(sweep: Sweep, baseline: str = "bf16") -> pd.DataFrame:
 
 def accuracy_table(sweep: Sweep, baseline: str = "bf16") -> Table:
     """Final eval accuracy per arm x task: mean ± std over seeds, number of seeds, gap to the baseline."""
+    from .comparisons import family_name, p_columns, paired_comparisons  # it builds on this module
+    from .severity import SeverityOptions
+
     data = accuracy_summary(sweep, baseline)
     labels = arm_labels(zip(data["method"], data["precision"]))
     multi_model = data["model"].nunique() > 1
+    opts = SeverityOptions(baseline=baseline)
+    p_final = p_columns(paired_comparisons(sweep, opts), family_name("base", opts), "final", ("model", "task", "precision"))
     rows = []
     prev: tuple | None = None
     for r in data.itertuples(index=False):
@@ -390,6 +395,7 @@ def accuracy_table(sweep: Sweep, baseline: str = "bf16") -> Table:
             f"Δ vs {baseline} (pp)": MISSING if r.method == baseline else fmt_ci(
                 getattr(r, f"gap_to_{baseline}"), getattr(r, f"gap_to_{baseline}_lo"), getattr(r, f"gap_to_{baseline}_hi"),
                 signed=True, n=getattr(r, f"gap_to_{baseline}_n")),
+            "p / Holm": p_final.get((r.model, r.task, r.precision, r.method), MISSING),
             "eval SE (pp)": MISSING if r.method == baseline else fmt_se(getattr(r, f"gap_to_{baseline}_eval_se")),
         }
         if not multi_model:
@@ -399,7 +405,8 @@ def accuracy_table(sweep: Sweep, baseline: str = "bf16") -> Table:
     display = pd.DataFrame(rows)
     caption = (
         f"Final eval accuracy (%), mean ± sample std over seeds; Δ = difference to {baseline} on the same "
-        f"task and model, in percentage points, with its 95 % interval and n. {METHOD_SENTENCE} eval SE: the "
+        f"task and model, in percentage points, with its 95 % interval and n; p / Holm: its paired t-test p and the "
+        f"Holm-adjusted p over every gap to {baseline} (the paired comparisons table). {METHOD_SENTENCE} eval SE: the "
         "binomial standard error the test set alone puts on Δ; 'div.' = seeds that diverged (their last eval is used)."
     )
     return Table("accuracy", data, display, caption)

@@ -1,18 +1,21 @@
-"""The report's opening paragraph: what the sweep found, in 3-5 sentences generated from its numbers.
+"""The report's opening paragraph: what the sweep found, in a few sentences generated from its numbers.
 
 A reader opening report.md should learn the answer before the tables: which arms differ from the baseline (bf16)
-and from the uncorrected arm (naive) beyond their 95 % intervals, at which setting (task and rollout precision),
-how much of the naive arm's gap each correction recovers, and on how many seeds all of that rests. Every number
-comes from the same definitions as the tables (analysis.stats, analysis.severity): a gap is "beyond its
-interval" when its 95 % t-interval (paired over seeds where possible) excludes 0.
+and from the uncorrected arm (naive), at which setting (task and rollout precision), how much of the naive arm's gap
+each correction recovers, and on how many seeds all of that rests. Every "differs" or "recovers" sentence carries a
+multiplicity correction over the family it names (analysis/inference.py, analysis/comparisons.py): a gap differs when
+its Holm-adjusted p over that family is <= 0.05; recovered shares carry Fieller intervals simultaneous over the shares
+listed (Bonferroni level 1 - 0.05/m). Every number comes from the same definitions as the tables.
 
     sentence 1  the scope: runs, arms, tasks, seeds (n) and steps
-    sentence 2  arms vs the baseline: those whose gap excludes 0 (at most three, the largest first), else the
-                largest gap and its interval; a sweep without a baseline run says so (no comparison, no finding)
+    (primary)   the pre-registered test, when `--primary` names its arms: each hypothesis, its two endpoints with raw
+                and Holm-adjusted p within the pre-registered family, supported or not
+    sentence 2  arms vs the baseline: those that differ after Holm (at most three, the largest first), else the
+                smallest adjusted p; a sweep without a baseline run says so (no comparison, no finding)
     sentence 3  corrections vs naive at the same precision and task, the same way
-    sentence 4  the recovered share of the naive gap of every arm where it is defined, highest first (all of them: the
-                three best alone flattered the corrections, dropping a -241 % without a word), and how many
-                cells have none and why; else why not
+    (control)   where the on-policy control ran: the naive gap split into the sampler-and-capacity and mismatch costs
+    sentence 4  the recovered share of the naive gap of every arm where it is defined, highest first, with simultaneous
+                intervals, and how many cells have none and why; else why not
     sentence 5  (n < 5 seeds) what the intervals' width means
 """
 
@@ -25,9 +28,12 @@ import pandas as pd
 from scipy.stats import t as student_t
 
 from .arms import arm_labels
+from .comparisons import differs, family_name, is_primary, paired_comparisons
+from .decomposition import decomposition
+from .inference import ALPHA, fmt_p
 from .load import Sweep, get
-from .severity import SeverityOptions, run_rows, severity_summary
-from .stats import Interval, diff_interval
+from .severity import SeverityOptions, _baseline_group, run_rows, severity_summary
+from .stats import ratio_interval
 
 MAX_LISTED = 3
 
@@ -40,8 +46,13 @@ def _pp(value: float, lo: float, hi: float, n: int) -> str:
     return f"{head} (no interval, n={n})"
 
 
-def _resolved(lo: float, hi: float) -> bool:
-    return bool(np.isfinite(lo) and np.isfinite(hi) and (lo > 0 or hi < 0))
+def _ps(r: Any) -> str:
+    """'p 0.012, Holm 0.048' beside a gap (raw and adjusted within its family)."""
+    return f"p {fmt_p(r.p_raw)}, Holm {fmt_p(r.p_holm)}"
+
+
+def _gap(r: Any) -> str:
+    return f"{_pp(r.gap, r.gap_lo, r.gap_hi, int(r.gap_n))}; {_ps(r)}"
 
 
 def _seeds_phrase(counts: list[int]) -> str:
@@ -50,91 +61,114 @@ def _seeds_phrase(counts: list[int]) -> str:
         f"n = {ns[0]}-{ns[-1]} seeds per arm"
 
 
-def gaps(sweep: Sweep, opts: SeverityOptions) -> pd.DataFrame:
-    """Per (model, task, method, precision): the final-accuracy gap (pp) to the baseline and to the naive arm at
-    the same precision, each with its 95 % interval and n (NaN where that comparison does not exist)."""
-    runs = run_rows(sweep, opts.collapse_k)
-    rows: list[dict[str, Any]] = []
-    for (model, task), g in runs.groupby(["model", "task"], sort=True):
-        base = g[g["method"] == opts.baseline]
-        base_precisions = set(base["precision"])
-        for (method, precision), a in g.groupby(["method", "precision"], sort=False):
-            row: dict[str, Any] = {"model": model, "task": task, "method": method, "precision": precision,
-                                   "n_seeds": len(a)}
-            is_base = method == opts.baseline and precision in base_precisions
-            for name, ref in (("base", None if is_base or base.empty else base),
-                              ("naive", g[(g["method"] == opts.naive) & (g["precision"] == precision)])):
-                if ref is None or ref.empty or method in (opts.naive, opts.baseline) and name == "naive":
-                    iv = Interval(float("nan"))
-                else:
-                    iv = diff_interval(a["final_acc"], ref["final_acc"], list(a["seed"]), list(ref["seed"]))
-                row |= {f"{name}_gap": iv.value, f"{name}_lo": iv.lo, f"{name}_hi": iv.hi, f"{name}_n": iv.n}
-            rows.append(row)
-    return pd.DataFrame(rows)
-
-
 def _where(r: Any, multi_task: bool, labels: dict) -> str:
-    arm = labels.get((r.method, r.precision), r.method)
+    """'tis at mxfp4' / 'naive@mxfp4' (the arm's label), '... on chain' when the report spans tasks."""
+    arm = labels.get((r.a, r.precision), r.a)
     at = f"{arm} at {r.precision}" if r.precision not in arm else arm
     return f"{at} on {r.task}" if multi_task else at
 
 
 def verdict(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> list[str]:
     """The sentences of the report's opening paragraph (empty when no run has an evaluation)."""
-    g = gaps(sweep, opts)
-    if g.empty:
+    runs = run_rows(sweep, opts.collapse_k)
+    if runs.empty:
         return []
-    labels = arm_labels(zip(g["method"], g["precision"]))
-    multi_task = g["task"].nunique() > 1
+    cmp = paired_comparisons(sweep, opts)
+    final = cmp[cmp["endpoint"] == "final"]
+    labels = arm_labels(zip(runs["method"], runs["precision"]))
+    multi_task = runs["task"].nunique() > 1
     steps = sorted({int(s) for s in (get(r.config, "train.steps") for r in sweep.runs) if isinstance(s, int)})
-    arms = g[["method", "precision"]].drop_duplicates()
-    tasks = sorted(g["task"].unique())
+    counts = runs.groupby(["model", "task", "method", "precision"]).size().tolist()
+    arms = runs[["method", "precision"]].drop_duplicates()
+    tasks = sorted(runs["task"].unique())
     out = [f"{len(sweep.runs)} runs: {len(arms)} arms × {len(tasks)} task{'s' if len(tasks) > 1 else ''} "
-           f"({', '.join(tasks)}), {_seeds_phrase(list(g['n_seeds']))}"
+           f"({', '.join(tasks)}), {_seeds_phrase(counts)}"
            + (f", {'/'.join(map(str, steps))} training steps each" if steps else "")
-           + "; gaps are in final eval accuracy with 95 % intervals over seeds."]
-
-    if (g["method"] == opts.baseline).any():
-        out.append(_comparison(g, "base", opts.baseline, f"differ from {opts.baseline}", multi_task, labels,
-                               none=f"No arm differs from {opts.baseline} beyond its 95 % interval"))
+           + "; gaps are in final eval accuracy with 95 % intervals over seeds, and a gap differs when its "
+             f"Holm-adjusted p over the family named is ≤ {ALPHA}."]
+    primary = cmp[[is_primary(r) for r in cmp.itertuples(index=False)]]
+    if not primary.empty:
+        out.append(_primary(primary, opts, multi_task, labels))
+    if (runs["method"] == opts.baseline).any():
+        out.append(_comparison(final[final["family"] == family_name("base", opts)], f"differ from {opts.baseline}",
+                               multi_task, labels, none=f"No arm differs from {opts.baseline}"))
     else:  # nothing was compared: "no arm differs" would read as a finding
         out.append(f"No arm is compared with a baseline: the sweep has no {opts.baseline} run "
                    "(`qrl-analyze --baseline <method>` names another).")
-    corrections = g[~g["method"].isin([opts.baseline, opts.naive])]
-    if corrections["naive_gap"].notna().any():
-        out.append(_comparison(corrections, "naive", opts.naive, f"differ from {opts.naive} at the same precision",
-                               multi_task, labels,
-                               none=f"No correction differs from {opts.naive} at the same precision beyond its "
-                                    "95 % interval"))
+    vs_naive = final[final["family"] == family_name("naive", opts)]
+    if not vs_naive.empty:
+        out.append(_comparison(vs_naive, f"differ from {opts.naive} at the same precision", multi_task, labels,
+                               none=f"No other arm differs from {opts.naive} at the same precision"))
+    if (sentence := _decomposition(sweep, opts, final, multi_task)) is not None:
+        out.append(sentence)
     out.append(_recovered(sweep, opts, multi_task, labels))
-    ts = ", ".join(f"{student_t.ppf(0.975, n - 1):.1f} at {n} seeds" for n in sorted({int(n) for n in g["n_seeds"]})
-                   if n >= 2)
-    if g["n_seeds"].max() < 5 and ts:
-        out.append(f"With {_seeds_phrase(list(g['n_seeds']))} an interval is wide (t = {ts}; 2.0 at 60): a difference "
+    ts = ", ".join(f"{student_t.ppf(0.975, n - 1):.1f} at {n} seeds" for n in sorted(set(counts)) if n >= 2)
+    if max(counts) < 5 and ts:
+        out.append(f"With {_seeds_phrase(counts)} an interval is wide (t = {ts}; 2.0 at 60): a difference "
                    "inside it is no evidence either way; more seeds narrow it.")
     return out
 
 
-def _comparison(g: pd.DataFrame, ref: str, ref_name: str, verb: str, multi_task: bool, labels: dict,
-                none: str) -> str:
-    d = g[g[f"{ref}_gap"].notna()].copy()
-    d["size"] = d[f"{ref}_gap"].abs()
-    d = d.sort_values("size", ascending=False)
-    hits = d[[_resolved(lo, hi) for lo, hi in zip(d[f"{ref}_lo"], d[f"{ref}_hi"])]]
+def _comparison(d: pd.DataFrame, verb: str, multi_task: bool, labels: dict, none: str) -> str:
+    """Those of one family (final accuracy) that differ after Holm, largest first; else the smallest adjusted p."""
+    d = d[np.isfinite(d["gap"].astype(float))].copy()  # an empty family has an object column
+    family = f"Holm over its {len(d)} comparison{'s' if len(d) != 1 else ''}"
+    if d.empty:
+        return f"{none} (no comparison)."
+    d["size"] = d["gap"].abs()
+    hits = d[[differs(r) for r in d.itertuples(index=False)]].sort_values("size", ascending=False)
     if hits.empty:
-        if d.empty:
-            return f"{none}."
-        r = d.iloc[0]
-        return (f"{none} (largest gap: {_where(r, multi_task, labels)}, "
-                f"{_pp(r[f'{ref}_gap'], r[f'{ref}_lo'], r[f'{ref}_hi'], int(r[f'{ref}_n']))}).")
-    listed = [f"{_where(r, multi_task, labels)} ({_pp(getattr(r, f'{ref}_gap'), getattr(r, f'{ref}_lo'), getattr(r, f'{ref}_hi'), int(getattr(r, f'{ref}_n')))})"
-              for r in hits.head(MAX_LISTED).itertuples(index=False)]
+        r = d.sort_values(["p_holm", "size"], ascending=[True, False]).iloc[0]
+        return (f"{none} after {family} (smallest adjusted p: {_where(r, multi_task, labels)}, {_gap(r)}).")
+    listed = [f"{_where(r, multi_task, labels)} ({_gap(r)})" for r in hits.head(MAX_LISTED).itertuples(index=False)]
     more = f" and {len(hits) - MAX_LISTED} more" if len(hits) > MAX_LISTED else ""
     verb = verb if len(hits) > 1 else verb.replace("differ ", "differs ", 1)
-    return f"Beyond its 95 % interval, {len(hits)} of {len(d)} arm-task cells {verb}: {'; '.join(listed)}{more}."
+    return f"After {family}, {len(hits)} of {len(d)} arm-task cells {verb}: {'; '.join(listed)}{more}."
+
+
+def _primary(d: pd.DataFrame, opts: SeverityOptions, multi_task: bool, labels: dict) -> str:
+    """The pre-registered test: each arm > naive on both endpoints, one-sided, Holm over the pre-registered family."""
+    parts = []
+    for arm, g in d.groupby("a", sort=False):
+        ends = []
+        for r in g.itertuples(index=False):
+            name = "final" if r.endpoint == "final" else "AUC"
+            ends.append(f"{name} {_pp(r.gap, r.gap_lo, r.gap_hi, int(r.gap_n))}, one-sided p {fmt_p(r.p_raw)}, "
+                        f"Holm {fmt_p(r.p_holm)}")
+        supported = any(differs(r) for r in g.itertuples(index=False))
+        where = f" at {g['severity_label'].iloc[0]}" + (f" on {g['task'].iloc[0]}" if multi_task else "")
+        parts.append(f"{arm} > {opts.naive}{where}: {'; '.join(ends)}: **{'supported' if supported else 'not supported'}**")
+    return (f"Pre-registered test (one-sided paired t, Holm over its {len(d)} tests at α = {ALPHA}; "
+            f"docs/preregistration.md): " + "; ".join(parts) + ".")
+
+
+def _decomposition(sweep: Sweep, opts: SeverityOptions, final: pd.DataFrame, multi_task: bool) -> str | None:
+    """The naive gap split by the control, per cell: both costs with intervals and Holm-adjusted p."""
+    d = decomposition(sweep, opts)
+    if d.empty:
+        return None
+    cells = d.drop_duplicates(["model", "task", "severity"])
+    parts = []
+    for c in cells.itertuples(index=False):
+        here = final[(final["model"] == c.model) & (final["task"] == c.task) & (final["severity"] == c.severity)]
+        ctrl_base = here[(here["a"] == opts.control) & (here["b"] == opts.baseline)]
+        ctrl_naive = here[(here["a"] == opts.control) & (here["b"] == opts.naive)]
+        p_sampler = f"; Holm {fmt_p(ctrl_base['p_holm'].iloc[0])}" if not ctrl_base.empty else ""
+        p_mismatch = f"; Holm {fmt_p(ctrl_naive['p_holm'].iloc[0])}" if not ctrl_naive.empty else ""
+        where = f"{c.severity_label}" + (f" on {c.task}" if multi_task else "")
+        parts.append(f"at {where} the total gap {opts.baseline} − {opts.naive} "
+                     f"{_pp(c.total_cost, c.total_cost_lo, c.total_cost_hi, int(c.total_cost_n))} is a sampler-and-"
+                     f"capacity cost {opts.baseline} − {opts.control} "
+                     f"{_pp(c.sampler_cost, c.sampler_cost_lo, c.sampler_cost_hi, int(c.sampler_cost_n))}{p_sampler} "
+                     f"plus a mismatch cost {opts.control} − {opts.naive} "
+                     f"{_pp(c.mismatch_cost, c.mismatch_cost_lo, c.mismatch_cost_hi, int(c.mismatch_cost_n))}"
+                     f"{p_mismatch}")
+    return (f"The on-policy control ({opts.control}: the trainer at the rollout's precision, π_old = μ) splits the "
+            f"naive gap: " + "; ".join(parts) + ".")
 
 
 def _recovered(sweep: Sweep, opts: SeverityOptions, multi_task: bool, labels: dict) -> str:
+    """Every defined recovered share of the naive gap, highest first, with Fieller intervals simultaneous over them."""
     s = severity_summary(sweep, opts)
     if s.empty:
         return "No recovered share: no evaluation to compare."
@@ -142,20 +176,31 @@ def _recovered(sweep: Sweep, opts: SeverityOptions, multi_task: bool, labels: di
     defined = cells[np.isfinite(cells["recovered"].astype(float))]
     notes = sorted({str(n) for n in cells["recovered_note"] if n})
     if not defined.empty:
+        m = len(defined)
+        level = 1 - ALPHA / m
+        runs = run_rows(sweep, opts.collapse_k)
         parts = []
         for r in defined.sort_values("recovered", ascending=False).itertuples(index=False):
-            iv = (f" [{100 * r.recovered_lo:.0f}, {100 * r.recovered_hi:.0f}] %" if np.isfinite(r.recovered_lo)
-                  else " (interval unbounded)")
+            g = runs[(runs["model"] == r.model) & (runs["task"] == r.task)]
+            here = g[g["severity"] == r.severity]
+            a, naive = here[here["method"] == r.method], here[here["method"] == opts.naive]
+            base, _ = _baseline_group(g, r.severity, opts.baseline)
+            iv = ratio_interval(a["final_acc"], naive["final_acc"], base["final_acc"],
+                                (list(a["seed"]), list(naive["seed"]), list(base["seed"])), level=level)
+            text = (f" [{100 * iv.lo:.0f}, {100 * iv.hi:.0f}] %" if iv.defined else " (interval unbounded)")
             where = f" on {r.task}" if multi_task else ""
-            parts.append(f"{r.method} {100 * r.recovered:.0f} %{iv} at {r.severity_label}{where}")
+            parts.append(f"{r.method} {100 * r.recovered:.0f} %{text} at {r.severity_label}{where}")
         undefined = len(cells) - len(defined)
         rest = (f" (none in the other {undefined} arm-severity cell{'s' if undefined > 1 else ''}: {'; '.join(notes)}; "
                 "the severity table says which)" if undefined else "")
-        return f"Share of the {opts.naive} arm's gap to {opts.baseline} recovered: " + "; ".join(parts) + rest + "."
+        family = (f"Fieller intervals simultaneous over its {m} shares, each at {100 * level:.1f} %" if m > 1
+                  else "Fieller 95 % interval")
+        return (f"Share of the {opts.naive} arm's gap to {opts.baseline} recovered ({family}): " + "; ".join(parts)
+                + rest + ".")
     if not notes:
         return f"No recovered share: no correction ran beside {opts.naive} and {opts.baseline}."
     return (f"No recovered share of the {opts.naive} gap is reported ({'; '.join(notes)}): a share of a gap that "
             "the data cannot tell from 0 would be noise.")
 
 
-__all__ = ["gaps", "verdict"]
+__all__ = ["verdict"]

@@ -28,6 +28,7 @@ from omegaconf.errors import MissingMandatoryValue
 from bench import CONF_DIR  # defined where `qrl-bench --help` reads it without this module's imports
 from bench.domains import check_schema, domains, num, numeric_kind
 from bench.launch.budget import BudgetConfig
+from bench.launch.power import PowerConfig
 from bench.evaluation import EvalConfig
 from bench.grpo import AlgoConfig
 from bench.run.identity import check_path_parts, run_path, run_subdir
@@ -62,6 +63,7 @@ class Config:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)  # the dry run's GPU-hours estimate (bench/launch/budget.py)
+    power: PowerConfig = field(default_factory=PowerConfig)  # the dry run's seed count (bench/launch/power.py)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = MISSING
     seed: int = num(0, "[0, inf)")  # names the run (seed<N>, -s<N>) and seeds its generators
@@ -134,7 +136,8 @@ def checks(cfg: DictConfig) -> list[Callable[[], Any]]:
     imported and leaves the ones that need torch (is CUDA usable?) to the run."""
     parts = [("method", group_schema("method", cfg.method.name)), ("task", group_schema("task", cfg.task.name)),
              ("rollout", group_schema("rollout", cfg.rollout.engine)), ("algo", AlgoConfig), ("train", TrainConfig),
-             ("tracking", TrackingConfig), ("model", ModelConfig), ("eval", EvalConfig), ("budget", BudgetConfig)]
+             ("tracking", TrackingConfig), ("model", ModelConfig), ("eval", EvalConfig), ("budget", BudgetConfig),
+             ("power", PowerConfig)]
     out: list[Callable[[], Any]] = [lambda: check_known_keys(cfg, dict(parts)), lambda: check_root_domains(cfg),
                                     lambda: check_path_parts(cfg)]
     out += [lambda key=key, schema=schema: _check_part(cfg, key, schema) for key, schema in parts]
@@ -179,7 +182,8 @@ def domain_table() -> str:
     rows: dict[tuple[str, str, Any], list[str]] = {}
     sections = [(group, e.name, e.schema) for group, registry in GROUP_REGISTRIES.items() for e in registry.entries()]
     sections += [(s, "", schema) for s, schema in (("train", TrainConfig), ("algo", AlgoConfig), ("eval", EvalConfig),
-                                                   ("model", ModelConfig), ("budget", BudgetConfig))]
+                                                   ("model", ModelConfig), ("budget", BudgetConfig),
+                                                   ("power", PowerConfig))]
     for section, option, schema in [("", "", Config), *sections]:
         for key, dom in domains(schema).items():
             kind = numeric_kind(schema, key).__name__
@@ -239,6 +243,7 @@ def check_across(cfg: DictConfig) -> None:
         raise ValueError(f"method={cfg.method.name} is the {fixed} baseline and rolls out in {fixed}, not "
                          f"rollout.precision={cfg.rollout.precision}; an uncorrected {cfg.rollout.precision} rollout "
                          f"is method=naive rollout.precision={cfg.rollout.precision}")
+    METHODS.get(cfg.method.name).check_run(cfg)  # what an arm needs of the other sections
     if algo.advantage == "grpo" and train.group_size < 2:
         raise ValueError(f"train.group_size={train.group_size} is too small for algo.advantage=grpo: group-normalized "
                          "advantages need at least 2 responses per prompt (algo.advantage=gae works with 1)")

@@ -132,13 +132,15 @@ def build(cfg: DictConfig) -> Parts:
     distributed.init(cfg.train.device)  # one process of several (torchrun, SLURM): join the group
     device = resolve_device(cfg.train.device)
     policy.to(device)  # before the optimizer: its states are allocated beside the parameters
+    method = build_method(cfg.method, cfg.algo)
+    method.setup_trainer(policy, cfg.rollout)  # how the trainer computes (the control: at the rollout's precision)
     if cfg.train.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
     prompt_format, max_len = check_startup(cfg, task, eval_sets, policy, tokenizer)
     ids = engine_ids(tokenizer, policy)  # every EOS id the model may emit, and the pad id
     engine = build_engine(cfg.rollout, **ids, max_len=max_len)
     parts = distributed.distribute(Parts(  # untouched at world size 1 (bench/distributed.py)
-        cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, method=build_method(cfg.method, cfg.algo),
+        cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, method=method,
         engine=engine,
         # the trainer's policy itself, not its quantized copy: eval.engine (bench/evaluation.py)
         eval_engine=build_eval_engine(cfg.eval, cfg.rollout, engine, ids, max_len),

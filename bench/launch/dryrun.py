@@ -19,13 +19,16 @@ its max tokens).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
 from bench.launch.budget import CHEAPER_BY, describe, describe_embedded, describe_eval, estimate, eval_estimate
 from bench.config import CONF_DIR, register_configs
 from bench.launch.memory import estimate_memory
+from bench.launch.power import power_lines
 from bench.methods.base import build_method
+from bench.run.identity import RunId
 from bench.run.resume import preview, refusal_reason
 from bench.run.store import RunDir
 from bench.launch import sweeper
@@ -47,9 +50,13 @@ def dry_run(overrides: list[str]) -> int:
     counts: dict[str, int] = {}
     refusals: dict[str, int] = {}  # why, how many
     gpu_hours, assumptions, too_big, tight, idle, slow = 0.0, set(), [], [], [], []
+    seeds: dict[str, set] = {}  # arm -> its seeds (the power lines below)
+    cfg = None
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for job in jobs:
             cfg = compose("config", overrides=job)
+            rid = RunId.of(cfg)
+            seeds.setdefault(str(rid.path("").parent), set()).add(rid.seed)  # an arm in a cell: its path sans seed
             run = RunDir.of(cfg)
             status = run.status or "new"
             action = preview(run, cfg)  # what the launch will decide under the run's lock (bench/run/resume.py)
@@ -96,6 +103,10 @@ def dry_run(overrides: list[str]) -> int:
               f"before a long run): {', '.join(tight)}", file=sys.stderr)
     for line in slow:
         print(f"WARNING: the embedded engine costs more than {CHEAPER_BY:g}x vLLM's rollout: {line}", file=sys.stderr)
+    if cfg is not None:  # the seeds the sweep needs for its target effect (bench/launch/power.py)
+        lines, _ = power_lines(cfg, min(len(s) for s in seeds.values()), Path(cfg.out_root) / str(cfg.sweep) / "report")
+        for line in lines:
+            print(line, file=sys.stderr)
     if assumptions:
         print(f"estimated GPU-hours (all jobs): ~{gpu_hours:,.0f}", file=sys.stderr)
         for line in sorted(assumptions):

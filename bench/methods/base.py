@@ -171,6 +171,16 @@ class Method(ABC):
         """One-time change of the trainer's weights before training (UAQ); returns metrics. Default: none."""
         return {}
 
+    @classmethod
+    def check_run(cls, cfg: Any) -> None:
+        """Checks of the whole run config this arm needs (other sections than method.*), before any work; raise
+        ValueError naming the bad value and the valid choices. Default: none."""
+
+    def setup_trainer(self, model: torch.nn.Module, rollout: Any) -> None:
+        """At every build (a start and every resume), before training: how the trainer's model computes, never its
+        weights (the on-policy control computes at the rollout's precision: bench/methods/matched.py). `rollout` is
+        the run's rollout.* config. Default: as it is."""
+
     def prepare(self, batch: Batch) -> dict[str, Any]:
         """Per-rollout-batch constants (detached). Default: none."""
         return {}

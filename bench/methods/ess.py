@@ -4,8 +4,14 @@
 x      = where(m, LR(ltheta - lmu), 0);   w = exp(x)              no recompute: lmu plays the role of old
 ESS    = (sum_m w)^2 / (sum_m w^2 + 1e-8) / N                     fp64, per loss call (= per minibatch), Python float
 rho    = sg( clamp(w, 0, ESS) )                                   every weight <= ESS <= 1
-KLb_t  = (ltheta - lmu) + exp(clamp(lmu - ltheta, -10, 10)) - 1   k3-type estimate of KL(pi_theta || mu)
+KLb_t  = d + exp(clamp(-d, -10, 10)) - 1,  d = ltheta - lmu         FeynRL's term (p3o_kl_estimator=feynrl)
 L      = agg( -rho * ltheta * A + (1 - ESS) * KLb ) [+ beta * agg(k3_ref)]
+
+FeynRL's term is k3 for KL(pi || mu) only under samples from pi; the tokens are mu's, so its expectation is
+E_mu[d + mu/pi - 1] = chi2(mu || pi) - KL(mu || pi), not KL(pi || mu) (docs/arms.md §4.7). `p3o_kl_estimator=is_k3`
+weights the k3 term by pi/mu instead, E_mu[(pi/mu) (mu/pi - 1 - log(mu/pi))] = E_mu[1 - e^d + d e^d] = KL(pi || mu),
+with d clamped as FeynRL clamps its exp (+-p3o_kl_exp_clamp); its gradient, differentiated through the weight,
+is E_mu[e^d d grad d] = grad KL(pi || mu).
 
 A REINFORCE loss (ltheta times a detached weight), not a ratio objective: clip_eps_low/high only feed the
 monitoring clipfrac (w outside [1 - eps_low, 1 + eps_high]). Fresh data (w ~ 1) gives ESS ~ 1, plain REINFORCE and
@@ -32,11 +38,34 @@ class ESSConfig(MethodConfig):
     p3o_kl_exp_clamp: float = num(10.0, "(0, 80]")  # clamp of the exp inside the KL estimate (exp overflows past ~88)
     # entropy bonus: only 0 (the loss sees sampled-token log-probs only; check() says so for any other value)
     p3o_ent_beta: float = num(0.0, "[0, inf)")
+    p3o_kl_estimator: str = "feynrl"  # feynrl (FeynRL's term, E = chi2(mu||pi) - KL(mu||pi)) | is_k3 (E = KL(pi||mu))
 
     def check(self) -> None:
         if self.p3o_ent_beta != 0.0:
             raise ValueError(f"method.p3o_ent_beta={self.p3o_ent_beta} is not supported (must be 0): "
                              "the loss sees only sampled-token log-probs, an entropy bonus needs the full distribution")
+        if self.p3o_kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"method.p3o_kl_estimator={self.p3o_kl_estimator!r} is not valid; choose one of: "
+                             f"{', '.join(KL_ESTIMATORS)}")
+
+
+#: the KL(pi_theta || mu) term's estimators (module docstring): FeynRL's, and the importance-weighted k3
+KL_ESTIMATORS = ("feynrl", "is_k3")
+
+
+def p3o_kl_term(d: torch.Tensor, estimator: str = "feynrl", clamp: float = 10.0) -> torch.Tensor:
+    """The per-token KL term on mu's samples, d = ltheta - lmu (differentiable in d).
+
+    feynrl  d + exp(clamp(-d)) - 1              E_mu = chi2(mu || pi) - KL(mu || pi)
+    is_k3   1 - exp(dc) + dc exp(dc), dc = clamp(d)   E_mu = KL(pi || mu) (>= 0 per token)
+    """
+    if estimator == "feynrl":
+        return d + torch.exp((-d).clamp(-clamp, clamp)) - 1.0
+    if estimator == "is_k3":
+        dc = d.clamp(-clamp, clamp)
+        w = torch.exp(dc)
+        return 1.0 - w + dc * w
+    raise ValueError(f"p3o KL estimator {estimator!r} is not valid; choose one of: {', '.join(KL_ESTIMATORS)}")
 
 
 @torch.no_grad()
@@ -92,7 +121,7 @@ class ESS(Method):
         lt0 = torch.where(mask, lt, zero)
         pg = -rho * lt0 * adv
         d = safe_log_ratio(lt, lmu, mask, float("inf"))  # ltheta - lmu, unclamped (the exp below is clamped)
-        klb = d + torch.exp((-d).clamp(-cfg.p3o_kl_exp_clamp, cfg.p3o_kl_exp_clamp)) - 1.0
+        klb = p3o_kl_term(d, cfg.p3o_kl_estimator, cfg.p3o_kl_exp_clamp)
 
         pi_loss = agg_loss(pg, mask, self.algo.loss_agg, batch.n_tokens)
         loss = pi_loss + (1.0 - ess) * agg_loss(klb, mask, self.algo.loss_agg, batch.n_tokens)
@@ -115,4 +144,4 @@ class ESS(Method):
         return loss, metrics
 
 
-__all__ = ["ESS", "ESSConfig", "p3o_ess", "p3o_weights"]
+__all__ = ["ESS", "ESSConfig", "KL_ESTIMATORS", "p3o_ess", "p3o_kl_term", "p3o_weights"]

@@ -15,6 +15,7 @@ import torch
 import torch.utils.checkpoint
 
 from bench.device import DTYPES
+from bench.rollout.qat import engine_kwargs
 from bench.rollout.base import Rollout
 
 #: train.dtype -> the low-precision compute dtype (None: plain fp32). Master weights are fp32 in every case.
@@ -136,7 +137,8 @@ def token_logprobs(
 
     head.forward = response_logprobs  # an instance attribute: nn.Module.__call__ finds it before the class's
     try:
-        result = forward(model, dtype, input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False)
+        result = forward(model, dtype, input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
+                         **engine_kwargs(model, P))
     finally:
         del head.forward
     if result.logits is not out.get("logp"):

@@ -17,5 +17,8 @@ class NvFp4(BlockFormat):
     weight_granularities = ("per_block",)
     act_granularities = ("per_block", "none")
 
+    def act_scales_per_token(self, granularity: str) -> bool:
+        return False  # the global fp32 scale is the amax of the whole activation tensor
+
     def block_quantize(self, x):
         return quantize_nvfp4(x)

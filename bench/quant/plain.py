@@ -40,6 +40,12 @@ class Fp32Linear(QuantLinear):
         return F.linear(x.float(), self.weight, self.bias).to(self.out_dtype)
 
 
+def native_half(half: torch.dtype, device: torch.device) -> bool:
+    """Whether a GEMM in `half` (bf16 or fp16) runs natively on `device`: every GPU here has bf16/fp16 tensor cores;
+    a CPU has a fast bf16 GEMM at best (AVX512-BF16 / AMX), never an fp16 one. Elsewhere the exact fp32 emulation."""
+    return device.type == "cuda" or (half == torch.bfloat16 and native_bf16_matmul())
+
+
 class HalfLinear(QuantLinear):
     """16-bit float weights and inputs (`half` = bf16 or fp16), fp32 accumulation, result rounded to `half`
     (the native kernel on CUDA and on CPUs with bf16 hardware, else the exact fp32 emulation)."""
@@ -48,8 +54,7 @@ class HalfLinear(QuantLinear):
                  half: torch.dtype = torch.bfloat16):
         super().__init__(weight, out_dtype)
         self.half = half
-        # every GPU here has bf16/fp16 tensor cores; a CPU has a fast bf16 GEMM at best, never an fp16 one
-        self.native = weight.is_cuda or (half == torch.bfloat16 and native_bf16_matmul())
+        self.native = native_half(half, weight.device)
         store = half if self.native else torch.float32  # fp32 storage holds 16-bit values exactly
         self.register_buffer("weight", weight.detach().to(half).to(store))
         self.register_buffer("bias", None if bias is None else bias.detach().to(half).to(store))

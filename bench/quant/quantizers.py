@@ -74,6 +74,11 @@ class Format(ABC):
         """The activation dtype of an engine computing on `device_type` ("cpu", "cuda", ...)."""
         return self.cuda_act_dtype if device_type == "cuda" and self.cuda_act_dtype else self.act_dtype
 
+    def act_scales_per_token(self, granularity: str) -> bool:
+        """True when a dynamic activation scale at `granularity` depends on one token's row alone (per_token,
+        per_block), so a teacher-forced pass over any batch reproduces it; False when it spans the tensor."""
+        return granularity != "per_tensor"
+
     @property
     def scaled(self) -> bool:
         """True for formats with codes and scales (quantized weights, quantization-error metrics)."""

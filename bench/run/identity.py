@@ -57,6 +57,7 @@ NON_SEMANTIC_KEYS = (
     "train.checkpoint_every",                # how often state is saved (a resume recomputes identically)
     "train.keep_checkpoint",                 # whether ckpt/ stays after completion
     "budget",                                # the dry run's GPU-hours estimate
+    "power",                                 # the dry run's seed count
     "model.cache_dir",                       # where the warm start is cached
 )
 

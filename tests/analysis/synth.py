@@ -282,8 +282,9 @@ def add_broken_runs(root: Path) -> dict[str, str]:
 #   int4:       fp8 32.0, tis 47.0  -> naive gap 30 pp, tis gap -15 pp, recovered (47-32)/(62-32) = 0.5
 #   int8 + w=per_tensor + kv=fp8_e4m3: one seed each -> no CI, recovered n/a (fewer than 2 seeds)
 #   fp16 at fp16: no naive run there -> recovered n/a (no naive run at this severity)
-# fp8 at int4 seed 2 collapses (eval below its step-0 value at steps 4, 8, 12: collapse step 4 for k <= 3); seed 1
-# is below at steps 8 and 12 only (collapses for k <= 2, at step 8).
+# fp8 at int4 seed 2 collapses (eval below its step-0 value by more than the binomial margin at 200 problems, 9.8 pp
+# from 0.50, at steps 4, 8, 12: collapse step 4 for k <= 3); seed 1 is that far below at steps 8 and 12 only (collapses
+# for k <= 2, at step 8; its 0.45 at step 4 is within the margin). Both keep their AUC (37.7 and 34.0).
 SEVERITY_TASK = "arithmetic"
 SEVERITY_RUNS: list[tuple[str, str, str, dict[str, Any], list[float], float]] = [
     ("sev_bf16", "bf16", "bf16", {}, [0.60, 0.62, 0.64], 1e-5),
@@ -295,7 +296,7 @@ SEVERITY_RUNS: list[tuple[str, str, str, dict[str, Any], list[float], float]] = 
     ("sev_int8kv", "tis", "int8", {"weight_granularity": "per_tensor", "kv_cache_dtype": "fp8_e4m3"}, [0.55], 0.01),
     ("sev_fp16", "fp16", "fp16", {}, [0.61, 0.63], 2e-6),
 ]
-SEVERITY_EVALS = {("sev_int4", "naive", 1): [0.40, 0.42, 0.35, 0.32], ("sev_int4", "naive", 2): [0.40, 0.35, 0.30, 0.34]}
+SEVERITY_EVALS = {("sev_int4", "naive", 1): [0.50, 0.45, 0.27, 0.32], ("sev_int4", "naive", 2): [0.50, 0.30, 0.30, 0.34]}
 
 
 def make_severity_sweep(root: Path) -> Path:

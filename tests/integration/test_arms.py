@@ -45,6 +45,9 @@ def test_arm_runs_with_complete_finite_metrics(tmp_path, arm):
         assert all(0.0 <= r["method/ais/alpha"] <= 1.0 for r in rows)
     assert run.path.parent.parent.parent.name == f"{arm}@{cfg.rollout.precision}"  # the arm's spelling in the path
     assert f"precision: {cfg.rollout.precision}" in (run.path / "config.yaml").read_text()
+    if arm == "matched":  # the control: the trainer at the rollout's precision, so pi_old is mu (test_qat.py)
+        assert cfg.rollout.precision == "fp8_e4m3" and cfg.train.dtype == "fp32"
+        assert all(r["mismatch/kl_k3"] <= 1e-6 for r in rows), [r["mismatch/kl_k3"] for r in rows]
     if arm == "fp16":  # the arm trains in fp16 too (its yaml sets train.dtype)
         assert cfg.rollout.precision == "fp16" and cfg.train.dtype == "fp16"
         assert all(r["train/grad_scale"] == 2.0**16 and r["train/skipped_steps"] == 0 for r in rows)  # no overflow

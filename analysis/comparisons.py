@@ -1,0 +1,135 @@
+"""Every paired comparison a report states, with its interval, raw p and Holm-adjusted p, in named families.
+
+Families (each Holm-corrected on its own, per endpoint; analysis/inference.py):
+
+    vs <baseline>   every arm at every severity against the baseline (bf16) of its task and model
+    vs <naive>      every other arm against the naive arm at the same severity (the control's row is the mismatch
+                    cost, analysis/decomposition.py); two-sided
+    primary         the pre-registered arms (`--primary`), each > naive, one-sided, final accuracy and AUC together:
+                    the pre-registered family (docs/preregistration.md). These rows are marked and left out of the
+                    exploratory "vs naive" family
+
+Endpoints: `final` (the last evaluation's accuracy, %) and `auc` (time-averaged eval accuracy, %), per run, paired by
+seed where both arms ran the same seeds (analysis.stats). The table's `sd_diff` (SD of the per-seed differences) is
+what `--dry-run`'s seed calculator reads back (bench/launch/power.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .arms import method_sort_key
+from .inference import ALPHA, diff_test, fmt_p, holm
+from .load import Sweep
+from .severity import SeverityOptions, _baseline_group, run_rows, severity_labels
+from .tables import MISSING, Table, fmt_ci
+
+ENDPOINTS = {"final": "final_acc", "auc": "auc"}
+PRIMARY = "primary"
+COLUMNS = ["model", "task", "severity", "severity_label", "precision", "family", "endpoint", "a", "b", "comparison", "alternative",
+           "primary", "gap", "gap_lo", "gap_hi", "gap_n", "gap_ci", "sd_diff", "p_raw", "p_holm"]
+
+
+def family_name(kind: str, opts: SeverityOptions) -> str:
+    return {"base": f"vs {opts.baseline}", "naive": f"vs {opts.naive}", PRIMARY: PRIMARY}[kind]
+
+
+def _row(cell: dict[str, Any], family: str, endpoint: str, a: str, b: str, ga: pd.DataFrame, gb: pd.DataFrame,
+         alternative: str = "two-sided", primary: bool = False) -> dict[str, Any]:
+    col = ENDPOINTS[endpoint]
+    t = diff_test(ga[col], gb[col], list(ga["seed"]), list(gb["seed"]), alternative)
+    iv = t.interval
+    return {**cell, "family": family, "endpoint": endpoint, "a": a, "b": b, "comparison": f"{a} − {b}",
+            "gap": iv.value, "gap_lo": iv.lo, "gap_hi": iv.hi, "gap_n": iv.n, "gap_ci": iv.method, "sd_diff": t.sd_diff,
+            "alternative": alternative, "p_raw": t.p, "primary": primary}
+
+
+def paired_comparisons(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> pd.DataFrame:
+    """One row per comparison x endpoint (module docstring), with p_holm within its family and endpoint (the
+    primary family: over both endpoints together)."""
+    runs = run_rows(sweep, opts.collapse_k)
+    labels = severity_labels(sweep.runs)
+    rows: list[dict[str, Any]] = []
+    for (model, task), g in runs.groupby(["model", "task"], sort=True):
+        for severity in g.groupby("severity")["kl"].mean().sort_values(kind="stable").index:
+            cell = {"model": model, "task": task, "severity": severity, "severity_label": labels.get(severity, severity),
+                    "precision": str(severity).split(";", 1)[0]}
+            here = g[g["severity"] == severity]
+            base, _ = _baseline_group(g, severity, opts.baseline)
+            naive = here[here["method"] == opts.naive]
+            # the pre-registered family pairs by seed: a seed some of its arms lack is dropped from all of its tests
+            # (docs/preregistration.md), never compared unpaired against the arms that ran more seeds
+            family = here[here["method"].isin([opts.naive, *opts.primary])]
+            common = set.intersection(*(set(s) for _, s in family.groupby("method")["seed"])) if len(family) else set()
+            for method in sorted(here["method"].unique(), key=method_sort_key):
+                a = here[here["method"] == method]
+                is_base = method == opts.baseline and not base.empty and severity in set(base["severity"])
+                for endpoint in ENDPOINTS:
+                    if not is_base and not base.empty:
+                        rows.append(_row(cell, family_name("base", opts), endpoint, method, opts.baseline, a, base))
+                    if method in (opts.naive, opts.baseline) or naive.empty:
+                        continue
+                    if method in opts.primary:
+                        rows.append(_row(cell, PRIMARY, endpoint, method, opts.naive, a[a["seed"].isin(common)],
+                                         naive[naive["seed"].isin(common)], "greater", True))
+                    else:
+                        rows.append(_row(cell, family_name("naive", opts), endpoint, method, opts.naive, a, naive))
+    df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "p_holm"])
+    df["p_holm"] = np.nan
+    df["primary"] = df["primary"].astype(str)  # an identity column of the long CSV, not a number
+    for (family, endpoint), idx in df.groupby(["family", "endpoint"]).groups.items():
+        if family != PRIMARY:
+            df.loc[idx, "p_holm"] = holm(df.loc[idx, "p_raw"].to_numpy())
+    prim = df.index[df["family"] == PRIMARY]
+    if len(prim):
+        df.loc[prim, "p_holm"] = holm(df.loc[prim, "p_raw"].to_numpy())
+    return df[COLUMNS]
+
+
+def p_columns(cmp: pd.DataFrame, family: str, endpoint: str, key: tuple[str, ...]) -> dict[tuple, str]:
+    """'p / Holm' text of one family and endpoint's comparisons, keyed by the columns `key` (and `a`, the arm): what
+    the other tables print beside their paired intervals."""
+    d = cmp[(cmp["family"] == family) & (cmp["endpoint"] == endpoint)]
+    return {tuple(getattr(r, k) for k in key) + (r.a,): f"{fmt_p(r.p_raw)} / {fmt_p(r.p_holm)}"
+            for r in d.itertuples(index=False)}
+
+
+def differs(row: Any) -> bool:
+    """A comparison whose Holm-adjusted p is <= ALPHA (in its family)."""
+    return bool(np.isfinite(row.p_holm) and row.p_holm <= ALPHA)
+
+
+def is_primary(row: Any) -> bool:
+    return str(row.primary) == "True"
+
+
+def paired_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> Table:
+    """The report's table of every paired comparison: Δ with its 95 % interval and n, raw p, Holm-adjusted p."""
+    data = paired_comparisons(sweep, opts)
+    multi = data["task"].nunique() > 1 or data["model"].nunique() > 1 if not data.empty else False
+    rows = []
+    for r in data.itertuples(index=False):
+        row = {"Task / model": f"{r.task} / {r.model}"} if multi else {}
+        row |= {"Family": ("primary (pre-registered)" if is_primary(r) else r.family), "Severity": r.severity_label,
+                "Comparison": r.comparison, "Endpoint": "final accuracy" if r.endpoint == "final" else "AUC",
+                "Δ (pp)": fmt_ci(r.gap, r.gap_lo, r.gap_hi, signed=True, n=r.gap_n),
+                "p": fmt_p(r.p_raw) + (" (1-sided)" if r.alternative == "greater" else ""),
+                "p (Holm)": fmt_p(r.p_holm), "differs": "yes" if differs(r) else ("–" if not np.isfinite(r.p_holm) else "no")}
+        rows.append(row)
+    caption = (
+        "Every paired comparison the report states: Δ = mean difference (pp) with its 95 % interval and n (paired t "
+        "over per-seed differences where both arms ran the same seeds, Welch otherwise), the test's raw p (two-sided; "
+        "one-sided for a pre-registered directional hypothesis) and its Holm-adjusted p within its family and endpoint: "
+        f"'vs {opts.baseline}' (every arm and severity against the baseline), 'vs {opts.naive}' (every other arm at "
+        f"the same severity), 'primary (pre-registered)' (arm > {opts.naive}, final accuracy and AUC together: the "
+        f"pre-registered family, which needs no further correction). 'differs': Holm-adjusted p ≤ {ALPHA}."
+    )
+    display = pd.DataFrame(rows) if rows else pd.DataFrame(columns=["Comparison"])
+    return Table("paired", data, display.fillna(MISSING), caption)
+
+
+__all__ = ["ENDPOINTS", "PRIMARY", "differs", "family_name", "is_primary", "p_columns", "paired_comparisons",
+           "paired_table"]

@@ -1,0 +1,118 @@
+"""The naive gap split by the on-policy control (analysis/decomposition.py), every paired comparison with raw and
+Holm-adjusted p (analysis/comparisons.py), the pre-registered family, rliable's aggregates (analysis/aggregate.py) and
+the collapse definition (analysis/collapse.py), on synthetic runs whose per-seed values are set by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.stats as sps
+
+from analysis.aggregate import aggregates, iqm, poi_cell, probability_of_improvement, stratified_interval
+from analysis.collapse import collapse_margin, collapse_step
+from analysis.comparisons import paired_comparisons
+from analysis.decomposition import decomposition
+from analysis.inference import holm
+from analysis.load import load_sweeps
+from analysis.severity import SeverityOptions
+from analysis.verdict import verdict
+
+from .synth import EVAL_STEPS, write_run
+
+SEEDS = [0, 1, 2, 3]
+FINAL = {  # final accuracies per seed: bf16 - naive = 20 = (bf16 - matched 10) + (matched - naive 10); tis - naive 5
+    "bf16": [0.60, 0.62, 0.58, 0.64],
+    "naive": [0.40, 0.44, 0.38, 0.42],
+    "matched": [0.50, 0.55, 0.47, 0.52],
+    "tis": [0.45, 0.50, 0.41, 0.48],
+}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("decomp")
+    for method, finals in FINAL.items():
+        for seed, f in zip(SEEDS, finals):
+            curve = [0.2 + (f - 0.2) * i / 3 for i in range(len(EVAL_STEPS))]
+            write_run(root, method, "arithmetic", seed, precision="bf16" if method == "bf16" else "fp8_e4m3",
+                      eval_values=curve)
+    return load_sweeps([root])
+
+
+def test_costs_and_shares_by_hand(sweep):
+    d = decomposition(sweep, SeverityOptions())
+    assert set(d["method"]) == {"naive", "matched", "tis"}
+    r = d.set_index("method").loc["tis"]
+    assert (r.total_cost, r.sampler_cost, r.mismatch_cost) == pytest.approx((20.0, 10.0, 10.0))
+    assert r.total_cost_ci == "paired t" and r.total_cost_n == 4
+    assert r.share_total == pytest.approx(0.25) and r.share_mismatch == pytest.approx(0.5)
+    assert r.share_mismatch_lo < 0.5 < r.share_mismatch_hi  # Fieller over the paired seeds
+    mism = np.subtract(FINAL["matched"], FINAL["naive"]) * 100
+    half = sps.t.ppf(0.975, 3) * mism.std(ddof=1) / 2
+    assert (r.mismatch_cost_lo, r.mismatch_cost_hi) == pytest.approx((10 - half, 10 + half))
+    ctrl = d.set_index("method").loc["matched"]
+    assert np.isnan(ctrl.share_total) and np.isnan(ctrl.share_mismatch)  # the control is the denominator
+
+
+def test_families_holm_and_the_primary_comparisons(sweep):
+    c = paired_comparisons(sweep, SeverityOptions(primary=("matched", "tis")))
+    assert set(c["family"]) == {"vs bf16", "primary"}  # every other arm is primary here: no exploratory vs naive left
+    prim = c[c["family"] == "primary"]
+    assert len(prim) == 4 and set(prim["alternative"]) == {"greater"} and set(prim["primary"]) == {"True"}
+    np.testing.assert_allclose(prim["p_holm"], holm(prim["p_raw"].to_numpy()))  # one family over both endpoints
+    base = c[(c["family"] == "vs bf16") & (c["endpoint"] == "final")]
+    assert len(base) == 3  # naive, matched, tis against bf16
+    np.testing.assert_allclose(base["p_holm"], holm(base["p_raw"].to_numpy()))
+    tis = prim[(prim["a"] == "tis") & (prim["endpoint"] == "final")].iloc[0]
+    d = np.subtract(FINAL["tis"], FINAL["naive"]) * 100
+    assert tis.p_raw == pytest.approx(sps.ttest_1samp(d, 0, alternative="greater").pvalue)
+    assert tis.sd_diff == pytest.approx(d.std(ddof=1))
+    plain = paired_comparisons(sweep, SeverityOptions())
+    assert set(plain["family"]) == {"vs bf16", "vs naive"} and not (plain["primary"] == "True").any()
+
+
+def test_verdict_names_families_the_decomposition_and_the_preregistered_test(sweep):
+    text = " ".join(verdict(sweep, SeverityOptions(primary=("matched", "tis"))))
+    assert "Pre-registered test (one-sided paired t, Holm over its 4 tests" in text
+    assert "tis > naive at fp8_e4m3" in text and "supported" in text
+    assert "splits the naive gap: at fp8_e4m3 (a=per_token) the total gap bf16 − naive +20.0 pp" in text
+    assert "sampler-and-capacity cost bf16 − matched +10.0 pp" in text and "mismatch cost matched − naive +10.0 pp" in text
+    assert "After Holm over its 3 comparisons" in text
+
+
+def test_aggregates_probability_of_improvement_and_iqm(sweep):
+    # P(X > Y) is the Mann-Whitney U statistic over N x M run pairs, ties 1/2
+    assert poi_cell(np.array([1.0, 3.0]), np.array([2.0, 3.0])) == pytest.approx((0 + 0 + 1 + 0.5) / 4)
+    assert probability_of_improvement([(np.array([2.0]), np.array([1.0])), (np.array([0.0]), np.array([1.0]))]) == 0.5
+    x = np.arange(8.0)
+    assert iqm([x[:4], x[4:]]) == pytest.approx(sps.trim_mean(x, 0.25)) == pytest.approx(3.5)
+    lo, hi = stratified_interval(iqm, [x[:4], x[4:]], reps=500)
+    assert lo <= 3.5 <= hi and (lo, hi) == stratified_interval(iqm, [x[:4], x[4:]], reps=500)  # deterministic
+    a = aggregates(sweep, SeverityOptions(), reps=200).set_index("method")
+    assert a.loc["tis", "poi_naive"] == pytest.approx(poi_cell(np.array(FINAL["tis"]), np.array(FINAL["naive"])))
+    assert a.loc["naive", "poi_base"] == 0.0 and a.loc["tis", "poi_naive_n"] == 1
+    assert np.isnan(a.loc["tis", "iqm"])  # one cell: no IQM (needs 3)
+
+
+def test_collapse_is_a_drop_beyond_the_evaluations_noise():
+    # 200 problems at p0 = 0.395: margin 1.96 * sqrt(2 * 0.395 * 0.605 / 200) = 0.0958
+    assert collapse_margin(0.395, 200) == pytest.approx(0.0958, abs=1e-4)
+    assert collapse_margin(0.395, 1000) == pytest.approx(0.0429, abs=1e-4) and collapse_margin(0.4, None) == 0.0
+    steps = [0, 10, 20, 30]
+    assert collapse_step(steps, [0.395, 0.385, 0.38, 0.385], 3, 200) is None  # 1 pp under the start: noise
+    assert collapse_step(steps, [0.395, 0.29, 0.25, 0.20], 3, 200) == 10  # 0.30 would sit on the margin (0.299)
+    assert collapse_step(steps, [0.395, 0.30, 0.25, 0.20], 3, None) == 10  # no n_test: any drop counts
+    assert collapse_step(steps, [0.395, 0.30, 0.40, 0.20], 2, 200) is None  # not consecutive
+
+
+def test_the_primary_family_drops_seeds_some_of_its_arms_lack(tmp_path):
+    """naive ran 2 more seeds than tis: the pre-registered test pairs the 4 common seeds (not Welch over 6 vs 4)."""
+    for method, finals in {"naive": FINAL["naive"] + [0.10, 0.12], "tis": FINAL["tis"]}.items():
+        for seed, f in enumerate(finals):
+            write_run(tmp_path, method, "arithmetic", seed, precision="fp8_e4m3",
+                      eval_values=[0.2 + (f - 0.2) * i / 3 for i in range(len(EVAL_STEPS))])
+    c = paired_comparisons(load_sweeps([tmp_path]), SeverityOptions(primary=("tis",)))
+    tis = c[(c["family"] == "primary") & (c["endpoint"] == "final")].iloc[0]
+    d = np.subtract(FINAL["tis"], FINAL["naive"]) * 100
+    assert (tis.gap_ci, tis.gap_n) == ("paired t", 4) and tis.gap == pytest.approx(d.mean())
+    assert tis.p_raw == pytest.approx(sps.ttest_1samp(d, 0, alternative="greater").pvalue)
