@@ -60,7 +60,8 @@ def test_offline_history_read_back_equals_logged_rows(tmp_path, offline):
     # group = the sweep, job_type = the arm, tags = the identity axes, then the user's (bench/run/identity.py RunId)
     assert meta["run_group"] == "trk" and meta["job_type"] == "tis@fp8_e4m3"
     assert meta["display_name"] == "tis-arithmetic-tiny-s2"
-    assert meta["tags"] == ["method:tis", "precision:fp8_e4m3", "task:arithmetic", "model:tiny", "seed:2", "a", "b"]
+    assert meta["tags"] == ["method:tis", "precision:fp8_e4m3", "task:arithmetic", "model:tiny", "seed:2", "engine:embedded",
+                            "a", "b"]
     config = meta["config"]["update"]
     assert config["method"]["name"] == "tis" and config["seed"] == 2 and config["rollout"]["precision"] == "fp8_e4m3"  # resolved
     exit_rec = next(r for r in inspect_records(run) if r.get("type") == "exit")
