@@ -68,6 +68,12 @@ def decomposition(sweep: Sweep, opts: SeverityOptions = SeverityOptions(), endpo
             naive, control = (here[here["method"] == m] for m in (opts.naive, opts.control))
             if note or base.empty or naive.empty or control.empty:
                 continue
+            # the three costs on the seeds all three share, so that total = sampler + mismatch seed by seed (and n
+            # is one number per cell); a seed one of them lacks would otherwise turn a test unpaired (Welch)
+            common = set(base["seed"]) & set(naive["seed"]) & set(control["seed"])
+            if len(common) < 2:
+                continue
+            base, naive, control = (x[x["seed"].isin(common)] for x in (base, naive, control))
             costs = {"total": (base, naive), "sampler": (base, control), "mismatch": (control, naive)}
             tests = {k: diff_test(x[endpoint_col], y[endpoint_col], list(x["seed"]), list(y["seed"]))
                      for k, (x, y) in costs.items()}

@@ -54,6 +54,24 @@ def test_costs_and_shares_by_hand(sweep):
     assert np.isnan(ctrl.share_total) and np.isnan(ctrl.share_mismatch)  # the control is the denominator
 
 
+def test_costs_use_the_seeds_all_three_share(tmp_path):
+    """Seeds some of bf16, naive and matched lack (naive without 3 but with 9, matched without 0) are left out of every
+    cost: each is a paired t over the same seeds (1 and 2), and total = sampler + mismatch."""
+    for method, finals in FINAL.items():
+        for seed, f in zip(SEEDS, finals):
+            if (method, seed) in (("naive", 3), ("matched", 0)):
+                continue
+            write_run(tmp_path, method, "arithmetic", seed, precision="bf16" if method == "bf16" else "fp8_e4m3",
+                      eval_values=[0.2 + (f - 0.2) * i / 3 for i in range(len(EVAL_STEPS))])
+    write_run(tmp_path, "naive", "arithmetic", 9, precision="fp8_e4m3", eval_values=[0.2, 0.1, 0.0, 0.0])
+    r = decomposition(load_sweeps([tmp_path]), SeverityOptions()).set_index("method").loc["tis"]
+    assert (r.total_cost_n, r.sampler_cost_n, r.mismatch_cost_n) == (2, 2, 2)
+    assert {r.total_cost_ci, r.sampler_cost_ci, r.mismatch_cost_ci} == {"paired t"}
+    assert r.total_cost == pytest.approx(r.sampler_cost + r.mismatch_cost)
+    on = [1, 2]  # the expected total over them, by hand
+    assert r.total_cost == pytest.approx(np.mean([(FINAL["bf16"][s] - FINAL["naive"][s]) * 100 for s in on]))
+
+
 def test_families_holm_and_the_primary_comparisons(sweep):
     c = paired_comparisons(sweep, SeverityOptions(primary=("matched", "tis")))
     assert set(c["family"]) == {"vs bf16", "primary"}  # every other arm is primary here: no exploratory vs naive left
