@@ -24,7 +24,8 @@ def test_fp16_micro_batched_checkpointed_run_completes_and_records_its_runtime(t
     run = RunDir.of(cfg)
     runtime = run.info()["runtime"]
     assert runtime == {"engine": "embedded", "device": "cpu", "device_name": runtime["device_name"],
-                       "cpu_model": runtime["cpu_model"], "trainer_dtype": "fp16"}
+                       "cpu_model": runtime["cpu_model"], "trainer_dtype": "fp16",
+                       "max_position_embeddings": 128, "config_overrides": {}}  # the tiny model's own context, unchanged
     assert runtime["device_name"].startswith("cpu (") and runtime["cpu_model"]  # the ISA and the CPU, for the report
     for row in run.metrics():
         assert row["train/grad_scale"] == 2.0**16 and row["train/skipped_steps"] == 0.0  # fp32 grads on CPU: no overflow
