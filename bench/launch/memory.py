@@ -21,7 +21,8 @@ transient, one phase at a time (the peak is the resident part plus the largest)
                         their / T, log-probs and probabilities (16 B x V per row) and the float64 CDF of CDF_ROWS
                         rows at a time (8 B x V each); evaluation the same for the fp32 engine at eval.batch_size
                         sequences, and that engine's weights, 4 B x (P_lin + 2 emb) (built for each evaluation and
-                        released after it)
+                        released after it); nothing where a bf16 vLLM rollout engine evaluates (eval.engine auto or
+                        vllm): its KV cache is inside the engine's share
     recompute           no-grad log-prob passes over train.micro_batch_tokens tokens: one layer's activations per
                         token, and the lm_head's logits of one slice of HEAD_CHUNK_TOKENS positions at a time
                         (bench.models.logprobs: bf16 logits, their fp32 copy, / T, log-softmax: ~14 B x V each)
@@ -224,8 +225,12 @@ def estimate_memory(cfg: Any) -> MemoryEstimate | None:
     eval_seq = prompt + (eval_cfg.get("max_new_tokens") or task.max_new_tokens)
     eval_positions = eval_cfg.get("batch_size", 64) * eval_seq
     eval_positions = min(eval_positions, CHUNK_TOKENS)  # the evaluation engine's default chunk_tokens
-    phases["evaluation"] = (4 * (shape.linear + 2 * shape.embed) + eval_positions * shape.kv_bytes(4)
-                            + sampler_bytes(eval_positions / eval_seq, V))
+    eval_kind = rollout.engine if eval_cfg.get("engine", "auto") == "auto" else eval_cfg.get("engine")
+    if eval_kind == "vllm" and rollout.engine == "vllm" and rollout.precision == "bf16":
+        phases["evaluation"] = 0.0  # it evaluates in the rollout's vLLM engine (bf16 on a GPU): inside its share
+    else:
+        phases["evaluation"] = (4 * (shape.linear + 2 * shape.embed) + eval_positions * shape.kv_bytes(4)
+                                + sampler_bytes(eval_positions / eval_seq, V))
     layer_act = 2 * shape.hidden * 16  # one layer's transient activations per token (bf16), rough
     recompute_tokens = train.micro_batch_tokens or train.batch_size * seq
     phases["recompute"] = (recompute_tokens * layer_act

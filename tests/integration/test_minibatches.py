@@ -48,10 +48,18 @@ CUT = ["train.batch_size=8", "train.group_size=4", "train.micro_batch_size=2", "
        "algo.critic_lr=1e-4", "task.n_test=8"]
 
 
-def close(a: float, b: float) -> bool:
+def close(a: float, b: float, tol: float = 1e-6) -> bool:
     """Equal to 1e-6 of the larger magnitude, or 1e-6 absolute below 1 (the cut forwards sum in another order:
     a log-prob moves by an ulp, ~1e-7, and a mismatch metric near 0 by as much in absolute terms)."""
-    return a == b or abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b))
+    return a == b or abs(a - b) <= tol * max(1.0, abs(a), abs(b))
+
+
+def tolerance(arm: str) -> float:
+    """1e-6; 1e-4 for an arm whose trainer computes at the rollout's precision (it overrides setup_trainer: the
+    control, bench/methods/matched.py): its activations round to bf16 after each GEMM, so a summation order the cut
+    changes moves a rounded value by a bf16 ulp now and then (measured: grad_norm 1.4e-5 relative at matched-grpo)."""
+    cls = METHODS.entry(arm).obj
+    return 1e-4 if cls.setup_trainer is not METHODS.entry("naive").obj.setup_trainer else 1e-6
 
 
 @pytest.mark.parametrize("adv", ["grpo", "gae"])
@@ -79,7 +87,7 @@ def test_cut_micro_batches_train_what_uncut_ones_do(tmp_path, arm, adv):
     fast, slow = rows[True], rows[False]
     assert fast.keys() == slow.keys()
     bad = {k: (fast[k], slow[k]) for k in fast
-           if not k.startswith("time/") and k != "train/pad_fraction" and not close(fast[k], slow[k])}
+           if not k.startswith("time/") and k != "train/pad_fraction" and not close(fast[k], slow[k], tolerance(arm))}
     assert not bad, bad
     assert fast["train/pad_fraction"] < slow["train/pad_fraction"]
     if METHODS.entry(arm).obj.needs_recompute:
