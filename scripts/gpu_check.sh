@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command that asks a machine with an NVIDIA GPU the questions that now decide the project, in this order, each
-# step with its own time limit inside ~420 s, and writes one Markdown report after every step, stamped with the
+# step with its own time limit inside ~580 s, and writes one Markdown report after every step, stamped with the
 # commit and the card (bench/launch/gpu_check.py lists the steps): (1) the FP8 accumulator and the CUDA FP8 engine
 # test's ratio; (2) the embedded engine's rollout at real shapes (0.5B, 1.5B, 8B; bf16 / fp8 / int8; before and
 # after compaction); (3) one step of each qurl_table1 precision row at its real shape; (4) trainer memory at 1.5B
@@ -14,7 +14,7 @@
 # GPU_CHECK_PYTHON (an interpreter that already has a CUDA torch and the project's dependencies, e.g. on a machine
 # without network access: nothing is installed, and the vLLM rows say they did not run unless it has vLLM),
 # GPU_CHECK_COMMIT (the commit to stamp where the copy has no .git). The time limits count from when the environment
-# is ready (the install is not in them); the whole check is also killed at GPU_CHECK_LIMIT seconds (default 480), and
+# is ready (the install is not in them); the whole check is also killed at GPU_CHECK_LIMIT seconds (default 590), and
 # the report then holds every step that finished. On a machine without a usable GPU it says so, runs the CPU
 # self-test and exits 0.
 set -euo pipefail
@@ -59,6 +59,6 @@ else
 fi
 $PY -c "import torch; assert torch.cuda.is_available(), 'torch sees no GPU: ' + str(torch.version.cuda)"
 echo "[gpu_check] environment ready after $(( $(date +%s) - t0 )) s" >&2
-timeout "${GPU_CHECK_LIMIT:-480}" $PY -m bench.launch.gpu_check --report "$REPORT" \
+timeout "${GPU_CHECK_LIMIT:-590}" $PY -m bench.launch.gpu_check --report "$REPORT" \
   || echo "[gpu_check] the check ended with exit $? (124: GPU_CHECK_LIMIT); the report holds the steps that finished" >&2
 echo "[gpu_check] done in $(( $(date +%s) - t0 )) s; report in $REPORT" >&2

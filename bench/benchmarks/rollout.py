@@ -132,7 +132,10 @@ def best_tokens_per_s(runs: dict[str, Callable[[], int]], repeats: int, device: 
             t0 = time.perf_counter()
             tokens = run()
             _sync(device)
-            best[name] = max(best[name], tokens / (time.perf_counter() - t0))
+            tok_s = tokens / (time.perf_counter() - t0)
+            best[name] = max(best[name], tok_s)
+            # one line per timed round, at once: a caller's time limit keeps the rows already measured
+            print(f"PROGRESS {name}: {tok_s:.0f} tok/s", file=sys.stderr, flush=True)
     return best
 
 

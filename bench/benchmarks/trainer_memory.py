@@ -180,9 +180,10 @@ def estimate_gb(shape_name: str, length: int) -> float | None:
         return None
     from hydra import compose, initialize_config_dir
 
-    from bench.config import CONF_DIR
+    from bench.config import CONF_DIR, register_configs
     from bench.launch.memory import estimate_memory
 
+    register_configs()  # the group yamls extend the registered schemas (the GPU check's first 1.5B run failed here)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[
             f"model={preset}", "train.batch_size=1", "train.group_size=1", "train.minibatches=1",

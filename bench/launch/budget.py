@@ -97,8 +97,10 @@ def throughputs(b: Any) -> tuple[float, float, float] | None:
 # prints f per layer and kernel, the measured KERNEL_S of the machine it runs on (bench.benchmarks.rollout
 # decode_fit). On the shared 2-core CPU the fit is noise under load (2026-11-27, load average 17: a per-row cost
 # below zero, which decode_fit flags), so the CPU checks the model's form (at long-tail lengths compaction's gain
-# follows the steps and live rows it removes: docs/benchmarks.md), not KERNEL_S. The GPU check's step 2 fits it at
-# 1.5B (batch 32 and 256); its value replaces 10 us.
+# follows the steps and live rows it removes: docs/benchmarks.md), not KERNEL_S. On an H100 (2026-11-28,
+# results/gpu_check/h100-2026-11-28.md) the benchmark's bf16 0.5B decode at batch 256 took ~15 ms a step, ~14 us
+# per kernel with weights and KV counted in (10 us holds within 1.4x), but the trainer's own rollout in one
+# qurl_table1 step took ~73 ms a step: this model is 6x optimistic there, for a reason not yet found.
 # The embedded engine is never priced below vLLM's rate (vLLM is the faster engine by construction; where the model
 # says otherwise, e.g. qurl_table1's 0.5B at 512 tokens, the stated vLLM rate is the conservative figure).
 

@@ -5,6 +5,7 @@ needs a GPU (bench/launch/gpu_check.py)."""
 from __future__ import annotations
 
 import os
+import sys
 import subprocess
 
 import pytest
@@ -40,3 +41,14 @@ def test_gpu_check_dry_run_is_a_cpu_self_test(tmp_path):
 def test_gpu_check_refuses_unknown_arguments():
     proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--fast"], cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 2 and "--dry-run" in proc.stderr
+
+
+def test_trainer_memory_estimate_composes_a_real_preset_in_a_fresh_process():
+    """The GPU check's step 4 at 1.5B died composing its estimate (the group yamls extend schemas nobody had
+    registered in that process; the CPU self-test's smoke shape has no estimate, so it never got there)."""
+    code = "from bench.benchmarks.trainer_memory import estimate_gb; print(estimate_gb('qwen2.5-1.5b', 8448))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=HANG_S,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    gb = float(proc.stdout.split()[-1])
+    assert 20 < gb < 50, gb  # the H100 measured a 30.97 GB peak for this step; the estimate said 32.0
