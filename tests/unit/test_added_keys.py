@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -28,9 +29,15 @@ from bench.methods.importance import behaviour_log_ratio, truncated_weights
 from bench.rollout import SamplingParams, embedded
 from bench.rollout.embedded import EmbeddedEngine, _sample, inverse_cdf, top_p_logprobs
 from bench.run.identity import ADDED_KEYS, flatten
+from bench.train import rebaseline
 from tests.helpers import REPO, make_cfg
 
 D = torch.float64
+
+
+def neutral(key: str):
+    """The value each test runs at: the declaration's, so a wrong declaration fails its test."""
+    return ADDED_KEYS[key].neutral
 
 
 def test_every_declared_key_exists_today_and_composes_at_its_neutral_value(tmp_path):
@@ -82,7 +89,7 @@ def test_denominator_all_is_the_token_mean_before_the_key(arm):
     loss and its gradient are the earlier loss's bit for bit; `kept` differs (the test can fail)."""
     batch = _batch(0)
     logp = batch.logp_old + 0.05
-    m = make_method(arm, denominator="all", **({"is_cap_C": 1.05} if arm == "tis" else {}))
+    m = make_method(arm, denominator=neutral("method.denominator"), **({"is_cap_C": 1.05} if arm == "tis" else {}))
     stats = m.prepare(batch)
     w = stats["is_weights"]
     assert bool((w[batch.mask] == 0).any()) or arm == "tis"
@@ -98,7 +105,7 @@ def test_geo_rs_weighted_false_is_the_keep_mask_before_the_key():
     """method.geo_rs_weighted=false (replay against 6ae5a75's GeoRS.prepare): each token's weight is its sequence's
     keep bit, as before."""
     batch = _batch(1)
-    m = make_method("geo_rs", geo_rs_weighted=False)
+    m = make_method("geo_rs", geo_rs_weighted=neutral("method.geo_rs_weighted"))
     mask = batch.mask.bool()
     log_rho = behaviour_log_ratio(batch, m.algo.log_ratio_clamp)
     n = mask.sum(-1)  # geometric_keep at 6ae5a75:
@@ -114,7 +121,7 @@ def test_is_seq_ratio_product_is_sequence_tis_before_the_key():
     """method.is_seq_ratio=product (replay against 6ae5a75's TIS.prepare at is_level=sequence): the weight is
     min(exp(clamp(sum_t LR)), C) per sequence, as before."""
     batch = _batch(2)
-    m = make_method("tis", is_level="sequence", is_seq_ratio="product", is_cap_C=2.0)
+    m = make_method("tis", is_level="sequence", is_seq_ratio=neutral("method.is_seq_ratio"), is_cap_C=2.0)
     raw = behaviour_log_ratio(batch, float("inf"))
     clamp = m.algo.log_ratio_clamp
     rho = torch.exp(raw.sum(-1).clamp(-clamp, clamp))[:, None].expand_as(raw)
@@ -136,8 +143,13 @@ def test_baseline_all_is_the_grpo_advantage_before_the_key():
         adv = centered / (r.std(dim=1, keepdim=True, unbiased=True) + 1e-6) if norm else centered
         adv = torch.where((r == r[:, :1]).all(dim=1, keepdim=True), torch.zeros_like(adv), adv).reshape(-1)
         assert torch.equal(group_advantages(rewards, 4, eps=1e-6, norm_by_std=norm), adv)
-    source = (REPO / "bench" / "train.py").read_text()
-    assert 'p.method.rejected_rows(batch, stats) if p.cfg.algo.baseline == "kept" else None' in source
+    # the trainer's re-baselining at the neutral value leaves the batch as it is, though the arm rejected responses;
+    # the namespace stands for the trainer's Parts, of which rebaseline reads the config and the arm
+    batch, m = _batch(1), make_method("geo_rs")
+    stats = m.prepare(batch)
+    assert bool(m.rejected_rows(batch, stats).any())
+    parts = SimpleNamespace(cfg=SimpleNamespace(algo=SimpleNamespace(baseline=neutral("algo.baseline"))), method=m)
+    assert rebaseline(parts, None, rewards[:8], batch, stats) is batch
 
 
 # --------------------------------------------------------------------------------- evaluation (3bd2052)
@@ -156,7 +168,7 @@ def test_top_k_0_samples_as_before_the_key(temperature, top_p):
     g = torch.Generator().manual_seed(4)
     logits = torch.randn(64, 128, generator=g) * 3
     u = torch.rand(64, generator=g, dtype=D)
-    new = _sample(logits, SamplingParams(8, temperature, top_p=top_p, top_k=0), u)
+    new = _sample(logits, SamplingParams(8, temperature, top_p=top_p, top_k=neutral("eval.top_k")), u)
     old = _old_sample(logits, SamplingParams(8, temperature, top_p=top_p), u)
     assert torch.equal(new[0], old[0]) and torch.equal(new[1], old[1])
     assert not torch.equal(_sample(logits, SamplingParams(8, temperature, top_p=top_p, top_k=2), u)[1], old[1])
@@ -168,7 +180,7 @@ def test_convention_ours_applies_no_preset():
     ${method}_${convention}` and no `<arm>_ours.yaml` exists, so the arm's knobs are its own config's; and nothing
     but the config check reads the key (a preset's values would show as method.* differences themselves)."""
     assert "optional convention_preset@method: ${method}_${convention}" in (CONF_DIR / "config.yaml").read_text()
-    assert not list((CONF_DIR / "convention_preset").glob("*_ours.yaml"))
+    assert not list((CONF_DIR / "convention_preset").glob(f"*_{neutral('convention')}.yaml"))
     readers = set()
     for path in (REPO / "bench").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -211,13 +223,14 @@ def test_without_compaction_the_sync_interval_changes_no_token(model, precision)
     free, _ = _generate(model, precision)
     eos = [int(t) for t in free.response_ids.flatten().bincount().topk(12).indices]  # frequent ids: every row ends early
     before, before_rows = _generate(model, precision, eos, sync_every=1, compact=False)
-    neutral, neutral_rows = _generate(model, precision, eos, sync_every=16, compact=False)
+    now, now_rows = _generate(model, precision, eos, sync_every=neutral("rollout.sync_every"),
+                              compact=neutral("rollout.compact"))
     lengths = before.response_mask.sum(1)
     assert lengths.min() < lengths.max() < 24  # rows end at different steps, the last before max_new_tokens
-    assert set(before_rows) == set(neutral_rows) == {24}  # no compaction: the full batch at every step
-    assert len(neutral_rows) > len(before_rows)  # the sparse check ran past the longest row; those steps are dropped
-    for a, b in [(neutral.response_ids, before.response_ids), (neutral.response_mask, before.response_mask),
-                 (neutral.logp_mu, before.logp_mu)]:
+    assert set(before_rows) == set(now_rows) == {24}  # no compaction: the full batch at every step
+    assert len(now_rows) > len(before_rows)  # the sparse check ran past the longest row; those steps are dropped
+    for a, b in [(now.response_ids, before.response_ids), (now.response_mask, before.response_mask),
+                 (now.logp_mu, before.logp_mu)]:
         assert torch.equal(a, b)
 
 
@@ -227,6 +240,6 @@ def test_compile_false_runs_the_eager_decoder(model, monkeypatch):
     def refuse(fn):
         raise AssertionError("rollout.compile=false compiled a function")
     monkeypatch.setattr(embedded, "compiled", refuse)
-    engine = EmbeddedEngine("mxfp4", compile=False)
+    engine = EmbeddedEngine("mxfp4", compile=neutral("rollout.compile"))
     engine.load_weights(model)
     assert not any(isinstance(getattr(m, "quantizer", None), embedded.FusedActQuantizer) for m in engine.decoder.modules())
