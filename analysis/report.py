@@ -24,7 +24,7 @@ from .arms import arm_labels, sorted_arms
 from .lockfile import LOCK_FILE, drift, lock_sha256, read_lock
 from .load import Sweep, flatten, get
 from .plots import FigureFile
-from .severity import SeverityOptions
+from .runs import SeverityOptions
 from .tables import Table, accuracy_summary, render
 from .verdict import verdict
 
