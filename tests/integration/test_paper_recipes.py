@@ -163,7 +163,8 @@ def start_up(cfg, model_dir: Path) -> None:
     copies) is not run here."""
     from bench.config import validate
     from bench.distributed import check_engine
-    from bench.evaluation import build_eval_sets, eval_engine_kind
+    from bench.eval_config import eval_engine_kind
+    from bench.evaluation import build_eval_sets
     from bench.launch.memory import estimate_memory
     from bench.models.load import _load_tokenizer, apply_overrides, config_overrides
     from bench.preflight import check_data

@@ -19,7 +19,7 @@ from omegaconf.errors import ValidationError
 
 from bench.config import GROUP_REGISTRIES, Config, _check_part, check_across, check_root_domains, checks
 from bench.domains import Domain, domains, num, numeric_kind
-from bench.evaluation import EvalConfig
+from bench.eval_config import EvalConfig
 from bench.grpo import AlgoConfig
 from bench.launch.budget import BudgetConfig
 from bench.models.load import ModelConfig

@@ -18,16 +18,8 @@ import torch
 import transformers as tr
 
 from bench.domains import check_schema
-from bench.evaluation import (
-    EvalConfig,
-    build_eval_sets,
-    evaluate_policy,
-    evaluate_set,
-    greedy_eval,
-    pass_ks,
-    set_config,
-    set_metrics,
-)
+from bench.eval_config import EvalConfig, set_config
+from bench.evaluation import build_eval_sets, evaluate_policy, evaluate_set, greedy_eval, pass_ks, set_metrics
 from bench.models.tokenizer import PromptFormat, build_char_tokenizer
 from bench.rollout.embedded import EmbeddedEngine
 from bench.tasks.base import build_task

@@ -4,7 +4,7 @@ and no two rooms (a folder, or a top-level module) import each other.
     0 base        registry, domains (config value ranges), timing, device, grpo/gae/dapo (the loss and advantage
                   math), passk, mismatch, run/
     1 parts       quant/, rewards (scorers, the countdown checker)
-    2 components  rollout/ (engines), tasks/, methods/ (arms)
+    2 components  rollout/ (engines), tasks/, methods/ (arms), eval_config (the eval schema, torch-free)
     3 models      models/ (loaders, tokenizer, log-probs: reads a Rollout)
     4 loop's help compute, critic, advantages, sampling, evaluation, preflight, warmstart, distributed
     5 loop        train
@@ -24,7 +24,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 FLOORS = {
     0: ["registry", "domains", "timing", "device", "grpo", "gae", "dapo", "passk", "mismatch", "run"],
     1: ["quant", "rewards"],
-    2: ["rollout", "tasks", "methods"],
+    2: ["rollout", "tasks", "methods", "eval_config"],
     3: ["models"],
     4: ["compute", "critic", "advantages", "sampling", "evaluation", "preflight", "warmstart", "distributed"],
     5: ["train"],
