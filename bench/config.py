@@ -26,6 +26,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from bench import CONF_DIR  # defined where `qrl-bench --help` reads it without this module's imports
+from bench.advantages import ESTIMATORS
 from bench.domains import check_schema, domains, num, numeric_kind
 from bench.launch.budget import BudgetConfig
 from bench.launch.power import PowerConfig
@@ -237,6 +238,8 @@ def check_across(cfg: DictConfig) -> None:
     """Checks that need two sections (the advantage estimator and DAPO's knobs against train.* and task.*) or
     none (the root's seed)."""
     algo, train = cfg.algo, cfg.train
+    if algo.advantage not in ESTIMATORS:
+        raise ValueError(f"algo.advantage={algo.advantage!r} is not valid; choose one of: {', '.join(ESTIMATORS.names())}")
     check_convention(cfg)
     fixed = METHODS.entry(cfg.method.name).meta.get("precision")
     if fixed is not None and cfg.rollout.precision != fixed:

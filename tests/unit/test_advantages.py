@@ -207,7 +207,7 @@ def test_values_are_read_before_each_response_token():
 
 # ------------------------------------------------------------------------------------------ configuration
 @pytest.mark.parametrize("overrides, message", [
-    (["algo.advantage=ppo"], "algo.advantage='ppo' is not valid; choose one of: grpo, gae"),
+    (["algo.advantage=ppo"], "algo.advantage='ppo' is not valid; choose one of: gae, grpo"),
     (["algo.lam=1.5"], "algo.lam=1.5 is out of range; allowed: [0, 1]"),
     (["algo.value_clip=0"], "algo.value_clip=0 is out of range; allowed: (0, inf)"),
     (["algo.critic_lr=0"], "algo.critic_lr=0 is out of range; allowed: (0, 1]"),
