@@ -239,7 +239,8 @@ def check_across(cfg: DictConfig) -> None:
     none (the root's seed)."""
     algo, train = cfg.algo, cfg.train
     if algo.advantage not in ESTIMATORS:
-        raise ValueError(f"algo.advantage={algo.advantage!r} is not valid; choose one of: {', '.join(ESTIMATORS.names())}")
+        raise ValueError(f"algo.advantage={algo.advantage!r} is not valid; "
+                         f"choose one of: {', '.join(ESTIMATORS.names())}")
     check_convention(cfg)
     fixed = METHODS.entry(cfg.method.name).meta.get("precision")
     if fixed is not None and cfg.rollout.precision != fixed:

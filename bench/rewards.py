@@ -22,10 +22,10 @@ Scorers (the `SCORERS` registry, bench/registry.py; each returns 1.0 for a corre
   TinyZero's reward (verl/utils/reward_score/countdown.py in Jiayi-Pan/TinyZero) does. The gold is a mapping
   {"target": int, "nums": [int, ...]} ("numbers" is accepted for "nums").
 
-A format reward (`ANSWER_FORMATS`, a registry: `\\boxed{}` present, `#### n` present, an `Answer:` line, `<answer>` tags) can be
-mixed in by `Reward(format_weight=w)`: a correct answer scores 1, a wrong but well-formatted one w, anything
-else 0 (TinyZero's 1 / 0.1 / 0 scheme, verl's `format_score`). Correct answers stay exactly 1.0, so the
-trainer's accuracy (`reward >= 1`) is unchanged by shaping.
+A format reward (the `ANSWER_FORMATS` registry: `\\boxed{}` present, `#### n` present, an `Answer:` line,
+`<answer>` tags) can be mixed in by `Reward(format_weight=w)`: a correct answer scores 1, a wrong but
+well-formatted one w, anything else 0 (TinyZero's 1 / 0.1 / 0 scheme, verl's `format_score`). Correct answers
+stay exactly 1.0, so the trainer's accuracy (`reward >= 1`) is unchanged by shaping.
 
 `Reward` runs the scorer under a wall-clock limit (bench/run/timelimit.py; the docstring there says how it works
 and where it does not hold). A scorer that times out or raises scores 0; `Reward.stats` counts both so they
