@@ -21,7 +21,8 @@ FALLBACK_COLORS = ["#7F7F7F", "#9467BD", "#BCBD22", "#17BECF", "#8C564B", "#E377
 PRECISION_LINESTYLES = ["-", "--", ":", "-."]
 UNDECLARED_ORDER = 1000
 #: The default `--baseline` (the method every gap is measured against) and `--naive` (the uncorrected low-precision
-#: method whose gap to the baseline the corrections recover), written once: the CLI's help and SeverityOptions read them.
+#: method whose gap to the baseline the corrections recover), written once: the CLI's help, SeverityOptions and every
+#: table's and figure's default read them.
 BASELINE = "bf16"
 NAIVE = "naive"
 #: The default `--control`: the on-policy quantized control (the trainer at the rollout's precision, so pi_old = mu),

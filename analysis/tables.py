@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from .arms import arm_labels, bitwidth, is_emulated, rollout_label, sorted_arms
+from .arms import BASELINE, arm_labels, bitwidth, is_emulated, rollout_label, sorted_arms
 from .comparisons import differs, family_name, is_primary, p_columns, paired_comparisons
 from .inference import ALPHA, fmt_p
 from .load import Run, Sweep, get
@@ -320,7 +320,7 @@ def _baseline_arm(arms: list[tuple[str, str]], baseline: str) -> tuple[str, str]
     return matches[0] if matches else None
 
 
-def accuracy_summary(sweep: Sweep, baseline: str = "bf16") -> pd.DataFrame:
+def accuracy_summary(sweep: Sweep, baseline: str = BASELINE) -> pd.DataFrame:
     """Tidy numbers: per (model, task, arm) mean/std over seeds (percent), n, diverged count, gap to baseline with
     its interval (analysis.stats: paired by seed where both arms ran the same seeds) and the eval's binomial SE."""
     fa = final_accuracy(sweep)
@@ -352,7 +352,7 @@ def accuracy_summary(sweep: Sweep, baseline: str = "bf16") -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def accuracy_table(sweep: Sweep, baseline: str = "bf16") -> Table:
+def accuracy_table(sweep: Sweep, baseline: str = BASELINE) -> Table:
     """Final eval accuracy per arm x task: mean ± std over seeds, number of seeds, gap to the baseline."""
     data = accuracy_summary(sweep, baseline)
     labels = arm_labels(zip(data["method"], data["precision"]))
@@ -416,7 +416,7 @@ def paired_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> Tab
     return Table("paired", data, display.fillna(MISSING), caption)
 
 
-def results_table(sweep: Sweep, baseline: str = "bf16") -> Table:
+def results_table(sweep: Sweep, baseline: str = BASELINE) -> Table:
     """Paper layout: one row per arm (method, bitwidth), one column per task, and their average.
 
     The average is the mean over tasks of the per-task means, shown only for arms that ran every task (an
@@ -558,7 +558,7 @@ def run_timings(sweep: Sweep, warmup: int = 1) -> pd.DataFrame:
                                        "rollout_tokens_per_s", "step_s", *TIME_PARTS])
 
 
-def throughput_summary(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) -> pd.DataFrame:
+def throughput_summary(sweep: Sweep, baseline: str = BASELINE, warmup: int = 1) -> pd.DataFrame:
     """Per (model, engine, device, task, arm): tokens/s mean ± std over runs (seeds), mean seconds per step by
     part, and the speed-ups against the baseline arm on the same model, engine, device and task.
 
@@ -601,7 +601,7 @@ def _ratio(a: float, b: float) -> float:
     return float(a / b) if np.isfinite(a) and np.isfinite(b) and b > 0 else float("nan")
 
 
-def throughput_table(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) -> Table:
+def throughput_table(sweep: Sweep, baseline: str = BASELINE, warmup: int = 1) -> Table:
     """Rollout throughput and where a training step's time goes, per task, arm, rollout precision, engine and device."""
     data = throughput_summary(sweep, baseline, warmup)
     multi_model = data["model"].nunique() > 1
