@@ -105,7 +105,7 @@ class GAEAdvantage:
 
 
 def build_estimator(cfg: Any, policy: torch.nn.Module) -> AdvantageEstimator:
-    """The estimator `cfg.algo.advantage` names (checked by bench.config.check_across)."""
+    """The estimator `cfg.algo.advantage` names (checked by bench.launch.config.check_across)."""
     return ESTIMATORS.get(cfg.algo.advantage)(cfg.algo, cfg.train, policy)
 
 

@@ -26,7 +26,8 @@ BASELINES = ("all", "kept")
 class AlgoConfig:
     """`algo.*`: the policy-gradient knobs every arm shares (docs/arms.md §5), the advantage estimator
     (GRPO or PPO's critic + GAE) and DAPO's data-side knobs. The arms' own knobs live in their schemas
-    (bench/methods/<arm>.py); checks that need `train.*` or `task.*` too are in bench/config.py `check_across`."""
+    (bench/methods/<arm>.py); checks that need `train.*` or `task.*` too are in bench/launch/config.py
+    `check_across`."""
 
     clip_eps_low: float = num(0.2, "[0, 1)")  # the lower clip bound is 1 - eps
     clip_eps_high: float = num(0.2, "[0, inf)")  # DAPO clip-higher: 0.28
@@ -59,7 +60,7 @@ class AlgoConfig:
 
     def check(self) -> None:
         """What the declared domains cannot say: the choices, and the baseline's estimator (the estimator's name is
-        checked against its registry in bench/config.py `check_across`)."""
+        checked against its registry in bench/launch/config.py `check_across`)."""
         for key, valid in (("loss_agg", LOSS_AGGS), ("baseline", BASELINES)):
             if getattr(self, key) not in valid:
                 raise ValueError(f"algo.{key}={getattr(self, key)!r} is not valid; choose one of: {', '.join(valid)}")

@@ -13,7 +13,7 @@ looked up (lm-evaluation-harness's `@register_model`, without its hand-kept MODE
 is its module plus its yaml, and nothing else: no import list, tuple or if/else on names to keep in sync.
 
 A `schema` is the dataclass of the component's own config keys (lingua's `OptimArgs` beside `optim.py`);
-`bench.config.register_configs` hands every registered schema to Hydra's ConfigStore.
+`bench.launch.config.register_configs` hands every registered schema to Hydra's ConfigStore.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from bench.launch import sweep_report
-from bench.config import CONF_DIR, GROUP_REGISTRIES, NAME_KEYS, RENAMED_METHODS, USER_NAMED_MODELS, register_configs, validate
+from bench.launch.config import (CONF_DIR, GROUP_REGISTRIES, NAME_KEYS, RENAMED_METHODS, USER_NAMED_MODELS,
+                                 register_configs, validate)
 from bench.grpo import AlgoConfig
 from bench.launch.overrides import SWEEP_OVERWRITE, check_overrides
 from bench.rollout import close_engines
@@ -343,7 +344,7 @@ def check_group_overrides(args: list[str]) -> str | None:
 
 def check_names(args: list[str]) -> str | None:
     """The error for a renamed arm (`method=fp8`: naming the new name) or for an override of a name key
-    (`method.name=tis`: a registered name is its config file's name and nothing else, bench/config.py)."""
+    (`method.name=tis`: a registered name is its config file's name and nothing else, bench/launch/config.py)."""
     for arg in args:
         key, eq, value = arg.lstrip("+~").partition("=")
         if not eq:

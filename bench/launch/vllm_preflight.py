@@ -352,7 +352,7 @@ def preflight_sweep(overrides: list[str]) -> int:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from bench.config import CONF_DIR
+    from bench.launch.config import CONF_DIR
     from bench.launch.dryrun import expand
     from bench.run.store import RunDir
 
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     """One job's preflight in this process: compose its config, build its parts as a run does, run the steps."""
     from hydra import compose, initialize_config_dir
 
-    from bench.config import CONF_DIR, register_configs, validate
+    from bench.launch.config import CONF_DIR, register_configs, validate
     from bench.rollout import close_engines
     from bench.train import build
 

@@ -120,7 +120,7 @@ def path_error(key: str, value: Any) -> str | None:
 
 
 def check_path_parts(cfg: Any) -> None:
-    """Raise ValueError (bench.config's checks, before any work) for the first PATH_KEYS value of `cfg` that
+    """Raise ValueError (bench.launch.config's checks, before any work) for the first PATH_KEYS value of `cfg` that
     `path_error` refuses."""
     for key in PATH_KEYS:
         error = path_error(key, _get(cfg, key) or "")

@@ -218,7 +218,7 @@ def test_values_are_read_before_each_response_token():
     (["algo.dynamic_sampling_max_rounds=0"], "algo.dynamic_sampling_max_rounds=0 is out of range; allowed: [1, inf)"),
 ])
 def test_bad_estimator_and_dapo_settings_fail_naming_the_key(tmp_path, overrides, message):
-    from bench.config import validate
+    from bench.launch.config import validate
     from tests.helpers import make_cfg
 
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -226,7 +226,7 @@ def test_bad_estimator_and_dapo_settings_fail_naming_the_key(tmp_path, overrides
 
 
 def test_ppo_with_one_response_per_prompt_is_valid(tmp_path):
-    from bench.config import validate
+    from bench.launch.config import validate
     from tests.helpers import make_cfg
 
     validate(make_cfg(tmp_path, "algo.advantage=gae", "train.group_size=1", "train.batch_size=8"))

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from bench.config import validate
+from bench.launch.config import validate
 from bench.eval_config import EVAL_ENGINES, EvalConfig, eval_engine_kind
 from bench.evaluation import build_eval_engine
 from bench.rollout.embedded import EmbeddedEngine

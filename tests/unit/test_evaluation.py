@@ -90,7 +90,7 @@ def test_good_eval_config_passes():
 
 def test_eval_config_from_the_command_line(tmp_path):
     """`eval.*` is part of the root config: '@' parses in an override value, and validate runs its checks."""
-    from bench.config import validate
+    from bench.launch.config import validate
     from tests.helpers import make_cfg
 
     cfg = make_cfg(tmp_path, "eval.mode=pass@k", "eval.k=4", "eval.n=8", "eval.sets=[aime24,amc23]",
