@@ -25,7 +25,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from bench.run.identity import method_metric  # noqa: E402
+from bench.run.identity import Arm, method_metric  # noqa: E402
 
 from .arms import (BASELINE, arm_color, arm_diagnostics, arm_labels, arm_linestyle, is_emulated,  # noqa: E402
                    method_sort_key, precision_label, sorted_arms)
@@ -52,8 +52,6 @@ PAPER_STYLE = {
     "savefig.dpi": 200,
     "pdf.fonttype": 42,  # embed TrueType: editable text, accepted by paper submission systems
 }
-
-Arm = tuple[str, str]
 
 
 @dataclass
