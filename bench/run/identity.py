@@ -31,7 +31,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
 
 # ------------------------------------------------------------------------------------------------ layout
 CONFIG_FILE = "config.yaml"
@@ -64,16 +64,24 @@ NON_SEMANTIC_KEYS = (
 )
 
 
-def arm(method: str, precision: str) -> str:
-    """An arm's one spelling: `<method>@<precision>`."""
-    return f"{method}{ARM_SEP}{precision}"
+class Arm(NamedTuple):
+    """An arm: a method (`method.name`, e.g. tis) at a rollout precision; the same method at two precisions is two
+    arms. Its one spelling is `<method>@<precision>` (`str(arm)`); a method alone is a method, never an arm. A
+    tuple, so it equals and hashes as `(method, precision)`: the analysis keys its tables and figures by it."""
 
+    method: str
+    precision: str
 
-def split_arm(text: str) -> tuple[str, str]:
-    method, sep, precision = str(text).partition(ARM_SEP)
-    if not sep or not method or not precision:
-        raise ValueError(f"{text!r} is not an arm (<method>{ARM_SEP}<precision>)")
-    return method, precision
+    def __str__(self) -> str:
+        return f"{self.method}{ARM_SEP}{self.precision}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Arm":
+        """The arm a `<method>@<precision>` spelling names (a run path's arm level)."""
+        method, sep, precision = str(text).partition(ARM_SEP)
+        if not sep or not method or not precision:
+            raise ValueError(f"{text!r} is not an arm (<method>{ARM_SEP}<precision>)")
+        return cls(method, precision)
 
 
 def _get(cfg: Any, dotted: str) -> Any:
@@ -122,7 +130,7 @@ def path_error(key: str, value: Any) -> str | None:
 
 
 def check_path_parts(cfg: Any) -> None:
-    """Raise ValueError (bench.config's checks, before any work) for the first PATH_KEYS value of `cfg` that
+    """Raise ValueError (bench.launch.config's checks, before any work) for the first PATH_KEYS value of `cfg` that
     `path_error` refuses."""
     for key in PATH_KEYS:
         error = path_error(key, _get(cfg, key) or "")
@@ -161,12 +169,12 @@ class RunId:
                    variant=str(values["variant"] or ""), engine=str(_get(cfg, ENGINE_KEY) or ""))
 
     @property
-    def arm(self) -> str:
-        return arm(self.method, self.precision)
+    def arm(self) -> Arm:
+        return Arm(self.method, self.precision)
 
     def path(self, out_root: str | Path) -> Path:
         """The run directory: a pure function of the identity, so a relaunched sweep finds its runs."""
-        parts = [str(self.sweep), self.arm, self.task, self.model] + ([self.variant] if self.variant else [])
+        parts = [str(self.sweep), str(self.arm), self.task, self.model] + ([self.variant] if self.variant else [])
         return Path(out_root).joinpath(*parts, f"seed{int(self.seed)}")
 
     @property
@@ -176,7 +184,7 @@ class RunId:
 
     @property
     def name(self) -> str:
-        return "-".join([self.arm, self.task, self.model] + ([self.variant] if self.variant else []) + [f"s{self.seed}"])
+        return "-".join([str(self.arm), self.task, self.model] + ([self.variant] if self.variant else []) + [f"s{self.seed}"])
 
     @property
     def tags(self) -> list[str]:
@@ -211,7 +219,7 @@ def parse_run_path(path: Path) -> dict[str, Any]:
     variant = parts.pop() if parts and "=" in parts[-1] else ""
     if len(parts) < 3 or ARM_SEP not in parts[-3]:
         return {}
-    method, precision = split_arm(parts[-3])
+    method, precision = Arm.parse(parts[-3])
     return {"method": method, "precision": precision, "task": parts[-2], "model": parts[-1], "variant": variant,
             "seed": int(m.group(1))}
 
