@@ -71,7 +71,7 @@ class BlockEngine:
         return concat_rollouts(ordered, self.pad_id)
 
 
-def _device_of(engine: Any) -> torch.device:
+def _device_of(engine: RolloutEngine) -> torch.device:
     decoder = getattr(engine, "decoder", None)
     dev = getattr(decoder, "device", None)
     return torch.device(dev) if dev is not None else torch.device("cpu")
