@@ -30,8 +30,8 @@ from bench.advantages import AdvantageEstimator
 from bench.compute import TrainerCompute
 from bench.critic import Critic
 from bench.device import restore_rng, rng_state
-from bench.distributed.group import broadcast_object, rank, world_size
 from bench.distributed.compute import ShardedCompute, ShardedCritic
+from bench.distributed.group import broadcast_object, rank, world_size
 from bench.distributed.sharding import load_full_optim_state, load_full_state, rebuilt_optimizer, shard
 from bench.run.identity import CKPT_DIR
 from bench.run.store import DCP_EXTRA, DCP_SUFFIX, RunDir
