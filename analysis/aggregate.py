@@ -29,7 +29,7 @@ from scipy.stats import trim_mean
 
 from .arms import method_sort_key
 from .load import Sweep
-from .severity import SeverityOptions, _baseline_group, run_rows
+from .runs import SeverityOptions, baseline_group, run_rows
 from .tables import MISSING, Table, fmt_ci
 
 REPS = 2000
@@ -80,7 +80,7 @@ def aggregates(sweep: Sweep, opts: SeverityOptions = SeverityOptions(), reps: in
     own: dict[str, list[np.ndarray]] = {}
     for (model, task), g in runs.groupby(["model", "task"], sort=True):
         for severity, here in g.groupby("severity", sort=True):
-            base, note = _baseline_group(g, severity, opts.baseline)
+            base, note = baseline_group(g, severity, opts.baseline)
             naive = here[here["method"] == opts.naive]
             for method, a in here.groupby("method", sort=False):
                 x = a["final_acc"].to_numpy(float)

@@ -5,15 +5,16 @@ defined (bench/methods/<arm>.py), the trainer records that in every run's run.js
 rollout precision's label and bit widths (`precision`), and the loader hands each run's declaration to `learn`.
 So a new arm or precision appears in every figure and table without a change here; a run that declares
 nothing (an older run directory) gets a colour derived from its method's name and sorts after the known ones.
-An arm is labelled by its method, as `<method>@<precision>` (bench/run/identity.py) where the method runs at two precisions.
+An arm (`Arm`: a method at a rollout precision, bench/run/identity.py) is labelled by its method, and as
+`<method>@<precision>` where the method runs at two precisions.
 """
 
 from __future__ import annotations
 
-from bench.run import identity
-
 import zlib
 from typing import Any, Iterable
+
+from bench.run.identity import Arm
 
 # Okabe-Ito-like palette for methods that declare no colour: chosen by a hash of the name, so it does not
 # depend on which other methods are in the sweep.
@@ -21,7 +22,8 @@ FALLBACK_COLORS = ["#7F7F7F", "#9467BD", "#BCBD22", "#17BECF", "#8C564B", "#E377
 PRECISION_LINESTYLES = ["-", "--", ":", "-."]
 UNDECLARED_ORDER = 1000
 #: The default `--baseline` (the method every gap is measured against) and `--naive` (the uncorrected low-precision
-#: method whose gap to the baseline the corrections recover), written once: the CLI's help and SeverityOptions read them.
+#: method whose gap to the baseline the corrections recover), written once: the CLI's help, SeverityOptions and every
+#: table's and figure's default read them.
 BASELINE = "bf16"
 NAIVE = "naive"
 #: The default `--control`: the on-policy quantized control (the trainer at the rollout's precision, so pi_old = mu),
@@ -92,21 +94,22 @@ def arm_sort_key(arm: tuple[str, str]) -> tuple[int, str, int, str]:
     return (*method_sort_key(method), -precision_bits(precision), precision)
 
 
-def sorted_arms(arms: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    return sorted(set(arms), key=arm_sort_key)
+def sorted_arms(arms: Iterable[tuple[str, str]]) -> list[Arm]:
+    """The arms, each once, in the report's order; (method, precision) pairs are taken as arms."""
+    return [Arm(*a) for a in sorted(set(arms), key=arm_sort_key)]
 
 
-def arm_labels(arms: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+def arm_labels(arms: Iterable[tuple[str, str]]) -> dict[Arm, str]:
     """Legend/row label per arm: the method name, spelled as the arm `<method>@<precision>` (bench/run/identity.py)
     where the method appears at two precisions."""
     arms = sorted_arms(arms)
     counts: dict[str, int] = {}
     for m, _ in arms:
         counts[m] = counts.get(m, 0) + 1
-    return {(m, p): (m if counts[m] == 1 else identity.arm(m, p)) for m, p in arms}
+    return {a: (a.method if counts[a.method] == 1 else str(a)) for a in arms}
 
 
-def arm_linestyle(arm: tuple[str, str], arms: Iterable[tuple[str, str]]) -> str:
+def arm_linestyle(arm: Arm, arms: Iterable[tuple[str, str]]) -> str:
     """Solid for a method's highest precision; other precisions of the same method get dashes/dots."""
     same = [a for a in sorted_arms(arms) if a[0] == arm[0]]
     return PRECISION_LINESTYLES[same.index(arm) % len(PRECISION_LINESTYLES)] if arm in same else "-"

@@ -136,13 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     # Imported here: matplotlib is the slow import, and `--help` or a usage error should not pay for it.
     from .plots import make_figures
     from .report import write_report
-    from .severity import SeverityOptions, has_severity_axis, severity_figures, severity_table
+    from .runs import SeverityOptions, has_severity_axis
+    from .severity import severity_figures, severity_table
     from .benchmarks import benchmark_table
     from .ranges import ranges_table
-    from .tables import accuracy_table, results_table, throughput_table, write_table
+    from .tables import accuracy_table, paired_table, results_table, throughput_table, write_table
 
     from .aggregate import aggregate_table
-    from .comparisons import paired_table
     from .decomposition import decomposition_table, plot_decomposition
 
     sev = SeverityOptions(naive=args.naive, baseline=args.baseline, collapse_k=args.collapse_k, control=args.control,

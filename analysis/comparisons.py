@@ -24,8 +24,7 @@ import pandas as pd
 from .arms import method_sort_key
 from .inference import ALPHA, diff_test, fmt_p, holm
 from .load import Sweep
-from .severity import SeverityOptions, _baseline_group, run_rows, severity_labels
-from .tables import MISSING, Table, fmt_ci
+from .runs import SeverityOptions, baseline_group, run_rows, severity_labels
 
 ENDPOINTS = {"final": "final_acc", "auc": "auc"}
 PRIMARY = "primary"
@@ -58,7 +57,7 @@ def paired_comparisons(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) 
             cell = {"model": model, "task": task, "severity": severity, "severity_label": labels.get(severity, severity),
                     "precision": str(severity).split(";", 1)[0]}
             here = g[g["severity"] == severity]
-            base, _ = _baseline_group(g, severity, opts.baseline)
+            base, _ = baseline_group(g, severity, opts.baseline)
             naive = here[here["method"] == opts.naive]
             # the pre-registered family pairs by seed: a seed some of its arms lack is dropped from all of its tests
             # (docs/preregistration.md), never compared unpaired against the arms that ran more seeds
@@ -106,30 +105,4 @@ def is_primary(row: Any) -> bool:
     return str(row.primary) == "True"
 
 
-def paired_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> Table:
-    """The report's table of every paired comparison: Δ with its 95 % interval and n, raw p, Holm-adjusted p."""
-    data = paired_comparisons(sweep, opts)
-    multi = data["task"].nunique() > 1 or data["model"].nunique() > 1 if not data.empty else False
-    rows = []
-    for r in data.itertuples(index=False):
-        row = {"Task / model": f"{r.task} / {r.model}"} if multi else {}
-        row |= {"Family": ("primary (pre-registered)" if is_primary(r) else r.family), "Severity": r.severity_label,
-                "Comparison": r.comparison, "Endpoint": "final accuracy" if r.endpoint == "final" else "AUC",
-                "Δ (pp)": fmt_ci(r.gap, r.gap_lo, r.gap_hi, signed=True, n=r.gap_n),
-                "p": fmt_p(r.p_raw) + (" (1-sided)" if r.alternative == "greater" else ""),
-                "p (Holm)": fmt_p(r.p_holm), "differs": "yes" if differs(r) else ("–" if not np.isfinite(r.p_holm) else "no")}
-        rows.append(row)
-    caption = (
-        "Every paired comparison the report states: Δ = mean difference (pp) with its 95 % interval and n (paired t "
-        "over per-seed differences where both arms ran the same seeds, Welch otherwise), the test's raw p (two-sided; "
-        "one-sided for a pre-registered directional hypothesis) and its Holm-adjusted p within its family and endpoint: "
-        f"'vs {opts.baseline}' (every arm and severity against the baseline), 'vs {opts.naive}' (every other arm at "
-        f"the same severity), 'primary (pre-registered)' (arm > {opts.naive}, final accuracy and AUC together: the "
-        f"pre-registered family, which needs no further correction). 'differs': Holm-adjusted p ≤ {ALPHA}."
-    )
-    display = pd.DataFrame(rows) if rows else pd.DataFrame(columns=["Comparison"])
-    return Table("paired", data, display.fillna(MISSING), caption)
-
-
-__all__ = ["ENDPOINTS", "PRIMARY", "differs", "family_name", "is_primary", "p_columns", "paired_comparisons",
-           "paired_table"]
+__all__ = ["ENDPOINTS", "PRIMARY", "differs", "family_name", "is_primary", "p_columns", "paired_comparisons"]

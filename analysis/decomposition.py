@@ -30,8 +30,8 @@ import pandas as pd
 from .arms import arm_color, method_sort_key
 from .inference import diff_test
 from .load import Sweep
-from .severity import (METHOD_MARKERS, NAIVE_BETTER, NO_NAIVE_GAP, OFF_SCALE, SeverityOptions, _baseline_group,
-                       _err, _recovered_levels, recovered_drawn, run_rows, severity_labels)
+from .runs import SeverityOptions, baseline_group, run_rows, severity_labels
+from .severity import METHOD_MARKERS, NAIVE_BETTER, NO_NAIVE_GAP, OFF_SCALE, _err, _recovered_levels, recovered_drawn
 from .stats import NAN_INTERVAL, Interval, ratio_interval
 from .tables import MISSING, Table, fmt_ci
 
@@ -64,7 +64,7 @@ def decomposition(sweep: Sweep, opts: SeverityOptions = SeverityOptions(), endpo
     for (model, task), g in runs.groupby(["model", "task"], sort=True):
         for severity in g.groupby("severity")["kl"].mean().sort_values(kind="stable").index:
             here = g[g["severity"] == severity]
-            base, note = _baseline_group(g, severity, opts.baseline)
+            base, note = baseline_group(g, severity, opts.baseline)
             naive, control = (here[here["method"] == m] for m in (opts.naive, opts.control))
             if note or base.empty or naive.empty or control.empty:
                 continue

@@ -91,9 +91,9 @@ class Run:
         return (self.method, self.precision, self.task_name, self.model, self.severity, self.task_key)
 
     @property
-    def arm(self) -> tuple[str, str]:
-        """An arm is a method at a rollout precision; the same method at two precisions is two arms."""
-        return (self.method, self.precision)
+    def arm(self) -> identity.Arm:
+        """The run's arm: its method at its rollout precision."""
+        return identity.Arm(self.method, self.precision)
 
     @property
     def engine(self) -> str:

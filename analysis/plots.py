@@ -25,10 +25,10 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from bench.run.identity import method_metric  # noqa: E402
+from bench.run.identity import Arm, method_metric  # noqa: E402
 
-from .arms import (arm_color, arm_diagnostics, arm_labels, arm_linestyle, is_emulated, method_sort_key,  # noqa: E402
-                   precision_label, sorted_arms)
+from .arms import (BASELINE, arm_color, arm_diagnostics, arm_labels, arm_linestyle, is_emulated,  # noqa: E402
+                   method_sort_key, precision_label, sorted_arms)
 from .load import Sweep  # noqa: E402
 from .stats import mean_band, rolling_mean  # noqa: E402
 from .tables import PART_LABELS, TIME_PARTS, throughput_summary  # noqa: E402
@@ -52,8 +52,6 @@ PAPER_STYLE = {
     "savefig.dpi": 200,
     "pdf.fonttype": 42,  # embed TrueType: editable text, accepted by paper submission systems
 }
-
-Arm = tuple[str, str]
 
 
 @dataclass
@@ -361,7 +359,7 @@ def plot_diagnostics(sweep: Sweep, task: str, model: str, out_dir: Path, smooth:
 PART_COLORS = {"rollout_s": "#4C72B0", "sync_s": "#DD8452", "recompute_s": "#8172B3", "train_s": "#55A868", "other_s": "#BBBBBB"}
 
 
-def plot_throughput(sweep: Sweep, model: str, out_dir: Path, baseline: str = "bf16", warmup: int = 1,
+def plot_throughput(sweep: Sweep, model: str, out_dir: Path, baseline: str = BASELINE, warmup: int = 1,
                     formats: Sequence[str] = FORMATS) -> FigureFile | None:
     """Rollout tokens/s per arm (with speed-up vs baseline) and where a training step's time goes: generation,
     weight sync + re-quantization, recompute, optimizer steps; one row per arm, engine and device."""
@@ -478,7 +476,7 @@ def plot_quant(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: int =
                       _save(fig, out_dir, name, formats))
 
 
-def make_figures(sweep: Sweep, out_dir: Path, smooth: int = 1, baseline: str = "bf16", warmup: int = 1,
+def make_figures(sweep: Sweep, out_dir: Path, smooth: int = 1, baseline: str = BASELINE, warmup: int = 1,
                  formats: Sequence[str] = FORMATS, log: Callable[[str], None] = lambda _: None) -> list[FigureFile]:
     """Every figure the sweep has data for, in report order (curves, mismatch, diagnostics, throughput, quant)."""
     out: list[FigureFile] = []

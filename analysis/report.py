@@ -20,11 +20,11 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from .arms import arm_labels, sorted_arms
+from .arms import BASELINE, arm_labels, sorted_arms
 from .lockfile import LOCK_FILE, drift, lock_sha256, read_lock
 from .load import Sweep, flatten, get
 from .plots import FigureFile
-from .severity import SeverityOptions
+from .runs import SeverityOptions
 from .tables import Table, accuracy_summary, render
 from .verdict import verdict
 
@@ -143,7 +143,7 @@ def write_report(
     tables: list[tuple[Table, dict[str, Path]]],
     figures: list[FigureFile],
     command: str,
-    baseline: str = "bf16",
+    baseline: str = BASELINE,
     settings: dict[str, Any] | None = None,
     opts: SeverityOptions | None = None,
 ) -> Path:

@@ -44,20 +44,20 @@ eval SE         beside a gap: the binomial standard error the finite test set al
 from __future__ import annotations
 
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from .arms import BASELINE, CONTROL, NAIVE, arm_color, method_sort_key
-from .collapse import COLLAPSE_SENTENCE, collapse_step
-from .load import SEVERITY_OPTIONS, Run, Sweep, get
+from .arms import arm_color, method_sort_key
+from .collapse import COLLAPSE_SENTENCE
+from .comparisons import family_name, p_columns, paired_comparisons
+from .load import Sweep
+from .runs import SeverityOptions, baseline_group, run_rows, severity_labels
 from .stats import METHOD_SENTENCE, NAN_INTERVAL, Interval, diff_interval, mean_interval, ratio_interval
-from .tables import MISSING, Table, eval_curve, fmt_ci, fmt_se, gap_eval_se, n_test, sampler_accuracy0
+from .tables import MISSING, Table, fmt_ci, fmt_se, gap_eval_se
 
-KL_METRICS = ("mismatch/kl_k3", "mismatch/kl_k1")
 #: one marker per method in the severity figure: methods at one severity often measure the same mismatch and
 #: similar accuracies, and colour alone does not tell overlapping points apart
 METHOD_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "p", "h", "*")
@@ -68,112 +68,6 @@ RECOVERED_RANGE = (-100.0, 200.0)
 OFF_SCALE = (f"drawn within [{RECOVERED_RANGE[0]:.0f}, {RECOVERED_RANGE[1]:.0f}] %".replace("-", "−")
              + ": a share beyond it is an arrow at the edge under its value, an interval end beyond it an arrowhead")
 NAIVE_BETTER = "naive better than baseline"
-
-
-@dataclass(frozen=True)
-class SeverityOptions:
-    """Which method is the naive form, the baseline and the on-policy control, the collapse rule's k, and the
-    pre-registered primary arms (each tested > naive, one-sided, in its own Holm family: analysis/comparisons.py)."""
-
-    naive: str = NAIVE
-    baseline: str = BASELINE
-    collapse_k: int = 3
-    control: str = CONTROL
-    primary: tuple[str, ...] = ()
-
-
-# --------------------------------------------------------------------------------------------- per run
-def eval_auc(steps: Sequence[float], values: Sequence[float]) -> float:
-    """Trapezoid area under (steps, values) divided by the step span: the time-average (one point: its value)."""
-    s, v = np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
-    if s.size == 0:
-        return float("nan")
-    if s.size == 1 or s[-1] == s[0]:
-        return float(v[-1])
-    return float(np.sum((v[1:] + v[:-1]) / 2 * np.diff(s)) / (s[-1] - s[0]))
-
-
-def run_mismatch(run: Run) -> float:
-    """Mean over the run's steps of its KL(mu || pi_old) estimate (k3, else k1); NaN when neither was logged."""
-    for key in KL_METRICS:
-        if key in run.metrics and run.metrics[key].notna().any():
-            return float(run.metrics[key].mean())
-    return float("nan")
-
-
-def run_seq_mismatch(run: Run) -> float:
-    """Mean over the run's steps of response length x per-token KL (T·KL, nats); NaN without both metrics."""
-    m = run.metrics
-    kl = next((k for k in KL_METRICS if k in m and m[k].notna().any()), None)
-    if kl is None or "reward/response_length" not in m:
-        return float("nan")
-    return float((m["reward/response_length"] * m[kl]).mean())
-
-
-def run_rows(sweep: Sweep, k: int = 3) -> pd.DataFrame:
-    """One row per run with an eval: identity, severity, mismatch, final accuracy, AUC (%) and collapse."""
-    rows = []
-    for r in sweep.runs:
-        e = eval_curve(r)
-        if e is None or r.final_accuracy is None:
-            continue
-        step = collapse_step(e["step"].tolist(), e["eval/accuracy"].tolist(), k, n_test(r))
-        rows.append({
-            "run_id": r.run_id, "model": r.model, "task": r.task, "method": r.method, "precision": r.precision,
-            "severity": r.severity, "seed": r.seed, "status": r.status, "kl": run_mismatch(r),
-            "seq_kl": run_seq_mismatch(r), "sampler_acc0": sampler_accuracy0(r),
-            "final_acc": 100 * r.final_accuracy,
-            "auc": 100 * eval_auc(e["step"].tolist(), e["eval/accuracy"].tolist()),
-            "collapsed": step is not None, "collapse_step": step, "n_test": n_test(r),
-        })
-    cols = ["run_id", "model", "task", "method", "precision", "severity", "seed", "status", "kl", "seq_kl",
-            "sampler_acc0", "final_acc", "auc", "collapsed", "collapse_step", "n_test"]
-    return pd.DataFrame(rows, columns=cols)
-
-
-# --------------------------------------------------------------------------------------------- severity labels
-def _options(key: str) -> tuple[str, dict[str, str]]:
-    precision, *parts = key.split(";")
-    return precision, dict(p.split("=", 1) for p in parts)
-
-
-def _explicit(run: Run) -> set[str]:
-    """The severity options this run's config sets away from the engine's default (null / false)."""
-    out = set()
-    for short, (config_key, _) in SEVERITY_OPTIONS.items():
-        value = get(run.config, config_key)
-        if value not in (None, False) and not (isinstance(value, str) and "${" in value):
-            out.add(short)
-    return out
-
-
-def severity_labels(runs: Iterable[Run]) -> dict[str, str]:
-    """severity key -> readable label: the precision, plus each option that the runs set explicitly or that
-    varies between the sweep's severities of the same precision ("int8 (w=per_tensor, a=per_tensor)")."""
-    runs = list(runs)
-    explicit: dict[str, set[str]] = {}
-    for r in runs:
-        explicit.setdefault(r.severity, set()).update(_explicit(r))
-    parsed = {key: _options(key) for key in explicit}
-    labels: dict[str, str] = {}
-    for key, (precision, opts) in parsed.items():
-        siblings = [o for p, o in parsed.values() if p == precision]
-        shown = []
-        for short in SEVERITY_OPTIONS:
-            value = opts.get(short, "None")
-            varies = len({o.get(short) for o in siblings}) > 1
-            if value in ("None", "False") or not (varies or short in explicit[key]):
-                continue
-            shown.append(short if value == "True" else f"{short}={value}")
-        labels[key] = precision + (f" ({', '.join(shown)})" if shown else "")
-    if len(set(labels.values())) < len(labels):  # two severities that no option tells apart: show the keys
-        return {key: key for key in labels}
-    return labels
-
-
-def has_severity_axis(sweep: Sweep) -> bool:
-    """True when the sweep's runs span at least two severities (then the report has a severity section)."""
-    return len({r.severity for r in sweep.runs}) >= 2
 
 
 # --------------------------------------------------------------------------------------------- summary
@@ -192,19 +86,6 @@ def _eval_se(a: pd.DataFrame, b: pd.DataFrame) -> float:
     return gap_eval_se(a["final_acc"], b["final_acc"], pd.concat([a["n_test"], b["n_test"]]))
 
 
-def _baseline_group(g: pd.DataFrame, severity: str, baseline: str) -> tuple[pd.DataFrame, str | None]:
-    """The baseline's runs for a cell at `severity`: at that severity, else at its only severity; or a reason."""
-    base = g[g["method"] == baseline]
-    if base.empty:
-        return base, f"no {baseline} run"
-    same = base[base["severity"] == severity]
-    if not same.empty:
-        return same, None
-    if base["severity"].nunique() == 1:
-        return base, None
-    return base.iloc[0:0], f"{baseline} ran at several severities, not this one"
-
-
 def severity_summary(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> pd.DataFrame:
     """Per (model, task, severity, method): seeds, mismatch, final accuracy and AUC with CIs, the gap to the
     baseline and the recovered fraction of the naive gap with CIs (and why not, where undefined), collapses."""
@@ -215,7 +96,7 @@ def severity_summary(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) ->
         order = g.groupby("severity")["kl"].mean().sort_values(kind="stable")
         for severity in order.index:
             cell = g[g["severity"] == severity]
-            base, base_note = _baseline_group(g, severity, opts.baseline)
+            base, base_note = baseline_group(g, severity, opts.baseline)
             naive = cell[cell["method"] == opts.naive]
             naive_gap = _gap(base, naive, "final_acc")
             for method in sorted(cell["method"].unique(), key=method_sort_key):
@@ -268,8 +149,6 @@ def _recovered(a: pd.DataFrame, naive: pd.DataFrame, base: pd.DataFrame, naive_g
 # --------------------------------------------------------------------------------------------- table
 def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> Table:
     """The gap-to-baseline table across severities, with the recovered fraction of the naive gap and collapses."""
-    from .comparisons import family_name, p_columns, paired_comparisons  # it builds on this module
-
     data = severity_summary(sweep, opts)
     multi_model = data["model"].nunique() > 1 if not data.empty else False
     gap = f"gap_to_{opts.baseline}"
@@ -735,6 +614,4 @@ def severity_figures(sweep: Sweep, out_dir: Path, opts: SeverityOptions = Severi
     return out
 
 
-__all__ = ["SeverityOptions", "collapse_step", "eval_auc", "has_severity_axis", "plot_recovered", "plot_severity",
-           "run_mismatch", "plot_tkl", "run_rows", "run_seq_mismatch", "sampler_accuracy0", "severity_figures", "severity_labels",
-           "severity_summary", "severity_table"]
+__all__ = ["plot_recovered", "plot_severity", "plot_tkl", "severity_figures", "severity_summary", "severity_table"]

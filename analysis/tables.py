@@ -1,4 +1,5 @@
-"""Tables: final accuracy per arm x task, throughput per arm and precision, and a paper-style results table.
+"""Tables: final accuracy per arm x task, throughput per arm and precision, a paper-style results table, and the
+table of every paired comparison (its numbers: analysis/comparisons.py).
 
 Every table is a `Table` with two faces built from the same numbers: `data` (tidy, numeric, full precision)
 goes to CSV for anyone who wants to recompute or re-plot, and `display` (formatted strings) goes through
@@ -19,8 +20,11 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from .arms import arm_labels, bitwidth, is_emulated, rollout_label, sorted_arms
+from .arms import BASELINE, arm_labels, bitwidth, is_emulated, rollout_label, sorted_arms
+from .comparisons import differs, family_name, is_primary, p_columns, paired_comparisons
+from .inference import ALPHA, fmt_p
 from .load import Run, Sweep, get
+from .runs import SeverityOptions, eval_curve, n_test, sampler_accuracy0
 from .stats import METHOD_SENTENCE, diff_interval, gap_binomial_se, summarize
 
 MISSING = "–"
@@ -273,12 +277,6 @@ def fmt_se(se: float, digits: int = 1) -> str:
     return MISSING if se is None or not np.isfinite(se) else f"±{se:.{digits}f}"
 
 
-def n_test(run: Run) -> float:
-    """The number of test problems each evaluation of the run scored (config task.n_test); NaN when unknown."""
-    n = get(run.config, "task.n_test")
-    return float(n) if isinstance(n, (int, float)) and not isinstance(n, bool) and n > 0 else float("nan")
-
-
 def gap_eval_se(a: pd.Series, b: pd.Series, n_tests: pd.Series) -> float:
     """The binomial SE (pp) the test set alone puts on mean(a) - mean(b), accuracies in %, k seeds each; NaN when
     the runs' n_test is unknown or differs."""
@@ -289,22 +287,6 @@ def gap_eval_se(a: pd.Series, b: pd.Series, n_tests: pd.Series) -> float:
 
 
 # --------------------------------------------------------------------------------------------- accuracy
-def eval_curve(run: Run) -> pd.DataFrame | None:
-    """The run's evaluations that have an accuracy, by step; None when it has none."""
-    if run.evals.empty or "eval/accuracy" not in run.evals:
-        return None
-    e = run.evals.dropna(subset=["eval/accuracy"]).sort_values("step")
-    return None if e.empty else e
-
-
-def sampler_accuracy0(run: Run) -> float:
-    """The step-0 training batch's reward/accuracy in % (mu's own accuracy before any update); NaN if not logged."""
-    m = run.metrics
-    if "reward/accuracy" not in m or m.empty or (m["step"] != 0).all():
-        return float("nan")
-    return 100 * float(m.loc[m["step"] == 0, "reward/accuracy"].iloc[0])
-
-
 def final_accuracy(sweep: Sweep) -> pd.DataFrame:
     """One row per run with an eval: identity, status, final_step and final eval accuracy (fraction).
 
@@ -338,7 +320,7 @@ def _baseline_arm(arms: list[tuple[str, str]], baseline: str) -> tuple[str, str]
     return matches[0] if matches else None
 
 
-def accuracy_summary(sweep: Sweep, baseline: str = "bf16") -> pd.DataFrame:
+def accuracy_summary(sweep: Sweep, baseline: str = BASELINE) -> pd.DataFrame:
     """Tidy numbers: per (model, task, arm) mean/std over seeds (percent), n, diverged count, gap to baseline with
     its interval (analysis.stats: paired by seed where both arms ran the same seeds) and the eval's binomial SE."""
     fa = final_accuracy(sweep)
@@ -370,11 +352,8 @@ def accuracy_summary(sweep: Sweep, baseline: str = "bf16") -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def accuracy_table(sweep: Sweep, baseline: str = "bf16") -> Table:
+def accuracy_table(sweep: Sweep, baseline: str = BASELINE) -> Table:
     """Final eval accuracy per arm x task: mean ± std over seeds, number of seeds, gap to the baseline."""
-    from .comparisons import family_name, p_columns, paired_comparisons  # it builds on this module
-    from .severity import SeverityOptions
-
     data = accuracy_summary(sweep, baseline)
     labels = arm_labels(zip(data["method"], data["precision"]))
     multi_model = data["model"].nunique() > 1
@@ -412,7 +391,32 @@ def accuracy_table(sweep: Sweep, baseline: str = "bf16") -> Table:
     return Table("accuracy", data, display, caption)
 
 
-def results_table(sweep: Sweep, baseline: str = "bf16") -> Table:
+def paired_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> Table:
+    """The report's table of every paired comparison: Δ with its 95 % interval and n, raw p, Holm-adjusted p."""
+    data = paired_comparisons(sweep, opts)
+    multi = data["task"].nunique() > 1 or data["model"].nunique() > 1 if not data.empty else False
+    rows = []
+    for r in data.itertuples(index=False):
+        row = {"Task / model": f"{r.task} / {r.model}"} if multi else {}
+        row |= {"Family": ("primary (pre-registered)" if is_primary(r) else r.family), "Severity": r.severity_label,
+                "Comparison": r.comparison, "Endpoint": "final accuracy" if r.endpoint == "final" else "AUC",
+                "Δ (pp)": fmt_ci(r.gap, r.gap_lo, r.gap_hi, signed=True, n=r.gap_n),
+                "p": fmt_p(r.p_raw) + (" (1-sided)" if r.alternative == "greater" else ""),
+                "p (Holm)": fmt_p(r.p_holm), "differs": "yes" if differs(r) else ("–" if not np.isfinite(r.p_holm) else "no")}
+        rows.append(row)
+    caption = (
+        "Every paired comparison the report states: Δ = mean difference (pp) with its 95 % interval and n (paired t "
+        "over per-seed differences where both arms ran the same seeds, Welch otherwise), the test's raw p (two-sided; "
+        "one-sided for a pre-registered directional hypothesis) and its Holm-adjusted p within its family and endpoint: "
+        f"'vs {opts.baseline}' (every arm and severity against the baseline), 'vs {opts.naive}' (every other arm at "
+        f"the same severity), 'primary (pre-registered)' (arm > {opts.naive}, final accuracy and AUC together: the "
+        f"pre-registered family, which needs no further correction). 'differs': Holm-adjusted p ≤ {ALPHA}."
+    )
+    display = pd.DataFrame(rows) if rows else pd.DataFrame(columns=["Comparison"])
+    return Table("paired", data, display.fillna(MISSING), caption)
+
+
+def results_table(sweep: Sweep, baseline: str = BASELINE) -> Table:
     """Paper layout: one row per arm (method, bitwidth), one column per task, and their average.
 
     The average is the mean over tasks of the per-task means, shown only for arms that ran every task (an
@@ -554,7 +558,7 @@ def run_timings(sweep: Sweep, warmup: int = 1) -> pd.DataFrame:
                                        "rollout_tokens_per_s", "step_s", *TIME_PARTS])
 
 
-def throughput_summary(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) -> pd.DataFrame:
+def throughput_summary(sweep: Sweep, baseline: str = BASELINE, warmup: int = 1) -> pd.DataFrame:
     """Per (model, engine, device, task, arm): tokens/s mean ± std over runs (seeds), mean seconds per step by
     part, and the speed-ups against the baseline arm on the same model, engine, device and task.
 
@@ -597,7 +601,7 @@ def _ratio(a: float, b: float) -> float:
     return float(a / b) if np.isfinite(a) and np.isfinite(b) and b > 0 else float("nan")
 
 
-def throughput_table(sweep: Sweep, baseline: str = "bf16", warmup: int = 1) -> Table:
+def throughput_table(sweep: Sweep, baseline: str = BASELINE, warmup: int = 1) -> Table:
     """Rollout throughput and where a training step's time goes, per task, arm, rollout precision, engine and device."""
     data = throughput_summary(sweep, baseline, warmup)
     multi_model = data["model"].nunique() > 1

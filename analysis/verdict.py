@@ -32,7 +32,8 @@ from .comparisons import differs, family_name, is_primary, paired_comparisons
 from .decomposition import decomposition
 from .inference import ALPHA, fmt_p
 from .load import Sweep, get
-from .severity import SeverityOptions, _baseline_group, run_rows, severity_summary
+from .runs import SeverityOptions, baseline_group, run_rows
+from .severity import severity_summary
 from .stats import ratio_interval
 
 MAX_LISTED = 3
@@ -184,7 +185,7 @@ def _recovered(sweep: Sweep, opts: SeverityOptions, multi_task: bool, labels: di
             g = runs[(runs["model"] == r.model) & (runs["task"] == r.task)]
             here = g[g["severity"] == r.severity]
             a, naive = here[here["method"] == r.method], here[here["method"] == opts.naive]
-            base, _ = _baseline_group(g, r.severity, opts.baseline)
+            base, _ = baseline_group(g, r.severity, opts.baseline)
             iv = ratio_interval(a["final_acc"], naive["final_acc"], base["final_acc"],
                                 (list(a["seed"]), list(naive["seed"]), list(base["seed"])), level=level)
             text = (f" [{100 * iv.lo:.0f}, {100 * iv.hi:.0f}] %" if iv.defined else " (interval unbounded)")

@@ -8,6 +8,9 @@ The trainer calls `estimate` once per rollout batch (before the policy update) a
 critic's own optimizer steps; nothing for GRPO), and checkpoints `state_dict`. The arms never see which
 estimator ran: they receive `Batch.adv` ([B] or [B, T]) and apply their corrections to the policy loss exactly
 as with GRPO (bench/methods/base.py `token_advantages`).
+
+Each estimator registers itself in `ESTIMATORS` (bench/registry.py) under the name `algo.advantage` takes, and is
+built as `cls(algo, train, policy)`.
 """
 
 from __future__ import annotations
@@ -19,8 +22,12 @@ import torch
 from bench.critic import Critic
 from bench.gae import gae_from_outcome
 from bench.grpo import group_advantages
+from bench.registry import Registry
 from bench.rollout.base import Rollout
 
+
+#: name (`algo.advantage`) -> estimator class
+ESTIMATORS: Registry[type] = Registry("advantage estimator", "bench.advantages")
 
 class AdvantageEstimator(Protocol):
     def estimate(
@@ -37,10 +44,11 @@ class AdvantageEstimator(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+@ESTIMATORS.register("grpo")
 class GRPOAdvantage:
     """(R_i - mean_g R) / (std_g R + eps) per group of `train.group_size` responses; stateless."""
 
-    def __init__(self, algo: Any, train: Any):
+    def __init__(self, algo: Any, train: Any, policy: torch.nn.Module | None = None):
         self.algo, self.group_size = algo, train.group_size
 
     def estimate(
@@ -60,6 +68,7 @@ class GRPOAdvantage:
         pass
 
 
+@ESTIMATORS.register("gae")
 class GAEAdvantage:
     """PPO: the critic's values V(s_t) on the rollout, GAE advantages and returns, then a value update."""
 
@@ -96,12 +105,8 @@ class GAEAdvantage:
 
 
 def build_estimator(cfg: Any, policy: torch.nn.Module) -> AdvantageEstimator:
-    """The estimator `cfg.algo.advantage` names (checked by AlgoConfig.check)."""
-    if cfg.algo.advantage == "grpo":
-        return GRPOAdvantage(cfg.algo, cfg.train)
-    if cfg.algo.advantage == "gae":
-        return GAEAdvantage(cfg.algo, cfg.train, policy)
-    raise ValueError(f"algo.advantage={cfg.algo.advantage!r} is not valid; choose one of: grpo, gae")
+    """The estimator `cfg.algo.advantage` names (checked by bench.launch.config.check_across)."""
+    return ESTIMATORS.get(cfg.algo.advantage)(cfg.algo, cfg.train, policy)
 
 
-__all__ = ["AdvantageEstimator", "GAEAdvantage", "GRPOAdvantage", "build_estimator"]
+__all__ = ["ESTIMATORS", "AdvantageEstimator", "GAEAdvantage", "GRPOAdvantage", "build_estimator"]

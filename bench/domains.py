@@ -11,7 +11,7 @@ A schema field states its domain where it is defined:
 The interval is written as in mathematics, `(` open and `[` closed; `inf` inside a closed bracket admits infinity
 (`(0, inf]`), inside an open one only finite values. NaN is never admitted. `special` maps values to what they
 mean: a value outside the interval that is accepted (0 = "off"), or a value inside it worth naming (inf = "no
-cap"); an Optional key must say what `None` means. `bench.config` runs `check_domains` on every section before
+cap"); an Optional key must say what `None` means. `bench.launch.config` runs `check_domains` on every section before
 any work (the schema's own `check()` keeps only what a domain cannot say: choices, and relations between keys),
 and a test walks every numeric key of every registered schema, so a key added without a domain fails there.
 

@@ -33,94 +33,19 @@ engine samples on (bench.rollout.base.sampling_device): evaluating never moves t
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
-from bench.domains import check_schema, num
 from bench.device import make_generator
+from bench.eval_config import EvalConfig, as_eval_config, eval_engine_kind, set_config
 from bench.models.tokenizer import PromptFormat, decode_responses, encode_prompts
 from bench.passk import mean_pass_at_k
 from bench.rewards import scorer_metrics
 from bench.rollout import build_engine
 from bench.rollout.base import RolloutEngine, SamplingParams, response_budget, sampling_device
 from bench.rollout.embedded import EmbeddedRolloutConfig
-from bench.tasks.base import TASKS, Example, Task, config_to_dict, stable_seed
-
-EVAL_MODES = ("greedy", "avg@k", "pass@k")
-EVAL_ENGINES = ("auto", "embedded", "vllm")  # auto: the rollout engine's kind
-
-
-@dataclass
-class EvalConfig:
-    """`eval.*`: the benchmark sets evaluated besides the training task, and how (the module docstring)."""
-
-    mode: str = "greedy"  # greedy | avg@k | pass@k (for eval.sets; the training task's eval/accuracy is greedy)
-    k: int = num(1, "[1, inf)")  # samples per problem for avg@k; the largest k of pass@k
-    n: Optional[int] = num(None, "[1, inf)", {None: "k"})  # pass@k: samples per problem (n >= k)
-    # avg@k / pass@k sampling temperature (greedy argmax is eval.mode=greedy; beyond ~10 sampling is near uniform)
-    temperature: float = num(1.0, "(0, 10]")
-    top_p: float = num(1.0, "(0, 1]", {1.0: "no nucleus truncation"})  # avg@k / pass@k nucleus sampling
-    top_k: int = num(0, "[1, inf)", {0: "no top-k truncation"})  # avg@k / pass@k: the k most likely tokens
-    sets: List[str] = field(default_factory=list)  # registered task names, e.g. [aime24, amc23, math500]
-    overrides: Dict[str, Any] = field(default_factory=dict)  # per set, task keys: {aime24: {source: /data/aime24}}
-    max_new_tokens: Optional[int] = num(None, "[1, inf)", {None: "each set's task.max_new_tokens"})
-    batch_size: int = num(64, "[1, inf)")  # sequences per generate call (the KV cache of one call); also for eval/accuracy
-    engine: str = "auto"  # auto | embedded | vllm: the evaluation's engine (auto: the rollout engine's kind)
-
-    @property
-    def samples(self) -> int:
-        """Samples drawn per problem of an eval set."""
-        if self.mode == "greedy":
-            return 1
-        return self.n if (self.mode == "pass@k" and self.n is not None) else self.k
-
-    def check(self) -> None:
-        if self.engine not in EVAL_ENGINES:
-            raise ValueError(f"eval.engine={self.engine!r} is not valid; choose one of: {', '.join(EVAL_ENGINES)} "
-                             "(auto: the rollout engine's kind)")
-        if self.engine == "vllm" and importlib.util.find_spec("vllm") is None:
-            raise ValueError(f"eval.engine=vllm needs vLLM, which {sys.executable} does not have: on a GPU "
-                             "`pip install -e .[vllm]`, on a CPU `bash scripts/install_vllm.sh`; or use eval.engine=embedded")
-        if self.mode not in EVAL_MODES:
-            raise ValueError(f"eval.mode={self.mode!r} is not valid; choose one of: {', '.join(EVAL_MODES)}")
-        if self.n is not None and self.n < self.k:
-            raise ValueError(f"eval.n={self.n} must be >= eval.k={self.k}: pass@k needs at least k samples per problem")
-        unknown = [s for s in self.sets if s not in TASKS]
-        if unknown:
-            raise ValueError(f"eval.sets: {', '.join(map(repr, unknown))} not a registered task; choose from: "
-                             f"{', '.join(TASKS.names())}")
-        if len(set(self.sets)) != len(self.sets):
-            raise ValueError(f"eval.sets={list(self.sets)} names a set twice")
-        stray = [s for s in self.overrides if s not in self.sets]
-        if stray:
-            raise ValueError(f"eval.overrides has {', '.join(map(repr, stray))}, "
-                             f"which eval.sets={list(self.sets)} does not name")
-        for name in self.sets:
-            check_schema(set_config(name, self.overrides.get(name)), "task")
-
-
-def as_eval_config(cfg: Any) -> EvalConfig:
-    """An `eval` config (the composed DictConfig or an EvalConfig) as an EvalConfig."""
-    if isinstance(cfg, EvalConfig):
-        return cfg
-    return EvalConfig(**OmegaConf.to_container(cfg, resolve=True))
-
-
-def eval_engine_kind(choice: str, rollout_engine: str) -> str:
-    """The engine kind (`embedded` or `vllm`) an evaluation runs on: `eval.engine`, where auto is the rollout
-    engine's kind (`rollout.engine`)."""
-    if choice not in EVAL_ENGINES:
-        raise ValueError(f"eval.engine={choice!r} is not valid; choose one of: {', '.join(EVAL_ENGINES)}")
-    kind = rollout_engine if choice == "auto" else choice
-    if kind not in EVAL_ENGINES[1:]:
-        raise ValueError(f"eval.engine=auto: rollout.engine={rollout_engine!r} has no evaluation engine; "
-                         f"set eval.engine to one of: {', '.join(EVAL_ENGINES[1:])}")
-    return kind
+from bench.tasks.base import TASKS, Example, Task, stable_seed
 
 
 def build_eval_engine(eval_cfg: Any, rollout_cfg: Any, rollout_engine: RolloutEngine, ids: dict[str, Any],
@@ -138,18 +63,6 @@ def build_eval_engine(eval_cfg: Any, rollout_cfg: Any, rollout_engine: RolloutEn
     # an unbuilt engine for its stop ids, context and GPU share; the evaluation builds its sibling at EVAL_PRECISION
     template = build_engine(VLLMRolloutConfig(precision="bf16"), **ids, max_len=max_len)
     return VLLMEvalEngine(template, owns_template=False)
-
-
-def set_config(name: str, overrides: Any = None) -> Any:
-    """The task config of eval set `name`: its schema's defaults with `overrides` (a mapping of task keys)."""
-    schema = TASKS.schema(name)
-    values = config_to_dict(overrides) if overrides is not None else {}
-    known = set(schema.__dataclass_fields__)
-    bad = sorted(set(values) - known)
-    if bad:
-        raise ValueError(f"eval.overrides.{name}: unknown key(s) {', '.join(bad)}; "
-                         f"{name} has: {', '.join(sorted(known))}")
-    return schema(**{**values, "name": name})
 
 
 def build_eval_sets(eval_cfg: Any, train_task: Task) -> dict[str, Task]:

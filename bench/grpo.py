@@ -17,7 +17,6 @@ import torch
 from bench.domains import num
 
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-ADVANTAGES = ("grpo", "gae")
 #: whose rewards make a group's GRPO baseline: "all" its responses (verl, TRL, SkyRL, AReaL, ROLL, miles, prime-rl
 #: at their commits in docs/arms.md §8), or only those the arm kept ("kept": verl PR #6452, NeMo-RL's valid_mask)
 BASELINES = ("all", "kept")
@@ -27,7 +26,8 @@ BASELINES = ("all", "kept")
 class AlgoConfig:
     """`algo.*`: the policy-gradient knobs every arm shares (docs/arms.md §5), the advantage estimator
     (GRPO or PPO's critic + GAE) and DAPO's data-side knobs. The arms' own knobs live in their schemas
-    (bench/methods/<arm>.py); checks that need `train.*` or `task.*` too are in bench/config.py `check_across`."""
+    (bench/methods/<arm>.py); checks that need `train.*` or `task.*` too are in bench/launch/config.py
+    `check_across`."""
 
     clip_eps_low: float = num(0.2, "[0, 1)")  # the lower clip bound is 1 - eps
     clip_eps_high: float = num(0.2, "[0, inf)")  # DAPO clip-higher: 0.28
@@ -40,7 +40,7 @@ class AlgoConfig:
     kl_ref_beta: float = num(0.0, "[0, 100]", {0.0: "no reference model"})  # KL(pi_theta || pi_ref) coefficient
     # |log ratio| clamp before every exp (verl SAFETY_BOUND 20); above ~88 exp overflows fp32
     log_ratio_clamp: float = num(20.0, "(0, 80]")
-    # advantage estimator (bench/advantages.py): grpo = group-normalized [B]; gae = PPO critic + GAE [B, T]
+    # advantage estimator (bench/advantages.py ESTIMATORS): grpo = group-normalized [B]; gae = PPO critic + GAE [B, T]
     advantage: str = "grpo"
     gamma: float = num(1.0, "[0, 1]")  # gae: discount (verl algorithm.gamma)
     lam: float = num(1.0, "[0, 1]")  # gae: GAE lambda (verl algorithm.lam)
@@ -59,8 +59,9 @@ class AlgoConfig:
     overlong_penalty_factor: float = num(1.0, "[0, 100]")
 
     def check(self) -> None:
-        """What the declared domains cannot say: the choices, and the baseline's estimator."""
-        for key, valid in (("loss_agg", LOSS_AGGS), ("advantage", ADVANTAGES), ("baseline", BASELINES)):
+        """What the declared domains cannot say: the choices, and the baseline's estimator (the estimator's name is
+        checked against its registry in bench/launch/config.py `check_across`)."""
+        for key, valid in (("loss_agg", LOSS_AGGS), ("baseline", BASELINES)):
             if getattr(self, key) not in valid:
                 raise ValueError(f"algo.{key}={getattr(self, key)!r} is not valid; choose one of: {', '.join(valid)}")
         if self.baseline == "kept" and self.advantage != "grpo":
@@ -248,7 +249,6 @@ def kl_ref_penalty(
 
 
 __all__ = [
-    "ADVANTAGES",
     "BASELINES",
     "LOSS_AGGS",
     "agg_loss",

@@ -1,4 +1,5 @@
-"""The one registration mechanism of the suite: methods, tasks, rollout engines and precisions.
+"""The one registration mechanism of the suite: methods, tasks, rollout engines, precisions, reward scorers,
+answer formats and advantage estimators.
 
 Each extension point owns one `Registry`, keyed by the name the user types (`method=tis`, `task=countdown`,
 `rollout=vllm`, `rollout.precision=int8`), which is also the name in the run path, the metric namespace and
@@ -12,7 +13,7 @@ looked up (lm-evaluation-harness's `@register_model`, without its hand-kept MODE
 is its module plus its yaml, and nothing else: no import list, tuple or if/else on names to keep in sync.
 
 A `schema` is the dataclass of the component's own config keys (lingua's `OptimArgs` beside `optim.py`);
-`bench.config.register_configs` hands every registered schema to Hydra's ConfigStore.
+`bench.launch.config.register_configs` hands every registered schema to Hydra's ConfigStore.
 """
 
 from __future__ import annotations
@@ -61,11 +62,12 @@ class Registry(Generic[T]):
         return deco
 
     def discover(self) -> None:
-        """Import every module of the package once, so that their `register` calls have run."""
+        """Import every module of the package once (or the one module, where `package` names a module), so that
+        their `register` calls have run."""
         if self._discovered:
             return
         pkg = importlib.import_module(self.package)
-        for info in pkgutil.iter_modules(pkg.__path__):
+        for info in pkgutil.iter_modules(getattr(pkg, "__path__", [])):
             importlib.import_module(f"{self.package}.{info.name}")
         self._discovered = True
 

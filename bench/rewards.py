@@ -1,6 +1,6 @@
 """Verifiable rewards for the real tasks: scorers `(completion, gold) -> float` that never raise.
 
-Scorers (the `SCORERS` registry; each returns 1.0 for a correct answer and 0.0 otherwise):
+Scorers (the `SCORERS` registry, bench/registry.py; each returns 1.0 for a correct answer and 0.0 otherwise):
 
 * `math_verify`: HuggingFace math-verify (the checker of open-r1, lighteval and verl's math_verify option).
   The gold answer is parsed first (wrapped in `\\boxed{}` unless it already has one, as verl does), the
@@ -22,10 +22,10 @@ Scorers (the `SCORERS` registry; each returns 1.0 for a correct answer and 0.0 o
   TinyZero's reward (verl/utils/reward_score/countdown.py in Jiayi-Pan/TinyZero) does. The gold is a mapping
   {"target": int, "nums": [int, ...]} ("numbers" is accepted for "nums").
 
-A format reward (`FORMATS`: `\\boxed{}` present, `#### n` present, an `Answer:` line, `<answer>` tags) can be
-mixed in by `Reward(format_weight=w)`: a correct answer scores 1, a wrong but well-formatted one w, anything
-else 0 (TinyZero's 1 / 0.1 / 0 scheme, verl's `format_score`). Correct answers stay exactly 1.0, so the
-trainer's accuracy (`reward >= 1`) is unchanged by shaping.
+A format reward (the `ANSWER_FORMATS` registry: `\\boxed{}` present, `#### n` present, an `Answer:` line,
+`<answer>` tags) can be mixed in by `Reward(format_weight=w)`: a correct answer scores 1, a wrong but
+well-formatted one w, anything else 0 (TinyZero's 1 / 0.1 / 0 scheme, verl's `format_score`). Correct answers
+stay exactly 1.0, so the trainer's accuracy (`reward >= 1`) is unchanged by shaping.
 
 `Reward` runs the scorer under a wall-clock limit (bench/run/timelimit.py; the docstring there says how it works
 and where it does not hold). A scorer that times out or raises scores 0; `Reward.stats` counts both so they
@@ -45,9 +45,15 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Callable
 
+from bench.registry import Registry
 from bench.run.timelimit import MODES, ScoreTimeout, TimeLimitUnavailable, call_with_time_limit
 
 Scorer = Callable[[str, Any], float]
+#: name -> scorer; each declares `answer_format` (the ANSWER_FORMATS name its answers come in) and, where it has
+#: one-off work to keep out of the time limit, `setup`
+SCORERS: Registry[Scorer] = Registry("reward scorer", "bench.rewards")
+#: name -> whether a completion has that answer format (the format reward's check)
+ANSWER_FORMATS: Registry[Callable[[str], bool]] = Registry("answer format", "bench.rewards")
 
 DAPO_TAIL_CHARS = 300  # DAPO / verl: the answer line is at the end
 BOXED_TAIL_CHARS = 100  # verl's strict-box fallback looks at the last 100 characters
@@ -139,6 +145,7 @@ def warm_up_math_verify() -> None:
     _parse_gold("1")
 
 
+@SCORERS.register("math_verify", answer_format="boxed", setup=warm_up_math_verify)
 def score_math_verify(completion: str, gold: Any) -> float:
     """1.0 iff math-verify finds the completion's final answer equal to the gold answer."""
     mv = _math_verify()
@@ -172,6 +179,7 @@ def gsm8k_gold(answer: Any) -> str:
     return text.strip().replace(",", "")
 
 
+@SCORERS.register("gsm8k_strict", answer_format="gsm8k")
 def score_gsm8k_strict(completion: str, gold: Any) -> float:
     """1.0 iff the completion's last `#### <number>` equals the gold number."""
     matches = _GSM8K_ANSWER.findall(clean_text(completion))
@@ -223,6 +231,7 @@ def normalize_final_answer(answer: str) -> str:
     return s
 
 
+@SCORERS.register("dapo", answer_format="answer_line")
 def score_dapo(completion: str, gold: Any) -> float:
     """1.0 iff the last `Answer:` line (or, failing that, the last \\boxed{}) matches the gold after normalisation."""
     text = clean_text(completion)
@@ -350,6 +359,7 @@ def countdown_expression(completion: str) -> str | None:
     return None if inner is None else inner.strip()
 
 
+@SCORERS.register("countdown", answer_format="answer_tags")
 def score_countdown(completion: str, gold: Any) -> float:
     """1.0 iff the <answer> expression hits the target using each given number at most once."""
     nums, target = _countdown_gold(gold)
@@ -359,6 +369,7 @@ def score_countdown(completion: str, gold: Any) -> float:
     return float(countdown_check(nums, target, expr))
 
 
+@SCORERS.register("countdown_all", answer_format="answer_tags")
 def score_countdown_all(completion: str, gold: Any) -> float:
     """1.0 iff the <answer> expression hits the target using every given number exactly once (TinyZero)."""
     nums, target = _countdown_gold(gold)
@@ -375,46 +386,24 @@ def score_countdown_all(completion: str, gold: Any) -> float:
 # ---- format checks -----------------------------------------------------------------------------------
 
 
+@ANSWER_FORMATS.register("boxed")
 def has_boxed(completion: str) -> bool:
     return bool((last_boxed(clean_text(completion)) or "").strip())
 
 
+@ANSWER_FORMATS.register("gsm8k")
 def has_gsm8k_answer(completion: str) -> bool:
     return _GSM8K_ANSWER.search(clean_text(completion)) is not None
 
 
+@ANSWER_FORMATS.register("answer_line")
 def has_answer_line(completion: str) -> bool:
     return _ANSWER_LINE.search(clean_text(completion)[-DAPO_TAIL_CHARS:]) is not None
 
 
+@ANSWER_FORMATS.register("answer_tags")
 def has_answer_tags(completion: str) -> bool:
     return last_answer_tag(clean_text(completion)) is not None
-
-
-SCORERS: dict[str, Scorer] = {
-    "math_verify": score_math_verify,
-    "gsm8k_strict": score_gsm8k_strict,
-    "dapo": score_dapo,
-    "countdown": score_countdown,
-    "countdown_all": score_countdown_all,
-}
-
-FORMATS: dict[str, Callable[[str], bool]] = {
-    "boxed": has_boxed,
-    "gsm8k": has_gsm8k_answer,
-    "answer_line": has_answer_line,
-    "answer_tags": has_answer_tags,
-}
-
-SETUPS: dict[str, Callable[[], None]] = {"math_verify": warm_up_math_verify}  # one-off work kept out of the limit
-
-DEFAULT_FORMAT = {  # the format each scorer's answers come in
-    "math_verify": "boxed",
-    "gsm8k_strict": "gsm8k",
-    "dapo": "answer_line",
-    "countdown": "answer_tags",
-    "countdown_all": "answer_tags",
-}
 
 
 class Reward:
@@ -426,18 +415,16 @@ class Reward:
 
     def __init__(self, scorer: str = "math_verify", *, format_weight: float = 0.0, format: str | None = None,
                  time_limit_s: float | None = 5.0, time_limit_mode: str = "auto"):
-        if scorer not in SCORERS:
-            raise ValueError(f"unknown reward scorer {scorer!r}; valid: {', '.join(sorted(SCORERS))}")
-        fmt = DEFAULT_FORMAT[scorer] if format is None else format
-        if fmt not in FORMATS:
-            raise ValueError(f"unknown reward format {fmt!r}; valid: {', '.join(sorted(FORMATS))}")
+        entry = SCORERS.entry(scorer)  # a bad name: ValueError naming it and the valid choices
+        fmt = entry.meta["answer_format"] if format is None else format
+        self.format_check = ANSWER_FORMATS.get(fmt)
         if not 0.0 <= float(format_weight) < 1.0:
             raise ValueError(f"format_weight must be in [0, 1) so a correct answer (1.0) outranks format alone, "
                              f"got {format_weight}")
         if time_limit_mode not in MODES:
             raise ValueError(f"unknown time_limit_mode {time_limit_mode!r}; valid: {', '.join(MODES)}")
         self.scorer_name, self.format_name = scorer, fmt
-        self.scorer, self.format_check = SCORERS[scorer], FORMATS[fmt]
+        self.scorer, self.setup = entry.obj, entry.meta.get("setup")
         self.format_weight = float(format_weight)
         self.time_limit_s = time_limit_s
         self.time_limit_mode = time_limit_mode
@@ -453,7 +440,7 @@ class Reward:
         text = clean_text(completion)
         try:
             value = call_with_time_limit(self.scorer, text, gold, seconds=self.time_limit_s,
-                                         mode=self.time_limit_mode, setup=SETUPS.get(self.scorer_name))
+                                         mode=self.time_limit_mode, setup=self.setup)
         except ScoreTimeout:
             self.stats["timeouts"] += 1
             return False

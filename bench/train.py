@@ -65,7 +65,7 @@ class TrainConfig:
 
     steps: int = num(100, "[1, inf)")
     batch_size: int = num(64, "[1, inf)")  # sequences per rollout batch = prompts x group_size
-    group_size: int = num(8, "[1, inf)")  # GRPO needs 2 or more: bench.config.check_across
+    group_size: int = num(8, "[1, inf)")  # GRPO needs 2 or more: bench.launch.config.check_across
     minibatches: int = num(1, "[1, inf)")  # optimizer steps per rollout batch
     epochs: int = num(1, "[1, inf)")  # passes over each rollout batch
     lr: float = num(3e-5, "(0, 1]")  # the ~1M model: the default run (arithmetic) learns at 3e-5 and unlearns at 1e-4

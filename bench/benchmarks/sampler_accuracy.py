@@ -49,7 +49,7 @@ def measure(overrides: list[str], precisions: list[str], seed: int = 0, each: An
 
     from hydra import compose, initialize_config_dir
 
-    from bench.config import CONF_DIR, register_configs
+    from bench.launch.config import CONF_DIR, register_configs
     from bench.models.load import load_policy
     from bench.models.tokenizer import PromptFormat, engine_ids
     from bench.models.load import context_length

@@ -47,7 +47,7 @@ def shape_of(name: str) -> tuple:
         return SMOKE, None
     from omegaconf import OmegaConf
 
-    from bench.config import CONF_DIR
+    from bench.launch.config import CONF_DIR
     from bench.launch.memory import SHAPES
 
     preset = CONF_DIR / "model" / f"{name.removesuffix('-instruct')}-instruct.yaml"
@@ -180,7 +180,7 @@ def estimate_gb(shape_name: str, length: int) -> float | None:
         return None
     from hydra import compose, initialize_config_dir
 
-    from bench.config import CONF_DIR, register_configs
+    from bench.launch.config import CONF_DIR, register_configs
     from bench.launch.memory import estimate_memory
 
     register_configs()  # the group yamls extend the registered schemas (the GPU check's first 1.5B run failed here)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from bench.domains import num
+from bench.eval_config import as_eval_config, set_config
 
 VERL_QUICKSTART = ("measured: verl quickstart log (docs/start/quickstart.rst), Qwen2.5-0.5B-Instruct PPO on GSM8K, "
                    "one GPU of unstated type, step 0")
@@ -257,8 +258,6 @@ def problem_count(task: Any) -> int | None:
 def eval_passes(cfg: Any) -> list[tuple[int, int, int]] | None:
     """(problems, samples, max new tokens) of every generation pass of one evaluation: the training task's
     greedy eval/accuracy, then each eval set; None when a set's size is unknown."""
-    from bench.evaluation import as_eval_config, set_config
-
     ev = as_eval_config(cfg.eval)
     passes = [(problem_count(cfg.task), 1, int(cfg.task.max_new_tokens))]
     for name in ev.sets:

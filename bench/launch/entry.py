@@ -10,7 +10,7 @@ config error before torch and transformers are imported (~10 s of CPU), then han
 
 The config check (`quick_check`) runs in a forked child that imports the suite with stand-ins for torch and
 transformers (bench.launch.stubs): it composes the command line the way Hydra will (bench.launch.overrides) and
-runs `bench.config.validate`'s checks on it, except those that need torch itself (is CUDA usable?), which the
+runs `bench.launch.config.validate`'s checks on it, except those that need torch itself (is CUDA usable?), which the
 run makes again. An error is one line naming the value, its valid choices and a close match, and exit code 2.
 The child's imports never reach this process; a child that cannot decide (a module whose import-time code a
 stand-in does not survive) hands the checks back to the run, in this process, as before.
@@ -171,7 +171,7 @@ def _check(args: list[str]) -> int:
     from bench.launch.stubs import NeedsTorch, strict, stubbed
 
     with stubbed():
-        from bench.config import GROUP_REGISTRIES, checks
+        from bench.launch.config import GROUP_REGISTRIES, checks
         from bench.launch import cli
         from bench.launch.overrides import check_overrides
         from bench.quant.quantizers import FORMATS

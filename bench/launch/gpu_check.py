@@ -159,7 +159,7 @@ def qurl_child(args: argparse.Namespace) -> None:
     import transformers as tr
     from hydra import compose, initialize_config_dir
 
-    from bench.config import CONF_DIR
+    from bench.launch.config import CONF_DIR
     from bench.launch.cli import execute
     from bench.launch.memory import estimate_memory
     from bench.models.tokenizer import build_char_tokenizer

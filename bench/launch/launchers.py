@@ -195,7 +195,7 @@ def job_views(loader: FrozenConfigLoader, master: DictConfig, job_overrides: Seq
             rid = RunId.of(cfg)
             run_dir, name = rid.path(cfg.out_root), rid.name
             key = (str(cfg.task.name), OmegaConf.to_yaml(cfg.task), OmegaConf.to_yaml(cfg.model))
-            steps, arm = int(cfg.train.steps), rid.arm
+            steps, arm = int(cfg.train.steps), str(rid.arm)
         except Exception:  # noqa: BLE001 -- another Hydra app (the launcher tests' probe)
             run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
             name, key, steps, arm = " ".join(filter_overrides(ov)) or f"job{idx}", (), 1, ""

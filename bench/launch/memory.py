@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.eval_config import eval_engine_kind
 from bench.models.logprobs import HEAD_CHUNK_TOKENS
 from bench.rollout.embedded import CDF_ROWS, CHUNK_TOKENS
 from bench.rollout.vllm_engine import GPU_MEMORY_UTILIZATION
@@ -225,7 +226,7 @@ def estimate_memory(cfg: Any) -> MemoryEstimate | None:
     eval_seq = prompt + (eval_cfg.get("max_new_tokens") or task.max_new_tokens)
     eval_positions = eval_cfg.get("batch_size", 64) * eval_seq
     eval_positions = min(eval_positions, CHUNK_TOKENS)  # the evaluation engine's default chunk_tokens
-    eval_kind = rollout.engine if eval_cfg.get("engine", "auto") == "auto" else eval_cfg.get("engine")
+    eval_kind = eval_engine_kind(eval_cfg.get("engine", "auto"), rollout.engine)
     if eval_kind == "vllm" and rollout.engine == "vllm" and rollout.precision == "bf16":
         phases["evaluation"] = 0.0  # it evaluates in the rollout's vLLM engine (bf16 on a GPU): inside its share
     else:

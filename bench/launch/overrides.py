@@ -44,7 +44,7 @@ def check_overrides(args: list[str], check: Callable[[Any], str | None] | None =
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    from bench.config import CONF_DIR
+    from bench.launch.config import CONF_DIR
 
     multirun = bool(set(flags) & set(HYDRA_FLAGS))
     writes = "--dry-run" not in flags  # a dry run writes nothing: a read-only copy of the results may be listed

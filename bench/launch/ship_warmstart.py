@@ -11,7 +11,7 @@ import sys
 
 from hydra import compose, initialize_config_dir
 
-from bench.config import CONF_DIR, register_configs
+from bench.launch.config import CONF_DIR, register_configs
 from bench.launch.overrides import check_overrides
 from bench.tasks.base import build_task
 from bench.warmstart import ship

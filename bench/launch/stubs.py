@@ -4,7 +4,7 @@ Every config schema (`TrainConfig`, each arm's, each task's) lives beside the co
 import torch and transformers: ~10 s of CPU before a typo could be reported. `stubbed()` puts stand-ins for those
 packages in front of the import system (Sphinx autodoc's `autodoc_mock_imports` does the same to document code
 whose dependencies are absent), so that the modules import in well under a second and Hydra can compose and
-`bench.config.validate` can check the config.
+`bench.launch.config.validate` can check the config.
 
 A stand-in only has to survive module level code (`import torch.nn.functional as F`, `class X(nn.Module)`,
 `@torch.no_grad()`, `DTYPES = {"bf16": torch.bfloat16}`). Once the modules are imported, `strict()` makes any use

@@ -24,7 +24,7 @@ Arms of a fixed precision. `bf16` and `fp16` roll out in their own precision (ME
 sweep over arms x precisions (`-m method=bf16,naive,tis rollout.precision=int8,fp8_e4m3`) runs each of them once,
 at its own precision, beside every other arm at every swept precision (`fold_fixed_precisions`): 1 + 2 x 2 jobs,
 and a note says so. A single run that asks `method=bf16 rollout.precision=int8` is still refused
-(bench/config.py check_across): there the user named that combination.
+(bench/launch/config.py check_across): there the user named that combination.
 
 `sweep_jobs` is the whole expansion (rows, fixed precisions, variants): the sweeper launches its jobs, the dry run
 lists them and the pre-launch check (bench/launch/overrides.py) validates them, so all three see the same jobs.

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from bench.eval_config import as_eval_config, eval_engine_kind
 from bench.rollout.base import SamplingParams
 
 if TYPE_CHECKING:
@@ -82,8 +83,6 @@ class Step:
 
 def applies(cfg: Any) -> bool:
     """Whether a run uses vLLM: rollout=vllm, or an evaluation through vLLM (eval.engine, auto = the rollout's)."""
-    from bench.evaluation import as_eval_config, eval_engine_kind
-
     return cfg.rollout.engine == "vllm" or eval_engine_kind(as_eval_config(cfg.eval).engine, cfg.rollout.engine) == "vllm"
 
 
@@ -356,7 +355,7 @@ def preflight_sweep(overrides: list[str]) -> int:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from bench.config import CONF_DIR
+    from bench.launch.config import CONF_DIR
     from bench.launch.dryrun import expand
     from bench.run.store import RunDir
 
@@ -389,8 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     """One job's preflight in this process: compose its config, build its parts as a run does, run the steps."""
     from hydra import compose, initialize_config_dir
 
-    from bench.config import CONF_DIR, register_configs, validate
-    from bench.launch.cli import close_engines
+    from bench.launch.config import CONF_DIR, register_configs, validate
+    from bench.rollout import close_engines
     from bench.train import build
 
     register_configs()
@@ -414,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"qrl-bench: error: {e}", file=sys.stderr)
         return 2
     finally:
-        close_engines(parts)
+        close_engines(parts.eval_engine, parts.engine)
     return 0
 
 

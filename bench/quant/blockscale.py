@@ -17,6 +17,8 @@ full block (padding with zeros changes no amax), as ModelOpt pads (`reduce_block
 modelopt/torch/quantization/qtensor/nvfp4_tensor.py NVFP4QTensor.quantize). Real kernels (vLLM Marlin/CUTLASS)
 require divisibility; the emulation does not need to.
 
+A new block format reshapes with `to_blocks` (zero-padding the last block) and back with `from_blocks`.
+
 Codes are float tensors holding the code values (int4: -8..7; e2m1: -6..6) and scales are decoded float values,
 so x_hat = codes * scale per block, exactly as in `bench.quant.quantizers`.
 """
@@ -45,6 +47,8 @@ __all__ = [
     "nvfp4_global_scale",
     "quantize_nvfp4",
     "fake_quant_kv",
+    "from_blocks",
+    "to_blocks",
 ]
 
 INT4_QMIN, INT4_QMAX = -8, 7
@@ -64,8 +68,9 @@ def _check_block_size(block_size: int) -> None:
         raise ValueError(f"block/group size must be a positive int, got {block_size!r}")
 
 
-def _to_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
-    """[..., K] -> [..., ceil(K / B), B] in the working dtype, the last block zero-padded."""
+def to_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[..., K] -> [..., ceil(K / B), B] in the working dtype, the last block zero-padded: the layout every block
+    format here computes its scales on, and what a new block precision builds on (with `from_blocks`)."""
     if x.dim() == 0:
         raise ValueError("block quantization needs a tensor with at least one dim, got a scalar")
     xf = x.to(work_dtype(x))
@@ -75,8 +80,8 @@ def _to_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
     return xf.reshape(*xf.shape[:-1], xf.shape[-1] // block_size, block_size)
 
 
-def _from_blocks(xb: torch.Tensor, k: int) -> torch.Tensor:
-    """Inverse of `_to_blocks`: [..., n, B] -> [..., K] (drops the padding)."""
+def from_blocks(xb: torch.Tensor, k: int) -> torch.Tensor:
+    """Inverse of `to_blocks`: [..., n, B] -> [..., K] (drops the padding)."""
     return xb.reshape(*xb.shape[:-2], -1)[..., :k]
 
 
@@ -138,11 +143,11 @@ def quantize_int4(w: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> BlockQu
     severity ladder asks for.
     """
     _check_block_size(group_size)
-    wb = _to_blocks(w, group_size)
+    wb = to_blocks(w, group_size)
     amax = wb.abs().amax(dim=-1)
     scale = (amax / torch.full_like(amax, 7.5)).clamp_(min=_F32_EPS)  # a tensor divisor: exact on CUDA too (amax_scale)
     codes = torch.round((wb / scale.unsqueeze(-1)).clamp_(INT4_QMIN, INT4_QMAX))
-    return BlockQuant(_from_blocks(codes, w.shape[-1]), scale, group_size)
+    return BlockQuant(from_blocks(codes, w.shape[-1]), scale, group_size)
 
 
 # ---- MXFP4 (OCP Microscaling v1.0) ----------------------------------------------------------------------
@@ -180,11 +185,11 @@ def quantize_mxfp4(x: torch.Tensor, scale_rounding: str = "floor") -> BlockQuant
     (E8M0), 6.3 (conversion); torchao prototype/mx_formats/mx_tensor.py `to_mx`, ScaleCalculationMode.FLOOR].
     x / X is exact (X is a power of two), so fp32 and fp64 inputs give the same codes for the same values.
     """
-    xb = _to_blocks(x, MX_BLOCK_SIZE)
+    xb = to_blocks(x, MX_BLOCK_SIZE)
     exp = mx_shared_exponent(xb.abs().amax(dim=-1), E2M1, scale_rounding)
     scale = pow2(exp, xb.dtype)
     codes = round_to_minifloat(xb / scale.unsqueeze(-1), E2M1)
-    return BlockQuant(_from_blocks(codes, x.shape[-1]), scale, MX_BLOCK_SIZE)
+    return BlockQuant(from_blocks(codes, x.shape[-1]), scale, MX_BLOCK_SIZE)
 
 
 # ---- NVFP4 ----------------------------------------------------------------------------------------------
@@ -221,7 +226,7 @@ def quantize_nvfp4(x: torch.Tensor, global_amax: torch.Tensor | float | None = N
     Activations (W4A4): vLLM uses a static, calibrated input global scale; without calibration data pass
     `global_amax` or accept the default, the dynamic per-tensor amax of x.
     """
-    xb = _to_blocks(x, NVFP4_BLOCK_SIZE)
+    xb = to_blocks(x, NVFP4_BLOCK_SIZE)
     dtype = xb.dtype
     g = nvfp4_global_scale(xb.abs().amax() if global_amax is None else torch.as_tensor(global_amax, dtype=dtype))
     amax_b = xb.abs().amax(dim=-1)
@@ -229,7 +234,7 @@ def quantize_nvfp4(x: torch.Tensor, global_amax: torch.Tensor | float | None = N
     denom = s_b * (1.0 / g)
     out = torch.where(s_b != 0, 1.0 / torch.where(s_b != 0, denom, torch.ones_like(denom)), torch.zeros_like(denom))
     codes = round_to_minifloat(xb * out.unsqueeze(-1), E2M1)  # the clamp to +-6 is the saturation
-    return BlockQuant(_from_blocks(codes, x.shape[-1]), s_b, NVFP4_BLOCK_SIZE, g)
+    return BlockQuant(from_blocks(codes, x.shape[-1]), s_b, NVFP4_BLOCK_SIZE, g)
 
 
 # ---- FP8 KV cache -------------------------------------------------------------------------------------

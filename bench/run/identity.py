@@ -18,6 +18,8 @@ made of the settings they differ in (`train.lr=3e-4`): bench.launch.sweeper assi
 The identity does not hold every setting, so a run directory also records a hash of its *semantic* config
 (`config_hash`: the resolved config without NON_SEMANTIC_KEYS, the settings that do not change results). A launch
 whose config differs from the one its directory was made with is refused, naming the keys (bench.run.resume).
+A key added to the configuration after a run was recorded is no difference when the launch gives it its neutral
+value, the one under which today's code computes what the code before the key computed (`ADDED_KEYS`).
 
 Hydra's own run directory (conf/config.yaml) is computed by `RunId.path` through the `qrl_run_dir` resolver.
 """
@@ -29,7 +31,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
 
 # ------------------------------------------------------------------------------------------------ layout
 CONFIG_FILE = "config.yaml"
@@ -62,16 +64,24 @@ NON_SEMANTIC_KEYS = (
 )
 
 
-def arm(method: str, precision: str) -> str:
-    """An arm's one spelling: `<method>@<precision>`."""
-    return f"{method}{ARM_SEP}{precision}"
+class Arm(NamedTuple):
+    """An arm: a method (`method.name`, e.g. tis) at a rollout precision; the same method at two precisions is two
+    arms. Its one spelling is `<method>@<precision>` (`str(arm)`); a method alone is a method, never an arm. A
+    tuple, so it equals and hashes as `(method, precision)`: the analysis keys its tables and figures by it."""
 
+    method: str
+    precision: str
 
-def split_arm(text: str) -> tuple[str, str]:
-    method, sep, precision = str(text).partition(ARM_SEP)
-    if not sep or not method or not precision:
-        raise ValueError(f"{text!r} is not an arm (<method>{ARM_SEP}<precision>)")
-    return method, precision
+    def __str__(self) -> str:
+        return f"{self.method}{ARM_SEP}{self.precision}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Arm":
+        """The arm a `<method>@<precision>` spelling names (a run path's arm level)."""
+        method, sep, precision = str(text).partition(ARM_SEP)
+        if not sep or not method or not precision:
+            raise ValueError(f"{text!r} is not an arm (<method>{ARM_SEP}<precision>)")
+        return cls(method, precision)
 
 
 def _get(cfg: Any, dotted: str) -> Any:
@@ -120,7 +130,7 @@ def path_error(key: str, value: Any) -> str | None:
 
 
 def check_path_parts(cfg: Any) -> None:
-    """Raise ValueError (bench.config's checks, before any work) for the first PATH_KEYS value of `cfg` that
+    """Raise ValueError (bench.launch.config's checks, before any work) for the first PATH_KEYS value of `cfg` that
     `path_error` refuses."""
     for key in PATH_KEYS:
         error = path_error(key, _get(cfg, key) or "")
@@ -159,12 +169,12 @@ class RunId:
                    variant=str(values["variant"] or ""), engine=str(_get(cfg, ENGINE_KEY) or ""))
 
     @property
-    def arm(self) -> str:
-        return arm(self.method, self.precision)
+    def arm(self) -> Arm:
+        return Arm(self.method, self.precision)
 
     def path(self, out_root: str | Path) -> Path:
         """The run directory: a pure function of the identity, so a relaunched sweep finds its runs."""
-        parts = [str(self.sweep), self.arm, self.task, self.model] + ([self.variant] if self.variant else [])
+        parts = [str(self.sweep), str(self.arm), self.task, self.model] + ([self.variant] if self.variant else [])
         return Path(out_root).joinpath(*parts, f"seed{int(self.seed)}")
 
     @property
@@ -174,7 +184,7 @@ class RunId:
 
     @property
     def name(self) -> str:
-        return "-".join([self.arm, self.task, self.model] + ([self.variant] if self.variant else []) + [f"s{self.seed}"])
+        return "-".join([str(self.arm), self.task, self.model] + ([self.variant] if self.variant else []) + [f"s{self.seed}"])
 
     @property
     def tags(self) -> list[str]:
@@ -209,7 +219,7 @@ def parse_run_path(path: Path) -> dict[str, Any]:
     variant = parts.pop() if parts and "=" in parts[-1] else ""
     if len(parts) < 3 or ARM_SEP not in parts[-3]:
         return {}
-    method, precision = split_arm(parts[-3])
+    method, precision = Arm.parse(parts[-3])
     return {"method": method, "precision": precision, "task": parts[-2], "model": parts[-1], "variant": variant,
             "seed": int(m.group(1))}
 
@@ -242,16 +252,75 @@ def config_hash(resolved: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class AddedKey:
+    """A semantic key added to the configuration after runs were recorded without it."""
+
+    neutral: Any  # the value under which today's code computes what the code before the key computed
+    commit: str   # the commit that added the key (`git log -S`)
+    why: str      # why that value reproduces the earlier code (tests/unit/test_added_keys.py shows it)
+
+
+#: The keys added after runs existed, each with its neutral value. A run's recorded config that lacks one of these
+#: keys matches a launch that gives it its neutral value (`config_diff`); any other value, or a missing key not
+#: declared here, is a change and refuses the relaunch. A key belongs here only with a test that today's code at
+#: the neutral value computes what the code before the key computed (tests/unit/test_added_keys.py), and only a
+#: value for which that holds by construction counts: a schema default that changed the numbers is not neutral.
+ADDED_KEYS: dict[str, AddedKey] = {
+    "algo.baseline": AddedKey("all", "dd028ce", "every response of a group sets its GRPO mean and std (no `keep`), "
+                                                "as before the key"),
+    "method.denominator": AddedKey("all", "dd028ce", "a dropped token stays in the token-mean denominator with "
+                                                     "weight 0, as before the key"),
+    "method.geo_rs_weighted": AddedKey(False, "dd028ce", "geo_rs weights a kept sequence's tokens by 1, as before"),
+    "method.is_seq_ratio": AddedKey("product", "dd028ce", "sequence-level TIS sums the log-ratios, as before; only "
+                                                          "is_level=sequence reads it"),
+    "eval.top_k": AddedKey(0, "3bd2052", "no top-k truncation: the sampler skips it, as before"),
+    "convention": AddedKey("ours", "f1d2bb8", "no framework preset: the arm's knobs are its own config's; a "
+                                              "preset would change method.* keys, which are compared themselves"),
+    "rollout.compile": AddedKey(False, "4a105a2", "the eager decoder, the only one before"),
+    "rollout.compact": AddedKey(False, "4a105a2", "finished rows stay in the batch, as before; true is not "
+                                                  "neutral: fewer rows per decode GEMM match the full batch only "
+                                                  "where the CPU kernel sums in the same order (measured, not by "
+                                                  "construction)"),
+    "rollout.sync_every": AddedKey(16, "4a105a2", "without compaction the stop check's interval changes no token "
+                                                  "(stopped rows decode on masked, each token's uniform is drawn "
+                                                  "before the loop, steps past the longest row are dropped)"),
+}
+UNSET = "<unset>"  # how config_diff shows a key one config lacks
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as recorded (JSON), so that True is not 1 and 0 is not False."""
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def is_neutral_absence(key: str, a: Any, b: Any) -> bool:
+    """True when one side lacks `key` and the other gives it its declared neutral value (ADDED_KEYS)."""
+    added = ADDED_KEYS.get(key)
+    return added is not None and ((a == UNSET and _same(b, added.neutral)) or (b == UNSET and _same(a, added.neutral)))
+
+
 def config_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(key, old value, new value) for every semantic key whose value differs (a missing key reads `<unset>`)."""
+    """(key, old value, new value) for every semantic key whose value differs (a missing key reads `<unset>`); a key
+    of ADDED_KEYS that one side lacks and the other sets to its neutral value does not differ."""
     a, b = semantic_config(old), semantic_config(new)
-    unset = "<unset>"
-    return [(k, a.get(k, unset), b.get(k, unset)) for k in sorted(set(a) | set(b)) if a.get(k, unset) != b.get(k, unset)]
+    diff = [(k, a.get(k, UNSET), b.get(k, UNSET)) for k in sorted(set(a) | set(b))]
+    return [(k, x, y) for k, x, y in diff if x != y and not is_neutral_absence(k, x, y)]
 
 
 def describe_diff(diff: Iterable[tuple[str, Any, Any]], limit: int = 6) -> str:
+    """`key: old -> new; ...`; a key one side lacks says whether ADDED_KEYS declares it (and its neutral value)."""
+    def one(k: str, a: Any, b: Any) -> str:
+        text = f"{k}: {a!r} -> {b!r}"
+        if UNSET not in (a, b):
+            return text
+        added = ADDED_KEYS.get(k)
+        if added is None:
+            return text + " (a key one record lacks and bench.run.identity.ADDED_KEYS does not declare)"
+        return text + f" (added in {added.commit}; only {k}={json.dumps(added.neutral)} computes as before it)"
+
     diff = list(diff)
-    shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diff[:limit])
+    shown = "; ".join(one(*d) for d in diff[:limit])
     return shown + (f"; and {len(diff) - limit} more" if len(diff) > limit else "")
 
 

@@ -175,7 +175,7 @@ def start_tracking(
             project=cfg.tracking.project,
             entity=cfg.tracking.entity,
             group=rid.sweep,
-            job_type=rid.arm,
+            job_type=str(rid.arm),
             name=run_name,
             tags=rid.tags + [str(t) for t in cfg.tracking.tags],
             config={**OmegaConf.to_container(cfg, resolve=True), "run_info": run_info or {}},

@@ -57,7 +57,7 @@ class HubTaskConfig(TaskConfig):
         if not self.source:
             raise ValueError(f"task.source is empty: give a hub id or a local file/folder (task={self.name})")
         if self.reward not in SCORERS:
-            raise ValueError(f"task.reward={self.reward!r} is not valid; choose one of: {', '.join(sorted(SCORERS))}")
+            raise ValueError(f"task.reward={self.reward!r} is not valid; choose one of: {', '.join(SCORERS.names())}")
 
 
 def fill(template: str, **values: Any) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from bench.rewards import gsm8k_gold
 from bench.tasks.base import TASKS, Example, Task, GeneratedTaskConfig, stable_seed
 
 _NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
@@ -30,14 +31,6 @@ def parse_number(text: str) -> Fraction | None:
     """The decimal number written in `text` (whitespace around allowed), or None if it is anything else."""
     s = text.strip()
     return Fraction(s) if _NUMBER.fullmatch(s) else None
-
-
-def canonical_answer(raw: Any) -> str:
-    """The answer as the text a correct completion would contain: GSM8K '#### ' suffix, no thousands commas."""
-    s = str(raw)
-    if "####" in s:
-        s = s.rsplit("####", 1)[1]
-    return s.strip().replace(",", "")
 
 
 def _resolve(path: str, key: str) -> str:
@@ -122,7 +115,7 @@ class JsonlTask(Task):
                 datasets.enable_progress_bars()
         rows = []
         for i, row in enumerate(ds):
-            answer = canonical_answer(row[af])
+            answer = gsm8k_gold(row[af])  # the text a correct completion contains: GSM8K's '#### ' suffix, no commas
             value = parse_number(answer)
             if value is None:
                 raise ValueError(f"{path} row {i}: answer {row[af]!r} is not a number (the jsonl task is numeric)")

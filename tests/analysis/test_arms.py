@@ -11,6 +11,7 @@ import analysis.plots as plots
 from analysis import arms as arms_module
 from analysis.arms import FALLBACK_COLORS, arm_color, arm_diagnostics, arm_labels, bitwidth, learn, sorted_arms
 from analysis.load import load_sweeps
+from bench.run.identity import Arm
 
 from .synth import ARM_INFO, METHODS, PRECISION_INFO, write_run
 
@@ -46,6 +47,16 @@ def test_order_and_labels():
     labels = arm_labels(arms)
     assert labels[("ais", "fp8_e4m3")] == "ais"  # the method name, untouched
     assert labels[("tis", "int8")] == "tis@int8"  # the arm's spelling where the method name is ambiguous
+
+
+def test_an_arm_is_a_method_at_a_precision_spelt_once():
+    # the run identity's Arm is what the analysis keys by: a (method, precision) pair, written <method>@<precision>
+    arm = Arm.parse("tis@fp8_e4m3")
+    assert (arm.method, arm.precision) == ("tis", "fp8_e4m3") and str(arm) == "tis@fp8_e4m3"
+    assert arm == ("tis", "fp8_e4m3") and {arm: 1}[("tis", "fp8_e4m3")] == 1  # a plain pair finds it
+    assert all(isinstance(a, Arm) for a in sorted_arms([("tis", "int8"), ("naive", "int8")]))
+    with pytest.raises(ValueError, match="'tis' is not an arm"):
+        Arm.parse("tis")
 
 
 def test_bitwidth_labels():

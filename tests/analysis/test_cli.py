@@ -160,7 +160,7 @@ def test_the_help_states_the_defaults_the_code_uses():
     """`--help` said --naive defaults to fp8 while the code used naive."""
     from analysis.arms import BASELINE, NAIVE
     from analysis.cli import build_parser
-    from analysis.severity import SeverityOptions
+    from analysis.runs import SeverityOptions
 
     parser = build_parser()
     helps = {a.dest: " ".join(a.help.split()) for a in parser._actions if a.dest in ("baseline", "naive")}
@@ -209,7 +209,7 @@ def test_the_verdict_lists_every_recovered_share_and_says_which_are_missing(cli_
 def test_the_verdict_names_the_baseline_it_compared_with_or_says_there_is_none(tmp_path):
     """Issue 32 F10: a sweep without a bf16 run said "No arm differs from bf16", a comparison never made."""
     from analysis.load import load_sweeps
-    from analysis.severity import SeverityOptions
+    from analysis.runs import SeverityOptions
     from analysis.verdict import verdict
 
     from .synth import write_run

@@ -14,7 +14,7 @@ from analysis.comparisons import paired_comparisons
 from analysis.decomposition import decomposition
 from analysis.inference import holm
 from analysis.load import load_sweeps
-from analysis.severity import SeverityOptions
+from analysis.runs import SeverityOptions
 from analysis.verdict import verdict
 
 from .synth import EVAL_STEPS, write_run

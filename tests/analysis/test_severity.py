@@ -12,14 +12,12 @@ import pandas as pd
 import pytest
 
 from analysis.cli import main
+from analysis.collapse import collapse_step
 from analysis.load import load_sweeps, merge
+from analysis.runs import SeverityOptions, eval_auc, has_severity_axis, run_rows, severity_labels
 from analysis.severity import (
     NAIVE_BETTER,
     NO_NAIVE_GAP,
-    SeverityOptions,
-    collapse_step,
-    eval_auc,
-    has_severity_axis,
     kl_lower,
     RECOVERED_RANGE,
     _arm_style,
@@ -28,8 +26,6 @@ from analysis.severity import (
     plot_tkl,
     recovered_drawn,
     severity_figures,
-    run_rows,
-    severity_labels,
     severity_summary,
     severity_table,
 )

@@ -23,7 +23,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from bench.config import CONF_DIR, arm_conventions, check_convention
+from bench.launch.config import CONF_DIR, arm_conventions, check_convention
 from bench.methods.base import Batch, make_method
 from tests.helpers import make_cfg
 

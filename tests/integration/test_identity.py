@@ -11,7 +11,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 
 from bench.launch.cli import EXIT, check_names, execute
-from bench.config import CONF_DIR, NAME_KEYS, USER_NAMED_MODELS
+from bench.launch.config import CONF_DIR, NAME_KEYS, USER_NAMED_MODELS
 from bench.launch.dryrun import expand
 from bench.run.identity import RunId, config_hash, parse_run_path
 from bench.run.store import RunDir

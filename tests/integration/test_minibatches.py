@@ -8,6 +8,7 @@ import copy
 
 import pytest
 
+from bench.advantages import ESTIMATORS
 from bench.launch.cli import execute
 from bench.methods.base import METHODS
 from bench.run.store import RunDir
@@ -62,7 +63,7 @@ def tolerance(arm: str) -> float:
     return 1e-4 if cls.setup_trainer is not METHODS.entry("naive").obj.setup_trainer else 1e-6
 
 
-@pytest.mark.parametrize("adv", ["grpo", "gae"])
+@pytest.mark.parametrize("adv", ESTIMATORS.names())
 @pytest.mark.parametrize("arm", METHODS.names())
 def test_cut_micro_batches_train_what_uncut_ones_do(tmp_path, arm, adv):
     """Micro-batches cut to their rows' extent (bench/compute.py) against the same step at the rollout's padded

@@ -161,9 +161,10 @@ def start_up(cfg, model_dir: Path) -> None:
     values, the data, the context and chat template, the prompts' lengths, the engines a multi-process run can
     use, the memory estimate and the GPUs. What needs the weights or a GPU (moving the model, building the engines'
     copies) is not run here."""
-    from bench.config import validate
+    from bench.launch.config import validate
     from bench.distributed.engines import check_engine
-    from bench.evaluation import build_eval_sets, eval_engine_kind
+    from bench.eval_config import eval_engine_kind
+    from bench.evaluation import build_eval_sets
     from bench.launch.memory import estimate_memory
     from bench.models.load import _load_tokenizer, apply_overrides, config_overrides
     from bench.preflight import check_data

@@ -207,7 +207,7 @@ def test_values_are_read_before_each_response_token():
 
 # ------------------------------------------------------------------------------------------ configuration
 @pytest.mark.parametrize("overrides, message", [
-    (["algo.advantage=ppo"], "algo.advantage='ppo' is not valid; choose one of: grpo, gae"),
+    (["algo.advantage=ppo"], "algo.advantage='ppo' is not valid; choose one of: gae, grpo"),
     (["algo.lam=1.5"], "algo.lam=1.5 is out of range; allowed: [0, 1]"),
     (["algo.value_clip=0"], "algo.value_clip=0 is out of range; allowed: (0, inf)"),
     (["algo.critic_lr=0"], "algo.critic_lr=0 is out of range; allowed: (0, 1]"),
@@ -218,7 +218,7 @@ def test_values_are_read_before_each_response_token():
     (["algo.dynamic_sampling_max_rounds=0"], "algo.dynamic_sampling_max_rounds=0 is out of range; allowed: [1, inf)"),
 ])
 def test_bad_estimator_and_dapo_settings_fail_naming_the_key(tmp_path, overrides, message):
-    from bench.config import validate
+    from bench.launch.config import validate
     from tests.helpers import make_cfg
 
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -226,7 +226,7 @@ def test_bad_estimator_and_dapo_settings_fail_naming_the_key(tmp_path, overrides
 
 
 def test_ppo_with_one_response_per_prompt_is_valid(tmp_path):
-    from bench.config import validate
+    from bench.launch.config import validate
     from tests.helpers import make_cfg
 
     validate(make_cfg(tmp_path, "algo.advantage=gae", "train.group_size=1", "train.batch_size=8"))

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from bench.quant.blockscale import (
+    from_blocks,
+    to_blocks,
     fake_quant_kv,
     mx_shared_exponent,
     nvfp4_global_scale,
@@ -345,3 +347,13 @@ def test_severity_ordering_on_a_gaussian_weight():
     err = {f: normalized_quant_error(w, f, g) for f, g in grans.items()}
     assert err["fp8_e4m3"] < err["fp8_e5m2"] < err["nvfp4"] < err["int4"] < err["mxfp4"]
     assert all(math.isfinite(e) and e < 0.05 for e in err.values())
+
+
+def test_to_blocks_pads_the_last_block_with_zeros_and_from_blocks_undoes_it():
+    # the public layout a new block precision builds on: [..., K] -> [..., ceil(K / B), B] and back
+    x = torch.arange(1.0, 2 * 5 + 1).reshape(2, 5)
+    xb = to_blocks(x, 4)
+    assert xb.shape == (2, 2, 4) and xb.dtype == torch.float32
+    assert torch.equal(xb[:, 1, 1:], torch.zeros(2, 3))  # K = 5: the second block holds 1 value and 3 zeros
+    assert torch.equal(from_blocks(xb, 5), x)
+    assert to_blocks(x.double(), 4).dtype == torch.float64  # fp64 stays fp64 (the tests' reference precision)

@@ -120,7 +120,7 @@ def test_the_checker_imports_no_torch():
         "import sys\n"
         "from bench.launch.stubs import NeedsTorch, strict, stubbed\n"
         "with stubbed():\n"
-        "    import bench.config, bench.launch.cli\n"
+        "    import bench.launch.config, bench.launch.cli\n"
         "    import torch\n"
         "    assert not hasattr(torch, '__file__'), 'the real torch was imported'\n"
         "    strict()\n"
@@ -169,7 +169,7 @@ def test_a_sweep_is_checked_job_by_job_as_its_sweeper_expands_it():
     """Issue 32 F1: `-m method=naive,tis rollout.precision=int8,fp8_e4m3` was refused for method=bf16 (each swept
     value was tried against the defaults of the others); now the four jobs it runs are checked, and a fixed-precision
     arm in a sweep over precisions is one job at its own precision, not a refusal."""
-    from bench.config import validate
+    from bench.launch.config import validate
     from bench.launch.overrides import check_overrides
 
     def values(cfg) -> str | None:

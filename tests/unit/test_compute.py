@@ -85,7 +85,7 @@ def test_device_choice_and_errors(monkeypatch):
     with pytest.raises(ValueError, match=r"train.device=cuda but CUDA is not usable: this torch .* CPU-only build"):
         dev.resolve_device("cuda")
     with pytest.raises(ValueError, match="CPU-only build"):
-        TrainConfig(device="cuda").check()  # validated before any work (bench.config.validate)
+        TrainConfig(device="cuda").check()  # validated before any work (bench.launch.config.validate)
     # a CUDA build on a node without a visible GPU
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from bench.launch.cli import CONF_DIR, check_group_overrides  # importing bench.launch.cli registers the schemas
-from bench.config import GROUP_REGISTRIES, validate
+from bench.launch.config import GROUP_REGISTRIES, validate
 from bench.launch.dryrun import expand
 from bench.grpo import AlgoConfig
 from bench.methods.base import METHODS, Method, build_method

@@ -2,7 +2,7 @@
 enforces it: {nan, inf, -inf, -1, 0, 1e30} through each key is either refused with one message naming the key,
 the value and the allowed range, or accepted because the declared domain documents that value.
 
-The keys come from the registries and the sections of bench.config, so a key added to any schema is covered
+The keys come from the registries and the sections of bench.launch.config, so a key added to any schema is covered
 without editing this file, and a numeric key added without a domain fails `test_every_numeric_key_declares_a_domain`.
 """
 
@@ -17,9 +17,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from bench.config import GROUP_REGISTRIES, Config, _check_part, check_across, check_root_domains, checks
+from bench.launch.config import GROUP_REGISTRIES, Config, _check_part, check_across, check_root_domains, checks
 from bench.domains import Domain, domains, num, numeric_kind
-from bench.evaluation import EvalConfig
+from bench.eval_config import EvalConfig
 from bench.grpo import AlgoConfig
 from bench.launch.budget import BudgetConfig
 from bench.models.load import ModelConfig
@@ -108,7 +108,7 @@ def test_bad_values_are_refused_or_documented(section, option, schema, tmp_path:
 
 def _first_error(cfg, section: str, schema: type) -> str | None:
     """The first refusal of the pre-work checks that read this section (its domains and check(), then the checks
-    across sections), as bench.config.checks runs them."""
+    across sections), as bench.launch.config.checks runs them."""
     for check in (lambda: _check_part(cfg, section, schema), lambda: check_across(cfg)):
         try:
             check()
@@ -172,9 +172,9 @@ def test_a_subclass_that_changes_a_default_keeps_the_domain():
 
 
 def test_the_configuration_page_lists_every_domain():
-    """docs/configuration.md holds bench.config.domain_table() verbatim: a key, an option or a range changed in
+    """docs/configuration.md holds bench.launch.config.domain_table() verbatim: a key, an option or a range changed in
     code and not on the page fails here (regenerate the block between the markers)."""
-    from bench.config import domain_table
+    from bench.launch.config import domain_table
     from tests.helpers import REPO
 
     page = (REPO / "docs" / "configuration.md").read_text()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from bench.evaluation import EvalConfig
+from bench.eval_config import EvalConfig
 from bench.launch.budget import (BudgetConfig, EAGER_LAYER_S, HBM_BYTES_PER_S, eager_tokens_per_s, eval_estimate,
                                   eval_passes, problem_count)
 from bench.launch.memory import Shape

@@ -1,4 +1,4 @@
-"""`eval.engine` (bench/evaluation.py) and the vLLM evaluation engine's turn-taking with the rollout engine
+"""`eval.engine` (bench/eval_config.py, bench/evaluation.py) and the vLLM evaluation engine's turn-taking with the rollout engine
 (bench/rollout/vllm_engine.py VLLMEvalEngine), without vLLM: the real engines are tested in
 tests/vllm/test_eval_vllm.py. VLLMEvalEngine only calls `precision`, `device`, `max_len`, `sibling`,
 `load_weights`, `generate` and `close` of its template, so a recording stand-in shows every decision."""
@@ -6,12 +6,15 @@ tests/vllm/test_eval_vllm.py. VLLMEvalEngine only calls `precision`, `device`, `
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from bench.config import validate
-from bench.evaluation import EVAL_ENGINES, EvalConfig, build_eval_engine, eval_engine_kind
+from bench.launch.config import validate
+from bench.eval_config import EVAL_ENGINES, EvalConfig, eval_engine_kind
+from bench.evaluation import build_eval_engine
 from bench.rollout.embedded import EmbeddedEngine
 from bench.rollout.vllm_engine import EVAL_PRECISION, VLLMEvalEngine
 from tests.helpers import make_cfg
@@ -34,6 +37,14 @@ def test_a_bad_eval_engine_is_refused_naming_the_choices(tmp_path):
         validate(make_cfg(tmp_path, "eval.engine=fast"))  # the root config's check: exit 2 at the command line
     with pytest.raises(ValueError, match=r"rollout.engine='other' has no evaluation engine"):
         eval_engine_kind("auto", "other")
+
+
+def test_the_eval_engine_rule_is_read_without_torch():
+    # one rule for eval.engine=auto, read by the trainer, the memory estimate and the vLLM preflight; its module
+    # (with the budget that the dry run reads) imports no torch, so a login node's config checks stay light
+    code = "import sys, bench.eval_config, bench.launch.budget; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
 
 
 @pytest.mark.skipif(HAVE_VLLM, reason="this environment has vLLM")

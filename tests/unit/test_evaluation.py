@@ -18,16 +18,8 @@ import torch
 import transformers as tr
 
 from bench.domains import check_schema
-from bench.evaluation import (
-    EvalConfig,
-    build_eval_sets,
-    evaluate_policy,
-    evaluate_set,
-    greedy_eval,
-    pass_ks,
-    set_config,
-    set_metrics,
-)
+from bench.eval_config import EvalConfig, set_config
+from bench.evaluation import build_eval_sets, evaluate_policy, evaluate_set, greedy_eval, pass_ks, set_metrics
 from bench.models.tokenizer import PromptFormat, build_char_tokenizer
 from bench.rollout.embedded import EmbeddedEngine
 from bench.tasks.base import build_task
@@ -98,7 +90,7 @@ def test_good_eval_config_passes():
 
 def test_eval_config_from_the_command_line(tmp_path):
     """`eval.*` is part of the root config: '@' parses in an override value, and validate runs its checks."""
-    from bench.config import validate
+    from bench.launch.config import validate
     from tests.helpers import make_cfg
 
     cfg = make_cfg(tmp_path, "eval.mode=pass@k", "eval.k=4", "eval.n=8", "eval.sets=[aime24,amc23]",

@@ -4,13 +4,13 @@ and no two rooms (a folder, or a top-level module) import each other.
     0 base        registry, domains (config value ranges), timing, device, grpo/gae/dapo (the loss and advantage
                   math), passk, mismatch, run/
     1 parts       quant/, rewards (scorers, the countdown checker)
-    2 components  rollout/ (engines), tasks/, methods/ (arms)
+    2 components  rollout/ (engines), tasks/, methods/ (arms), eval_config (the eval schema, torch-free)
     3 models      models/ (loaders, tokenizer, log-probs: reads a Rollout)
     4 loop's help compute, critic, advantages, sampling, evaluation, preflight, warmstart, distributed/,
                   checkpoint (the resumable state and its checkpoints)
     5 loop        train
-    6 launch      launch/ with config (the composition root: every schema, read only by the launcher), benchmarks/,
-                  __main__
+    6 launch      launch/ (with launch/config.py, the composition root: every schema, read only by the launcher),
+                  benchmarks/, __main__
 
 A module not named here fails the test: a new one is placed on a floor on purpose.
 """
@@ -25,21 +25,20 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 FLOORS = {
     0: ["registry", "domains", "timing", "device", "grpo", "gae", "dapo", "passk", "mismatch", "run"],
     1: ["quant", "rewards"],
-    2: ["rollout", "tasks", "methods"],
+    2: ["rollout", "tasks", "methods", "eval_config"],
     3: ["models"],
     4: ["compute", "critic", "advantages", "sampling", "evaluation", "preflight", "warmstart", "distributed",
         "checkpoint"],
     5: ["train"],
     6: ["launch", "benchmarks", "__main__"],
 }
-IN_ROOM = {"config": "launch"}  # top-level modules that belong to a folder's room
 FLOOR = {room: floor for floor, rooms in FLOORS.items() for room in rooms}
 
 
 def room(module: str) -> str:
     """bench.rollout.embedded -> rollout; bench.train -> train; bench -> '' (the package itself)."""
     parts = module.split(".")
-    return IN_ROOM.get(parts[1], parts[1]) if len(parts) > 1 else ""
+    return parts[1] if len(parts) > 1 else ""
 
 
 def module_name(path: Path) -> str:

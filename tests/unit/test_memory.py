@@ -7,7 +7,7 @@ import pytest
 import transformers as tr
 from hydra import compose, initialize_config_dir
 
-from bench.config import CONF_DIR
+from bench.launch.config import CONF_DIR
 from bench.launch.dryrun import dry_run
 from bench.launch.memory import GB, SAMPLER_BYTES, SHAPES, Shape, estimate_memory, model_shape
 from bench.models.logprobs import HEAD_CHUNK_TOKENS

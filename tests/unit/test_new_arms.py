@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from bench.config import validate
+from bench.launch.config import validate
 from bench.methods.base import arm_precision, make_method
 from bench.methods.icepop import IcePopConfig
 from bench.methods.opsm import OPSMConfig, opsm_keep

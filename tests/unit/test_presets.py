@@ -14,7 +14,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from bench.launch.cli import CONF_DIR
-from bench.config import validate
+from bench.launch.config import validate
 from bench.run.identity import RunId, parse_run_path, run_path
 from bench.models.load import load_policy
 from bench.models.logprobs import token_logprobs

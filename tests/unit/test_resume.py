@@ -14,7 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 from bench.run.resume import decide, final_status, preview
-from bench.run.identity import CONFIG_FILE, config_hash
+from bench.run.identity import ADDED_KEYS, CONFIG_FILE, config_hash
 from bench.run.store import RunDir
 
 
@@ -305,3 +305,62 @@ def test_results_with_neither_record_are_refused_with_both_ways_on(run, how):
 def test_a_directory_without_records_or_results_starts(run):
     (run.path / CONFIG_FILE).unlink()
     assert decide(run, cfg(lr=5e-4)).action == "start"
+
+
+# ---- keys added after a run was recorded (bench.run.identity.ADDED_KEYS) ------------------------------------------
+def with_keys(base, keys: dict):
+    """`base` with dotted `keys` set (a launch whose code has keys the recorded run's code lacked)."""
+    launch = base.copy()
+    for key, value in keys.items():
+        OmegaConf.update(launch, key, value, force_add=True)
+    return launch
+
+
+NEUTRAL = {key: added.neutral for key, added in ADDED_KEYS.items()}
+
+
+def test_a_key_added_since_at_its_neutral_value_is_no_change(run):
+    """A run recorded before the keys of ADDED_KEYS existed is skipped by a launch that sets them all to their
+    neutral values; its records are untouched (and run.json's hash still vouches for config.yaml)."""
+    recorded(run, lr=1e-4)
+    before = files(run)
+    launch = with_keys(cfg(lr=1e-4), NEUTRAL)
+    assert decide(run, launch).action == "skip" and preview(run, launch) == "skip"
+    assert files(run) == before
+    assert decide(run, with_keys(cfg(lr=5e-4), NEUTRAL)).outcome == "bad_config"  # a recorded key still counts
+
+
+@pytest.mark.parametrize("key, value, named", [
+    ("rollout.compact", True, "rollout.compact: '<unset>' -> True (added in 4a105a2; only rollout.compact=false"),
+    ("algo.baseline", "kept", "algo.baseline: '<unset>' -> 'kept' (added in dd028ce; only algo.baseline=\"all\""),
+    ("train.new_knob", 1, "train.new_knob: '<unset>' -> 1 (a key one record lacks and bench.run.identity.ADDED_KEYS "
+                          "does not declare)"),
+])
+def test_an_added_key_off_its_neutral_value_or_an_undeclared_one_is_refused_naming_it(run, key, value, named):
+    recorded(run, lr=1e-4)
+    before = files(run)
+    plan = decide(run, with_keys(cfg(lr=1e-4), {**NEUTRAL, key: value}))
+    assert (plan.action, plan.outcome) == ("refuse", "bad_config")  # the CLI's exit 2
+    assert named in plan.message, plan.message
+    assert files(run) == before
+
+
+def test_a_declared_key_recorded_with_another_value_is_a_change(run):
+    """The rule covers a key the record lacks: recorded with a value, the key is compared as any other."""
+    recorded(run, lr=1e-4)
+    base = with_keys(cfg(lr=1e-4), {"algo.baseline": "kept"})
+    (run.path / CONFIG_FILE).write_text(OmegaConf.to_yaml(base))
+    run.update_info(config_hash=config_hash(OmegaConf.to_container(base)))
+    plan = decide(run, with_keys(cfg(lr=1e-4), NEUTRAL))
+    assert plan.outcome == "bad_config" and "algo.baseline: 'kept' -> 'all'" in plan.message
+
+
+def test_an_edited_record_that_drops_a_key_is_still_caught_by_the_hash(run):
+    """Deleting a key from config.yaml (to pass it off as an older run) breaks its hash: the record is no witness,
+    and run.json's hash, which the launch's neutral keys do not match, refuses."""
+    base = with_keys(cfg(lr=1e-4), {"rollout.compact": True})
+    write_rows(run, range(4), [0, 2, 4])
+    run.update_info(status="completed", config_hash=config_hash(OmegaConf.to_container(base)))
+    (run.path / CONFIG_FILE).write_text(OmegaConf.to_yaml(cfg(lr=1e-4)))  # rollout.compact deleted
+    plan = decide(run, with_keys(cfg(lr=1e-4), NEUTRAL))
+    assert plan.outcome == "bad_config" and "does not hash to it" in plan.message

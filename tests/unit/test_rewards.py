@@ -8,7 +8,7 @@ import time
 import pytest
 
 from bench.rewards import (
-    FORMATS,
+    ANSWER_FORMATS,
     SCORERS,
     Reward,
     clean_text,
@@ -312,8 +312,10 @@ def test_reward_config_errors_name_the_valid_choices():
         Reward("dapo", format_weight=1.0)
     with pytest.raises(ValueError, match="auto, process"):
         Reward("dapo", time_limit_mode="thread")
-    assert set(SCORERS) == {"math_verify", "gsm8k_strict", "dapo", "countdown", "countdown_all"}
-    assert set(FORMATS) == {"boxed", "gsm8k", "answer_line", "answer_tags"}
+    assert set(SCORERS.names()) == {"math_verify", "gsm8k_strict", "dapo", "countdown", "countdown_all"}
+    assert set(ANSWER_FORMATS.names()) == {"boxed", "gsm8k", "answer_line", "answer_tags"}
+    # each scorer declares its answer format, which is a registered one
+    assert all(e.meta["answer_format"] in ANSWER_FORMATS for e in SCORERS.entries())
 
 
 def test_reward_never_raises_on_a_bad_gold():
@@ -323,7 +325,7 @@ def test_reward_never_raises_on_a_bad_gold():
     assert reward.stats["errors"] == 2 and reward.stats["calls"] == 2
 
 
-@pytest.mark.parametrize("name", sorted(SCORERS))
+@pytest.mark.parametrize("name", SCORERS.names())
 def test_every_scorer_survives_hostile_text(name):
     gold = GOLD if name.startswith("countdown") else "42"
     reward = Reward(name, format_weight=0.1, time_limit_s=LIMIT_S)

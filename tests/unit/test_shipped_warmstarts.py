@@ -14,7 +14,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import bench.warmstart as ws
-from bench.config import CONF_DIR
+from bench.launch.config import CONF_DIR
 from bench.launch.dryrun import expand
 from bench.tasks.base import build_task
 

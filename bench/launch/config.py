@@ -3,7 +3,7 @@
 Each component's schema lives beside it (lingua's `OptimArgs` beside `optim.py`): `MethodConfig` and every
 arm's schema in bench/methods/, `AlgoConfig` in bench/grpo.py, task schemas in bench/tasks/, engine schemas in
 bench/rollout/, `ModelConfig` in bench/models/load.py, `TrainConfig` in bench/train.py, `EvalConfig` in
-bench/evaluation.py, `TrackingConfig` in bench/run/tracking.py. This module composes them into `Config` and hands
+bench/eval_config.py, `TrackingConfig` in bench/run/tracking.py. This module composes them into `Config` and hands
 them to Hydra's ConfigStore, so that a misspelt key or a value of the wrong type fails at start-up naming it;
 `validate` runs every schema's `check()` (ranges and choices a type cannot express) before any work starts.
 
@@ -26,10 +26,11 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from bench import CONF_DIR  # defined where `qrl-bench --help` reads it without this module's imports
+from bench.advantages import ESTIMATORS
 from bench.domains import check_schema, domains, num, numeric_kind
 from bench.launch.budget import BudgetConfig
 from bench.launch.power import PowerConfig
-from bench.evaluation import EvalConfig
+from bench.eval_config import EvalConfig
 from bench.grpo import AlgoConfig
 from bench.run.identity import check_path_parts, run_path, run_subdir
 from bench.methods.base import METHODS, arm_precision
@@ -237,6 +238,9 @@ def check_across(cfg: DictConfig) -> None:
     """Checks that need two sections (the advantage estimator and DAPO's knobs against train.* and task.*) or
     none (the root's seed)."""
     algo, train = cfg.algo, cfg.train
+    if algo.advantage not in ESTIMATORS:
+        raise ValueError(f"algo.advantage={algo.advantage!r} is not valid; "
+                         f"choose one of: {', '.join(ESTIMATORS.names())}")
     check_convention(cfg)
     fixed = METHODS.entry(cfg.method.name).meta.get("precision")
     if fixed is not None and cfg.rollout.precision != fixed:
