@@ -22,7 +22,7 @@ import torch
 import transformers as tr
 from omegaconf import OmegaConf
 
-from bench.config import CONF_DIR
+from bench.launch.config import CONF_DIR
 from bench.grpo import agg_loss, clipped_surrogate_bounds, group_advantages, safe_log_ratio
 from bench.methods.base import Batch, make_method, token_advantages
 from bench.methods.importance import behaviour_log_ratio, truncated_weights
@@ -187,7 +187,7 @@ def test_convention_ours_applies_no_preset():
             if (isinstance(node, ast.Attribute) and node.attr == "convention") or (
                     isinstance(node, ast.Constant) and node.value == "convention"):
                 readers.add(path.relative_to(REPO).as_posix())
-    assert readers == {"bench/config.py", "bench/run/identity.py"}, readers  # the check, and ADDED_KEYS
+    assert readers == {"bench/launch/config.py", "bench/run/identity.py"}, readers  # the check, and ADDED_KEYS
 
 
 # ----------------------------------------------------------------------------------- rollout (4a105a2)

@@ -92,3 +92,13 @@ def test_the_check_sees_imports_inside_functions():
     """The floors hold for lazy imports too (bench.distributed.engines imports bench.sampling inside a function)."""
     assert "bench.sampling" in imports(BENCH / "distributed" / "engines.py")
     assert ("distributed", "sampling") in room_edges()
+
+
+def test_the_architecture_page_lists_every_room_on_its_floor():
+    """docs/architecture.md's table (| floor | `room` | ... |) is this test's FLOORS, row for row: the map cannot go
+    stale without this failing."""
+    page = (BENCH.parent / "docs" / "architecture.md").read_text()
+    rows = [line.split("|") for line in page.splitlines() if line.startswith("| ") and "`" in line.split("|")[2]]
+    listed = {cells[2].strip().strip("`"): int(cells[1]) for cells in rows}
+    assert len(rows) == len(listed), "a room listed twice"
+    assert listed == FLOOR
