@@ -140,7 +140,7 @@ def micro_batches(prompt: torch.Tensor, response: torch.Tensor, minibatches: int
     longest to rank 0. Contiguous rather than round-robin: the step waits for the widest part either way, and the
     parts are then the micro-batches one process runs (with `rows_cap` dividing the minibatch), so a run computes
     the same forwards at every world size. Every rank runs the same number of forwards (FSDP2's collectives need
-    it; an empty part is padded: bench/distributed.py). A minibatch's plan is the same whether it is made for the
+    it; an empty part is padded: bench/distributed/compute.py). A minibatch's plan is the same whether it is made for the
     whole batch or for the minibatch alone, so the recompute pass and the training pass cut identically."""
     out = []
     for rows in torch.arange(len(prompt)).chunk(minibatches):

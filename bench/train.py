@@ -26,11 +26,15 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig
 
-from bench.advantages import AdvantageEstimator, build_estimator
+from bench import checkpoint
+from bench.advantages import build_estimator
+from bench.checkpoint import TrainState
 from bench.compute import Diverged, TrainerCompute, enable_gradient_checkpointing
-from bench import distributed
+from bench.distributed.engines import block_engines
+from bench.distributed.group import agree, init, is_follower, resume_note, say, settle
+from bench.distributed.sharding import frozen_copy
 from bench.domains import num
-from bench.device import DEVICES, describe, make_generator, resolve_device, restore_rng, rng_state
+from bench.device import DEVICES, describe, make_generator, resolve_device
 from bench.evaluation import build_eval_engine, build_eval_sets, evaluate_policy
 from bench.methods.base import Batch, Method, arm_info, build_method, select_stats
 from bench.mismatch import mismatch_metrics, sanitize
@@ -82,7 +86,7 @@ class TrainConfig:
     keep_checkpoint: bool = False  # keep ckpt/last.pt after completion (it is always kept while resumable)
     overwrite: bool = False  # restart from step 0 even if the run directory holds results (bench/run/resume.py)
     resume_from: str = "last"  # last | previous: the checkpoint to resume from (previous = ckpt/prev.pt)
-    # processes of this run on this machine (FSDP2, bench/distributed.py); >1 launches them
+    # processes of this run on this machine (FSDP2, bench/distributed/); >1 launches them
     nproc_per_node: int = num(1, "[1, 1024]")
     # prompt blocks with their own sampling streams
     sampling_shards: Optional[int] = num(None, "[1, inf)", {None: "1, or 1 per rank"})
@@ -100,22 +104,19 @@ class TrainConfig:
         resolve_device(self.device)  # cuda without a usable GPU fails here, before any work, saying why
 
 
-@dataclass
-class Parts:
+@dataclass(kw_only=True)
+class Parts(TrainState):
+    """Everything a run uses: its resumable state (TrainState, saved and restored by bench/checkpoint.py) and what
+    every start builds again from the config."""
+
     cfg: DictConfig
     task: Task
-    policy: torch.nn.Module
     tokenizer: Any
     method: Method
     engine: RolloutEngine
     eval_engine: RolloutEngine
-    optimizer: torch.optim.Optimizer
-    generator: torch.Generator
-    compute: TrainerCompute
-    advantage: AdvantageEstimator
     prompt_format: PromptFormat = PromptFormat()
     eval_sets: dict[str, Task] = field(default_factory=dict)
-    ref_policy: torch.nn.Module | None = None
     sampler: Sampler = field(init=False)  # what collect() reads; built last by build(), around the final engine
 
 
@@ -129,7 +130,7 @@ def build(cfg: DictConfig) -> Parts:
     # the built-in model is warm-started, by whichever rank gets the build's lock: before the process group
     # exists, since transformers' save_pretrained writes nothing on a rank other than 0 of an initialized group
     policy, tokenizer = load_policy(cfg.model, policy_path(cfg.model, task))
-    distributed.init(cfg.train.device)  # one process of several (torchrun, SLURM): join the group
+    init(cfg.train.device)  # one process of several (torchrun, SLURM): join the group
     device = resolve_device(cfg.train.device)
     policy.to(device)  # before the optimizer: its states are allocated beside the parameters
     method = build_method(cfg.method, cfg.algo)
@@ -139,18 +140,19 @@ def build(cfg: DictConfig) -> Parts:
     prompt_format, max_len = check_startup(cfg, task, eval_sets, policy, tokenizer)
     ids = engine_ids(tokenizer, policy)  # every EOS id the model may emit, and the pad id
     engine = build_engine(cfg.rollout, **ids, max_len=max_len)
-    parts = distributed.distribute(Parts(  # untouched at world size 1 (bench/distributed.py)
-        cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, method=method,
-        engine=engine,
-        # the trainer's policy itself, not its quantized copy: eval.engine (bench/evaluation.py)
-        eval_engine=build_eval_engine(cfg.eval, cfg.rollout, engine, ids, max_len),
+    # the trainer's policy itself, not its quantized copy: eval.engine (bench/evaluation.py)
+    eval_engine = build_eval_engine(cfg.eval, cfg.rollout, engine, ids, max_len)
+    engine, eval_engine = block_engines(engine, eval_engine, cfg, tokenizer)  # the same at world size 1
+    parts = Parts(
+        cfg=cfg, task=task, policy=policy, tokenizer=tokenizer, method=method, engine=engine, eval_engine=eval_engine,
         optimizer=torch.optim.AdamW(policy.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay),
-        generator=make_generator(device, cfg.seed),
+        generator=make_generator(device, cfg.seed), seed=cfg.seed,
         compute=TrainerCompute(device, cfg.train.dtype, cfg.rollout.temperature, cfg.train.micro_batch_size,
                                micro_batch_tokens=cfg.train.micro_batch_tokens),
         advantage=build_estimator(cfg, policy),
         prompt_format=prompt_format, eval_sets=eval_sets,
-    ))
+    )
+    parts.shard()  # FSDP2 across the ranks (bench/distributed/); nothing at world size 1
     parts.sampler = Sampler.from_config(cfg, task, tokenizer, parts.engine, parts.generator, parts.compute.device,
                                         prompt_format)
     return parts
@@ -297,38 +299,6 @@ def runtime_info(p: Parts) -> dict[str, Any]:
             "config_overrides": config_overrides(p.cfg.model)}  # what the model's config.json was given
 
 
-def checkpoint(p: Parts, next_step: int) -> dict[str, Any]:
-    """The run's state in the one-process format (ckpt/last.pt)."""
-    return {"step": next_step, "policy": p.policy.state_dict(), "optimizer": p.optimizer.state_dict(),
-            **rng_state(p.generator), "grad_scaler": p.compute.state_dict(),
-            "ref_policy": p.ref_policy.state_dict() if p.ref_policy else None, "advantage": p.advantage.state_dict()}
-
-
-def save_checkpoint(p: Parts, run: RunDir, next_step: int) -> None:
-    """One process: ckpt/last.pt. Several: a DCP directory, each rank writing its shards (bench/distributed.py)."""
-    if distributed.world_size() == 1:
-        run.save_checkpoint(checkpoint(p, next_step))
-    else:
-        distributed.save_checkpoint(run.path, p, {"step": next_step, **rng_state(p.generator),
-                                                  "grad_scaler": p.compute.state_dict()}, next_step)
-
-
-def restore(p: Parts, ckpt: dict[str, Any]) -> int:
-    """Load a checkpoint (read onto the CPU: it may come from another device); tensors move to the run's.
-    A one-process checkpoint loads at any world size (whole tensors, sharded on load), a DCP one likewise."""
-    if "dcp" in ckpt:
-        distributed.load_checkpoint(p, ckpt)
-    else:
-        distributed.load_full_state(p.policy, ckpt["policy"])
-        distributed.load_full_optim_state(p.policy, p.optimizer, ckpt["optimizer"])  # states follow their parameters' device
-        if p.ref_policy is not None and ckpt["ref_policy"] is not None:
-            distributed.load_full_state(p.ref_policy, ckpt["ref_policy"])
-        p.advantage.load_state_dict(ckpt.get("advantage") or {})
-    restore_rng(p.generator, ckpt, p.cfg.seed, int(ckpt["step"]))
-    p.compute.load_state_dict(ckpt.get("grad_scaler") or {})
-    return int(ckpt["step"])
-
-
 def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | None = None,
           overrides: list[str] | None = None) -> str:
     """Run (or resume) training in `run`; returns the final status. The caller holds the run's lock and
@@ -341,14 +311,14 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
     # UAQ and the like: once, before training, never again on resume (the checkpoint holds the result)
     setup = p.method.setup_model(p.policy) if ckpt is None else {}
     if cfg.algo.kl_ref_beta > 0:
-        p.ref_policy = distributed.frozen_copy(p.policy)
-    start = restore(p, ckpt) if ckpt is not None else 0
-    if note := distributed.resume_note(ckpt, cfg):
-        distributed.say(f"{run_name}: warning: {note}")
+        p.ref_policy = frozen_copy(p.policy)
+    start = checkpoint.restore(p, ckpt) if ckpt is not None else 0
+    if note := resume_note(ckpt, cfg):
+        say(f"{run_name}: warning: {note}")
     run.start(config_yaml, run_name, overrides)
     declared = {"arm": arm_info(p.method.name), "precision": precision_info(cfg), "runtime": runtime_info(p)}
     # rank 0 alone mirrors the run to W&B (a follower's run.json is not written)
-    log = RunLog.open(run, cfg, run_name, start, mirror=not distributed.is_follower(), run_info=declared)
+    log = RunLog.open(run, cfg, run_name, start, mirror=not is_follower(), run_info=declared)
     run.update_info(wandb_id=log.wandb_id, setup=setup, **declared)
     t0, every = time.perf_counter(), cfg.train
     if start < every.steps and start % every.eval_every == 0 and not shares_engine(p) \
@@ -362,13 +332,13 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
                     log.log_eval(evaluate(p, step))
                 row = train_step(p, step)
                 if step == start:  # start-up is over: a rank stuck from now on ends the run within minutes
-                    distributed.settle()
+                    settle()
                 log.log(row)
                 bar.set_postfix(reward=f"{row.get('reward/mean', float('nan')):.3f}",
                                 kl=f"{row.get('mismatch/kl_k3', float('nan')):.1e}", refresh=False)
-                stop = distributed.agree(guard)  # a signal to any rank stops every rank after this step
+                stop = agree(guard)  # a signal to any rank stops every rank after this step
                 if (step + 1) % every.checkpoint_every == 0 or stop:
-                    save_checkpoint(p, run, step + 1)
+                    checkpoint.save(p, run, step + 1)
                 if stop and step + 1 < every.steps:
                     run.finish("preempted", reason=f"signal {guard.signal_name} after step {step}")
                     log.close(exit_code=1, preempting=True)

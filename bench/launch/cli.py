@@ -15,7 +15,7 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -32,11 +32,14 @@ from bench.run.preempt import Stopped, stop_on_signals
 from bench.run.resume import Plan
 from bench.run.store import RunDir, RunLocked, root_os_error, unwritable
 
+if TYPE_CHECKING:
+    from bench.train import Parts
+
 EXIT = {"completed": 0, "skipped": 0, "failed": 1, "bad_config": 2, "diverged": 3, "locked": 4, "refused": 5,
         "incomplete": 6, "preempted": 128 + signal.SIGTERM, "interrupted": 128 + signal.SIGTERM}
 #: outcomes ended by a signal: their exit code is 128 + that signal
 SIGNAL_OUTCOMES = ("preempted", "interrupted")
-#: outcomes every rank of a multi-process run reaches on one shared decision (bench.distributed.leave)
+#: outcomes every rank of a multi-process run reaches on one shared decision (bench.distributed.group.leave)
 TOGETHER = ("completed", "skipped", "diverged", "preempted", "incomplete", "refused", "locked")
 #: errno values that name an environment problem in one line (no traceback)
 ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
@@ -59,7 +62,7 @@ class Outcome(str):
     @property
     def together(self) -> bool:
         """Whether every rank of a multi-process run reaches this outcome on one shared decision (TOGETHER), so that
-        they may leave the process group through a barrier (bench.distributed.leave)."""
+        they may leave the process group through a barrier (bench.distributed.group.leave)."""
         return str(self) in TOGETHER
 
     @property
@@ -81,7 +84,7 @@ def execute(cfg: DictConfig, overrides: list[str] | None = None) -> Outcome:
     """Run one job to an outcome in EXIT; never raises for bad input, divergence, a busy or finished run
     directory, a signal or an error during the run (it reports each in one line)."""
     name = RunDir.name_of(cfg)
-    from bench.distributed import export_slurm_tasks
+    from bench.distributed.group import export_slurm_tasks
 
     export_slurm_tasks()  # SLURM tasks of one run (hydra.launcher.tasks_per_node / nodes): torchrun's env
     with stop_on_signals():
@@ -117,7 +120,7 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
         return _bad_input(cfg, name, ValueError(f"run directory {run.path} is not writable ({why}); "
                                                 "make it writable, or choose another out_root=DIR"))
     if cfg.train.nproc_per_node > 1 and distributed_env_size() == 1:  # launch the run's processes here
-        from bench.distributed import launch_local
+        from bench.distributed.group import launch_local
 
         return launch_local(cfg.train.nproc_per_node, execute, cfg, overrides)
     if cfg.train.threads > 0:
@@ -135,16 +138,16 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
             preflight(parts, say=lambda line: say(name, line))
     except (ValueError, OSError, ImportError) as e:  # ImportError: an optional engine's package is missing
         return _bad_input(cfg, name, e)
-    from bench import distributed
+    from bench.distributed.group import broadcast_object, is_follower, world_size
 
     try:
-        if distributed.is_follower():  # ranks > 0 of a multi-process run: rank 0 owns the run directory
+        if is_follower():  # ranks > 0 of a multi-process run: rank 0 owns the run directory
             return _follow(parts, run, name, overrides)
         try:
             with run.lock():
                 plan = decide(run, cfg)
-                if distributed.world_size() > 1:
-                    distributed.broadcast_object(plan)
+                if world_size() > 1:
+                    broadcast_object(plan)
                 for note in plan.notes:
                     say(name, f"note: {note}")
                 if plan.action == "skip":
@@ -162,8 +165,8 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
                 except Exception as e:  # noqa: BLE001 -- reported in one line, recorded in run.json
                     return _failed(run, name, e)
         except RunLocked as e:
-            if distributed.world_size() > 1:
-                distributed.broadcast_object(Plan("skip", str(e), outcome="locked"))
+            if world_size() > 1:
+                broadcast_object(Plan("skip", str(e), outcome="locked"))
             print(f"qrl-bench: error: {e}; not starting a second writer", file=sys.stderr)
             return Outcome("locked", str(e), run.path)
         except OSError as e:  # taking the lock or preparing the directory (decide); errors of training are handled above
@@ -174,7 +177,7 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
         say(name, result_line(run, status) + (f" ({reason})" if reason else ""))
         return Outcome(status, reason, run.path)
     finally:
-        if distributed.world_size() > 1:  # while the process group lives: vLLM's engines shut theirs down
+        if world_size() > 1:  # while the process group lives: vLLM's engines shut theirs down
             close_engines(parts.eval_engine, parts.engine)
 
 
@@ -201,16 +204,17 @@ def distributed_env_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _follow(parts: Any, run: RunDir, name: str, overrides: list[str] | None) -> Outcome:
+def _follow(parts: Parts, run: RunDir, name: str, overrides: list[str] | None) -> Outcome:
     """A rank > 0: train along with rank 0 on its plan, writing nothing (rank 0 reports the outcome)."""
-    from bench import distributed
+    from bench.distributed.follower import FollowerRun
+    from bench.distributed.group import broadcast_object
     from bench.train import train
 
-    plan = distributed.broadcast_object(None)
+    plan = broadcast_object(None)
     if plan.action not in ("start", "resume"):
         return Outcome(plan.outcome or "skipped", plan.message, run.path)
     try:
-        status = train(parts, distributed.FollowerRun(run.path), OmegaConf.to_yaml(parts.cfg, resolve=True), name,
+        status = train(parts, FollowerRun(run.path), OmegaConf.to_yaml(parts.cfg, resolve=True), name,
                        plan, overrides)
     except Stopped as e:  # preempted along with rank 0, which reports it
         return Outcome("preempted", None, run.path, signum=e.signum)
@@ -300,9 +304,9 @@ def hydra_main(cfg: DictConfig) -> Any:
         outcome = Outcome("bad_config", SWEEP_OVERWRITE)
     else:
         outcome = execute(cfg, overrides=list(hc.overrides.task))
-    from bench import distributed
+    from bench.distributed.group import leave
 
-    distributed.leave(outcome.together)  # a rank of SLURM tasks or torchrun (its one job): leave the process group
+    leave(outcome.together)  # a rank of SLURM tasks or torchrun (its one job): leave the process group
     if hc.mode == RunMode.RUN:
         if outcome.code:
             sys.exit(outcome.code)

@@ -35,12 +35,12 @@ Sequences count at prompt + max new tokens, the padded worst case: a micro-batch
 
 GPUs: a run uses train.nproc_per_node GPUs on its node, one rank each; budget.gpus is what the recipe books (and
 what its GPU-hours count). `MemoryEstimate.line` says both, and the dry run warns when they differ.
-Several processes (N = train.nproc_per_node > 1; bench/distributed.py): the trainer states, autocast copies,
+Several processes (N = train.nproc_per_node > 1; bench/distributed/): the trainer states, autocast copies,
 snapshot, critic and reference are divided by the FSDP shard count N (the ranks of one node: across nodes the
 model is replicated, HSDP, so N is the shard count at any node count); the engine, the KV cache, logits and
 activations are per rank, whole. One transient is added: the weight sync gathers the whole fp32 model (4 B x P)
 while the rollout engine builds its copy. The evaluation's fp32 engine reads the gathered weights in place
-(bench/distributed.py BlockEngine), which its one-process term above already counts. `tight` marks a peak above
+(bench/distributed/engines.py BlockEngine), which its one-process term above already counts. `tight` marks a peak above
 TIGHT of the device.
 """
 

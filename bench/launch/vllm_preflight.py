@@ -41,12 +41,15 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from bench.eval_config import as_eval_config, eval_engine_kind
 from bench.rollout.base import SamplingParams
+
+if TYPE_CHECKING:
+    from bench.train import Parts
 
 #: new tokens of the greedy check of (c) and (d)
 PREFLIGHT_TOKENS = 8
@@ -213,7 +216,7 @@ class Preflight:
     """The steps on one run's parts (bench.train.Parts): `run()` reports each step as it ends and raises
     PreflightError at the first failure."""
 
-    def __init__(self, parts: Any, say: Callable[[str], None] = print):
+    def __init__(self, parts: Parts, say: Callable[[str], None] = print):
         from bench.rollout.vllm_engine import VLLMEngine, VLLMEvalEngine
 
         self.parts, self.say, self.steps = parts, say, []
@@ -333,7 +336,7 @@ class Preflight:
         return f"{free_gb:.1f} GB free after the engine started >= ~{need:.1f} GB the training step still needs"
 
 
-def preflight(parts: Any, say: Callable[[str], None] = print) -> list[Step]:
+def preflight(parts: Parts, say: Callable[[str], None] = print) -> list[Step]:
     """Run the preflight on a run's parts (module docstring); PreflightError at the first failed step."""
     return Preflight(parts, say).run()
 

@@ -41,7 +41,7 @@ Side effects on the trainer's process, handled or documented here:
   another process) and `VLLM_CPU_KVCACHE_SPACE=1` (GiB) are set as defaults before vllm is imported; an
   environment value wins.
 
-Several processes (train.nproc_per_node = N > 1, bench/distributed.py): one engine per rank, each on its own GPU,
+Several processes (train.nproc_per_node = N > 1, bench/distributed/): one engine per rank, each on its own GPU,
 started by the run's own processes (`distributed_executor_backend="external_launcher"`, tensor_parallel_size 1:
 vLLM joins the torchrun environment the ranks already have; every rank builds its engine at the same sync, since
 vLLM agrees on the KV-cache size across ranks). The trainer's model is sharded (FSDP2): every sync streams the
@@ -525,7 +525,7 @@ class VLLMEvalEngine:
     starts per evaluation (fp8 rollouts only), against an eager evaluation of hours.
     """
 
-    #: the engines it builds stream a sharded model's weights (VLLMEngine): bench.distributed.BlockEngine then hands
+    #: the engines it builds stream a sharded model's weights (VLLMEngine): bench.distributed.engines.BlockEngine then hands
     #: the model over as it is instead of unsharding the whole fp32 policy for the evaluation
     streams_sharded_weights = True
 

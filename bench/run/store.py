@@ -4,7 +4,7 @@
         config.yaml    resolved config            run.json     status, reason, config hash, versions, host, git sha, wandb id
         metrics.jsonl  one line per training step eval.jsonl   one line per evaluation
         ckpt/last.pt   model + optimizer + RNG + step (for resume); ckpt/prev.pt the one before it
-        ckpt/last.dcp/ the same, written by several processes (bench/distributed.py): a torch.distributed.checkpoint
+        ckpt/last.dcp/ the same, written by several processes (bench/checkpoint.py): a torch.distributed.checkpoint
                        directory (every rank its shards) plus extra.pt (step, RNG, scaler); ckpt/prev.dcp/ likewise
         .lock          held while a process owns the run (two processes never write one run dir)
         run.log        a sweep job's own output (bench/launch/sweep_pool.py)
@@ -57,7 +57,7 @@ TRACKED_PACKAGES = ("torch", "transformers", "datasets", "hydra-core", "omegacon
 
 
 #: temporaries of `_atomic_write` and `save_checkpoint` (<name>.tmp<pid>), and of a sharded checkpoint's
-#: directory (last.dcp.tmp<step>, bench/distributed.py)
+#: directory (last.dcp.tmp<step>, bench/checkpoint.py)
 TMP_SUFFIX = re.compile(r"\.tmp\d+$")
 
 
@@ -359,7 +359,7 @@ class RunDir:
     def load_checkpoint(self, path: Path | None = None) -> dict[str, Any] | None:
         """The checkpoint at `path` (default ckpt/last.*), None when there is none; CheckpointError when it
         exists but cannot be read. A DCP directory gives its extra.pt with `dcp` = its path: the tensor states
-        are read by every rank into its own shards when the run is restored (bench/distributed.py)."""
+        are read by every rank into its own shards when the run is restored (bench/checkpoint.py)."""
         path = path or self.ckpt_file
         if not path.exists():
             return None

@@ -11,7 +11,8 @@ import torch
 
 from bench.launch.cli import execute
 from bench.run.store import RunDir
-from bench.train import build, checkpoint, restore, train_step
+from bench.checkpoint import restore, save
+from bench.train import build, train_step
 from tests.helpers import make_cfg, strip_times
 
 pytestmark = pytest.mark.slow
@@ -41,7 +42,7 @@ def test_checkpoint_round_trip_continues_identically(tmp_path):
     p = build(make_cfg(tmp_path / "a", *KNOBS))
     train_step(p, 0)
     run = RunDir(tmp_path / "ckpt")
-    run.save_checkpoint(checkpoint(p, 1))
+    save(p, run, 1)
     p.compute.scaler.update(new_scale=1024.0)  # not 2^16: the restore below must bring the saved scale back
     ckpt = run.load_checkpoint()
     assert ckpt["grad_scaler"]["scale"] == 2.0**16 and ckpt["generator_device"] == "cpu"

@@ -1,7 +1,7 @@
 """One run on two processes (FSDP2 over gloo, CPU) trains the same numbers as on one, for every arm.
 
 Both world sizes sample with `train.sampling_shards=2` (two prompt blocks with their own streams, bench/
-distributed.py), and the one-process run cuts its minibatch into the same two micro-batches each rank computes
+distributed/engines.py), and the one-process run cuts its minibatch into the same two micro-batches each rank computes
 (`train.micro_batch_size` = half the batch), so the forwards have the same shapes at both world sizes. What
 differs is only where the gradient of the two halves is summed (FSDP's reduce-scatter instead of accumulation:
 a + b either way) and the order of the sums behind the gradient norm and the weight-update diagnostics
@@ -53,7 +53,7 @@ def close(a: float, b: float) -> bool:
 
 
 def test_two_processes_train_what_one_does(tmp_path):
-    from bench.distributed import launch_local
+    from bench.distributed.group import launch_local
 
     one = run_all(str(tmp_path / "one"))
     two = launch_local(2, run_all, str(tmp_path / "two"))
@@ -88,7 +88,7 @@ def run_extra(out_root: str) -> dict[str, str]:
 
 
 def test_dynamic_sampling_a_reference_model_and_checkpointing_on_two_processes(tmp_path):
-    from bench.distributed import launch_local
+    from bench.distributed.group import launch_local
 
     one = run_extra(str(tmp_path / "one"))
     two = launch_local(2, run_extra, str(tmp_path / "two"))

@@ -135,30 +135,34 @@ def test_tensor_states_round_trip_and_an_unstepped_optimizer_stays_unstepped(tmp
 
     import torch.distributed.checkpoint as dcp
 
-    from bench import distributed
+    from bench.advantages import GRPOAdvantage
+    from bench.checkpoint import TrainState, load_shards
+    from bench.compute import TrainerCompute
 
-    def run_parts(seed: int) -> SimpleNamespace:
+    def run_state(seed: int) -> TrainState:
         torch.manual_seed(seed)
         model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
-        return SimpleNamespace(policy=model, optimizer=torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1),
-                               ref_policy=None, advantage=SimpleNamespace())
+        return TrainState(policy=model, optimizer=torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1),
+                          generator=torch.Generator().manual_seed(seed), seed=seed,
+                          compute=TrainerCompute(torch.device("cpu"), "fp32", 1.0),
+                          advantage=GRPOAdvantage(SimpleNamespace(), SimpleNamespace(group_size=2)))
 
-    p = run_parts(0)
+    p = run_state(0)
     before = [t.clone() for t in p.policy.parameters()]
-    fresh = distributed.unstepped(p)
-    dcp.save(distributed.tensor_states(p), checkpoint_id=tmp_path / "a")
-    distributed.forget_states(p, fresh)
+    fresh = p.unstepped()
+    dcp.save(p.tensor_states(), checkpoint_id=tmp_path / "a")
+    p.forget_states(fresh)
     assert fresh == ["optimizer"] and not p.optimizer.state
     assert all(torch.equal(a, b) for a, b in zip(before, p.policy.parameters()))  # the zero-lr step moved nothing
 
     p.policy(torch.randn(5, 4)).sum().backward()
     p.optimizer.step()
-    dcp.save(distributed.tensor_states(p), checkpoint_id=tmp_path / "b")
-    q = run_parts(1)
-    distributed.load_checkpoint(q, {"dcp": str(tmp_path / "b"), "unstepped": []})
+    dcp.save(p.tensor_states(), checkpoint_id=tmp_path / "b")
+    q = run_state(1)
+    load_shards(q, {"dcp": str(tmp_path / "b"), "unstepped": []})
     assert all(torch.equal(a, b) for a, b in zip(p.policy.parameters(), q.policy.parameters()))
     for a, b in zip(p.optimizer.state.values(), q.optimizer.state.values()):
         assert all(torch.equal(a[k], b[k]) for k in ("exp_avg", "exp_avg_sq", "step"))
-    r = run_parts(2)
-    distributed.load_checkpoint(r, {"dcp": str(tmp_path / "a"), "unstepped": ["optimizer"]})
+    r = run_state(2)
+    load_shards(r, {"dcp": str(tmp_path / "a"), "unstepped": ["optimizer"]})
     assert not r.optimizer.state and all(torch.equal(a, b) for a, b in zip(before, r.policy.parameters()))

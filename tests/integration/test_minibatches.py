@@ -74,10 +74,11 @@ def test_cut_micro_batches_train_what_uncut_ones_do(tmp_path, arm, adv):
     One step: the next one would start from weights that differ in the last bits, and the low-precision
     roundings of the trainer and of the engine (a bf16 ulp is 4e-3) turn some of those into larger differences,
     as any change of summation order would."""
-    from bench.train import build, checkpoint, restore, train_step
+    from bench.checkpoint import restore
+    from bench.train import build, train_step
 
     parts = build(make_cfg(tmp_path, *CUT, f"method={arm}", f"algo.advantage={adv}"))
-    start = copy.deepcopy(checkpoint(parts, 0))
+    start = copy.deepcopy({"step": 0, **parts.state_dict()})
     rows = {}
     for cut in (True, False):
         restore(parts, copy.deepcopy(start))

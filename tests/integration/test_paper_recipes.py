@@ -162,7 +162,7 @@ def start_up(cfg, model_dir: Path) -> None:
     use, the memory estimate and the GPUs. What needs the weights or a GPU (moving the model, building the engines'
     copies) is not run here."""
     from bench.launch.config import validate
-    from bench.distributed import check_engine
+    from bench.distributed.engines import check_engine
     from bench.eval_config import eval_engine_kind
     from bench.evaluation import build_eval_sets
     from bench.launch.memory import estimate_memory

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from bench import distributed
+from bench.distributed import compute, engines, group
 
 SLURM_TASK = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "16", "SLURM_JOB_NUM_NODES": "2",
               "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_PROCID": "9", "SLURM_LOCALID": "1"}
@@ -15,7 +15,7 @@ SLURM_TASK = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_NTASK
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for key in (*distributed.ENV_KEYS, "LOCAL_WORLD_SIZE", *SLURM_TASK):
+    for key in (*group.ENV_KEYS, "LOCAL_WORLD_SIZE", *SLURM_TASK):
         monkeypatch.setenv(key, "")  # recorded, so that whatever the test exports is undone afterwards
         monkeypatch.delenv(key)
     return monkeypatch
@@ -24,7 +24,7 @@ def clean_env(monkeypatch):
 def test_slurm_task_exports_torchrun_env(clean_env):
     for k, v in SLURM_TASK.items():
         clean_env.setenv(k, v)
-    assert distributed.export_slurm_tasks()
+    assert group.export_slurm_tasks()
     assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("9", "16", "1")
     assert os.environ["MASTER_ADDR"] == "gpu07"  # the job's first node
     port = os.environ["MASTER_PORT"]
@@ -36,7 +36,7 @@ def test_slurm_task_exports_torchrun_env(clean_env):
     clean_env.setenv("SLURM_PROCID", "0")
     clean_env.setenv("SLURM_LOCALID", "0")
     clean_env.setenv("SLURM_NODEID", "0")
-    assert distributed.export_slurm_tasks()
+    assert group.export_slurm_tasks()
     assert os.environ["MASTER_PORT"] == port and os.environ["RANK"] == "0"
 
 
@@ -45,33 +45,32 @@ def test_slurm_env_left_alone(clean_env):
     for k, v in SLURM_TASK.items():
         clean_env.setenv(k, v)
     clean_env.setenv("SLURM_NTASKS", "1")
-    assert not distributed.export_slurm_tasks() and "RANK" not in os.environ
+    assert not group.export_slurm_tasks() and "RANK" not in os.environ
     clean_env.setenv("SLURM_NTASKS", "16")
     clean_env.setenv("WORLD_SIZE", "8")
-    assert not distributed.export_slurm_tasks() and "RANK" not in os.environ
+    assert not group.export_slurm_tasks() and "RANK" not in os.environ
 
 
 def test_local_env_is_torchruns():
-    env = distributed.local_env(1, 4, 29500)
+    env = group.local_env(1, 4, 29500)
     assert env == {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
-    assert set(distributed.ENV_KEYS) <= set(env)
+    assert set(group.ENV_KEYS) <= set(env)
 
 
 def test_world_size_one_is_untouched(clean_env):
-    """Without a launcher the run is one process: no group, and distribute() hands the parts back as they are."""
-    assert distributed.env_world_size() == 1 and distributed.world_size() == 1 and not distributed.is_follower()
-    distributed.init("cpu")  # a no-op at world size 1
+    """Without a launcher the run is one process: no group, and block_engines() hands the engines back as they are."""
+    assert group.env_world_size() == 1 and group.world_size() == 1 and not group.is_follower()
+    group.init("cpu")  # a no-op at world size 1
     import torch.distributed as dist
 
     assert not dist.is_initialized()
 
-    class Parts:  # only what distribute() reads at world size 1
-        class cfg:
-            train = {"sampling_shards": None}
+    from omegaconf import OmegaConf
 
-    p = Parts()
-    assert distributed.distribute(p) is p
+    rollout, evaluation = object(), object()  # block_engines reads neither at world size 1
+    cfg = OmegaConf.create({"train": {"sampling_shards": None}})
+    assert engines.block_engines(rollout, evaluation, cfg, tokenizer=None) == (rollout, evaluation)
 
 
 def test_each_rank_runs_as_many_rows_as_the_largest_part():
@@ -80,7 +79,7 @@ def test_each_rank_runs_as_many_rows_as_the_largest_part():
     import torch
 
     parts = [torch.tensor([5, 2]), torch.tensor([7]), torch.tensor([], dtype=torch.long)]
-    assert [(r.tolist(), n) for r, n in (distributed.rank_rows(parts, i) for i in range(3))] == [
+    assert [(r.tolist(), n) for r, n in (compute.rank_rows(parts, i) for i in range(3))] == [
         ([5, 2], 2), ([7, 7], 1), ([5, 5], 0)]
 
 
@@ -89,11 +88,11 @@ def test_resume_at_another_world_size_warns_only_without_sampling_shards(clean_e
 
     per_rank = OmegaConf.create({"train": {"sampling_shards": None}})
     fixed = OmegaConf.create({"train": {"sampling_shards": 2}})
-    note = distributed.resume_note({"step": 3, "world_size": 2}, per_rank)  # written by 2 ranks, resumed by 1
+    note = group.resume_note({"step": 3, "world_size": 2}, per_rank)  # written by 2 ranks, resumed by 1
     assert note is not None and "reseeded" in note and "2 process(es) with 1" in note
-    assert distributed.resume_note({"step": 3, "world_size": 2}, fixed) is None  # the blocks do not depend on it
-    assert distributed.resume_note({"step": 3}, per_rank) is None  # a one-process checkpoint, resumed by one
-    assert distributed.resume_note(None, per_rank) is None
+    assert group.resume_note({"step": 3, "world_size": 2}, fixed) is None  # the blocks do not depend on it
+    assert group.resume_note({"step": 3}, per_rank) is None  # a one-process checkpoint, resumed by one
+    assert group.resume_note(None, per_rank) is None
 
 
 @pytest.mark.parametrize("engine, world, blocks, eval_shares, error", [
@@ -105,7 +104,7 @@ def test_resume_at_another_world_size_warns_only_without_sampling_shards(clean_e
     ("hf", 2, 2, None, "rollout=hf with 2 processes is not supported")])
 def test_engines_a_multi_process_run_can_use(engine, world, blocks, eval_shares, error):
     if error is None:
-        distributed.check_engine(engine, world, blocks, eval_shares)
+        engines.check_engine(engine, world, blocks, eval_shares)
     else:
         with pytest.raises(ValueError, match=error):
-            distributed.check_engine(engine, world, blocks, eval_shares)
+            engines.check_engine(engine, world, blocks, eval_shares)

@@ -159,7 +159,8 @@ def test_quantized_engine_on_cuda_agrees_with_the_cpu_emulation(precision):
 
 def test_trainer_step_on_cuda_and_resume_on_cpu(tmp_path):
     from bench.run.store import RunDir
-    from bench.train import build, checkpoint, restore, train_step
+    from bench.checkpoint import restore, save
+    from bench.train import build, train_step
     from tests.helpers import make_cfg
 
     cfg = make_cfg(tmp_path, "method=naive", "train.device=cuda", "train.micro_batch_size=4",
@@ -171,7 +172,7 @@ def test_trainer_step_on_cuda_and_resume_on_cpu(tmp_path):
                and s.dim() > 0)
     assert all(torch.isfinite(torch.tensor(v)) for v in row.values())
     run = RunDir.of(cfg)
-    run.save_checkpoint(checkpoint(p, 1))
+    save(p, run, 1)
     ckpt = run.load_checkpoint()
     assert ckpt["generator_device"] == "cuda" and next(iter(ckpt["policy"].values())).device.type == "cpu"
     q = build(make_cfg(tmp_path / "cpu", "method=naive", "train.device=cpu"))

@@ -12,13 +12,14 @@ import torch
 import torch.distributed as dist
 import transformers as tr
 
-from bench import distributed
+from bench.distributed import engines, sharding
+from bench.distributed.group import STEP_TIMEOUT, TIMEOUT, settle
 
 
 @pytest.fixture
 def group():
     """A one-rank gloo process group with the start-up timeout, left after the test."""
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore(), timeout=distributed.TIMEOUT)
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore(), timeout=TIMEOUT)
     try:
         yield dist.distributed_c10d._get_default_group()
     finally:
@@ -32,9 +33,9 @@ def timeout_of(group) -> timedelta:
 def test_the_timeout_drops_after_start_up(group):
     """N6: generous while the run starts (30 min: models, engines, the first evaluation), short after its first
     step (QRL_DIST_STEP_TIMEOUT_MIN, 10 min by default, as verl's): a stuck rank ends the job within minutes."""
-    assert timeout_of(group) == timedelta(minutes=30) == distributed.TIMEOUT
-    distributed.settle()
-    assert timeout_of(group) == distributed.STEP_TIMEOUT <= timedelta(minutes=10)
+    assert timeout_of(group) == timedelta(minutes=30) == TIMEOUT
+    settle()
+    assert timeout_of(group) == STEP_TIMEOUT <= timedelta(minutes=10)
 
 
 def test_a_vllm_evaluation_gets_the_sharded_policy_as_it_is(group, monkeypatch):
@@ -45,7 +46,7 @@ def test_a_vllm_evaluation_gets_the_sharded_policy_as_it_is(group, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     model = tr.Qwen2ForCausalLM(tr.Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=32,
                                                num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
-    distributed.shard(model)
+    sharding.shard(model)
     seen = []
 
     class Template:  # the engine VLLMEvalEngine would build (no vLLM here): records what it is handed
@@ -57,10 +58,10 @@ def test_a_vllm_evaluation_gets_the_sharded_policy_as_it_is(group, monkeypatch):
         def sibling(self, precision):
             return self
 
-    engine = distributed.BlockEngine(VLLMEvalEngine(Template(), owns_template=True), 1, 0, in_place=True)
+    engine = engines.BlockEngine(VLLMEvalEngine(Template(), owns_template=True), 1, 0, in_place=True)
     engine.load_weights(model)
     assert seen == ["DTensor"]  # still sharded: nothing was gathered for it
-    assert distributed.is_sharded(model)
+    assert sharding.is_sharded(model)
 
 
 def test_tensor_parallelism_is_refused_in_one_line():
