@@ -94,17 +94,7 @@ def unknown_method(sweep: Sweep, option: str, value: str | None) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not args.sweep_dirs and not args.wandb:
-        parser.error("give at least one SWEEP_DIR or --wandb ENTITY/PROJECT")
-    if (args.group or args.offline) and not args.wandb:
-        parser.error("--group/--offline need --wandb ENTITY/PROJECT")
-    if args.smooth < 1 or args.warmup < 0 or args.collapse_k < 1:
-        parser.error("--smooth and --collapse-k must be >= 1 and --warmup >= 0")
-    formats = [f.strip().lower() for f in args.formats.split(",") if f.strip()]
-    if not set(formats) <= FIGURE_FORMATS:
-        parser.error(f"--formats {args.formats!r}: choose from {', '.join(sorted(FIGURE_FORMATS))}")
-    if "png" not in formats:
-        formats.insert(0, "png")  # the report embeds PNGs
+    formats = check_options(parser, args)
     out = args.out or _default_out(args)
     if args.paper:
         if args.wandb or not args.sweep_dirs:
@@ -132,7 +122,32 @@ def main(argv: list[str] | None = None) -> int:
     for r in sweep.runs:
         for w in r.warnings:
             log(f"  warning {r.run_id}: {w}")
+    report = write_analysis(sweep, args, out, formats, primary, command)
+    log(f"report: {report}")
+    print(report)
+    return 0 if sweep.runs else 1
 
+
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """A usage error (exit 2) for options that cannot go together or out of range; returns the figure formats,
+    PNG first (the report embeds PNGs)."""
+    if not args.sweep_dirs and not args.wandb:
+        parser.error("give at least one SWEEP_DIR or --wandb ENTITY/PROJECT")
+    if (args.group or args.offline) and not args.wandb:
+        parser.error("--group/--offline need --wandb ENTITY/PROJECT")
+    if args.smooth < 1 or args.warmup < 0 or args.collapse_k < 1:
+        parser.error("--smooth and --collapse-k must be >= 1 and --warmup >= 0")
+    formats = [f.strip().lower() for f in args.formats.split(",") if f.strip()]
+    if not set(formats) <= FIGURE_FORMATS:
+        parser.error(f"--formats {args.formats!r}: choose from {', '.join(sorted(FIGURE_FORMATS))}")
+    if "png" not in formats:
+        formats.insert(0, "png")  # the report embeds PNGs
+    return formats
+
+
+def write_analysis(sweep: Sweep, args: argparse.Namespace, out: Path, formats: list[str], primary: tuple[str, ...],
+                   command: str) -> Path:
+    """The tables, figures and report of a loaded sweep under `out`; returns the report's path."""
     # Imported here: matplotlib is the slow import, and `--help` or a usage error should not pay for it.
     from .plots import make_figures
     from .report import write_report
@@ -168,10 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                                 warmup=args.warmup, formats=formats, log=log)
     settings = {"baseline": args.baseline, "naive": args.naive, "collapse_k": args.collapse_k, "smooth": args.smooth,
                 "warmup": args.warmup, "control": args.control, **({"primary": ",".join(primary)} if primary else {})}
-    report = write_report(sweep, out, tables, figures, command, baseline=args.baseline, settings=settings, opts=sev)
-    log(f"report: {report}")
-    print(report)
-    return 0 if sweep.runs else 1
+    return write_report(sweep, out, tables, figures, command, baseline=args.baseline, settings=settings, opts=sev)
 
 
 def paper_main(name: str, roots: list[Path], out: Path) -> int:

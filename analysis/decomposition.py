@@ -152,8 +152,6 @@ def plot_decomposition(sweep: Sweep, out_dir: Path, opts: SeverityOptions = Seve
     """The headline figure where a control ran: left, each cell's total gap and its two parts (pp, paired 95 %
     intervals); right, each correction's recovered share of the total gap (filled) and of the mismatch cost (open),
     Fieller 95 % intervals. None without a cell where the baseline, naive and the control ran."""
-    from matplotlib.lines import Line2D
-
     from .plots import FULL_WIDTH, FigureFile, _save, plt
 
     data = decomposition(sweep, opts)
@@ -164,6 +162,21 @@ def plot_decomposition(sweep: Sweep, out_dir: Path, opts: SeverityOptions = Seve
     names = [(f"{c.task}/{c.model} @ " if multi else "") + str(c.severity_label) for c in cells.itertuples()]
     fig, (left, right) = plt.subplots(1, 2, figsize=(FULL_WIDTH, 3.2), layout="constrained",
                                       gridspec_kw={"width_ratios": [2, 3]})
+    _draw_costs(left, cells, names, opts)
+    _draw_shares(right, data, cells, names, multi, opts)
+    caption = (
+        f"Left: per cell, the final-accuracy gap {opts.baseline} − {opts.naive} and its two parts, the sampler-and-"
+        f"capacity cost {opts.baseline} − {opts.control} and the mismatch cost {opts.control} − {opts.naive} (the "
+        f"on-policy control {opts.control} trains with π_old = μ), paired 95 % t-intervals over seeds. Right: each "
+        f"correction's recovered share (arm − {opts.naive}) of the total gap (filled) and of the mismatch cost (open), "
+        f"Fieller 95 % intervals, {OFF_SCALE}; no point where the denominator is not resolved above 0."
+    )
+    return FigureFile("decomposition", "decomposition", "The naive gap: sampler against mismatch", caption,
+                      _save(fig, out_dir, "decomposition", formats))
+
+
+def _draw_costs(left: Any, cells: pd.DataFrame, names: list[str], opts: SeverityOptions) -> None:
+    """The decomposition figure's left panel: per cell, the total gap and its two costs as bars (paired intervals)."""
     width = 0.26
     colors = {"total": arm_color(opts.naive), "sampler": "0.55", "mismatch": arm_color(opts.control)}
     for j, k in enumerate(COSTS):
@@ -178,6 +191,14 @@ def plot_decomposition(sweep: Sweep, out_dir: Path, opts: SeverityOptions = Seve
     left.set_title(f"{opts.baseline} − {opts.naive} = ({opts.baseline} − {opts.control}) + ({opts.control} − "
                    f"{opts.naive})", pad=4, fontsize=7)
     left.legend(frameon=False, fontsize=6, loc="best")
+
+
+def _draw_shares(right: Any, data: pd.DataFrame, cells: pd.DataFrame, names: list[str], multi: bool,
+                 opts: SeverityOptions) -> None:
+    """The decomposition figure's right panel: each correction's recovered share of the total gap (filled) and of
+    the mismatch cost (open), per cell."""
+    from matplotlib.lines import Line2D
+
     arms = [m for m in sorted(data["method"].unique(), key=method_sort_key) if m not in (opts.naive, opts.control)]
     markers = {m: METHOD_MARKERS[i % len(METHOD_MARKERS)] for i, m in enumerate(arms)}
     slot = 0.8 / max(1, len(arms))
@@ -206,15 +227,6 @@ def plot_decomposition(sweep: Sweep, out_dir: Path, opts: SeverityOptions = Seve
     handles = [Line2D([], [], color=arm_color(m), marker=markers[m], ls="none", ms=4) for m in arms]
     if handles:
         right.legend(handles, arms, frameon=False, fontsize=6, loc="best")
-    caption = (
-        f"Left: per cell, the final-accuracy gap {opts.baseline} − {opts.naive} and its two parts, the sampler-and-"
-        f"capacity cost {opts.baseline} − {opts.control} and the mismatch cost {opts.control} − {opts.naive} (the "
-        f"on-policy control {opts.control} trains with π_old = μ), paired 95 % t-intervals over seeds. Right: each "
-        f"correction's recovered share (arm − {opts.naive}) of the total gap (filled) and of the mismatch cost (open), "
-        f"Fieller 95 % intervals, {OFF_SCALE}; no point where the denominator is not resolved above 0."
-    )
-    return FigureFile("decomposition", "decomposition", "The naive gap: sampler against mismatch", caption,
-                      _save(fig, out_dir, "decomposition", formats))
 
 
 __all__ = ["COSTS", "COST_NAMES", "decomposition", "decomposition_table", "plot_decomposition"]

@@ -485,62 +485,20 @@ def _where(info: dict[str, Any], run_dir: Path) -> str:
 def load_run(run_dir: Path, root: Path | None = None, run_id: str | None = None) -> Run:
     """Read and validate one run directory; raises RunError with the reason it cannot be used."""
     run_dir = Path(run_dir)
-    present = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
-    if not present & {"run.json", "metrics.jsonl", "config.yaml", "config.json"}:
-        raise RunError("empty run directory (job not started?)")
-    info = _read_json(run_dir / "run.json")
-    status = info.get("status")
-    if status not in KNOWN_STATUSES:
-        raise RunError(f"run.json: unknown status {status!r}")
-    if status not in FINISHED_STATUSES:
-        reason = info.get("reason")
-        raise RunError(f"status={status}" + (f" ({reason})" if reason else "") + _where(info, run_dir))
+    info = _finished_info(run_dir)
+    status = info["status"]
     config = _read_config(run_dir)
     if nans := nan_settings(config):
         raise RunError(f"configuration error: {', '.join(nans)} (NaN is no setting's value); not a result")
     if status == "diverged":
         check_divergence(diverged_step(info))
     fallback = _identity_from_path(run_dir)
-    ident = {
-        "method": get(config, "method.name", fallback.get("method")),
-        "task": get(config, "task.name", fallback.get("task")),
-        "model": get(config, "model.name", fallback.get("model")),
-        "seed": get(config, "seed", fallback.get("seed")),
-    }
-    missing = [k for k, v in ident.items() if v is None]
-    if missing:
-        raise RunError(f"config lacks {', '.join(missing)} and the path does not encode them")
-    try:
-        seed = int(ident["seed"])
-    except (TypeError, ValueError):
-        raise RunError(f"config: seed={ident['seed']!r} is not an integer") from None
+    ident, seed = _identity(config, fallback)
 
     warnings: list[str] = []
-    records, w = read_jsonl(run_dir / "metrics.jsonl")
-    warnings += w
-    if not records:
-        raise RunError("metrics.jsonl is empty")
-    metrics = _frame(records, "metrics.jsonl", warnings)
-    if metrics.empty:
-        raise RunError("metrics.jsonl has no usable step")
-    eval_records, w = read_jsonl(run_dir / "eval.jsonl", required=False)
-    warnings += w
-    evals = _frame(eval_records, "eval.jsonl", warnings)
-    if evals.empty:
-        warnings.append("no eval.jsonl records: left out of the accuracy tables")
-
+    metrics, evals, eval_records = _read_rows(run_dir, warnings)
     planned = get(config, "train.steps")
-    logged = int(metrics["step"].max()) + 1
-    if status == "completed" and isinstance(planned, int) and logged < planned:
-        raise RunError(f"incomplete: status=completed but only {logged} of {planned} steps in metrics.jsonl")
-    missing_steps = sorted(set(range(logged)) - set(metrics["step"].tolist()))
-    if missing_steps:  # a completed or diverged run must have every step up to its last one
-        shown = ", ".join(map(str, missing_steps[:10])) + (", ..." if len(missing_steps) > 10 else "")
-        raise RunError(f"incomplete: metrics.jsonl lacks {len(missing_steps)} step(s): {shown}")
-    if status == "completed" and isinstance(info.get("step"), int) and info["step"] + 1 > logged:
-        raise RunError(f"incomplete: run.json says step {info['step']} but metrics.jsonl ends at step {logged - 1}")
-    if status == "diverged":
-        check_divergence(diverged_step(info, logged))
+    logged = _check_complete(metrics, status, info, planned)
     final_step, final = final_eval(eval_records, (planned if isinstance(planned, int) else logged)
                                    if status == "completed" else None, warnings)
 
@@ -570,6 +528,71 @@ def load_run(run_dir: Path, root: Path | None = None, run_id: str | None = None)
         final=final,
         final_step=final_step,
     )
+
+
+def _finished_info(run_dir: Path) -> dict[str, Any]:
+    """run.json of a run that finished (completed or diverged); RunError for an empty or unfinished one."""
+    present = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
+    if not present & {"run.json", "metrics.jsonl", "config.yaml", "config.json"}:
+        raise RunError("empty run directory (job not started?)")
+    info = _read_json(run_dir / "run.json")
+    status = info.get("status")
+    if status not in KNOWN_STATUSES:
+        raise RunError(f"run.json: unknown status {status!r}")
+    if status not in FINISHED_STATUSES:
+        reason = info.get("reason")
+        raise RunError(f"status={status}" + (f" ({reason})" if reason else "") + _where(info, run_dir))
+    return info
+
+
+def _identity(config: dict[str, Any], fallback: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The run's method, task, model and seed from its config, else from its path; and its integer seed."""
+    ident = {
+        "method": get(config, "method.name", fallback.get("method")),
+        "task": get(config, "task.name", fallback.get("task")),
+        "model": get(config, "model.name", fallback.get("model")),
+        "seed": get(config, "seed", fallback.get("seed")),
+    }
+    missing = [k for k, v in ident.items() if v is None]
+    if missing:
+        raise RunError(f"config lacks {', '.join(missing)} and the path does not encode them")
+    try:
+        return ident, int(ident["seed"])
+    except (TypeError, ValueError):
+        raise RunError(f"config: seed={ident['seed']!r} is not an integer") from None
+
+
+def _read_rows(run_dir: Path, warnings: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, list[dict[str, Any]]]:
+    """metrics.jsonl and eval.jsonl as frames, and eval.jsonl's records; what was dropped goes to `warnings`."""
+    records, w = read_jsonl(run_dir / "metrics.jsonl")
+    warnings += w
+    if not records:
+        raise RunError("metrics.jsonl is empty")
+    metrics = _frame(records, "metrics.jsonl", warnings)
+    if metrics.empty:
+        raise RunError("metrics.jsonl has no usable step")
+    eval_records, w = read_jsonl(run_dir / "eval.jsonl", required=False)
+    warnings += w
+    evals = _frame(eval_records, "eval.jsonl", warnings)
+    if evals.empty:
+        warnings.append("no eval.jsonl records: left out of the accuracy tables")
+    return metrics, evals, eval_records
+
+
+def _check_complete(metrics: pd.DataFrame, status: str, info: dict[str, Any], planned: Any) -> int:
+    """The steps logged (the last step + 1); RunError when a completed or diverged run lacks a step it must have."""
+    logged = int(metrics["step"].max()) + 1
+    if status == "completed" and isinstance(planned, int) and logged < planned:
+        raise RunError(f"incomplete: status=completed but only {logged} of {planned} steps in metrics.jsonl")
+    missing_steps = sorted(set(range(logged)) - set(metrics["step"].tolist()))
+    if missing_steps:  # a completed or diverged run must have every step up to its last one
+        shown = ", ".join(map(str, missing_steps[:10])) + (", ..." if len(missing_steps) > 10 else "")
+        raise RunError(f"incomplete: metrics.jsonl lacks {len(missing_steps)} step(s): {shown}")
+    if status == "completed" and isinstance(info.get("step"), int) and info["step"] + 1 > logged:
+        raise RunError(f"incomplete: run.json says step {info['step']} but metrics.jsonl ends at step {logged - 1}")
+    if status == "diverged":
+        check_divergence(diverged_step(info, logged))
+    return logged
 
 
 def _default_run_id(run_dir: Path, root: Path | None) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import matplotlib
 
@@ -363,55 +363,16 @@ def plot_throughput(sweep: Sweep, model: str, out_dir: Path, baseline: str = BAS
                     formats: Sequence[str] = FORMATS) -> FigureFile | None:
     """Rollout tokens/s per arm (with speed-up vs baseline) and where a training step's time goes: generation,
     weight sync + re-quantization, recompute, optimizer steps; one row per arm, engine and device."""
-    data = throughput_summary(sweep, baseline, warmup)
-    data = data[data["model"] == model]
-    if data.empty or data[["tokens_per_s_mean", "step_s"]].isna().all().all():
+    data = throughput_frame(sweep, model, baseline, warmup)
+    if data is None:
         return None
-    # rows as throughput_summary orders them (engine/device, task, then canonical arm order), top to bottom: one
-    # row per task and arm, so that a bar is compared with the bars of its own task only (like with like)
-    data = data.iloc[::-1].reset_index(drop=True)
     arms = list(zip(data["method"], data["precision"]))
-    # "method (PRECISION)" always: this figure is per arm *and* precision, so the precision is never redundant;
-    # the task where the figure has several, the engine/device only where it mixes several.
-    runtimes = list(zip(data["engine"], data["device"]))
-    mixed = len(set(runtimes)) > 1
     tasks = list(data["task"])
-    multi_task = len(set(tasks)) > 1
-    ylabels = [(f"{t} · " if multi_task else "") + f"{m} ({precision_label(p)}{', emulated' if is_emulated(p, d) else ''})"
-               + (f" · {e}/{d}" if mixed else "") for t, (m, p), (e, d) in zip(tasks, arms, runtimes)]
     y = np.arange(len(arms))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(FULL_WIDTH, 0.28 * len(arms) + 1.1), layout="constrained")
-    tps = data["tokens_per_s_mean"].to_numpy()
-    err = np.nan_to_num(data["tokens_per_s_std"].to_numpy())
-    ax1.barh(y, tps, color=[arm_color(a[0]) for a in arms], height=0.65)
-    spread = err > 0  # a zero-width error bar draws as a stray tick at the bar's end
-    if spread.any():
-        ax1.errorbar(tps[spread], y[spread], xerr=err[spread], fmt="none", ecolor="0.2", elinewidth=0.8, capsize=2)
-    for yi, (v, e, s) in enumerate(zip(tps, err, data["rollout_speedup"].to_numpy())):
-        if np.isfinite(v) and np.isfinite(s):
-            ax1.text(v + e, yi, f" {s:.2f}×", va="center", ha="left", fontsize=7)
-    ax1.set_xlim(0, np.nanmax(tps + err) * 1.25 if np.isfinite(tps).any() else 1)
-    ax1.set_title(f"rollout tokens/s (× vs {baseline})")
-    ax1.set_xlabel("rollout tokens / s")
-    left = np.zeros(len(arms))
-    for part in [*TIME_PARTS, "other_s"]:
-        vals = np.nan_to_num(data[part].to_numpy())
-        if not vals.any():
-            continue
-        ax2.barh(y, vals, left=left, color=PART_COLORS[part], height=0.65, label=PART_LABELS[part])
-        left += vals
-    for yi, total in enumerate(left):
-        if total > 0:
-            ax2.text(total, yi, f" {total:.2f} s", va="center", ha="left", fontsize=7)
-    ax2.set_xlim(0, left.max() * 1.2 if left.max() > 0 else 1)
-    ax2.set_title("time per training step")
-    ax2.set_xlabel("seconds")
-    if left.max() > 0:
-        # Below the whole figure: a legend inside the axes covers bars, one anchored to the axes collides
-        # with the x label when there are few arms (short axes).
-        fig.legend(*ax2.get_legend_handles_labels(), loc="outside lower center", frameon=False, ncol=5, handlelength=1.2)
-    else:
-        ax2.text(0.5, 0.5, "no time/* split logged", transform=ax2.transAxes, ha="center", va="center", color="0.4")
+    _draw_rollout_speed(ax1, data, y, arms, baseline)
+    _draw_step_split(fig, ax2, data, y)
+    ylabels = _throughput_labels(data)
     for ax in (ax1, ax2):
         for yi in range(1, len(tasks)):
             if tasks[yi] != tasks[yi - 1]:  # a rule between two tasks' blocks
@@ -431,6 +392,68 @@ def plot_throughput(sweep: Sweep, model: str, out_dir: Path, baseline: str = BAS
         "quantized precision on a CPU (fake quantization, fp32 arithmetic), whose speed says nothing about hardware."
     )
     return FigureFile(name, "throughput", f"Throughput — {model}", caption, _save(fig, out_dir, name, formats))
+
+
+def throughput_frame(sweep: Sweep, model: str, baseline: str, warmup: int) -> pd.DataFrame | None:
+    """The throughput figure's rows, top to bottom; None when the model logged no throughput."""
+    data = throughput_summary(sweep, baseline, warmup)
+    data = data[data["model"] == model]
+    if data.empty or data[["tokens_per_s_mean", "step_s"]].isna().all().all():
+        return None
+    # rows as throughput_summary orders them (engine/device, task, then canonical arm order), top to bottom: one
+    # row per task and arm, so that a bar is compared with the bars of its own task only (like with like)
+    return data.iloc[::-1].reset_index(drop=True)
+
+
+def _throughput_labels(data: pd.DataFrame) -> list[str]:
+    """"method (PRECISION)" always: this figure is per arm *and* precision, so the precision is never redundant;
+    the task where the figure has several, the engine/device only where it mixes several."""
+    arms = list(zip(data["method"], data["precision"]))
+    runtimes = list(zip(data["engine"], data["device"]))
+    mixed = len(set(runtimes)) > 1
+    tasks = list(data["task"])
+    multi_task = len(set(tasks)) > 1
+    return [(f"{t} · " if multi_task else "") + f"{m} ({precision_label(p)}{', emulated' if is_emulated(p, d) else ''})"
+            + (f" · {e}/{d}" if mixed else "") for t, (m, p), (e, d) in zip(tasks, arms, runtimes)]
+
+
+def _draw_rollout_speed(ax1: Any, data: pd.DataFrame, y: np.ndarray, arms: list[tuple[str, str]], baseline: str) -> None:
+    """The throughput figure's left panel: rollout tokens/s per row, labelled with the speed-up vs the baseline."""
+    tps = data["tokens_per_s_mean"].to_numpy()
+    err = np.nan_to_num(data["tokens_per_s_std"].to_numpy())
+    ax1.barh(y, tps, color=[arm_color(a[0]) for a in arms], height=0.65)
+    spread = err > 0  # a zero-width error bar draws as a stray tick at the bar's end
+    if spread.any():
+        ax1.errorbar(tps[spread], y[spread], xerr=err[spread], fmt="none", ecolor="0.2", elinewidth=0.8, capsize=2)
+    for yi, (v, e, s) in enumerate(zip(tps, err, data["rollout_speedup"].to_numpy())):
+        if np.isfinite(v) and np.isfinite(s):
+            ax1.text(v + e, yi, f" {s:.2f}×", va="center", ha="left", fontsize=7)
+    ax1.set_xlim(0, np.nanmax(tps + err) * 1.25 if np.isfinite(tps).any() else 1)
+    ax1.set_title(f"rollout tokens/s (× vs {baseline})")
+    ax1.set_xlabel("rollout tokens / s")
+
+
+def _draw_step_split(fig: Any, ax2: Any, data: pd.DataFrame, y: np.ndarray) -> None:
+    """The throughput figure's right panel: a training step's time, stacked by part, with its legend."""
+    left = np.zeros(len(y))
+    for part in [*TIME_PARTS, "other_s"]:
+        vals = np.nan_to_num(data[part].to_numpy())
+        if not vals.any():
+            continue
+        ax2.barh(y, vals, left=left, color=PART_COLORS[part], height=0.65, label=PART_LABELS[part])
+        left += vals
+    for yi, total in enumerate(left):
+        if total > 0:
+            ax2.text(total, yi, f" {total:.2f} s", va="center", ha="left", fontsize=7)
+    ax2.set_xlim(0, left.max() * 1.2 if left.max() > 0 else 1)
+    ax2.set_title("time per training step")
+    ax2.set_xlabel("seconds")
+    if left.max() > 0:
+        # Below the whole figure: a legend inside the axes covers bars, one anchored to the axes collides
+        # with the x label when there are few arms (short axes).
+        fig.legend(*ax2.get_legend_handles_labels(), loc="outside lower center", frameon=False, ncol=5, handlelength=1.2)
+    else:
+        ax2.text(0.5, 0.5, "no time/* split logged", transform=ax2.transAxes, ha="center", va="center", color="0.4")
 
 
 def plot_quant(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: int = 1, formats: Sequence[str] = FORMATS) -> FigureFile | None:

@@ -258,16 +258,47 @@ def plot_severity(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Seve
 
     from .plots import FULL_WIDTH, FigureFile, _save, plt, safe_name
 
-    data = severity_summary(sweep, opts)
-    data = data[(data["task"] == task) & (data["model"] == model)] if not data.empty else data
+    data = cell_summary(sweep, task, model, opts)
     if data.empty or data["severity"].nunique() < 2 or not np.isfinite(data["kl"]).any():
         return None
     fig, axes = plt.subplots(1, 2, figsize=(FULL_WIDTH, 3.1), layout="constrained")
     methods = sorted(data["method"].unique(), key=method_sort_key)
     markers = {m: METHOD_MARKERS[i % len(METHOD_MARKERS)] for i, m in enumerate(methods)}
     offsets = dodge_offsets(data.groupby("severity")["method"].apply(list), methods)
+    options = _draw_severity(axes, data, methods, markers, offsets, opts)
+    handles = [Line2D([], [], color=arm_color(m), marker=markers[m], ms=4, lw=1.2, mec="white", mew=0.4) for m in methods]
+    names = list(methods)
+    if (data["n_collapsed"] > 0).any():
+        handles.append(Line2D([], [], ls="none", marker="o", mfc="none", mec="0.15", ms=9, mew=0.9))
+        names.append(f"≥1 seed collapsed (k={opts.collapse_k})")
+    fig.legend(handles, names, loc="outside upper center", ncol=min(len(names), 7), frameon=False)
+    if options:  # what the top axis's short names leave out
+        text = "severities: " + "; ".join(f"{k} = {v}" for k, v in options.items())
+        fig.supxlabel(textwrap.fill(text, 190), fontsize=6, color="0.3")
+    name = safe_name("severity", task, model)
+    caption = (
+        f"{task} / {model}: final eval accuracy (left) and AUC (right) against the measured rollout–training mismatch "
+        f"(mean over steps of the per-token KL(μ‖π_old), k3), one line per method across the severities it ran "
+        f"(labelled on the top axis, at each severity's mean mismatch); 95 % t-intervals over seeds on both axes, "
+        f"clipped to 0-100 %; dashed line and band: {opts.baseline}. A ring marks a severity where at least one "
+        f"seed collapsed" + (f"; {DODGE_NOTE}." if any(offsets.values()) else ".")
+    )
+    return FigureFile(name, "severity", f"Accuracy against mismatch — {task} / {model}", caption,
+                      _save(fig, out_dir, name, formats))
+
+
+def cell_summary(sweep: Sweep, task: str, model: str, opts: SeverityOptions) -> pd.DataFrame:
+    """The severity summary of one task and model: the frame of its severity and recovered figures."""
+    data = severity_summary(sweep, opts)
+    return data[(data["task"] == task) & (data["model"] == model)] if not data.empty else data
+
+
+def _draw_severity(axes: Any, data: pd.DataFrame, methods: list[str], markers: dict[str, str],
+                   offsets: dict[str, float], opts: SeverityOptions) -> dict[str, str]:
+    """The severity figure's two panels (accuracy, AUC) against KL; returns what the severity labels leave out."""
     drawn: dict[tuple[Any, str], list[Any]] = {}
     kl = data["kl"].to_numpy(dtype=float)
+    options: dict[str, str] = {}
     for ax, (col, title) in zip(axes, (("acc", "final eval accuracy"), ("auc", "AUC (time-averaged eval accuracy)"))):
         for method in methods:
             d = data[data["method"] == method].sort_values("kl")
@@ -294,25 +325,7 @@ def plot_severity(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Seve
         ax.set_xlabel("mean KL(μ‖π_old) per token (k3, nats)")
         ax.set_ylabel(f"{'accuracy' if col == 'acc' else 'AUC'} (%)")
     shift_apart(drawn, offsets)
-    handles = [Line2D([], [], color=arm_color(m), marker=markers[m], ms=4, lw=1.2, mec="white", mew=0.4) for m in methods]
-    names = list(methods)
-    if (data["n_collapsed"] > 0).any():
-        handles.append(Line2D([], [], ls="none", marker="o", mfc="none", mec="0.15", ms=9, mew=0.9))
-        names.append(f"≥1 seed collapsed (k={opts.collapse_k})")
-    fig.legend(handles, names, loc="outside upper center", ncol=min(len(names), 7), frameon=False)
-    if options:  # what the top axis's short names leave out
-        text = "severities: " + "; ".join(f"{k} = {v}" for k, v in options.items())
-        fig.supxlabel(textwrap.fill(text, 190), fontsize=6, color="0.3")
-    name = safe_name("severity", task, model)
-    caption = (
-        f"{task} / {model}: final eval accuracy (left) and AUC (right) against the measured rollout–training mismatch "
-        f"(mean over steps of the per-token KL(μ‖π_old), k3), one line per method across the severities it ran "
-        f"(labelled on the top axis, at each severity's mean mismatch); 95 % t-intervals over seeds on both axes, "
-        f"clipped to 0-100 %; dashed line and band: {opts.baseline}. A ring marks a severity where at least one "
-        f"seed collapsed" + (f"; {DODGE_NOTE}." if any(offsets.values()) else ".")
-    )
-    return FigureFile(name, "severity", f"Accuracy against mismatch — {task} / {model}", caption,
-                      _save(fig, out_dir, name, formats))
+    return options
 
 
 def plot_recovered(sweep: Sweep, task: str, model: str, out_dir: Path, opts: SeverityOptions = SeverityOptions(),
@@ -324,8 +337,7 @@ def plot_recovered(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Sev
 
     from .plots import FULL_WIDTH, FigureFile, _save, plt, safe_name
 
-    data = severity_summary(sweep, opts)
-    data = data[(data["task"] == task) & (data["model"] == model)] if not data.empty else data
+    data = cell_summary(sweep, task, model, opts)
     if data.empty or not np.isfinite(data["recovered"]).any() or not np.isfinite(data["seq_kl"]).any():
         return None
     fig, (left, right) = plt.subplots(1, 2, figsize=(FULL_WIDTH, 3.1), layout="constrained", sharex=True,
@@ -334,37 +346,10 @@ def plot_recovered(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Sev
     markers = {m: METHOD_MARKERS[i % len(METHOD_MARKERS)] for i, m in enumerate(arms)}
     plotted = np.isfinite(data["recovered"]) | (data["method"] == opts.naive)
     seq_kl = data.loc[plotted, "seq_kl"].to_numpy(float)  # the x values drawn: the axis is chosen for them
-    shown = []
     defined = data[data["method"].isin(arms) & np.isfinite(data["recovered"])]
     offsets = dodge_offsets(defined.groupby("severity")["method"].apply(list), arms)
-    drawn: dict[tuple[Any, str], list[Any]] = {}
-    for method in arms:
-        d = defined[defined["method"] == method].sort_values("seq_kl")
-        if d.empty:
-            continue
-        drawn[(left, method)] = _recovered_bars(left, d, _arm_style(method, markers[method]))
-        shown.append(method)
-    _recovered_levels(left)
-    _kl_axis(left, seq_kl)
-    left.set_xlabel("T·KL: response length x KL(μ‖π_old) per token (nats)")
-    left.set_ylabel(f"recovered share of the {opts.naive} gap (%)")
-    left.set_title("correction vs sequence-level mismatch", pad=4)
-    naive = data[data["method"] == opts.naive].sort_values("seq_kl")
-    base = data[data["method"] == opts.baseline]
-    if not naive.empty:
-        x, y = naive["seq_kl"].to_numpy(float), naive["sampler_acc0"].to_numpy(float)
-        right.errorbar(x, y, yerr=_err(y, naive["sampler_acc0_lo"].clip(0, 100), naive["sampler_acc0_hi"].clip(0, 100)),
-                       color=arm_color(opts.naive), marker="o", ms=4, lw=1.0, elinewidth=0.7, capsize=2)
-    if not base.empty and np.isfinite(base["sampler_acc0"]).any():
-        b = base.iloc[0]
-        right.axhline(b["sampler_acc0"], color=arm_color(opts.baseline), lw=0.9, ls="--")
-        if np.isfinite(b["sampler_acc0_lo"]) and np.isfinite(b["sampler_acc0_hi"]):
-            right.axhspan(max(b["sampler_acc0_lo"], 0), min(b["sampler_acc0_hi"], 100), color=arm_color(opts.baseline),
-                          alpha=0.1, lw=0)
-    _kl_axis(right, seq_kl)
-    right.set_xlabel("T·KL (nats)")
-    right.set_ylabel("step-0 batch accuracy (%)")
-    right.set_title("μ's own accuracy (sampler quality)", pad=4)
+    drawn, shown = _draw_recovered_left(left, defined, arms, markers, seq_kl, opts)
+    _draw_sampler_right(right, data, seq_kl, opts)
     shift_apart(drawn, offsets)
     handles = [Line2D([], [], color=arm_color(m), marker=markers[m], ms=4, lw=1.0) for m in shown]
     handles += [Line2D([], [], color=arm_color(opts.naive), marker="o", ms=4, lw=1.0),
@@ -386,6 +371,46 @@ def plot_recovered(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Sev
                       _save(fig, out_dir, name, formats))
 
 
+def _draw_recovered_left(left: Any, defined: pd.DataFrame, arms: list[str], markers: dict[str, str],
+                         seq_kl: np.ndarray, opts: SeverityOptions) -> tuple[dict[tuple[Any, str], list[Any]], list[str]]:
+    """The recovered figure's left panel: each correction's recovered share against T·KL; returns the artists
+    drawn per arm (to dodge) and the arms shown."""
+    shown = []
+    drawn: dict[tuple[Any, str], list[Any]] = {}
+    for method in arms:
+        d = defined[defined["method"] == method].sort_values("seq_kl")
+        if d.empty:
+            continue
+        drawn[(left, method)] = _recovered_bars(left, d, _arm_style(method, markers[method]))
+        shown.append(method)
+    _recovered_levels(left)
+    _kl_axis(left, seq_kl)
+    left.set_xlabel("T·KL: response length x KL(μ‖π_old) per token (nats)")
+    left.set_ylabel(f"recovered share of the {opts.naive} gap (%)")
+    left.set_title("correction vs sequence-level mismatch", pad=4)
+    return drawn, shown
+
+
+def _draw_sampler_right(right: Any, data: pd.DataFrame, seq_kl: np.ndarray, opts: SeverityOptions) -> None:
+    """The recovered figure's right panel: the naive arm's step-0 sampler accuracy per severity, the baseline's band."""
+    naive = data[data["method"] == opts.naive].sort_values("seq_kl")
+    base = data[data["method"] == opts.baseline]
+    if not naive.empty:
+        x, y = naive["seq_kl"].to_numpy(float), naive["sampler_acc0"].to_numpy(float)
+        right.errorbar(x, y, yerr=_err(y, naive["sampler_acc0_lo"].clip(0, 100), naive["sampler_acc0_hi"].clip(0, 100)),
+                       color=arm_color(opts.naive), marker="o", ms=4, lw=1.0, elinewidth=0.7, capsize=2)
+    if not base.empty and np.isfinite(base["sampler_acc0"]).any():
+        b = base.iloc[0]
+        right.axhline(b["sampler_acc0"], color=arm_color(opts.baseline), lw=0.9, ls="--")
+        if np.isfinite(b["sampler_acc0_lo"]) and np.isfinite(b["sampler_acc0_hi"]):
+            right.axhspan(max(b["sampler_acc0_lo"], 0), min(b["sampler_acc0_hi"], 100), color=arm_color(opts.baseline),
+                          alpha=0.1, lw=0)
+    _kl_axis(right, seq_kl)
+    right.set_xlabel("T·KL (nats)")
+    right.set_ylabel("step-0 batch accuracy (%)")
+    right.set_title("μ's own accuracy (sampler quality)", pad=4)
+
+
 def plot_tkl(sweep: Sweep, out_dir: Path, opts: SeverityOptions = SeverityOptions(),
              formats: Sequence[str] = ("png", "pdf")):
     """The headline of a sweep along response length (or any sweep with several task/model cells): every
@@ -398,6 +423,46 @@ def plot_tkl(sweep: Sweep, out_dir: Path, opts: SeverityOptions = SeverityOption
 
     from .plots import FULL_WIDTH, FigureFile, _save, plt
 
+    frame = tkl_frame(sweep, opts)
+    if frame is None:
+        return None
+    data, low, cells, number = frame
+    fig, (gap_ax, rec_ax, mu_ax) = plt.subplots(1, 3, figsize=(FULL_WIDTH, 3.2), layout="constrained", sharex=True,
+                                                gridspec_kw={"width_ratios": [3, 3, 2]})
+    arms = sorted(low["method"].unique(), key=method_sort_key)
+    markers = {m: METHOD_MARKERS[i % len(METHOD_MARKERS)] for i, m in enumerate(arms)}
+    offsets = dodge_offsets(low.groupby("cell")["method"].apply(list), arms)
+    _draw_tkl(gap_ax, rec_ax, mu_ax, frame, arms, markers, offsets, opts)
+    handles = [Line2D([], [], color=arm_color(m), marker=markers[m], ms=4, lw=1.0) for m in arms]
+    handles.append(Line2D([], [], color=arm_color(opts.baseline), marker="s", ms=4, lw=1.0, ls="--"))
+    names = list(arms) + [f"{opts.baseline} (right: its own sampler)"]
+    fig.legend(handles, names, loc="outside upper center", ncol=min(len(names), 7), frameon=False)
+    labels = severity_labels(sweep.runs)
+    key = "; ".join(f"#{number[c]} = {c[0]} / {c[1]} @ {labels.get(c[2], c[2])}" for c in cells["cell"])
+    fig.supxlabel(textwrap.fill("cells: " + key, 190), fontsize=6, color="0.3")
+    # naive_gap = bf16 - naive: a gap to recover is one whose interval lies above 0
+    unresolved = [f"#{number[c]}" for c, lo in zip(cells["cell"], cells["naive_gap_lo"]) if not lo > 0]
+    caption = (
+        f"Every low-precision cell (task, model, rollout severity; numbered on the top axes by the {opts.naive} arm's "
+        f"T·KL) on one axis of sequence-level mismatch T·KL (mean over steps of response length × per-token "
+        f"KL(μ‖π_old), nats, of each arm's runs). Left: each arm's final-accuracy gap to {opts.baseline} (paired 95 % "
+        f"t-intervals over seeds). Middle: the share of the {opts.naive} gap each correction recovers (Fieller 95 % "
+        f"intervals, {OFF_SCALE}), only where the {opts.naive} gap is resolved"
+        + (f" (not in cell{'s' if len(unresolved) > 1 else ''} {', '.join(unresolved)})" if unresolved else "")
+        + f". Right: the step-0 training batch accuracy of the {opts.naive} arm's rollout policy μ and of "
+        f"{opts.baseline}'s in the same cell: where μ answers worse, part of the gap is the sampler, which no "
+        f"reweighting of its samples removes" + (f"; left and middle: {DODGE_NOTE.replace('severity', 'cell')}."
+                                                 if any(offsets.values()) else ".")
+    )
+    return FigureFile("tkl", "recovered", "Correction against sequence-level mismatch — every cell", caption,
+                      _save(fig, out_dir, "tkl", formats))
+
+
+def tkl_frame(sweep: Sweep, opts: SeverityOptions) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame,
+                                                             dict[tuple[str, str, str], int]] | None:
+    """The T·KL figure's frame: (the severity summary, its low-precision rows with their `cell` = (task, model,
+    severity), the naive arm's cells sorted by T·KL, each cell's number); None when the naive arm ran in fewer than
+    two task/model cells."""
     data = severity_summary(sweep, opts)
     if data.empty:
         return None
@@ -408,13 +473,14 @@ def plot_tkl(sweep: Sweep, out_dir: Path, opts: SeverityOptions = SeverityOption
     if cells[["task", "model"]].drop_duplicates().shape[0] < 2:
         return None  # one task and model: its own severity and recovered figures say it all
     number = {c: i + 1 for i, c in enumerate(cells["cell"])}  # cells numbered by the naive arm's T·KL
-    low = low[low["cell"].isin(number)]
-    fig, (gap_ax, rec_ax, mu_ax) = plt.subplots(1, 3, figsize=(FULL_WIDTH, 3.2), layout="constrained", sharex=True,
-                                                gridspec_kw={"width_ratios": [3, 3, 2]})
-    arms = sorted(low["method"].unique(), key=method_sort_key)
-    markers = {m: METHOD_MARKERS[i % len(METHOD_MARKERS)] for i, m in enumerate(arms)}
+    return data, low[low["cell"].isin(number)], cells, number
+
+
+def _draw_tkl(gap_ax: Any, rec_ax: Any, mu_ax: Any, frame: tuple, arms: list[str], markers: dict[str, str],
+              offsets: dict[str, float], opts: SeverityOptions) -> None:
+    """The T·KL figure's three panels (gap to the baseline, recovered share, sampler accuracy) from `tkl_frame`."""
+    data, low, cells, number = frame
     gap = f"gap_to_{opts.baseline}"
-    offsets = dodge_offsets(low.groupby("cell")["method"].apply(list), arms)
     drawn: dict[tuple[Any, str], list[Any]] = {}
     for method in arms:
         d = low[low["method"] == method].sort_values("seq_kl")
@@ -447,29 +513,6 @@ def plot_tkl(sweep: Sweep, out_dir: Path, opts: SeverityOptions = SeverityOption
     mu_ax.set_title("sampler quality", pad=4)
     shift_apart(drawn, offsets)
     rec_ax.set_xlabel("T·KL: response length × KL(μ‖π_old) per token (nats)")
-    handles = [Line2D([], [], color=arm_color(m), marker=markers[m], ms=4, lw=1.0) for m in arms]
-    handles.append(Line2D([], [], color=arm_color(opts.baseline), marker="s", ms=4, lw=1.0, ls="--"))
-    names = list(arms) + [f"{opts.baseline} (right: its own sampler)"]
-    fig.legend(handles, names, loc="outside upper center", ncol=min(len(names), 7), frameon=False)
-    labels = severity_labels(sweep.runs)
-    key = "; ".join(f"#{number[c]} = {c[0]} / {c[1]} @ {labels.get(c[2], c[2])}" for c in cells["cell"])
-    fig.supxlabel(textwrap.fill("cells: " + key, 190), fontsize=6, color="0.3")
-    # naive_gap = bf16 - naive: a gap to recover is one whose interval lies above 0
-    unresolved = [f"#{number[c]}" for c, lo in zip(cells["cell"], cells["naive_gap_lo"]) if not lo > 0]
-    caption = (
-        f"Every low-precision cell (task, model, rollout severity; numbered on the top axes by the {opts.naive} arm's "
-        f"T·KL) on one axis of sequence-level mismatch T·KL (mean over steps of response length × per-token "
-        f"KL(μ‖π_old), nats, of each arm's runs). Left: each arm's final-accuracy gap to {opts.baseline} (paired 95 % "
-        f"t-intervals over seeds). Middle: the share of the {opts.naive} gap each correction recovers (Fieller 95 % "
-        f"intervals, {OFF_SCALE}), only where the {opts.naive} gap is resolved"
-        + (f" (not in cell{'s' if len(unresolved) > 1 else ''} {', '.join(unresolved)})" if unresolved else "")
-        + f". Right: the step-0 training batch accuracy of the {opts.naive} arm's rollout policy μ and of "
-        f"{opts.baseline}'s in the same cell: where μ answers worse, part of the gap is the sampler, which no "
-        f"reweighting of its samples removes" + (f"; left and middle: {DODGE_NOTE.replace('severity', 'cell')}."
-                                                 if any(offsets.values()) else ".")
-    )
-    return FigureFile("tkl", "recovered", "Correction against sequence-level mismatch — every cell", caption,
-                      _save(fig, out_dir, "tkl", formats))
 
 
 def _arm_style(method: str, marker: str) -> dict[str, Any]:

@@ -423,76 +423,15 @@ def results_table(sweep: Sweep, baseline: str = BASELINE) -> Table:
     average over a different task set would not be comparable). The best mean of each column is bold. A
     first row gives the baseline's accuracy before RL (eval at step 0), the reference the gains are read against.
     """
-    fa = final_accuracy(sweep)
-    data = accuracy_summary(sweep, baseline)
-    tasks = sorted(data["task"].unique()) if not data.empty else []
-    models = sorted(data["model"].unique()) if not data.empty else []
-    multi_model = len(models) > 1
+    blocks, tasks = results_numbers(sweep, baseline)
     rows_num: list[dict[str, Any]] = []
     rows_disp: list[dict[str, Any]] = []
     bold_rows: list[dict[str, bool]] = []
-    for model in models:
-        dm = data[data.model == model]
-        fm = fa[fa.model == model]
-        arms = sorted_arms(zip(dm["method"], dm["precision"]))
-        labels = arm_labels(arms)
-        base = _baseline_arm(arms, baseline)
-        block_num: list[dict[str, Any]] = []
-        if base is not None:
-            init = fm[(fm.method == base[0]) & (fm.precision == base[1])]
-            num = {"model": model, "method": f"{baseline} @ step 0", "precision": base[1], "bitwidth": bitwidth(base[1])}
-            for t in tasks:
-                s = summarize(100 * init[init.task == t]["initial_accuracy"])
-                num[f"{t}_mean"], num[f"{t}_std"] = s.mean, s.std
-            block_num.append(num)
-        for precision in dict.fromkeys(a[1] for a in arms):
-            runs = fm[fm.precision == precision]  # every arm's runs at this precision: mu is the same sampler
-            if not np.isfinite(runs["sampler_accuracy0"]).any():
-                continue  # no run logged its step-0 training batch
-            num = {"model": model, "method": "μ @ step 0", "precision": precision, "bitwidth": bitwidth(precision)}
-            for t in tasks:
-                s = summarize(runs[runs.task == t]["sampler_accuracy0"].dropna())
-                num[f"{t}_mean"], num[f"{t}_std"] = s.mean, s.std
-            block_num.append(num)
-        for arm in arms:
-            d = dm[(dm.method == arm[0]) & (dm.precision == arm[1])]
-            act = fm[(fm.method == arm[0]) & (fm.precision == arm[1])]["act_granularity"]
-            num = {
-                "model": model, "method": labels[arm], "precision": arm[1],
-                "bitwidth": bitwidth(arm[1], act.mode().iloc[0] if act.notna().any() else None),
-            }
-            for t in tasks:
-                cell = d[d.task == t]
-                num[f"{t}_mean"] = float(cell["acc_mean"].iloc[0]) if len(cell) else np.nan
-                num[f"{t}_std"] = float(cell["acc_std"].iloc[0]) if len(cell) else np.nan
-                num[f"{t}_n_diverged"] = int(cell["n_diverged"].iloc[0]) if len(cell) else 0
-            block_num.append(num)
-        for num in block_num:
-            means = [num[f"{t}_mean"] for t in tasks]
-            num["avg"] = float(np.mean(means)) if tasks and all(np.isfinite(means)) else np.nan
-        # Bold the best arm per column among its contenders (contends, below); a winner needs a contest: at
-        # least two contenders with a value in the column.
-        columns = [f"{t}_mean" for t in tasks] + ["avg"]
-        best = {}
-        for c in columns:
-            values = [n[c] for n in block_num if contends(n, c, tasks) and np.isfinite(n[c])]
-            best[c] = max(values) if len(values) > 1 else np.nan
-        for num in block_num:
-            disp = {"Model": model, "Method": num["method"], "Bitwidth": num["bitwidth"]}
-            flags = {"Model": False, "Method": False, "Bitwidth": False}
-            for t in tasks:
-                n_div = num.get(f"{t}_n_diverged", 0)
-                disp[t] = fmt_pm(num[f"{t}_mean"], num[f"{t}_std"]) + (f" ({n_div} div.)" if n_div else "")
-                flags[t] = bool(contends(num, f"{t}_mean", tasks) and num[f"{t}_mean"] == best[f"{t}_mean"])
-            if len(tasks) > 1:  # with one task the average would repeat its column
-                disp["Avg."] = fmt_num(num["avg"])
-                flags["Avg."] = bool(contends(num, "avg", tasks) and num["avg"] == best["avg"])
-            if not multi_model:
-                disp.pop("Model")
-                flags.pop("Model")
-            rows_disp.append(disp)
-            bold_rows.append(flags)
-            rows_num.append(num)
+    for model, block_num in blocks.items():
+        disp, flags = results_display(model, block_num, tasks, multi_model=len(blocks) > 1)
+        rows_num += block_num
+        rows_disp += disp
+        bold_rows += flags
     data_out = pd.DataFrame(rows_num)
     display = pd.DataFrame(rows_disp)
     bold = pd.DataFrame(bold_rows, columns=display.columns) if rows_disp else None
@@ -504,6 +443,89 @@ def results_table(sweep: Sweep, baseline: str = BASELINE) -> Table:
         "(their last eval before diverging is used; such a cell, and the Avg. of its arm, is never bold)."
     )
     return Table("results", data_out, display, caption, bold, wide=tuple(tasks))
+
+
+def results_numbers(sweep: Sweep, baseline: str) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+    """The results table's frame: {model: its rows of numbers (the step-0 references, then one per arm)}, and the
+    tasks (its columns)."""
+    fa = final_accuracy(sweep)
+    data = accuracy_summary(sweep, baseline)
+    tasks = sorted(data["task"].unique()) if not data.empty else []
+    models = sorted(data["model"].unique()) if not data.empty else []
+    return {model: _model_results(data[data.model == model], fa[fa.model == model], model, tasks, baseline)
+            for model in models}, tasks
+
+
+def _model_results(dm: pd.DataFrame, fm: pd.DataFrame, model: str, tasks: list[str],
+                   baseline: str) -> list[dict[str, Any]]:
+    """One model's rows of the results table: `dm` its accuracy summary, `fm` its runs' final accuracy."""
+    arms = sorted_arms(zip(dm["method"], dm["precision"]))
+    labels = arm_labels(arms)
+    base = _baseline_arm(arms, baseline)
+    block_num: list[dict[str, Any]] = []
+    if base is not None:
+        init = fm[(fm.method == base[0]) & (fm.precision == base[1])]
+        num = {"model": model, "method": f"{baseline} @ step 0", "precision": base[1], "bitwidth": bitwidth(base[1])}
+        for t in tasks:
+            s = summarize(100 * init[init.task == t]["initial_accuracy"])
+            num[f"{t}_mean"], num[f"{t}_std"] = s.mean, s.std
+        block_num.append(num)
+    for precision in dict.fromkeys(a[1] for a in arms):
+        runs = fm[fm.precision == precision]  # every arm's runs at this precision: mu is the same sampler
+        if not np.isfinite(runs["sampler_accuracy0"]).any():
+            continue  # no run logged its step-0 training batch
+        num = {"model": model, "method": "μ @ step 0", "precision": precision, "bitwidth": bitwidth(precision)}
+        for t in tasks:
+            s = summarize(runs[runs.task == t]["sampler_accuracy0"].dropna())
+            num[f"{t}_mean"], num[f"{t}_std"] = s.mean, s.std
+        block_num.append(num)
+    for arm in arms:
+        d = dm[(dm.method == arm[0]) & (dm.precision == arm[1])]
+        act = fm[(fm.method == arm[0]) & (fm.precision == arm[1])]["act_granularity"]
+        num = {
+            "model": model, "method": labels[arm], "precision": arm[1],
+            "bitwidth": bitwidth(arm[1], act.mode().iloc[0] if act.notna().any() else None),
+        }
+        for t in tasks:
+            cell = d[d.task == t]
+            num[f"{t}_mean"] = float(cell["acc_mean"].iloc[0]) if len(cell) else np.nan
+            num[f"{t}_std"] = float(cell["acc_std"].iloc[0]) if len(cell) else np.nan
+            num[f"{t}_n_diverged"] = int(cell["n_diverged"].iloc[0]) if len(cell) else 0
+        block_num.append(num)
+    for num in block_num:
+        means = [num[f"{t}_mean"] for t in tasks]
+        num["avg"] = float(np.mean(means)) if tasks and all(np.isfinite(means)) else np.nan
+    return block_num
+
+
+def results_display(model: str, block_num: list[dict[str, Any]], tasks: list[str],
+                    multi_model: bool) -> tuple[list[dict[str, Any]], list[dict[str, bool]]]:
+    """The results table's rendering of one model's rows: the cells as shown, and which are bold."""
+    # Bold the best arm per column among its contenders (contends, below); a winner needs a contest: at
+    # least two contenders with a value in the column.
+    columns = [f"{t}_mean" for t in tasks] + ["avg"]
+    best = {}
+    for c in columns:
+        values = [n[c] for n in block_num if contends(n, c, tasks) and np.isfinite(n[c])]
+        best[c] = max(values) if len(values) > 1 else np.nan
+    rows_disp: list[dict[str, Any]] = []
+    bold_rows: list[dict[str, bool]] = []
+    for num in block_num:
+        disp = {"Model": model, "Method": num["method"], "Bitwidth": num["bitwidth"]}
+        flags = {"Model": False, "Method": False, "Bitwidth": False}
+        for t in tasks:
+            n_div = num.get(f"{t}_n_diverged", 0)
+            disp[t] = fmt_pm(num[f"{t}_mean"], num[f"{t}_std"]) + (f" ({n_div} div.)" if n_div else "")
+            flags[t] = bool(contends(num, f"{t}_mean", tasks) and num[f"{t}_mean"] == best[f"{t}_mean"])
+        if len(tasks) > 1:  # with one task the average would repeat its column
+            disp["Avg."] = fmt_num(num["avg"])
+            flags["Avg."] = bool(contends(num, "avg", tasks) and num["avg"] == best["avg"])
+        if not multi_model:
+            disp.pop("Model")
+            flags.pop("Model")
+        rows_disp.append(disp)
+        bold_rows.append(flags)
+    return rows_disp, bold_rows
 
 
 def contends(num: dict[str, Any], column: str, tasks: list[str]) -> bool:

@@ -115,76 +115,95 @@ def mismatch_metrics(
     lold = logp_old.detach().to(torch.float64)
     lmu = logp_mu.detach().to(torch.float64)
     m, _ = sanitize(lold, lmu, mask)
-    n = int(m.sum())
-    seq = m.sum(-1) > 0
-    n_seq = int(seq.sum())
-
-    zero = torch.zeros((), dtype=torch.float64, device=lold.device)
+    r = _Masked(m)
     delta = safe_log_ratio(lold, lmu, m, clamp=float("inf"))  # raw delta, 0 off-mask
+    kept_m = m if kept is None else m & kept.bool()
+    out = _token_metrics(r, lold, lmu, delta, kept_m, cap_C) | _sequence_metrics(r, lold, lmu, delta)
+    return {k: out[k] for k in MISMATCH_KEYS}
+
+
+class _Masked:
+    """Reductions over the valid tokens `m` [B, T] (and over the sequences with at least one), in fp64, with the
+    empty-mask values of the module docstring."""
+
+    def __init__(self, m: torch.Tensor) -> None:
+        self.m = m
+        self.n = int(m.sum())
+        self.seq = m.sum(-1) > 0
+        self.n_seq = int(self.seq.sum())
+        self.zero = torch.zeros((), dtype=torch.float64, device=m.device)
+
+    def mean(self, x: torch.Tensor) -> float:
+        return float(torch.where(self.m, x, self.zero).sum() / max(self.n, 1))
+
+    def max(self, x: torch.Tensor, empty: float) -> float:
+        return float(torch.where(self.m, x, torch.full_like(x, -torch.inf)).max()) if self.n else empty
+
+    def min(self, x: torch.Tensor, empty: float) -> float:
+        return float(torch.where(self.m, x, torch.full_like(x, torch.inf)).min()) if self.n else empty
+
+    def mean_seq(self, x: torch.Tensor, empty: float) -> float:
+        return float(torch.where(self.seq, x, self.zero).sum() / self.n_seq) if self.n_seq else empty
+
+    def mean_over(self, x: torch.Tensor, where: torch.Tensor) -> float:
+        k = int(where.sum())
+        return float(torch.where(where, x, self.zero).sum() / k) if k else 0.0
+
+
+def _token_metrics(r: _Masked, lold: torch.Tensor, lmu: torch.Tensor, delta: torch.Tensor, kept_m: torch.Tensor,
+                   cap_C: float) -> dict[str, float]:  # noqa: N803
+    """The per-token metrics of `mismatch_metrics`: KLs, chi2_token, ESS, the ratio's statistics, log-prob gaps."""
+    n, zero = r.n, r.zero
     delta_c = delta.clamp(-20.0, 20.0)
     rho = torch.exp(delta_c)
-
-    def mean_m(x: torch.Tensor) -> float:
-        return float(torch.where(m, x, zero).sum() / max(n, 1))
-
-    def max_m(x: torch.Tensor, empty: float) -> float:
-        return float(torch.where(m, x, torch.full_like(x, -torch.inf)).max()) if n else empty
-
-    def min_m(x: torch.Tensor, empty: float) -> float:
-        return float(torch.where(m, x, torch.full_like(x, torch.inf)).min()) if n else empty
-
-    def mean_seq(x: torch.Tensor, empty: float) -> float:
-        return float(torch.where(seq, x, zero).sum() / n_seq) if n_seq else empty
-
-    mean_lold = _seq_means(lold, m)
-    mean_lmu = _seq_means(lmu, m)
-    lpd = mean_lmu - mean_lold  # per-sequence log-PPL difference log PPL_train - log PPL_rollout
-    seq_log_rho = delta.sum(-1).clamp(-20.0, 20.0)  # LR of the raw sequence sum (verl chi2_seq)
-
     k3_tok = rho - delta - 1.0
-    kept_m = m if kept is None else m & kept.bool()
-    dropped_m = m & ~kept_m
+    dropped_m = r.m & ~kept_m
     delta_c_k3 = torch.exp(delta_c) - 1.0 - delta_c  # miles: delta clamped in both terms, then the term at +-10
-    p_diff = torch.exp(torch.where(m, lold, zero)) - torch.exp(torch.where(m, lmu, zero))
-
-    def mean_over(x: torch.Tensor, where: torch.Tensor) -> float:
-        k = int(where.sum())
-        return float(torch.where(where, x, zero).sum() / k) if k else 0.0
-
     w = rho.clamp(1.0 / cap_C, cap_C)
-    sw = float(torch.where(m, w, zero).sum())
-    sw2 = float(torch.where(m, w * w, zero).sum())
-    ratio_mean = mean_m(rho) if n else 1.0
-    ratio_var = mean_m((rho - ratio_mean) ** 2)
-
+    sw = float(torch.where(r.m, w, zero).sum())
+    sw2 = float(torch.where(r.m, w * w, zero).sum())
+    ratio_mean = r.mean(rho) if n else 1.0
+    ratio_var = r.mean((rho - ratio_mean) ** 2)
     return {
-        "mismatch/kl_k1": mean_m(-delta),
-        "mismatch/kl_k3": mean_m(rho - delta - 1.0),
-        "mismatch/kl_k2": mean_m(0.5 * delta * delta),
-        "mismatch/ppl_train": mean_seq(torch.exp((-mean_lold).clamp(max=LOG_PPL_CAP)), 1.0),
-        "mismatch/ppl_rollout": mean_seq(torch.exp((-mean_lmu).clamp(max=LOG_PPL_CAP)), 1.0),
-        "mismatch/log_ppl_diff": mean_seq(lpd, 0.0),
-        "mismatch/log_ppl_abs_diff": mean_seq(lpd.abs(), 0.0),
-        "mismatch/log_ppl_diff_max": float(torch.where(seq, lpd, -torch.inf).max()) if n_seq else 0.0,
-        "mismatch/log_ppl_diff_min": float(torch.where(seq, lpd, torch.inf).min()) if n_seq else 0.0,
-        "mismatch/ppl_ratio": mean_seq(torch.exp(lpd.clamp(-20.0, 20.0)), 1.0),
-        "mismatch/chi2_token": mean_m(rho * rho) - 1.0 if n else 0.0,
-        "mismatch/chi2_seq": mean_seq(torch.exp(2.0 * seq_log_rho), 1.0) - 1.0,
+        "mismatch/kl_k1": r.mean(-delta),
+        "mismatch/kl_k3": r.mean(rho - delta - 1.0),
+        "mismatch/kl_k2": r.mean(0.5 * delta * delta),
+        "mismatch/chi2_token": r.mean(rho * rho) - 1.0 if n else 0.0,
         "mismatch/is_ess": sw * sw / (n * sw2) if n and sw2 > 0 else 1.0,
         "mismatch/ratio_mean": ratio_mean,
-        "mismatch/ratio_max": max_m(rho, 1.0),
-        "mismatch/ratio_min": min_m(rho, 1.0),
+        "mismatch/ratio_max": r.max(rho, 1.0),
+        "mismatch/ratio_min": r.min(rho, 1.0),
         "mismatch/ratio_std": ratio_var**0.5,
-        "mismatch/ratio_frac_high": mean_m((rho > cap_C).to(torch.float64)),
-        "mismatch/ratio_frac_low": mean_m((rho < 1.0 / cap_C).to(torch.float64)),
-        "mismatch/logp_diff_mean": mean_m(delta.abs()),
-        "mismatch/logp_diff_max": max_m(delta.abs(), 0.0),
-        "mismatch/max_prob_diff": max_m((torch.exp(lold) - torch.exp(lmu)).abs(), 0.0),
-        "mismatch/prob_diff_mean": mean_seq(_seq_means(p_diff, m), 0.0),
-        "mismatch/token_mult_prob_error": mean_m(torch.exp(delta_c.abs())) if n else 1.0,
-        "mismatch/kl_k3_clamped": mean_m(delta_c_k3.clamp(-10.0, 10.0)),
-        "mismatch/kl_k3_masked": mean_over(k3_tok, dropped_m),
-        "mismatch/kl_k3_unmasked": mean_over(k3_tok, kept_m),
+        "mismatch/ratio_frac_high": r.mean((rho > cap_C).to(torch.float64)),
+        "mismatch/ratio_frac_low": r.mean((rho < 1.0 / cap_C).to(torch.float64)),
+        "mismatch/logp_diff_mean": r.mean(delta.abs()),
+        "mismatch/logp_diff_max": r.max(delta.abs(), 0.0),
+        "mismatch/max_prob_diff": r.max((torch.exp(lold) - torch.exp(lmu)).abs(), 0.0),
+        "mismatch/token_mult_prob_error": r.mean(torch.exp(delta_c.abs())) if n else 1.0,
+        "mismatch/kl_k3_clamped": r.mean(delta_c_k3.clamp(-10.0, 10.0)),
+        "mismatch/kl_k3_masked": r.mean_over(k3_tok, dropped_m),
+        "mismatch/kl_k3_unmasked": r.mean_over(k3_tok, kept_m),
+    }
+
+
+def _sequence_metrics(r: _Masked, lold: torch.Tensor, lmu: torch.Tensor, delta: torch.Tensor) -> dict[str, float]:
+    """The per-sequence metrics of `mismatch_metrics`: perplexities, their log differences, chi2_seq, prob_diff_mean."""
+    seq, zero = r.seq, r.zero
+    mean_lold = _seq_means(lold, r.m)
+    mean_lmu = _seq_means(lmu, r.m)
+    lpd = mean_lmu - mean_lold  # per-sequence log-PPL difference log PPL_train - log PPL_rollout
+    seq_log_rho = delta.sum(-1).clamp(-20.0, 20.0)  # LR of the raw sequence sum (verl chi2_seq)
+    p_diff = torch.exp(torch.where(r.m, lold, zero)) - torch.exp(torch.where(r.m, lmu, zero))
+    return {
+        "mismatch/ppl_train": r.mean_seq(torch.exp((-mean_lold).clamp(max=LOG_PPL_CAP)), 1.0),
+        "mismatch/ppl_rollout": r.mean_seq(torch.exp((-mean_lmu).clamp(max=LOG_PPL_CAP)), 1.0),
+        "mismatch/log_ppl_diff": r.mean_seq(lpd, 0.0),
+        "mismatch/log_ppl_abs_diff": r.mean_seq(lpd.abs(), 0.0),
+        "mismatch/log_ppl_diff_max": float(torch.where(seq, lpd, -torch.inf).max()) if r.n_seq else 0.0,
+        "mismatch/log_ppl_diff_min": float(torch.where(seq, lpd, torch.inf).min()) if r.n_seq else 0.0,
+        "mismatch/ppl_ratio": r.mean_seq(torch.exp(lpd.clamp(-20.0, 20.0)), 1.0),
+        "mismatch/chi2_seq": r.mean_seq(torch.exp(2.0 * seq_log_rho), 1.0) - 1.0,
+        "mismatch/prob_diff_mean": r.mean_seq(_seq_means(p_diff, r.m), 0.0),
     }
 
 

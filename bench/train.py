@@ -7,7 +7,7 @@
     stats = method.prepare()      per-batch constants (IS weights, alpha, ...), detached
     for minibatch: loss = method.loss(policy.logprobs(mb)); step
     estimator.update()            the critic's own optimizer steps (GAE; nothing for GRPO)
-    metrics -> run dir (+ W&B mirror); every k steps: eval, checkpoint
+    log.log(row)                  metrics -> run dir + W&B mirror (bench/run/runlog.py); every k steps: eval, checkpoint
 
 Everything that differs between arms is behind `Method` (bench/methods) and everything that differs between
 precisions is behind the engine (bench/rollout, bench/quant): this file never branches on either.
@@ -52,11 +52,11 @@ from bench.run.identity import method_metric
 from bench.run.resume import RESUME_FROM, Plan, decide, final_status
 from bench.rollout.base import Rollout, RolloutEngine
 from bench.sampling import Sample, Sampler
+from bench.run.runlog import RunLog
 from bench.run.store import RunDir
 from bench.tasks.base import Task, build_task
 from bench.warmstart import policy_path
 from bench.timing import Timer
-from bench.run.tracking import Tracker, start_tracking
 
 
 @dataclass
@@ -315,14 +315,11 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
     start = checkpoint.restore(p, ckpt) if ckpt is not None else 0
     if note := resume_note(ckpt, cfg):
         say(f"{run_name}: warning: {note}")
-    info = run.start(config_yaml, run_name, overrides)
+    run.start(config_yaml, run_name, overrides)
     declared = {"arm": arm_info(p.method.name), "precision": precision_info(cfg), "runtime": runtime_info(p)}
-    if is_follower():  # rank 0 alone mirrors the run to W&B (a follower's run.json is not written)
-        tracker = Tracker(info.get("wandb_id"))
-    else:
-        tracker = start_tracking(cfg, run.path, run_name, resume_id=info.get("wandb_id"), run_info=declared)
-    tracker.replay(run.metrics(), run.evals(), below=start)  # rows an earlier attempt's W&B mirror lost
-    run.update_info(wandb_id=tracker.run_id, setup=setup, **declared)
+    # rank 0 alone mirrors the run to W&B (a follower's run.json is not written)
+    log = RunLog.open(run, cfg, run_name, start, mirror=not is_follower(), run_info=declared)
+    run.update_info(wandb_id=log.wandb_id, setup=setup, **declared)
     t0, every = time.perf_counter(), cfg.train
     if start < every.steps and start % every.eval_every == 0 and not shares_engine(p) \
             and getattr(p.engine, "build_s", None) is None:
@@ -332,13 +329,11 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
         try:
             for step in bar:
                 if step % every.eval_every == 0:
-                    run.append_eval(ev := evaluate(p, step))
-                    tracker.log(ev, step)
+                    log.log_eval(evaluate(p, step))
                 row = train_step(p, step)
                 if step == start:  # start-up is over: a rank stuck from now on ends the run within minutes
                     settle()
-                run.append_metrics(row)
-                tracker.log(row, step)
+                log.log(row)
                 bar.set_postfix(reward=f"{row.get('reward/mean', float('nan')):.3f}",
                                 kl=f"{row.get('mismatch/kl_k3', float('nan')):.1e}", refresh=False)
                 stop = agree(guard)  # a signal to any rank stops every rank after this step
@@ -346,20 +341,18 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
                     checkpoint.save(p, run, step + 1)
                 if stop and step + 1 < every.steps:
                     run.finish("preempted", reason=f"signal {guard.signal_name} after step {step}")
-                    tracker.mark_preempting()
-                    tracker.finish(exit_code=1)
+                    log.close(exit_code=1, preempting=True)
                     guard.exit_after_checkpoint()
         except Diverged as e:  # diverged_step: analysis keeps a divergence as a result only after step 0
             run.finish("diverged", reason=str(e), wall_s=time.perf_counter() - t0, diverged_step=step)
-            tracker.finish(exit_code=1)
+            log.close(exit_code=1)
             return "diverged"
         # the final evaluation is guarded too: a signal during it lets it finish, then ends the run cleanly
-        run.append_eval(ev := evaluate(p, every.steps))
-        tracker.log(ev, every.steps)
+        log.log_eval(ev := evaluate(p, every.steps))
         final = {"final/eval_accuracy": ev["eval/accuracy"], "final/wall_s": time.perf_counter() - t0}
         status, reason = final_status(run, every.steps, every.eval_every)
         run.finish(status, reason=reason, **final)
-        tracker.finish(exit_code=0)
+        log.close(exit_code=0)
         if not cfg.train.keep_checkpoint:
             run.drop_checkpoint()
         bar.close()

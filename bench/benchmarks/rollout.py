@@ -445,30 +445,7 @@ def conversion(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--engines", nargs="+", choices=ENGINES, default=["embedded"])
-    ap.add_argument("--preset", "--model-size", dest="preset", choices=tuple(PRESETS), default="1m")
-    ap.add_argument("--layers", type=int, default=None, help="cut the preset's depth (CPU runs of big shapes)")
-    ap.add_argument("--batch", type=int, nargs="+", default=[16, 64])
-    ap.add_argument("--new-tokens", type=int, default=64, help="max new tokens (with --mean-response: tail x mean)")
-    ap.add_argument("--mean-response", type=int, default=None,
-                    help="long-tail lengths: stop ids giving ~this many tokens per row (module docstring)")
-    ap.add_argument("--tail", type=float, default=8.0, help="with --mean-response: the cap, in means (default 8)")
-    ap.add_argument("--variants", nargs="+", choices=tuple(VARIANTS), default=["eager"],
-                    help="embedded engine variants (module docstring); 'before' is the reference of the ratios")
-    ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--device", default="auto", help="embedded engine: auto (cuda when available) | cpu | cuda")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--precisions", nargs="+", choices=EMBEDDED_PRECISIONS, default=list(EMBEDDED_PRECISIONS))
-    ap.add_argument("--hf", action="store_true", help="add HF generate rows (fp32, bf16)")
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.6,
-                    help="vLLM's share of the GPU (the trainer's bf16 copy needs the rest: 16 GB for 8B)")
-    ap.add_argument("--vllm-compiled", action="store_true",
-                    help="add vLLM rows without enforce_eager (CUDA graphs / torch.compile)")
-    ap.add_argument("--conversion", action="store_true",
-                    help="time vLLM's completions -> rollout tensors, old loop vs numpy, at --batch[0] x --new-tokens")
-    ap.add_argument("--vllm-child", help=argparse.SUPPRESS)
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.conversion:
         conversion(args)
@@ -494,6 +471,41 @@ def main(argv: list[str] | None = None) -> None:
     if gpu_vllm:
         run_vllm_children(args, rows, syncs, notes)
 
+    print_results(args, shape, rows, syncs, notes, lengths)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's options (the module docstring says what each measures)."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engines", nargs="+", choices=ENGINES, default=["embedded"])
+    ap.add_argument("--preset", "--model-size", dest="preset", choices=tuple(PRESETS), default="1m")
+    ap.add_argument("--layers", type=int, default=None, help="cut the preset's depth (CPU runs of big shapes)")
+    ap.add_argument("--batch", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--new-tokens", type=int, default=64, help="max new tokens (with --mean-response: tail x mean)")
+    ap.add_argument("--mean-response", type=int, default=None,
+                    help="long-tail lengths: stop ids giving ~this many tokens per row (module docstring)")
+    ap.add_argument("--tail", type=float, default=8.0, help="with --mean-response: the cap, in means (default 8)")
+    ap.add_argument("--variants", nargs="+", choices=tuple(VARIANTS), default=["eager"],
+                    help="embedded engine variants (module docstring); 'before' is the reference of the ratios")
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="auto", help="embedded engine: auto (cuda when available) | cpu | cuda")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--precisions", nargs="+", choices=EMBEDDED_PRECISIONS, default=list(EMBEDDED_PRECISIONS))
+    ap.add_argument("--hf", action="store_true", help="add HF generate rows (fp32, bf16)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.6,
+                    help="vLLM's share of the GPU (the trainer's bf16 copy needs the rest: 16 GB for 8B)")
+    ap.add_argument("--vllm-compiled", action="store_true",
+                    help="add vLLM rows without enforce_eager (CUDA graphs / torch.compile)")
+    ap.add_argument("--conversion", action="store_true",
+                    help="time vLLM's completions -> rollout tensors, old loop vs numpy, at --batch[0] x --new-tokens")
+    ap.add_argument("--vllm-child", help=argparse.SUPPRESS)
+    return ap
+
+
+def print_results(args: argparse.Namespace, shape: Any, rows: dict[str, dict[int, float]], syncs: dict[str, str],
+                  notes: list[str], lengths: dict[int, list]) -> None:
+    """The Markdown report of the timed rows: the setup, the tokens/s table, the ratios, the decode fit, the notes."""
     n_params = sum(p.numel() for p in shape.parameters())
     cuda = torch.cuda.is_available()
     device = torch.cuda.get_device_name() if cuda else (platform.processor() or platform.machine())

@@ -19,9 +19,11 @@ its max tokens).
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
 
 from bench.launch.budget import CHEAPER_BY, describe, describe_embedded, describe_eval, estimate, eval_estimate
 from bench.launch.config import CONF_DIR, register_configs
@@ -49,7 +51,7 @@ def dry_run(overrides: list[str]) -> int:
     jobs = expand(overrides)
     counts: dict[str, int] = {}
     refusals: dict[str, int] = {}  # why, how many
-    gpu_hours, assumptions, too_big, tight, idle, slow = 0.0, set(), [], [], [], []
+    costs = Costs()
     seeds: dict[str, set] = {}  # arm -> its seeds (the power lines below)
     cfg = None
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -64,51 +66,76 @@ def dry_run(overrides: list[str]) -> int:
             if action == "refuse":
                 why = refusal_reason(run, cfg)
                 refusals[why] = refusals.get(why, 0) + 1
-            est = estimate(cfg, build_method(cfg.method, cfg.algo).needs_recompute)  # an arm's knob may set it
-            cost = ""
-            if est is not None:
-                gpu_hours += est.gpu_hours
-                assumptions.add(describe(cfg))
-                if est.engine == "embedded":
-                    assumptions.add(describe_embedded())
-                if est.vllm_would_save:
-                    slow.append(f"{RunDir.name_of(cfg)}: {est.line(cfg.rollout.precision).split('  ')[-1]}")
-                cost = f"  {est.line(cfg.rollout.precision)}"
-                ev = eval_estimate(cfg)  # the evaluations through either engine (eval.engine)
-                if ev is not None:
-                    cost += f"  {ev.line()}"
-                    assumptions.add(describe_eval())
-                mem = estimate_memory(cfg)  # GPU recipes only: a CPU config has no GPU to fit
-                if mem is not None:
-                    cost += f"  {mem.line()}"
-                    if not mem.fits:
-                        too_big.append(f"{RunDir.name_of(cfg)}: ~{mem.peak:,.0f} GB > {mem.device_gb:g} GB")
-                    elif mem.tight:
-                        tight.append(RunDir.name_of(cfg))
-                    if mem.idle:
-                        idle.append(f"{RunDir.name_of(cfg)}: uses {mem.gpus} of the {mem.booked} GPUs it books "
-                                    f"(train.nproc_per_node={mem.gpus}, budget.gpus={mem.booked})")
+            cost = costs.add(cfg)
             print(f"{action:7s} {status:10s} {RunDir.name_of(cfg):40s} {run.path}{cost}")
     todo = len(jobs) - counts.get("skip", 0) - counts.get("refuse", 0)
     refused = f", {counts['refuse']} refused" if counts.get("refuse") else ""
     print(f"{len(jobs)} jobs: {todo} to launch, {counts.get('skip', 0)} already finished{refused}", file=sys.stderr)
     for why, n in refusals.items():
         print(f"  refused ({n}): {why}", file=sys.stderr)
-    for line in too_big:
-        print(f"WARNING: memory estimate exceeds the GPU: {line} (bench/launch/memory.py; docs/gpu.md)", file=sys.stderr)
-    for line in idle:
-        print(f"WARNING: booked GPUs idle or missing: {line}; its GPU-hours count budget.gpus", file=sys.stderr)
-    if tight:
-        print(f"note: {len(tight)} job(s) within 10% of the GPU's memory (an estimate: check with scripts/gpu_check.sh "
-              f"before a long run): {', '.join(tight)}", file=sys.stderr)
-    for line in slow:
-        print(f"WARNING: the embedded engine costs more than {CHEAPER_BY:g}x vLLM's rollout: {line}", file=sys.stderr)
+    costs.warn()
     if cfg is not None:  # the seeds the sweep needs for its target effect (bench/launch/power.py)
         lines, _ = power_lines(cfg, min(len(s) for s in seeds.values()), Path(cfg.out_root) / str(cfg.sweep) / "report")
         for line in lines:
             print(line, file=sys.stderr)
-    if assumptions:
-        print(f"estimated GPU-hours (all jobs): ~{gpu_hours:,.0f}", file=sys.stderr)
-        for line in sorted(assumptions):
-            print(f"  assuming {line}", file=sys.stderr)
+    costs.total()
     return 0
+
+
+@dataclass
+class Costs:
+    """The estimates the dry run prints beside each job, added up over the jobs, and what they warn about."""
+
+    gpu_hours: float = 0.0
+    assumptions: set[str] = field(default_factory=set)
+    too_big: list[str] = field(default_factory=list)
+    tight: list[str] = field(default_factory=list)
+    idle: list[str] = field(default_factory=list)
+    slow: list[str] = field(default_factory=list)
+
+    def add(self, cfg: DictConfig) -> str:
+        """One job's cost columns ("" for a config without a budget estimate), added to the totals."""
+        est = estimate(cfg, build_method(cfg.method, cfg.algo).needs_recompute)  # an arm's knob may set it
+        if est is None:
+            return ""
+        self.gpu_hours += est.gpu_hours
+        self.assumptions.add(describe(cfg))
+        if est.engine == "embedded":
+            self.assumptions.add(describe_embedded())
+        if est.vllm_would_save:
+            self.slow.append(f"{RunDir.name_of(cfg)}: {est.line(cfg.rollout.precision).split('  ')[-1]}")
+        cost = f"  {est.line(cfg.rollout.precision)}"
+        ev = eval_estimate(cfg)  # the evaluations through either engine (eval.engine)
+        if ev is not None:
+            cost += f"  {ev.line()}"
+            self.assumptions.add(describe_eval())
+        mem = estimate_memory(cfg)  # GPU recipes only: a CPU config has no GPU to fit
+        if mem is not None:
+            cost += f"  {mem.line()}"
+            if not mem.fits:
+                self.too_big.append(f"{RunDir.name_of(cfg)}: ~{mem.peak:,.0f} GB > {mem.device_gb:g} GB")
+            elif mem.tight:
+                self.tight.append(RunDir.name_of(cfg))
+            if mem.idle:
+                self.idle.append(f"{RunDir.name_of(cfg)}: uses {mem.gpus} of the {mem.booked} GPUs it books "
+                                 f"(train.nproc_per_node={mem.gpus}, budget.gpus={mem.booked})")
+        return cost
+
+    def warn(self) -> None:
+        """The jobs that do not fit their GPU, leave booked GPUs idle, fit tightly, or would be cheaper on vLLM."""
+        for line in self.too_big:
+            print(f"WARNING: memory estimate exceeds the GPU: {line} (bench/launch/memory.py; docs/gpu.md)", file=sys.stderr)
+        for line in self.idle:
+            print(f"WARNING: booked GPUs idle or missing: {line}; its GPU-hours count budget.gpus", file=sys.stderr)
+        if self.tight:
+            print(f"note: {len(self.tight)} job(s) within 10% of the GPU's memory (an estimate: check with "
+                  f"scripts/gpu_check.sh before a long run): {', '.join(self.tight)}", file=sys.stderr)
+        for line in self.slow:
+            print(f"WARNING: the embedded engine costs more than {CHEAPER_BY:g}x vLLM's rollout: {line}", file=sys.stderr)
+
+    def total(self) -> None:
+        """The sweep's GPU-hours and what the estimate assumes."""
+        if self.assumptions:
+            print(f"estimated GPU-hours (all jobs): ~{self.gpu_hours:,.0f}", file=sys.stderr)
+            for line in sorted(self.assumptions):
+                print(f"  assuming {line}", file=sys.stderr)

@@ -244,6 +244,7 @@ class RunDir:
 
     # ---------------------------------------------------------------- metrics
     def append(self, file: Path, row: dict[str, Any]) -> None:
+        """Append one row to a jsonl file of the run; RunLog (bench/run/runlog.py) is the one caller for metrics."""
         try:
             with open(file, "a+b") as f:
                 # a line torn by a killed writer must stay a line of its own, not swallow this row
@@ -256,12 +257,6 @@ class RunDir:
             if e.filename is None:  # a failed write() names no file: name it
                 raise OSError(e.errno, e.strerror, str(file)) from e
             raise
-
-    def append_metrics(self, row: dict[str, Any]) -> None:
-        self.append(self.metrics_file, row)
-
-    def append_eval(self, row: dict[str, Any]) -> None:
-        self.append(self.eval_file, row)
 
     def metrics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.metrics_file).rows

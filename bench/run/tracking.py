@@ -3,7 +3,8 @@
 The run directory (metrics.jsonl, eval.jsonl, run.json) is the source of truth; W&B is a convenience view.
 Hence two rules:
 - Nothing here may stop or lose a run: if W&B cannot start (no network, no API key, bad settings) or a
-  later call fails, we warn once and become a no-op. The caller writes its local rows before mirroring them.
+  later call fails, we warn once and become a no-op. RunLog (bench/run/runlog.py), the one caller, writes each
+  row to the run directory before mirroring it.
 - Every row is logged exactly as written to metrics.jsonl (same keys, same step), so a W&B chart and the
   analysis of the run directory show the same numbers under the same names.
 

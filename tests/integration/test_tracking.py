@@ -68,6 +68,29 @@ def test_offline_history_read_back_equals_logged_rows(tmp_path, offline):
     assert exit_rec["exit"].get("exit_code", 0) == 0
 
 
+def test_runlog_writes_the_run_dir_then_mirrors_each_row_at_its_step(tmp_path, offline):
+    """RunLog (bench/run/runlog.py), the one writer of metrics: every row lands in metrics.jsonl / eval.jsonl and,
+    at its own step, in W&B (its replay on resume: test_faults.py section 7, with real interrupted runs)."""
+    from bench.run.runlog import RunLog
+    from bench.run.store import RunDir
+
+    cfg = make_cfg(tmp_path, "tracking=offline")
+    run = RunDir(tmp_path / "run")
+    run.start("seed: 0\n", "x")
+    log = RunLog.open(run, cfg, "x", start=0)
+    rows, evals = rows_like_metrics(3), [{"step": 0, "eval/accuracy": 0.25}, {"step": 3, "eval/accuracy": 0.5}]
+    log.log_eval(evals[0])
+    for r in rows:
+        log.log(r)
+    log.log_eval(evals[1])
+    log.close(exit_code=1, preempting=True)
+    assert all(same(a, b) for a, b in zip(run.metrics(), rows)) and len(run.metrics()) == 3 and run.evals() == evals
+    [first] = offline_runs(run.path)
+    got = history(first)
+    assert [h.pop("_step") for h in got] == [0, 1, 2, 3]
+    assert same(got[0], evals[0] | rows[0]) and same(got[1], rows[1]) and got[3] == evals[1]  # eval and step 0: one row
+
+
 def test_resume_reuses_the_run_id(tmp_path, offline):
     cfg = make_cfg(tmp_path, "tracking=offline")
     first = start_tracking(cfg, tmp_path, "bf16-arithmetic-tiny-s0")

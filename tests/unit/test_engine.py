@@ -18,6 +18,7 @@ from bench.rollout.embedded import EmbeddedEngine
 from bench.rollout.embedded import EmbeddedRolloutConfig, fast_path_problem
 from bench.rollout.vllm_engine import VLLMRolloutConfig
 from bench.domains import check_schema
+from tests.vllm.helpers import prompts  # the same 3 left-padded prompts as the vLLM engine's tests
 
 SMALL = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=128, initializer_range=0.02, max_position_embeddings=128)
@@ -43,19 +44,9 @@ def models() -> dict[str, torch.nn.Module]:
     return {k: _build(k) for k in ("qwen2", "llama", "qwen3", "gpt_neox")}
 
 
-def _prompts():
-    """3 prompts, left-padded to 7 with pad id 0: lengths 7, 4, 2."""
-    g = torch.Generator().manual_seed(123)
-    ids = torch.randint(1, 128, (3, 7), generator=g)
-    mask = torch.ones(3, 7, dtype=torch.bool)
-    mask[1, :3] = False
-    mask[2, :5] = False
-    return ids.masked_fill(~mask, 0), mask
-
-
 def _rollout(engine, model, temperature=1.0, n=2, new=10, seed=0, greedy=False):
     engine.load_weights(model)
-    ids, mask = _prompts()
+    ids, mask = prompts()
     sampling = SamplingParams(max_new_tokens=new, temperature=temperature, greedy=greedy)
     return engine.generate(ids, mask, n, sampling, torch.Generator().manual_seed(seed))
 
@@ -151,7 +142,7 @@ def test_load_weights_requantizes_with_fresh_scales(models, precision):
     with torch.no_grad():
         model.model.layers[0].self_attn.q_proj.weight.mul_(2.0)
     # the engine holds its own copy: nothing changes until the next sync
-    same = engine.generate(*_prompts(), 2, SamplingParams(max_new_tokens=10), torch.Generator().manual_seed(0))
+    same = engine.generate(*prompts(), 2, SamplingParams(max_new_tokens=10), torch.Generator().manual_seed(0))
     assert torch.equal(same.logp_mu, before.logp_mu)
     after = _rollout(engine, model)
     new_scale = engine.decoder.layers[0].qkv.weight_scale
@@ -208,7 +199,7 @@ def test_eos_ends_the_response_mask(models):
 
 def test_generation_stops_when_every_row_has_ended(models):
     first = _rollout(EmbeddedEngine("fp32"), models["llama"], greedy=True).response_ids[0, 0]
-    ids, mask = _prompts()
+    ids, mask = prompts()
     engine = EmbeddedEngine("fp32", eos_id=int(first))
     engine.load_weights(models["llama"])
     r = engine.generate(ids[:1], mask[:1], 3, SamplingParams(max_new_tokens=10, greedy=True))
@@ -230,14 +221,14 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="'per_row'"):
         EmbeddedEngine("int8", weight_granularity="per_row")
     with pytest.raises(RuntimeError, match="load_weights"):
-        EmbeddedEngine("fp32").generate(*_prompts(), 1, SamplingParams(max_new_tokens=2))
+        EmbeddedEngine("fp32").generate(*prompts(), 1, SamplingParams(max_new_tokens=2))
 
 
 def test_max_len_is_enforced(models):
     engine = EmbeddedEngine("fp32", max_len=12)
     engine.load_weights(models["qwen2"])
     with pytest.raises(ValueError, match="max_len=12"):
-        engine.generate(*_prompts(), 1, SamplingParams(max_new_tokens=6))
+        engine.generate(*prompts(), 1, SamplingParams(max_new_tokens=6))
 
 
 def test_build_engine_from_config():
@@ -323,7 +314,7 @@ def test_chunked_generation_equals_one_batch(models, precision):
         cache_rows = []
         start = engine.decoder.start
         engine.decoder.start = lambda ids, mask, T: cache_rows.append(ids.shape[0]) or start(ids, mask, T)
-        ids, mask = _prompts()
+        ids, mask = prompts()
         r = engine.generate(ids, mask, 4, SamplingParams(12, 0.8), torch.Generator().manual_seed(0))
         assert cache_rows == [rows] * (12 // rows) + ([12 % rows] if 12 % rows else [])  # each cache holds a chunk
         assert torch.equal(r.response_ids, whole.response_ids) and torch.equal(r.response_mask, whole.response_mask)
@@ -339,7 +330,7 @@ def test_compaction_and_sparse_syncs_give_the_same_rollout(models, precision, ba
     """Item 3 of issue 34: finished rows leave the batch and the KV cache at a host sync every k steps; the
     tokens (and here the log-probs too) are those of the engine that syncs every token and never compacts."""
     model = models["qwen2"]
-    ids, mask = _prompts()
+    ids, mask = prompts()
     free = _rollout(EmbeddedEngine(precision, backend=backend), model, n=8, new=24)
     eos = [int(t) for t in free.response_ids.flatten().bincount().topk(3).indices]  # frequent ids: rows end early
 
@@ -373,7 +364,7 @@ def test_sparse_syncs_stop_within_k_steps_of_the_last_row(models):
     engine.load_weights(model)
     steps, step = [], engine.decoder.step
     engine.decoder.step = lambda tok: steps.append(1) or step(tok)
-    ids, mask = _prompts()
+    ids, mask = prompts()
     r = engine.generate(ids, mask, 4, SamplingParams(30, 0.8), torch.Generator().manual_seed(2))
     longest = int(r.response_mask.sum(1).max())
     assert longest < 30 and r.response_ids.shape[1] == longest

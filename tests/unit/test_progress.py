@@ -39,14 +39,16 @@ def test_progress_is_tqdm_only_on_a_terminal():
 
 def test_result_line_gives_the_numbers(tmp_path):
     from bench.launch.cli import result_line
+    from bench.run.runlog import RunLog
     from bench.run.store import RunDir
 
     run = RunDir(tmp_path / "run")
     run.start("seed: 0\n", "tis@int8-arithmetic-tiny-s0")
+    log = RunLog(run)  # no W&B mirror
     for step, kl in enumerate([1e-4, 3e-4]):
-        run.append_metrics({"step": step, "mismatch/kl_k3": kl})
-    run.append_eval({"step": 0, "eval/accuracy": 0.25})
-    run.append_eval({"step": 2, "eval/accuracy": 0.415})
+        log.log({"step": step, "mismatch/kl_k3": kl})
+    log.log_eval({"step": 0, "eval/accuracy": 0.25})
+    log.log_eval({"step": 2, "eval/accuracy": 0.415})
     run.finish("completed", **{"final/eval_accuracy": 0.415, "final/wall_s": 92.4})
     line = result_line(run, "completed")
     assert line == (f"completed · eval accuracy 41.5 % (step 2) · KL(mu||pi_old) 2.00e-04 · 2 steps · 1m32s -> "

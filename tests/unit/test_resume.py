@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from bench.run.resume import decide, final_status, preview
 from bench.run.identity import ADDED_KEYS, CONFIG_FILE, config_hash
+from bench.run.runlog import RunLog
 from bench.run.store import RunDir
 
 
@@ -184,7 +185,7 @@ def test_stale_temporaries_are_removed(run):
 def test_append_after_a_torn_line_keeps_the_new_row_whole(run):
     run.path.mkdir(parents=True, exist_ok=True)
     run.metrics_file.write_text('{"step": 0}\n{"step": 1, "x')  # a writer killed mid-line
-    run.append_metrics({"step": 1, "x": 2})
+    RunLog(run).log({"step": 1, "x": 2})  # no mirror
     read = [json.loads(line) for line in run.metrics_file.read_text().splitlines() if line.endswith("}")]
     assert read == [{"step": 0}, {"step": 1, "x": 2}]
 
