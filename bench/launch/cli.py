@@ -102,35 +102,19 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
     except ValueError as e:
         return _bad_input(cfg, name, e)
     run = RunDir.of(cfg)
-    from bench.run.resume import config_mismatch, unrecorded
-
-    mismatch = None if cfg.train.overwrite else config_mismatch(run, cfg)
-    if mismatch:  # before any work; decided again under the lock
-        print(f"qrl-bench: error: {name}: {mismatch}", file=sys.stderr, flush=True)
-        return Outcome("bad_config", mismatch, run.path)
-    unknown = None if cfg.train.overwrite else unrecorded(run)
-    if unknown:  # likewise
-        print(f"qrl-bench: error: {name}: {unknown}", file=sys.stderr, flush=True)
-        return Outcome("refused", unknown, run.path)
-    if run.status == "completed" and not cfg.train.overwrite:  # cheap early exit; decided again under the lock
-        say(name, f"already completed in {run.path}, skipping")
-        return Outcome("skipped", "already completed", run.path)
-    why = unwritable(run.path)
-    if why:  # before the warm start and the lock (RunDir.lock would fail in a traceback)
-        return _bad_input(cfg, name, ValueError(f"run directory {run.path} is not writable ({why}); "
-                                                "make it writable, or choose another out_root=DIR"))
+    early = _before_any_work(cfg, run, name)
+    if early is not None:
+        return early
     if cfg.train.nproc_per_node > 1 and distributed_env_size() == 1:  # launch the run's processes here
         from bench.distributed.group import launch_local
 
         return launch_local(cfg.train.nproc_per_node, execute, cfg, overrides)
     if cfg.train.threads > 0:
         import torch
-
         torch.set_num_threads(cfg.train.threads)
+    from bench.launch.vllm_preflight import applies, preflight
     from bench.run.resume import decide
     from bench.train import build, train
-
-    from bench.launch.vllm_preflight import applies, preflight
 
     try:
         parts = build(cfg)  # before touching the run dir: bad input leaves nothing behind (bench.train.check_startup)
@@ -148,16 +132,9 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
                 plan = decide(run, cfg)
                 if world_size() > 1:
                     broadcast_object(plan)
-                for note in plan.notes:
-                    say(name, f"note: {note}")
-                if plan.action == "skip":
-                    say(name, plan.message)
-                    return Outcome(plan.outcome or "skipped", plan.message, run.path)
-                if plan.action == "refuse":
-                    print(f"qrl-bench: error: {name}: {plan.message}", file=sys.stderr, flush=True)
-                    return Outcome(plan.outcome or "refused", plan.message, run.path)
-                if plan.action == "resume":
-                    say(name, f"{plan.message} in {run.path}")
+                ended = _announce(plan, run, name)
+                if ended is not None:
+                    return ended
                 try:
                     status = train(parts, run, OmegaConf.to_yaml(cfg, resolve=True), name, plan, overrides)
                 except Stopped as e:
@@ -179,6 +156,44 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
     finally:
         if world_size() > 1:  # while the process group lives: vLLM's engines shut theirs down
             close_engines(parts.eval_engine, parts.engine)
+
+
+def _before_any_work(cfg: DictConfig, run: RunDir, name: str) -> Outcome | None:
+    """The refusals and the cheap skip a run gets before it builds anything (each decided again under the lock);
+    None when the run goes on."""
+    from bench.run.resume import config_mismatch, unrecorded
+
+    mismatch = None if cfg.train.overwrite else config_mismatch(run, cfg)
+    if mismatch:  # before any work; decided again under the lock
+        print(f"qrl-bench: error: {name}: {mismatch}", file=sys.stderr, flush=True)
+        return Outcome("bad_config", mismatch, run.path)
+    unknown = None if cfg.train.overwrite else unrecorded(run)
+    if unknown:  # likewise
+        print(f"qrl-bench: error: {name}: {unknown}", file=sys.stderr, flush=True)
+        return Outcome("refused", unknown, run.path)
+    if run.status == "completed" and not cfg.train.overwrite:  # cheap early exit; decided again under the lock
+        say(name, f"already completed in {run.path}, skipping")
+        return Outcome("skipped", "already completed", run.path)
+    why = unwritable(run.path)
+    if why:  # before the warm start and the lock (RunDir.lock would fail in a traceback)
+        return _bad_input(cfg, name, ValueError(f"run directory {run.path} is not writable ({why}); "
+                                                "make it writable, or choose another out_root=DIR"))
+    return None
+
+
+def _announce(plan: Plan, run: RunDir, name: str) -> Outcome | None:
+    """Say what the resume decision is; the outcome where it ends the run here (skip, refuse), else None."""
+    for note in plan.notes:
+        say(name, f"note: {note}")
+    if plan.action == "skip":
+        say(name, plan.message)
+        return Outcome(plan.outcome or "skipped", plan.message, run.path)
+    if plan.action == "refuse":
+        print(f"qrl-bench: error: {name}: {plan.message}", file=sys.stderr, flush=True)
+        return Outcome(plan.outcome or "refused", plan.message, run.path)
+    if plan.action == "resume":
+        say(name, f"{plan.message} in {run.path}")
+    return None
 
 
 def result_line(run: RunDir, status: str) -> str:

@@ -146,6 +146,7 @@ def unrecorded(run: RunDir) -> str | None:
             f"restore its {CONFIG_FILE}) and relaunch; to discard them, relaunch with {OVERWRITE_HINT}")
 
 
+# 71 lines: the module docstring's decision list, case by case in its order, so each case reads beside its rule
 def decide(run: RunDir, cfg: Any) -> Plan:
     """Decide what this launch does with `run` (see the module docstring). Call it holding the run's lock."""
     notes = [f"removed stale temporary {p.relative_to(run.path)}" for p in run.clean_temporaries()]
