@@ -2,8 +2,8 @@
 # One command that asks a machine with an NVIDIA GPU the questions that now decide the project, in this order, each
 # step with its own time limit inside ~580 s, and writes one Markdown report after every step, stamped with the
 # commit and the card (bench/launch/gpu_check.py lists the steps): (1) the FP8 accumulator and the CUDA FP8 engine
-# test's ratio; (2) the embedded engine's rollout at real shapes (0.5B, 1.5B, 8B; bf16 / fp8 / int8; before and
-# after compaction); (3) one step of each qurl_table1 precision row at its real shape; (4) trainer memory at 1.5B
+# test's ratio; (2) a decode step's attention cold / warm, then the embedded engine's rollout at real shapes (0.5B, 1.5B; bf16 / fp8 / int8; eager and
+# compiled); (3) one step of each qurl_table1 precision row at its real shape; (4) trainer memory at 1.5B
 # for 8.4k / 16.4k tokens; (5) the cuda-marked tests; (6) the INT8 layouts, then vLLM's rows and the preflight.
 #
 #   bash scripts/gpu_check.sh                 install (.venv-gpu: CUDA torch + vLLM) and run; report in gpu_check_report.md

@@ -10,8 +10,11 @@ reported with what it printed, and the others still run):
   1. FP8 accumulator   bench.benchmarks.fp8_precision (the FP8 GEMM's accumulator bits), then the CUDA FP8 engine test
                        `test_quantized_engine_on_cuda_agrees_with_the_cpu_emulation[fp8_e4m3]`, which prints its
                        ratio before it asserts (a timeout cannot lose it)
-  2. rollout           bench.benchmarks.rollout at real shapes with random weights, embedded engine, bf16 / fp8_e4m3 /
-                       int8, the engine before compaction (`before`) and after (`eager`), long-tail lengths capped at
+  2. rollout           first bench.benchmarks.decode_attention (a decode step's attention at a new key length and at
+                       a seen one, per SDPA backend, with and without the engine's key-length buckets); then
+                       bench.benchmarks.rollout at real shapes with random weights, embedded engine, bf16 / fp8_e4m3 /
+                       int8, eager and compiled (torch.compile: Triton kernels, fused activation quantization; the
+                       cold round printed, compilation included), long-tail lengths capped at
                        the new tokens (mean an eighth of them): Qwen2.5-0.5B (batch 256, 128-token prompts + 256
                        new), then 1.5B (batch 32) in the time left; every timed row is printed as it finishes
   3. qurl_table1       one training step of each precision row (bf16, fp8_e4m3, int8, in that order) of
@@ -54,7 +57,7 @@ TINY05 = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_ke
 #: seconds per step (GPU), sized from the H100 record of 2026-11-28 (results/gpu_check/): step 2's 0.5B rows took
 #: ~120 s, one qurl_table1 row ~100 s, the 1.5B 8.4k-token step ~30 s with start-up; the first version's ~420 s
 #: in all cut steps 2 and 3 to nothing. The total fits one 10-minute call once the environment is ready.
-TIMEOUTS = {"fp8": 40, "rollout": 170, "qurl": 200, "trainer_memory": 60, "cuda_tests": 80, "int8_vllm": 30}
+TIMEOUTS = {"fp8": 40, "rollout": 180, "qurl": 195, "trainer_memory": 60, "cuda_tests": 80, "int8_vllm": 20}
 #: the self-test's limits are hang guards: the GPU's times the CPU cannot keep (a shared CI machine)
 SELF_TEST_SLACK = 10
 #: the precision rows of qurl_table1 (method, precision): one step each, in order of interest (a row the step's
@@ -135,12 +138,21 @@ def step_fp8(device: str, limit: float) -> str:
 ROLLOUT_SHAPES = (("qwen2.5-0.5b", ["256"], "128", "256", 0.75), ("qwen2.5-1.5b", ["32"], "128", "256", 0.25))
 
 
+#: seconds of step 2 for the decode attention's cold / warm table (bench.benchmarks.decode_attention), first
+ATTENTION_S = 25
+
+
 def step_rollout(device: str, limit: float) -> str:
     precisions = ["bf16", "fp8_e4m3", "int8"] if device == "cuda" else ["int8"]
-    common = ["--engines", "embedded", "--repeats", "1", "--variants", "before", "eager", "--precisions", *precisions,
+    variants = ["eager", "compiled"] if device == "cuda" else ["eager"]  # compiled: Triton on a GPU (no C++ build here)
+    common = ["--engines", "embedded", "--repeats", "1", "--variants", *variants, "--precisions", *precisions,
               "--device", device]
     shapes = ROLLOUT_SHAPES if device == "cuda" else (("1m", ["4"], "8", "32", 1.0),)
-    parts, t0 = [], time.perf_counter()
+    t0 = time.perf_counter()
+    rc, out, s = run([sys.executable, "-m", "bench.benchmarks.decode_attention", "--device", device,
+                      *([] if device == "cuda" else ["--batch", "4", "--steps", "4"])], min(ATTENTION_S, limit / 4))
+    parts = [f"### decode attention, cold and warm ({s:.0f} s)\n\n" + result(rc, out, s)]
+    limit, t0 = limit - (time.perf_counter() - t0), time.perf_counter()
     for preset, batch, prompt, new, share in shapes:
         left = limit - (time.perf_counter() - t0)
         if left < 10:
@@ -186,6 +198,7 @@ def qurl_child(args: argparse.Namespace) -> None:
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
+        chunks = trace_chunks()
         outcome = execute(cfg)
         est = estimate_memory(cfg)
         rows = RunDir.of(cfg).metrics()
@@ -194,14 +207,35 @@ def qurl_child(args: argparse.Namespace) -> None:
             "status": f"{outcome} {outcome.reason or ''}".strip(), "seconds": time.perf_counter() - t0,
             "peak_allocated_gb": torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else None,
             "peak_reserved_gb": torch.cuda.max_memory_reserved() / 1e9 if device == "cuda" else None,
-            "estimate_gb": est.peak if est else None, "times": times}), flush=True)
+            "estimate_gb": est.peak if est else None, "times": times, "generate_chunks": chunks}), flush=True)
+
+
+def trace_chunks() -> list[dict]:
+    """Record every generate chunk of the embedded engine in this process (evaluation and rollout): rows, prompt
+    length, decode steps, seconds and ms per step (waited for: the chunk ends with a host read). The budget's model
+    of the engine (bench/launch/budget.py) is per decode step; this is what the trainer's engine measured."""
+    from bench.rollout import embedded
+
+    trace: list[dict] = []
+    chunk = embedded.EmbeddedEngine._generate_chunk
+
+    def traced(self, ids, mask, sampling, uniforms):
+        t0 = time.perf_counter()
+        out = chunk(self, ids, mask, sampling, uniforms)
+        s, steps = time.perf_counter() - t0, out[0].shape[1]
+        trace.append({"rows": ids.shape[0], "prompt": ids.shape[1], "steps": steps, "s": round(s, 3),
+                      "ms_per_step": round(1e3 * s / max(1, steps), 2)})
+        return out
+
+    embedded.EmbeddedEngine._generate_chunk = traced
+    return trace
 
 
 def step_qurl(device: str, limit: float) -> str:
     lines = ["| row | exit | s | status | peak allocated GB | peak reserved GB | estimate GB | " + " | ".join(
         ("rollout_s", "sync_s", "recompute_s", "train_s", "step_s", "rollout_tokens_per_s")) + " |",
              "|" + "---|" * 13]
-    errors, t0 = [], time.perf_counter()
+    errors, traces, t0 = [], [], time.perf_counter()
     for method, precision in QURL_ROWS:
         left = limit - (time.perf_counter() - t0)
         if left < 10:
@@ -218,9 +252,12 @@ def step_qurl(device: str, limit: float) -> str:
         cells += [_num(res["times"].get(f"time/{k}")) for k in ("rollout_s", "sync_s", "recompute_s", "train_s",
                                                                    "step_s", "rollout_tokens_per_s")]
         lines.append(f"| {method}@{precision} | {rc} | {s:.0f} | {res['status']} | " + " | ".join(cells) + " |")
+        traces.append(f"{method}@{precision}: " + json.dumps(res.get("generate_chunks")))
     note = ("\n\n(The estimate assumes prompts of 400 tokens (`budget.prompt_tokens`), the fixture's GSM8K questions in "
             "characters; the peak counts what torch allocated, not the allocator's fragmentation.)")
-    return "\n".join(lines) + note + "".join(f"\n\n{e}" for e in errors)
+    chunks = ("\n\nThe embedded engine's generate chunks in each row's process (evaluation, then the rollout), in "
+              "order:\n\n" + fenced("\n".join(traces))) if traces else ""
+    return "\n".join(lines) + note + chunks + "".join(f"\n\n{e}" for e in errors)
 
 
 def _num(value: Any) -> str:
@@ -308,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     have_vllm = importlib.util.find_spec("vllm") is not None and not args.self_test
     steps: list[tuple[str, str, Callable[[str, float], str]]] = [
         ("1. FP8 accumulator and the CUDA FP8 engine test", "fp8", step_fp8),
-        ("2. Rollout at real shapes: embedded bf16 / fp8_e4m3 / int8, before and after compaction", "rollout",
+        ("2. Decode attention cold / warm; rollout at real shapes: embedded bf16 / fp8_e4m3 / int8, eager and compiled",
+         "rollout",
          step_rollout),
         ("3. qurl_table1 at its real shape: one step per precision row", "qurl", step_qurl),
         ("4. Trainer memory at 1.5B: 8.4k- and 16.4k-token sequences", "trainer_memory", step_trainer_memory),

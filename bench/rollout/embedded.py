@@ -61,6 +61,12 @@ SYNC_EVERY = 16
 #: such a last-bit difference to bf16 and then to an FP8 code of the next layer, which can flip a token. Keeping 8
 #: rows keeps every decode GEMM on the batched kernel, so compacted tokens equal uncompacted ones bit for bit.
 COMPACT_MIN_ROWS = 8
+#: Key positions a CUDA decode step attends over are rounded up to a multiple of this (the positions not yet written
+#: are masked with -inf, so they add exact zeros): SDPA then sees one key length per 128 steps instead of a new one
+#: every step. A new shape costs the attention backend a plan (cuDNN builds and caches one per shape), which the
+#: H100 record of 2026-11-28 suggests dominates a cold decode (results/gpu_check/). A CPU step attends over exactly
+#: the written positions, as before (its tokens stay bit-identical to the unbucketed engine's).
+ATTN_BUCKET_CUDA = 128
 
 
 def plain_quantizer(act_dtype: torch.dtype) -> Quantizer:
@@ -223,6 +229,7 @@ class FastDecoder(nn.Module):
             raise ValueError("partial rotary embeddings are not supported by FastDecoder (use backend='hf')")
         # the engine lives where the trainer's model does (its buffers and KV cache too)
         self.register_buffer("inv_freq", inv_freq.to(model.lm_head.weight.device))
+        self.attn_bucket = ATTN_BUCKET_CUDA if cuda else 1  # decode key positions rounded up to this (ATTN_BUCKET_CUDA)
         plain = plain_quantizer(act_dtype)
         self.quant_errors = QuantErrors()
 
@@ -251,7 +258,7 @@ class FastDecoder(nn.Module):
         B, P = ids.shape
         total = P + max_new_tokens
         cos, sin = rope_tables(self.inv_freq, self.rope_scaling, total, self.act)
-        valid = torch.cat([mask, mask.new_ones(B, max_new_tokens)], dim=1)
+        valid = torch.cat([mask, mask.new_zeros(B, max_new_tokens)], dim=1)  # a new position is unmasked when written
         shape = (len(self.layers), B, self.n_kv, total, self.head_dim)
         self._state = dict(
             k=torch.zeros(shape, dtype=self.attn, device=ids.device),
@@ -263,6 +270,7 @@ class FastDecoder(nn.Module):
                 ~valid[:, None, None, :], float("-inf")),
             next_pos=mask.sum(1, keepdim=True),
             length=P,
+            total=total,
         )
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
         causal = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril()
@@ -275,7 +283,9 @@ class FastDecoder(nn.Module):
         st["length"] = start + 1
         pos = st["next_pos"]
         st["next_pos"] = pos + 1
-        return self._forward(tokens[:, None], pos, start, st["valid"][..., : start + 1])
+        st["valid"][..., start] = 0.0  # the position this step writes
+        keys = min(st["total"], -(-(start + 1) // self.attn_bucket) * self.attn_bucket)
+        return self._forward(tokens[:, None], pos, start, st["valid"][..., :keys])
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only `rows` (indices into the batch) in the batch and the KV cache: the other sequences finished.
@@ -310,7 +320,8 @@ class FastDecoder(nn.Module):
             q, k, v = self._qkv(layer, x, cos, sin)
             st["k"][i, :, :, start:end] = k
             st["v"][i, :, :, start:end] = v
-            a = grouped_attention(q, st["k"][i, :, :, :end], st["v"][i, :, :, :end], attn_mask, self.head_dim**-0.5)
+            keys = attn_mask.shape[-1]  # >= end: a bucketed decode step also reads masked, unwritten positions
+            a = grouped_attention(q, st["k"][i, :, :, :keys], st["v"][i, :, :, :keys], attn_mask, self.head_dim**-0.5)
             x = self._mlp(layer, x, a)
         return self._head(x[:, -1])
 

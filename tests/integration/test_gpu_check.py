@@ -30,9 +30,11 @@ def test_gpu_check_dry_run_is_a_cpu_self_test(tmp_path):
     assert "accumulator: 1 + 2^-k exact for k <= 18" in text  # step 1 on the CPU fallback: an fp32 sum
     sections = [line for line in text.splitlines() if line.startswith("## ") and line[3].isdigit()]
     assert [s.split(".")[0] for s in sections] == ["## 1", "## 2", "## 3", "## 4", "## 5", "## 6"]  # the order
-    assert "| embedded (before) | int8 |" in text and "| eager | int8 |" in text  # step 2: before / after ratios
+    assert "| SDPA default | exact |" in text and "| SDPA default | buckets of 128 |" in text  # step 2: attention
+    assert "| embedded | int8 |" in text  # step 2: the rollout row (eager only here: compiled needs Triton or a C++ build)
     for row in ("bf16@bf16", "naive@int8", "naive@fp8_e4m3"):
         assert f"| {row} | 0 |" in text and "completed" in text  # step 3: one training step per precision row
+        assert f'{row}: [{{"rows": ' in text  # and its engine's generate chunks (rows, steps, ms per step)
     assert "skipped: the cuda-marked tests need a CUDA GPU" in text and "step failed" not in text
     memory = text.split("## 4.")[1].split("\n## ")[0]  # one training step on one 320-token sequence
     assert "| 320 |" in memory and "exit " not in memory, memory

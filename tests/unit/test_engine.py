@@ -354,6 +354,35 @@ def test_compaction_and_sparse_syncs_give_the_same_rollout(models, precision, ba
     assert torch.equal(after.logp_mu, before.logp_mu)
 
 
+def test_bucketed_decode_attention_gives_the_same_rollout(models, precision="fp32"):
+    """A CUDA decode step attends over the key positions rounded up to ATTN_BUCKET_CUDA, the unwritten ones masked
+    (-inf: exact zeros in the softmax), so the attention backend sees a new key length every 128 steps, not every
+    step. Forced here on the CPU with a bucket that leaves most steps with masked positions: in fp32 the same tokens
+    and the log-probs equal to rounding (in bf16 a last-bit difference of the longer sum can flip a later token, as
+    between two GPU kernels); a CPU engine keeps bucket 1 (exactly the written positions, as before)."""
+    model = models["qwen3"]
+    ids, mask = prompts()
+
+    def run(bucket: int):
+        engine = EmbeddedEngine(precision)
+        engine.load_weights(model)
+        assert engine.decoder.attn_bucket == 1  # the CPU default
+        engine.decoder.attn_bucket = bucket
+        keys, forward = [], engine.decoder._forward
+        engine.decoder._forward = lambda i, p, s, m: keys.append(m.shape[-1]) or forward(i, p, s, m)
+        r = engine.generate(ids, mask, 4, SamplingParams(20, 0.8), torch.Generator().manual_seed(3))
+        return r, keys[1:]  # the decode steps (keys[0] is the prompt's)
+
+    exact, exact_keys = run(1)
+    bucketed, bucketed_keys = run(16)
+    P = ids.shape[1]
+    assert exact_keys == list(range(P + 1, P + 20))
+    assert all(k % 16 == 0 or k == P + 20 for k in bucketed_keys) and len(set(bucketed_keys)) < len(exact_keys) / 4
+    assert all(b >= e for b, e in zip(bucketed_keys, exact_keys)) and bucketed_keys != exact_keys
+    assert torch.equal(bucketed.response_ids, exact.response_ids)
+    assert (bucketed.logp_mu - exact.logp_mu).abs().max() < 1e-5
+
+
 def test_sparse_syncs_stop_within_k_steps_of_the_last_row(models):
     """With a sync every k steps the loop decodes at most k - 1 steps past the longest row, and the returned
     width is the longest row's (as with a sync every token)."""
