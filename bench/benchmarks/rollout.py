@@ -123,10 +123,16 @@ def _sync(device: torch.device) -> None:
 def best_tokens_per_s(runs: dict[str, Callable[[], int]], repeats: int, device: torch.device) -> dict[str, float]:
     """Warm up every runner, then time them in interleaved rounds (a burst of load from elsewhere hits one
     round of every method rather than all repeats of one) and keep each one's best."""
-    for name, run in runs.items():  # the cold round, timed too: on a GPU it pays each shape's one-time setup
+    for name, run in list(runs.items()):  # the cold round, timed too: on a GPU it pays each shape's one-time setup
         _sync(device)
         t0 = time.perf_counter()
-        tokens = run()
+        try:
+            tokens = run()
+        except Exception as e:  # e.g. a compiler missing on this machine: the other rows still run
+            print(f"PROGRESS {name}: failed in the warm-up round: {type(e).__name__}: {str(e)[:300]}",
+                  file=sys.stderr, flush=True)
+            del runs[name]
+            continue
         _sync(device)
         print(f"PROGRESS {name}: {tokens / (time.perf_counter() - t0):.0f} tok/s (cold: the warm-up round)",
               file=sys.stderr, flush=True)
