@@ -86,27 +86,33 @@ def throughputs(b: Any) -> tuple[float, float, float] | None:
 # sequences (T = task.max_new_tokens), each chunk for as many steps as its longest row, taken to be T (a chunk of
 # tens of long-tail responses has one near the cap). Every decode step reads the engine's weights and launches the
 # layers' kernels one by one (eager PyTorch: a GPU decode at these batch sizes waits on the host); each live row
-# also reads its KV cache. Per GPU (B / budget.gpus sequences of one rollout round):
+# also reads its KV cache and samples from its full vocabulary. Per GPU (B / budget.gpus sequences of one round):
 #     seconds = chunks x T x (weight bytes / HBM + layers x kernels x KERNEL_S)           the steps
-#             + B/gpus x L_r x (L_p + L_r / 2) x kv bytes / HBM                           live rows (compaction)
+#             + B/gpus x L_r x (L_p + L_r / 2) x kv bytes / HBM                           live rows' KV (compaction)
 #             [ without rollout.compact: + B/gpus x T x (L_p + T / 2) x kv bytes / HBM: every row runs T steps ]
+#             + B/gpus x L_r x vocabulary x SAMPLE_S                                      live rows' sampling
 #             + B/gpus x L_p x 2 P / (peak x gen_mfu)                                      the prompts' prefill
-# kernels per layer (counted in FastDecoder): 45 in eager bf16; the W8A8 formats add ~17 per linear (4 per layer)
-# to quantize activations eagerly, 1 with rollout.compile; compile fuses a layer's elementwise work to ~15.
-# KERNEL_S is ours: an eager kernel launch with PyTorch's dispatch on an H100 host, ~10 us. The rollout benchmark
-# calibrates it: over two or more batch sizes it fits a decode step's cost as f + B x r (this model's form) and
-# prints f per layer and kernel, the measured KERNEL_S of the machine it runs on (bench.benchmarks.rollout
-# decode_fit). On the shared 2-core CPU the fit is noise under load (2026-11-27, load average 17: a per-row cost
-# below zero, which decode_fit flags), so the CPU checks the model's form (at long-tail lengths compaction's gain
-# follows the steps and live rows it removes: docs/benchmarks.md), not KERNEL_S. On an H100 (2026-11-28,
-# results/gpu_check/h100-2026-11-28.md) the benchmark's bf16 0.5B decode at batch 256 took ~15 ms a step, ~14 us
-# per kernel with weights and KV counted in (10 us holds within 1.4x), but the trainer's own rollout in one
-# qurl_table1 step took ~73 ms a step: this model is 6x optimistic there, for a reason not yet found.
+# Kernels per layer (counted in FastDecoder): 45 in eager bf16; the W8A8 formats add ~17 per linear (4 per layer)
+# to quantize activations eagerly, 1 with rollout.compile. Calibration, an H200 with torch 2.11 (2026-11-28,
+# results/gpu_check/h200-2026-11-28.md; n = 1 run each): the trainer's own rollout in one qurl_table1 step (0.5B,
+# 256 rows, every row 512 tokens) took 20.8 ms a decode step in bf16 and 40.5 ms in fp8_e4m3; the two rows fit
+# KERNEL_S = 12 us and SAMPLE_S = 0.19 ns (a bf16 step is then 13.4 ms of layers + 7.4 ms of sampling 256 rows over
+# 152k tokens: the float64 CDF of bench.rollout.embedded.inverse_cdf). Fitted on those two rows, the model was then
+# checked on the rollout benchmark's (long-tail lengths, mean 32, cap 256, B = 256): bf16 eager 3.5 s measured, 4.0
+# s modelled; fp8 eager 7.7 s and 9.0 s (1.14-1.16x pessimistic, as it takes every chunk to the cap). With
+# rollout.compile the benchmark measured bf16 at 0.92x its eager speed and fp8 at 1.96x its eager speed (fp8 then
+# as fast as bf16): compiled graphs with dynamic shapes do not launch fewer host-side calls than eager kernels here,
+# so "compiled" counts 48 kernel-equivalents per layer and 1 per activation quantization.
+# Before the engine bucketed its decode attention's key lengths (ATTN_BUCKET_CUDA), a cold rollout paid SDPA's
+# per-shape plan at every decode step (43.5 ms against 0.09 ms warm per call, H200): the H100 record's 73 ms a step.
+# On the shared 2-core CPU the benchmark's fit is noise under load, so the CPU checks the model's form (at long-tail
+# lengths compaction's gain follows the steps and live rows it removes: docs/benchmarks.md), not its constants.
 # The embedded engine is never priced below vLLM's rate (vLLM is the faster engine by construction; where the model
 # says otherwise, e.g. qurl_table1's 0.5B at 512 tokens, the stated vLLM rate is the conservative figure).
 
-KERNEL_S = 1.0e-5  # ours: one eager kernel launch + dispatch on an H100 host (module comment above)
-KERNELS_PER_LAYER = {"eager": 45, "compiled": 15}
+KERNEL_S = 1.2e-5  # one eager kernel launch + dispatch, fitted on an H200 host (module comment above)
+SAMPLE_S = 1.9e-10  # per live row, decode step and vocabulary entry: the sampler (module comment above)
+KERNELS_PER_LAYER = {"eager": 45, "compiled": 48}
 ACT_QUANT_KERNELS = {"eager": 17, "compiled": 1}  # per W8A8 linear: dynamic activation quantization
 LINEARS_PER_LAYER = 4  # fused qkv, o, fused gate_up, down
 #: the embedded engine would cost more than this many times vLLM's rollout: the dry run names the override
@@ -131,8 +137,9 @@ def embedded_rollout_s(cfg: Any, shape: Any, sequences: float) -> float:
     step = engine_bytes(shape, r.precision, act_bytes) / HBM_BYTES_PER_S + shape.layers * kernels * KERNEL_S
     kv = shape.kv_bytes(act_bytes) / HBM_BYTES_PER_S
     live = sequences * (L_r * (L_p + L_r / 2) if r.get("compact", True) else T * (L_p + T / 2)) * kv
+    sample = sequences * (L_r if r.get("compact", True) else T) * shape.vocab * SAMPLE_S
     prefill = sequences * L_p * 2 * shape.params / (b.peak_tflops * 1e12 * b.gen_mfu)
-    return chunks * T * step + live + prefill
+    return chunks * T * step + live + sample + prefill
 
 
 @dataclass
