@@ -45,12 +45,11 @@ from bench.run.preempt import PreemptionGuard
 from bench.preflight import check_data, check_inputs
 from bench.run.progress import progress
 from bench.quant import diagnostics
-from bench.quant.quantizers import Quantizer
 from bench.rollout import build_engine
 from bench.rewards import scorer_metrics
 from bench.run.identity import method_metric
 from bench.run.resume import RESUME_FROM, Plan, decide, final_status
-from bench.rollout.base import Rollout, RolloutEngine
+from bench.rollout.base import Rollout, RolloutEngine, rollout_quantizer
 from bench.sampling import Sample, Sampler
 from bench.run.runlog import RunLog
 from bench.run.store import RunDir
@@ -284,12 +283,6 @@ def shares_engine(p: Parts) -> bool:
     return p.eval_engine is p.engine or bool(getattr(p.eval_engine, "shares_rollout_engine", False))
 
 
-def precision_info(cfg: DictConfig) -> dict[str, Any]:
-    """The rollout precision as reports name it (label, bit widths), recorded in run.json for the analysis."""
-    r = cfg.rollout
-    return Quantizer(r.precision, r.weight_granularity, r.act_granularity).describe()
-
-
 def runtime_info(p: Parts) -> dict[str, Any]:
     """Where the run computes (engine, device, trainer dtype) and the model's context (its max_position_embeddings,
     and the config.json fields `model.*` overrode), recorded in run.json so that the analysis can label throughput
@@ -317,7 +310,7 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
     if note := resume_note(ckpt, cfg):
         say(f"{run_name}: warning: {note}")
     run.start(config_yaml, run_name, overrides)
-    declared = {"arm": arm_info(p.method.name), "precision": precision_info(cfg), "runtime": runtime_info(p)}
+    declared = {"arm": arm_info(p.method.name), "precision": rollout_quantizer(cfg.rollout).describe(), "runtime": runtime_info(p)}
     # rank 0 alone mirrors the run to W&B (a follower's run.json is not written)
     log = RunLog.open(run, cfg, run_name, start, mirror=not is_follower(), run_info=declared)
     run.update_info(wandb_id=log.wandb_id, setup=setup, **declared)

@@ -29,14 +29,10 @@ from bench.device import DTYPES
 from bench.methods.base import METHODS, MethodConfig
 from bench.methods.naive import Naive
 from bench.rollout.qat import quantize_trainer, unsupported
-from bench.quant.quantizers import Quantizer
+from bench.rollout.base import rollout_quantizer
 
 #: the trainer dtype this arm needs: its forward rounds as the engine does, so nothing may round before it
 TRAINER_DTYPE = "fp32"
-
-
-def rollout_quantizer(rollout: Any) -> Quantizer:
-    return Quantizer(rollout.precision, rollout.get("weight_granularity"), rollout.get("act_granularity"))
 
 
 @METHODS.register("matched", schema=MethodConfig, color="#AA3377", order=12)

@@ -20,6 +20,13 @@ from bench.quant.quantizers import FORMATS, Quantizer
 from bench.registry import Registry
 
 
+def rollout_quantizer(rollout: Any) -> Quantizer:
+    """The quantizer of a `rollout` config (schema or composed DictConfig): the one place a run's precision, weight and
+    activation granularities become a Quantizer (the engine's, the matched trainer's, run.json's description)."""
+    return Quantizer(rollout.precision, getattr(rollout, "weight_granularity", None),
+                     getattr(rollout, "act_granularity", None))
+
+
 @dataclass
 class RolloutConfig:
     """`rollout.*` keys every engine has; an engine's schema adds its own (bench/rollout/<engine>.py)."""
@@ -33,7 +40,7 @@ class RolloutConfig:
 
     def quantizer(self) -> Quantizer:
         """The precision as a validated Quantizer (the one check of a precision setting)."""
-        return Quantizer(self.precision, self.weight_granularity, self.act_granularity)
+        return rollout_quantizer(self)
 
     def check(self) -> None:
         if self.precision not in FORMATS:

@@ -25,6 +25,7 @@ trainer's fp32 master weights): keeping old scales for new weights is the bug do
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,14 +35,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.domains import num
+from bench.domains import check_schema, num
 from bench.device import DTYPES
 from bench.quant.blockscale import KV_CACHE_DTYPES, fake_quant_kv
 from bench.quant.diagnostics import QuantErrors, layer_type
 from bench.quant.int8 import INT8_KERNELS
 from bench.quant.linear import make_linear, native_bf16_matmul, swap_linears
 from bench.quant.quantizers import Quantizer
-from bench.registry import check_choice
 from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams, token_ids
 
 FAST_FAMILIES = ("llama", "qwen2", "qwen3")
@@ -485,56 +485,26 @@ class EmbeddedEngine:
                         activation quantization becomes one fused kernel per linear computing the same codes)
     """
 
-    def __init__(
-        self,
-        precision: str = "fp32",
-        weight_granularity: str | None = None,
-        act_granularity: str | None = None,
-        quantize_lm_head: bool = False,
-        quantize_embeddings: bool = False,
-        eos_id: int | Sequence[int] | None = None,
-        pad_id: int = 0,
-        max_len: int | None = None,
-        backend: str = "auto",
-        act_dtype: str | None = None,
-        int8_kernel: str = "auto",
-        kv_cache_dtype: str | None = None,
-        chunk_tokens: int | None = CHUNK_TOKENS,
-        sync_every: int = SYNC_EVERY,
-        compact: bool = True,
-        compile: bool = False,
-    ):
-        check_choice("backend", backend, BACKENDS)
-        if chunk_tokens is not None and chunk_tokens < 1:
-            raise ValueError(f"chunk_tokens={chunk_tokens} must be positive (or None: no chunking)")
-        if sync_every < 1:
-            raise ValueError(f"sync_every={sync_every} must be at least 1")
-        if kv_cache_dtype is not None:
-            check_choice("kv cache dtype", kv_cache_dtype, KV_CACHE_DTYPES)
-        check_choice("int8 kernel", int8_kernel, INT8_KERNELS)
-        self.quantizer = Quantizer(precision, weight_granularity, act_granularity)
-        if act_dtype is not None:
-            check_choice("act_dtype", act_dtype, tuple(DTYPES))
+    def __init__(self, precision: str = "fp32", *, eos_id: int | Sequence[int] | None = None, pad_id: int = 0,
+                 max_len: int | None = None, **knobs: Any):
+        """`knobs`: any key of EmbeddedRolloutConfig (the schema states and checks each, once)."""
+        self.cfg = EmbeddedRolloutConfig(precision=precision, **knobs)
+        check_schema(self.cfg, "rollout")
+        self.quantizer = self.cfg.quantizer()
         self.precision = precision
-        self.act_dtype_choice = act_dtype  # None: the format's for the device the weights are on (load_weights)
-        self.act_dtype = DTYPES[act_dtype or self.quantizer.fmt.act_dtype]
-        self.quantize_lm_head = quantize_lm_head
-        self.quantize_embeddings = quantize_embeddings
+        # None: the format's activation dtype for the device the weights are on (set again at load_weights)
+        self.act_dtype = DTYPES[self.cfg.act_dtype or self.quantizer.fmt.act_dtype]
         self.eos_id = eos_id
         self.stop_ids = torch.tensor(token_ids(eos_id), dtype=torch.long)
         self.pad_id = pad_id
         self.max_len = max_len
-        self.backend = backend
-        self.int8_kernel = int8_kernel
-        self.kv_cache_dtype = kv_cache_dtype
-        self.chunk_tokens = chunk_tokens
-        self.sync_every, self.compact, self.compile = sync_every, compact, compile
         self.decoder: FastDecoder | HFDecoder | None = None
 
     @classmethod
     def from_config(cls, cfg: Any, *, eos_id: int | Sequence[int] | None, pad_id: int, max_len: int | None, **overrides: Any) -> "EmbeddedEngine":
-        keys = ("precision", "weight_granularity", "act_granularity", "quantize_lm_head", "quantize_embeddings",
-                "backend", "act_dtype", "int8_kernel", "kv_cache_dtype", "chunk_tokens", "sync_every", "compact", "compile")
+        """The engine of a composed `rollout` config: every schema key it sets (the base keys `engine` and
+        `temperature` are the run's, not the engine's), then `overrides`."""
+        keys = [f.name for f in dataclasses.fields(EmbeddedRolloutConfig) if f.name not in ("engine", "temperature")]
         kwargs = {k: getattr(cfg, k) for k in keys if hasattr(cfg, k)} | overrides
         return cls(**kwargs, eos_id=eos_id, pad_id=pad_id, max_len=max_len)
 
@@ -561,16 +531,16 @@ class EmbeddedEngine:
     def load_weights(self, model: nn.Module) -> None:
         """Rebuild the engine's copy from the trainer's weights: fresh quantization scales every call."""
         problem = fast_path_problem(model)
-        if self.backend == "fast" and problem:
+        if self.cfg.backend == "fast" and problem:
             raise ValueError(f"backend='fast' cannot serve {type(model).__name__}: {problem}")
-        use_fast = self.backend == "fast" or (self.backend == "auto" and problem is None)
+        use_fast = self.cfg.backend == "fast" or (self.cfg.backend == "auto" and problem is None)
         build = FastDecoder if use_fast else HFDecoder
         device = next(model.parameters()).device
-        self.act_dtype = DTYPES[self.act_dtype_choice or self.quantizer.fmt.act_dtype_on(device.type)]
+        self.act_dtype = DTYPES[self.cfg.act_dtype or self.quantizer.fmt.act_dtype_on(device.type)]
         self.decoder = None  # free the old copy before building the new one
-        self.decoder = build(model, self.quantizer, self.act_dtype, self.quantize_lm_head, self.quantize_embeddings,
-                             self.int8_kernel, self.kv_cache_dtype)
-        if self.compile:
+        self.decoder = build(model, self.quantizer, self.act_dtype, self.cfg.quantize_lm_head, self.cfg.quantize_embeddings,
+                             self.cfg.int8_kernel, self.cfg.kv_cache_dtype)
+        if self.cfg.compile:
             fuse_activation_quantization(self.decoder.modules() if isinstance(self.decoder, nn.Module)
                                          else self.decoder.model.modules())
             self.decoder.use_compiled()
@@ -610,7 +580,7 @@ class EmbeddedEngine:
         if not sampling.greedy:  # drawn where the generator lives (any device), then moved to the engine's
             where = generator.device if generator is not None else device
             uniforms = torch.rand(B, T, dtype=torch.float64, generator=generator, device=where).to(device)
-        rows = chunk_rows(ids.shape[1] + T, self.chunk_tokens)
+        rows = chunk_rows(ids.shape[1] + T, self.cfg.chunk_tokens)
         parts = [self._generate_chunk(ids[i:i + rows], mask[i:i + rows], sampling,
                                       None if uniforms is None else uniforms[i:i + rows])
                  for i in range(0, B, rows)]
@@ -642,10 +612,10 @@ class EmbeddedEngine:
             resp_mask[live, t] = ~done
             if stops.numel():
                 done |= torch.isin(tok, stops)
-                if (t + 1) % self.sync_every == 0 or t + 1 == T:  # the host waits for the device here only
+                if (t + 1) % self.cfg.sync_every == 0 or t + 1 == T:  # the host waits for the device here only
                     if bool(done.all()):
                         break
-                    if self.compact and bool(done.any()) and done.numel() > COMPACT_MIN_ROWS:
+                    if self.cfg.compact and bool(done.any()) and done.numel() > COMPACT_MIN_ROWS:
                         keep = compaction(done)
                         live = (torch.arange(B, device=device) if isinstance(live, slice) else live)[keep]
                         tok, done = tok[keep], done[keep]

@@ -214,8 +214,13 @@ def test_lm_head_and_embedding_quantization_are_switches(models):
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="'fp3'.*valid choices: .*bf16, .*fp8_e4m3, .*int8"):
+    # the engine is built from its schema (EmbeddedRolloutConfig): the schema's checks, named as config keys
+    with pytest.raises(ValueError, match="rollout.precision='fp3' is not valid; choose one of: .*bf16, .*fp8_e4m3, .*int8"):
         EmbeddedEngine("fp3")
+    with pytest.raises(ValueError, match=r"rollout.sync_every=0 is out of range; allowed: \[1, 4096\]"):
+        EmbeddedEngine("fp32", sync_every=0)
+    with pytest.raises(TypeError, match="no_such_knob"):
+        EmbeddedEngine("fp32", no_such_knob=1)
     with pytest.raises(ValueError, match="'vllm'"):
         EmbeddedEngine("fp32", backend="vllm")
     with pytest.raises(ValueError, match="'per_row'"):
@@ -236,13 +241,13 @@ def test_build_engine_from_config():
     tok = type("Tok", (), {"eos_token_id": 5, "pad_token_id": None})()
     engine = build_engine(cfg, **engine_ids(tok))
     assert isinstance(engine, EmbeddedEngine) and engine.precision == "fp8_e4m3"
-    assert engine.quantizer.weight_granularity == "per_tensor" and engine.quantize_lm_head
+    assert engine.quantizer.weight_granularity == "per_tensor" and engine.cfg.quantize_lm_head
     assert (engine.eos_id, engine.pad_id) == (5, 5)
     assert build_engine(EmbeddedRolloutConfig(precision="int8"), eos_id=3, pad_id=0).pad_id == 0
     assert build_engine(EmbeddedRolloutConfig(precision="bf16"), eos_id=[5, 6], max_len=64).max_len == 64
     with pytest.raises(ValueError, match="'tpu'.*embedded, vllm"):
         build_engine(EmbeddedRolloutConfig(engine="tpu", precision="bf16"))
-    with pytest.raises(ValueError, match="'fp3'.*valid choices: .*bf16, .*fp8_e4m3, .*int8"):
+    with pytest.raises(ValueError, match="rollout.precision='fp3' is not valid; choose one of: .*bf16, .*fp8_e4m3, .*int8"):
         build_engine(EmbeddedRolloutConfig(precision="fp3"))
 
 
@@ -295,7 +300,7 @@ def test_fp8_kv_cache_option(models):
         assert torch.isfinite(r.logp_mu).all() and not torch.equal(r.logp_mu, base.logp_mu), kv
     with pytest.raises(ValueError, match="fast decoder"):
         EmbeddedEngine("bf16", kv_cache_dtype="fp8", backend="hf").load_weights(models["qwen2"])
-    with pytest.raises(ValueError, match="'int8'.*valid choices: fp8"):
+    with pytest.raises(ValueError, match="rollout.kv_cache_dtype='int8' is not valid; choose one of: fp8"):
         EmbeddedEngine("bf16", kv_cache_dtype="int8")
 
 
