@@ -200,20 +200,11 @@ class FastDecoder(nn.Module):
     cache would then carry into real rows).
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        quantizer: Quantizer,
-        act_dtype: torch.dtype,
-        quantize_lm_head: bool = False,
-        quantize_embeddings: bool = False,
-        int8_kernel: str = "auto",
-        kv_cache_dtype: str | None = None,
-    ):
+    def __init__(self, model: nn.Module, quantizer: Quantizer, act_dtype: torch.dtype, knobs: EmbeddedRolloutConfig):
         super().__init__()
         cfg = model.config
         self.act = act_dtype
-        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_cache_dtype = knobs.kv_cache_dtype
         # bf16 attention on a CPU without bf16 hardware is ~6x slower than fp32 (and fp16 has no fast CPU kernel
         # at all): run it in fp32 on the 16-bit values (the cache then holds bf16/fp16-exact numbers in fp32
         # storage). A GPU runs it in bf16/fp16.
@@ -234,7 +225,7 @@ class FastDecoder(nn.Module):
         self.quant_errors = QuantErrors()
 
         def build(w: torch.Tensor, b: torch.Tensor | None, parts: list | None = None, q: Quantizer = quantizer) -> nn.Module:
-            layer = make_linear(w, b, q, act_dtype, int8_kernel)
+            layer = make_linear(w, b, q, act_dtype, knobs.int8_kernel)
             if parts and q.is_scaled:
                 self.quant_errors.add(w, layer.dequantized_weight(), parts)
             return layer
@@ -242,12 +233,12 @@ class FastDecoder(nn.Module):
         inner = model.model
         self.layers = nn.ModuleList(_Layer(layer, build, act_dtype) for layer in inner.layers)
         embed = inner.embed_tokens.weight.detach().float()
-        if quantize_embeddings:
+        if knobs.quantize_embeddings:
             embed = quantizer.fake_quant_weight(embed)
         self.register_buffer("embed", embed.to(act_dtype, copy=True))  # never the policy's storage (sharded under FSDP)
         self.register_buffer("norm", inner.norm.weight.detach().to(act_dtype).clone())
         lm_head = model.lm_head
-        self.lm_head = build(lm_head.weight.detach(), _bias(lm_head), q=quantizer if quantize_lm_head else plain)
+        self.lm_head = build(lm_head.weight.detach(), _bias(lm_head), q=quantizer if knobs.quantize_lm_head else plain)
         self._state: dict = {}
 
     @property
@@ -381,33 +372,24 @@ class HFDecoder:
     embeddings) are cast to the activation dtype, as in an HF model loaded in that dtype.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        quantizer: Quantizer,
-        act_dtype: torch.dtype,
-        quantize_lm_head: bool = False,
-        quantize_embeddings: bool = False,
-        int8_kernel: str = "auto",
-        kv_cache_dtype: str | None = None,
-    ):
-        if kv_cache_dtype is not None:
-            raise ValueError(f"rollout.kv_cache_dtype={kv_cache_dtype!r} needs the fast decoder (Llama/Qwen2/Qwen3); "
+    def __init__(self, model: nn.Module, quantizer: Quantizer, act_dtype: torch.dtype, knobs: EmbeddedRolloutConfig):
+        if knobs.kv_cache_dtype is not None:
+            raise ValueError(f"rollout.kv_cache_dtype={knobs.kv_cache_dtype!r} needs the fast decoder (Llama/Qwen2/Qwen3); "
                              f"{type(model).__name__} runs on the generic HF path, whose cache stays in the activation dtype")
         m = copy.deepcopy(model).eval()
         inp, out = m.get_input_embeddings(), m.get_output_embeddings()
         plain = plain_quantizer(act_dtype)
-        overrides = {} if out is None else {out: quantizer if quantize_lm_head else plain}
+        overrides = {} if out is None else {out: quantizer if knobs.quantize_lm_head else plain}
         self.quant_errors = QuantErrors()
 
         def count(name: str, weight: torch.Tensor, layer: nn.Module) -> None:
             if quantizer.is_scaled:
                 self.quant_errors.add(weight, layer.dequantized_weight(), [(layer_type(name), weight.shape[0])])
 
-        n = swap_linears(m, quantizer, act_dtype, overrides, int8_kernel, on_build=count)  # unties a tied lm_head
+        n = swap_linears(m, quantizer, act_dtype, overrides, knobs.int8_kernel, on_build=count)  # unties a tied lm_head
         if quantizer.is_scaled and n == 0:
             raise ValueError(f"{type(model).__name__} has no nn.Linear layers to quantize to {quantizer.format}")
-        if quantize_embeddings:
+        if knobs.quantize_embeddings:
             inp.weight.data = quantizer.fake_quant_weight(inp.weight.detach().float())
         for p in m.parameters():
             p.grad = None
@@ -538,8 +520,7 @@ class EmbeddedEngine:
         device = next(model.parameters()).device
         self.act_dtype = DTYPES[self.cfg.act_dtype or self.quantizer.fmt.act_dtype_on(device.type)]
         self.decoder = None  # free the old copy before building the new one
-        self.decoder = build(model, self.quantizer, self.act_dtype, self.cfg.quantize_lm_head, self.cfg.quantize_embeddings,
-                             self.cfg.int8_kernel, self.cfg.kv_cache_dtype)
+        self.decoder = build(model, self.quantizer, self.act_dtype, self.cfg)
         if self.cfg.compile:
             fuse_activation_quantization(self.decoder.modules() if isinstance(self.decoder, nn.Module)
                                          else self.decoder.model.modules())
