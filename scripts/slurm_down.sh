@@ -14,14 +14,8 @@ PURGE=0; [ "${1:-}" = "--purge" ] && PURGE=1
 T_START=$(date +%s%N)
 log() { local ms=$(( ($(date +%s%N) - T_START) / 1000000 )); printf '[slurm_down %4d.%01ds] %s\n' $((ms / 1000)) $((ms % 1000 / 100)) "$*"; }
 
-# alive PIDFILE COMM: live, non-zombie process named COMM (see slurm_up.sh)
-alive() {
-  local pid
-  pid=$(cat "$1" 2>/dev/null) || return 1
-  [ -n "$pid" ] && [ -r "/proc/$pid/status" ] || return 1
-  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$2" ] || return 1
-  ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status"
-}
+# alive PIDFILE COMM (scripts/slurm_lib.sh)
+source "$(dirname "${BASH_SOURCE[0]}")/slurm_lib.sh"
 stop_pidfile() {  # stop_pidfile PIDFILE COMM
   if alive "$1" "$2"; then
     local pid; pid=$(cat "$1"); log "stopping $2 (pid $pid)"; kill -TERM "$pid"

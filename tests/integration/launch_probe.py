@@ -93,3 +93,16 @@ def probes(paths: dict[str, Path]) -> list[dict[str, Any]]:
 def snapshot_of(paths: dict[str, Path]) -> Path:
     [snapshot] = sorted((paths["sweep"] / ".code").iterdir())
     return snapshot
+
+
+def ran_from_the_snapshot(paths: dict[str, Path], jobs: int, out: str) -> list[dict[str, Any]]:
+    """Assert that `jobs` jobs ran from the sweep's one code snapshot, with the config as submitted and in the
+    submission directory, whatever was edited after submission; returns their probe records."""
+    snapshot = snapshot_of(paths)
+    recs = probes(paths)
+    assert len(recs) == jobs, out[-4000:]
+    for rec in recs:
+        assert Path(rec["bench_file"]) == snapshot / "bench" / "__init__.py", rec  # imported from the snapshot
+        assert rec["probe"] is None and rec["value"] == "original", rec              # not the edited code/config
+        assert rec["cwd"] == str(paths["workdir"]), rec                              # relative paths as submitted
+    return recs

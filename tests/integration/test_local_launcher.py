@@ -9,12 +9,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tests.hang import HANG_S, wait_until
-from tests.integration.launch_probe import edit_after_submission, make_probe, probes, snapshot_of, waiting
+from tests.integration.launch_probe import edit_after_submission, make_probe, ran_from_the_snapshot, waiting
 
 def test_local_sweep_runs_in_parallel_with_the_code_and_config_of_submission(tmp_path):
     go = tmp_path / "go"
@@ -33,12 +32,6 @@ def test_local_sweep_runs_in_parallel_with_the_code_and_config_of_submission(tmp
             proc.kill()
     assert proc.returncode == 0, out[-4000:]
 
-    snapshot = snapshot_of(paths)
-    recs = probes(paths)
-    assert len(recs) == 3, out[-4000:]
-    for rec in recs:
-        assert Path(rec["bench_file"]) == snapshot / "bench" / "__init__.py", rec
-        assert rec["probe"] is None and rec["value"] == "original", rec
-        assert rec["cwd"] == str(paths["workdir"]), rec
+    recs = ran_from_the_snapshot(paths, 3, out)
     workers = {rec["pid"] for rec in recs}
     assert len(workers) == 2 and proc.pid not in workers  # two worker processes, not the launcher itself

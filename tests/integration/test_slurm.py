@@ -21,7 +21,7 @@ import pytest
 from bench.run.store import RunDir
 from tests.hang import HANG_S, wait_until
 from tests.helpers import FAST, REPO, strip_times
-from tests.integration.launch_probe import edit_after_submission, make_probe, probes, snapshot_of
+from tests.integration.launch_probe import edit_after_submission, make_probe, ran_from_the_snapshot, snapshot_of
 from tests.integration.wandb_readback import offline_runs
 
 QUICK = [a for a in FAST if not a.startswith("tracking=")] + ["tracking=offline"]
@@ -142,12 +142,7 @@ def test_queued_jobs_keep_the_code_and_config_of_submission(slurm, cleanup, tmp_
     assert proc.returncode == 0, out[-4000:]
 
     snapshot = snapshot_of(paths)
-    recs = probes(paths)
-    assert len(recs) == 2, out[-4000:]
-    for rec in recs:
-        assert Path(rec["bench_file"]) == snapshot / "bench" / "__init__.py", rec  # imported from the snapshot
-        assert rec["probe"] is None and rec["value"] == "original", rec              # not the edited code/config
-        assert rec["cwd"] == str(paths["workdir"]), rec                              # relative paths as submitted
+    for rec in ran_from_the_snapshot(paths, 2, out):
         assert rec["pythonpath"].split(":")[0] == str(snapshot)                      # subprocesses too
         assert rec["preempt_signal"] == "USR1" and rec["job"]
     assert (snapshot / "conf" / "hydra" / "launcher" / "slurm.yaml").is_file()
