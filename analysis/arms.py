@@ -1,8 +1,9 @@
 """How arms are ordered, coloured and labelled, shared by figures and tables.
 
-Nothing here lists the arms: each arm declares its colour, its table position and its diagnostics where it is
-defined (bench/methods/<arm>.py), the trainer records that in every run's run.json (`arm`), together with the
-rollout precision's label and bit widths (`precision`), and the loader hands each run's declaration to `learn`.
+Nothing here lists the arms: each method declares its colour, its table position and its diagnostics where it is
+defined (bench/methods/<method>.py), the trainer records that in every run's run.json (`method`; `arm` before
+2026-11-28), together with the rollout precision's label and bit widths (`precision`), and the loader hands each
+run's declaration to `learn`.
 So a new arm or precision appears in every figure and table without a change here; a run that declares
 nothing (an older run directory) gets a colour derived from its method's name and sorts after the known ones.
 An arm (`Arm`: a method at a rollout precision, bench/run/identity.py) is labelled by its method, and as
@@ -31,15 +32,16 @@ NAIVE = "naive"
 CONTROL = "matched"
 
 #: method -> {"color", "order", "diagnostics"}, precision -> {"label", "weight_bits", "act_bits", ...}
-_ARMS: dict[str, dict[str, Any]] = {}
+_METHODS: dict[str, dict[str, Any]] = {}
 _PRECISIONS: dict[str, dict[str, Any]] = {}
 
 
 def learn(method: str, info: dict[str, Any]) -> None:
-    """Record what a run's run.json declares about its arm and its rollout precision."""
-    arm = info.get("arm")
-    if isinstance(arm, dict):
-        _ARMS[method] = arm
+    """Record what a run's run.json declares about its method and its rollout precision (runs before 2026-11-28
+    wrote the method's declaration under "arm")."""
+    declared = info.get("method", info.get("arm"))
+    if isinstance(declared, dict):
+        _METHODS[method] = declared
     precision = info.get("precision")
     if isinstance(precision, dict) and isinstance(precision.get("name"), str):
         _PRECISIONS[precision["name"]] = precision
@@ -47,20 +49,20 @@ def learn(method: str, info: dict[str, Any]) -> None:
 
 def forget() -> None:
     """Drop every declaration (tests; a fresh analysis in the same process)."""
-    _ARMS.clear()
+    _METHODS.clear()
     _PRECISIONS.clear()
 
 
-def arm_color(method: str) -> str:
-    color = _ARMS.get(method, {}).get("color")
+def method_color(method: str) -> str:
+    color = _METHODS.get(method, {}).get("color")
     if isinstance(color, str):
         return color
     return FALLBACK_COLORS[zlib.crc32(method.encode()) % len(FALLBACK_COLORS)]
 
 
-def arm_diagnostics(method: str) -> dict[str, str]:
+def method_diagnostics(method: str) -> dict[str, str]:
     """The `method/<arm>/<key>` metrics the arm asks to be plotted: key -> panel title."""
-    return dict(_ARMS.get(method, {}).get("diagnostics") or {})
+    return dict(_METHODS.get(method, {}).get("diagnostics") or {})
 
 
 def precision_label(precision: str) -> str:
@@ -85,7 +87,7 @@ def rollout_label(precision: str, device: str) -> str:
 
 def method_sort_key(method: str) -> tuple[int, str]:
     """Declared order (the baseline first), undeclared methods after, alphabetically."""
-    order = _ARMS.get(method, {}).get("order")
+    order = _METHODS.get(method, {}).get("order")
     return (int(order) if isinstance(order, int) else UNDECLARED_ORDER, method)
 
 

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from .arms import arm_color, method_sort_key
+from .arms import method_color, method_sort_key
 from .inference import diff_test
 from .load import Sweep
 from .runs import SeverityOptions, baseline_group, run_rows, severity_labels
@@ -178,7 +178,7 @@ def plot_decomposition(sweep: Sweep, out_dir: Path, opts: SeverityOptions = Seve
 def _draw_costs(left: Any, cells: pd.DataFrame, names: list[str], opts: SeverityOptions) -> None:
     """The decomposition figure's left panel: per cell, the total gap and its two costs as bars (paired intervals)."""
     width = 0.26
-    colors = {"total": arm_color(opts.naive), "sampler": "0.55", "mismatch": arm_color(opts.control)}
+    colors = {"total": method_color(opts.naive), "sampler": "0.55", "mismatch": method_color(opts.control)}
     for j, k in enumerate(COSTS):
         x = np.arange(len(cells)) + (j - 1) * width
         y = cells[f"{k}_cost"].to_numpy(float)
@@ -212,7 +212,7 @@ def _draw_shares(right: Any, data: pd.DataFrame, cells: pd.DataFrame, names: lis
                 continue
             shown = recovered_drawn(d[ok].rename(columns={col: "recovered", f"{col}_lo": "recovered_lo",
                                                          f"{col}_hi": "recovered_hi"}).assign(seq_kl=pos[ok] + dx))
-            color = arm_color(method)
+            color = method_color(method)
             right.errorbar(shown["x"], shown["y"], yerr=_err(shown["y"].to_numpy(), shown["lo"], shown["hi"]),
                            fmt=markers[method], color=color, mfc=color if fill else "white", mec=color, ms=4,
                            elinewidth=0.7, capsize=2)
@@ -224,7 +224,7 @@ def _draw_shares(right: Any, data: pd.DataFrame, cells: pd.DataFrame, names: lis
     right.set_xlim(-0.6, len(cells) - 0.4)
     right.set_ylabel(f"recovered share (%)")
     right.set_title("share of the total gap (filled) and of the mismatch cost (open)", pad=4, fontsize=7)
-    handles = [Line2D([], [], color=arm_color(m), marker=markers[m], ls="none", ms=4) for m in arms]
+    handles = [Line2D([], [], color=method_color(m), marker=markers[m], ls="none", ms=4) for m in arms]
     if handles:
         right.legend(handles, arms, frameon=False, fontsize=6, loc="best")
 

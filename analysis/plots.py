@@ -3,7 +3,7 @@
 One function per figure; each returns the files it wrote (PNG for the report, PDF for a paper) or nothing
 when the sweep has no data for it, so a sweep without quant metrics simply has no quant figure. Sizes and
 fonts are for a two-column paper's full text width (7 in), so a figure can go into a paper as it is.
-Colours come from `arms.arm_color` (declared by each arm): an arm has one colour in every figure.
+Colours come from `arms.method_color` (declared by each arm): an arm has one colour in every figure.
 
 Curves are the mean over seeds with a 95 % Student-t band of that mean (stats.mean_band; no band where fewer
 than 2 seeds have a value), optionally after a centred moving average over steps (`smooth`).
@@ -27,7 +27,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from bench.run.identity import Arm, method_metric  # noqa: E402
 
-from .arms import (BASELINE, arm_color, arm_diagnostics, arm_labels, arm_linestyle, is_emulated,  # noqa: E402
+from .arms import (BASELINE, method_color, method_diagnostics, arm_labels, arm_linestyle, is_emulated,  # noqa: E402
                    method_sort_key, precision_label, sorted_arms)
 from .load import Sweep  # noqa: E402
 from .stats import mean_band, rolling_mean  # noqa: E402
@@ -136,7 +136,7 @@ def _is_log(values: np.ndarray, decades: float = 2.0) -> bool:
 def _legend(fig: plt.Figure, arms: list[Arm], extra: list[tuple[Line2D, str]] = ()) -> None:
     """One legend for the whole figure, above the panels, in the canonical arm order."""
     labels = arm_labels(arms)
-    handles = [Line2D([], [], color=arm_color(a[0]), ls=arm_linestyle(a, arms), lw=1.8) for a in arms]
+    handles = [Line2D([], [], color=method_color(a[0]), ls=arm_linestyle(a, arms), lw=1.8) for a in arms]
     names = [labels[a] for a in arms]
     for h, n in extra:
         handles.append(h)
@@ -194,7 +194,7 @@ def _metric_panels(
             if a.empty:
                 continue
             steps, m, _ = _runs_matrix(a)
-            _band(ax, steps, m, arm_color(arm[0]), arm_linestyle(arm, arms), smooth, bounds=bounds,
+            _band(ax, steps, m, method_color(arm[0]), arm_linestyle(arm, arms), smooth, bounds=bounds,
                   alpha=band_alpha(len(arms)))
         if log:
             ax.set_yscale("log")
@@ -246,7 +246,7 @@ def plot_curves(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: int 
             if a.empty:
                 continue
             steps, m, ids = _runs_matrix(a)
-            color = arm_color(arm[0])
+            color = method_color(arm[0])
             _band(ax, steps, m, color, arm_linestyle(arm, arms), smooth, bounds=bounds, alpha=band_alpha(len(arms)))
             # Mark where a diverged seed stopped: otherwise the band just thins out without explanation.
             # (At the seed's smoothed value, so the marker sits on the same scale as the curves.)
@@ -265,7 +265,7 @@ def plot_curves(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: int 
             if a.empty:
                 continue
             steps, m, _ = _runs_matrix(a)
-            _band(ax, steps, m, arm_color(arm[0]), arm_linestyle(arm, arms), 1, marker="o",
+            _band(ax, steps, m, method_color(arm[0]), arm_linestyle(arm, arms), 1, marker="o",
                   bounds=VALID_RANGE["eval/accuracy"], alpha=band_alpha(len(arms)))
         ax.set_title("eval accuracy (eval/accuracy)")
         ax.set_ylabel("accuracy (%)")
@@ -318,7 +318,7 @@ def diagnostics_of(methods: Iterable[str]) -> list[tuple[tuple[str, ...], str, s
     declare the same key and title (acr, acr_uaq)."""
     panels: dict[tuple[str, str], list[str]] = {}
     for m in sorted(set(methods), key=method_sort_key):
-        for key, title in arm_diagnostics(m).items():
+        for key, title in method_diagnostics(m).items():
             panels.setdefault((key, title), []).append(m)
     return [(tuple(ms), key, title) for (key, title), ms in panels.items()]
 
@@ -342,7 +342,7 @@ def plot_diagnostics(sweep: Sweep, task: str, model: str, out_dir: Path, smooth:
         for arm in sub_arms:
             a = sub[(sub["method"] == arm[0]) & (sub["precision"] == arm[1])]
             steps, m, _ = _runs_matrix(a)
-            _band(ax, steps, m, arm_color(arm[0]), arm_linestyle(arm, arms), smooth, bounds=bounds)
+            _band(ax, steps, m, method_color(arm[0]), arm_linestyle(arm, arms), smooth, bounds=bounds)
         shown += sub_arms
         if log:
             ax.set_yscale("log")
@@ -380,7 +380,7 @@ def plot_throughput(sweep: Sweep, model: str, out_dir: Path, baseline: str = BAS
         ax.set_yticks(y, ylabels)
         ax.grid(axis="y", visible=False)
         for tick, arm in zip(ax.get_yticklabels(), arms):
-            tick.set_color(arm_color(arm[0]))
+            tick.set_color(method_color(arm[0]))
     ax2.set_yticklabels([])
     fig.suptitle(f"throughput — {model}", fontsize=9)
     name = safe_name("throughput", model)
@@ -421,7 +421,7 @@ def _draw_rollout_speed(ax1: Any, data: pd.DataFrame, y: np.ndarray, arms: list[
     """The throughput figure's left panel: rollout tokens/s per row, labelled with the speed-up vs the baseline."""
     tps = data["tokens_per_s_mean"].to_numpy()
     err = np.nan_to_num(data["tokens_per_s_std"].to_numpy())
-    ax1.barh(y, tps, color=[arm_color(a[0]) for a in arms], height=0.65)
+    ax1.barh(y, tps, color=[method_color(a[0]) for a in arms], height=0.65)
     spread = err > 0  # a zero-width error bar draws as a stray tick at the bar's end
     if spread.any():
         ax1.errorbar(tps[spread], y[spread], xerr=err[spread], fmt="none", ecolor="0.2", elinewidth=0.8, capsize=2)
@@ -482,7 +482,7 @@ def plot_quant(sweep: Sweep, task: str, model: str, out_dir: Path, smooth: int =
                 a = d[(d["method"] == arm[0]) & (d["precision"] == arm[1]) & (d["kind"] == kind)]
                 if not a.empty:
                     steps, m, _ = _runs_matrix(a)
-                    _band(ax, steps, m, arm_color(arm[0]), ls, smooth, bounds=bounds)
+                    _band(ax, steps, m, method_color(arm[0]), ls, smooth, bounds=bounds)
         if log:
             ax.set_yscale("log")
         ax.set_title(layer)

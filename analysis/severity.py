@@ -50,7 +50,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from .arms import arm_color, method_sort_key
+from .arms import method_color, method_sort_key
 from .collapse import COLLAPSE_SENTENCE
 from .comparisons import family_name, p_columns, paired_comparisons
 from .load import Sweep
@@ -266,7 +266,7 @@ def plot_severity(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Seve
     markers = {m: METHOD_MARKERS[i % len(METHOD_MARKERS)] for i, m in enumerate(methods)}
     offsets = dodge_offsets(data.groupby("severity")["method"].apply(list), methods)
     options = _draw_severity(axes, data, methods, markers, offsets, opts)
-    handles = [Line2D([], [], color=arm_color(m), marker=markers[m], ms=4, lw=1.2, mec="white", mew=0.4) for m in methods]
+    handles = [Line2D([], [], color=method_color(m), marker=markers[m], ms=4, lw=1.2, mec="white", mew=0.4) for m in methods]
     names = list(methods)
     if (data["n_collapsed"] > 0).any():
         handles.append(Line2D([], [], ls="none", marker="o", mfc="none", mec="0.15", ms=9, mew=0.9))
@@ -302,7 +302,7 @@ def _draw_severity(axes: Any, data: pd.DataFrame, methods: list[str], markers: d
     for ax, (col, title) in zip(axes, (("acc", "final eval accuracy"), ("auc", "AUC (time-averaged eval accuracy)"))):
         for method in methods:
             d = data[data["method"] == method].sort_values("kl")
-            color = arm_color(method)
+            color = method_color(method)
             x, y = d["kl"].to_numpy(float), d[col].to_numpy(float)
             xerr = _err(x, kl_lower(d["kl_lo"], kl), d["kl_hi"])
             yerr = _err(y, d[f"{col}_lo"].clip(0, 100), d[f"{col}_hi"].clip(0, 100))  # an accuracy is in [0, 100]
@@ -351,9 +351,9 @@ def plot_recovered(sweep: Sweep, task: str, model: str, out_dir: Path, opts: Sev
     drawn, shown = _draw_recovered_left(left, defined, arms, markers, seq_kl, opts)
     _draw_sampler_right(right, data, seq_kl, opts)
     shift_apart(drawn, offsets)
-    handles = [Line2D([], [], color=arm_color(m), marker=markers[m], ms=4, lw=1.0) for m in shown]
-    handles += [Line2D([], [], color=arm_color(opts.naive), marker="o", ms=4, lw=1.0),
-                Line2D([], [], color=arm_color(opts.baseline), lw=0.9, ls="--")]
+    handles = [Line2D([], [], color=method_color(m), marker=markers[m], ms=4, lw=1.0) for m in shown]
+    handles += [Line2D([], [], color=method_color(opts.naive), marker="o", ms=4, lw=1.0),
+                Line2D([], [], color=method_color(opts.baseline), lw=0.9, ls="--")]
     names = shown + [f"{opts.naive} (right)", f"{opts.baseline} (right)"]
     fig.legend(handles, names, loc="outside upper center", ncol=min(len(names), 7), frameon=False)
     name = safe_name("recovered", task, model)
@@ -398,12 +398,12 @@ def _draw_sampler_right(right: Any, data: pd.DataFrame, seq_kl: np.ndarray, opts
     if not naive.empty:
         x, y = naive["seq_kl"].to_numpy(float), naive["sampler_acc0"].to_numpy(float)
         right.errorbar(x, y, yerr=_err(y, naive["sampler_acc0_lo"].clip(0, 100), naive["sampler_acc0_hi"].clip(0, 100)),
-                       color=arm_color(opts.naive), marker="o", ms=4, lw=1.0, elinewidth=0.7, capsize=2)
+                       color=method_color(opts.naive), marker="o", ms=4, lw=1.0, elinewidth=0.7, capsize=2)
     if not base.empty and np.isfinite(base["sampler_acc0"]).any():
         b = base.iloc[0]
-        right.axhline(b["sampler_acc0"], color=arm_color(opts.baseline), lw=0.9, ls="--")
+        right.axhline(b["sampler_acc0"], color=method_color(opts.baseline), lw=0.9, ls="--")
         if np.isfinite(b["sampler_acc0_lo"]) and np.isfinite(b["sampler_acc0_hi"]):
-            right.axhspan(max(b["sampler_acc0_lo"], 0), min(b["sampler_acc0_hi"], 100), color=arm_color(opts.baseline),
+            right.axhspan(max(b["sampler_acc0_lo"], 0), min(b["sampler_acc0_hi"], 100), color=method_color(opts.baseline),
                           alpha=0.1, lw=0)
     _kl_axis(right, seq_kl)
     right.set_xlabel("T·KL (nats)")
@@ -433,8 +433,8 @@ def plot_tkl(sweep: Sweep, out_dir: Path, opts: SeverityOptions = SeverityOption
     markers = {m: METHOD_MARKERS[i % len(METHOD_MARKERS)] for i, m in enumerate(arms)}
     offsets = dodge_offsets(low.groupby("cell")["method"].apply(list), arms)
     _draw_tkl(gap_ax, rec_ax, mu_ax, frame, arms, markers, offsets, opts)
-    handles = [Line2D([], [], color=arm_color(m), marker=markers[m], ms=4, lw=1.0) for m in arms]
-    handles.append(Line2D([], [], color=arm_color(opts.baseline), marker="s", ms=4, lw=1.0, ls="--"))
+    handles = [Line2D([], [], color=method_color(m), marker=markers[m], ms=4, lw=1.0) for m in arms]
+    handles.append(Line2D([], [], color=method_color(opts.baseline), marker="s", ms=4, lw=1.0, ls="--"))
     names = list(arms) + [f"{opts.baseline} (right: its own sampler)"]
     fig.legend(handles, names, loc="outside upper center", ncol=min(len(names), 7), frameon=False)
     labels = severity_labels(sweep.runs)
@@ -490,17 +490,17 @@ def _draw_tkl(gap_ax: Any, rec_ax: Any, mu_ax: Any, frame: tuple, arms: list[str
         r = d[np.isfinite(d["recovered"])]
         if not r.empty:
             drawn[(rec_ax, method)] = _recovered_bars(rec_ax, r, style)
-    gap_ax.axhline(0, color=arm_color(opts.baseline), lw=0.9, ls="--", zorder=0)
+    gap_ax.axhline(0, color=method_color(opts.baseline), lw=0.9, ls="--", zorder=0)
     _recovered_levels(rec_ax)
     x = cells["seq_kl"].to_numpy(float)
     mu_ax.errorbar(x, cells["sampler_acc0"].to_numpy(float), yerr=_err(
         cells["sampler_acc0"].to_numpy(float), cells["sampler_acc0_lo"].clip(0, 100), cells["sampler_acc0_hi"].clip(0, 100)),
-        color=arm_color(opts.naive), marker="o", ms=4, lw=1.0, elinewidth=0.7, capsize=2, label=f"μ ({opts.naive})")
+        color=method_color(opts.naive), marker="o", ms=4, lw=1.0, elinewidth=0.7, capsize=2, label=f"μ ({opts.naive})")
     base = data[data["method"] == opts.baseline].drop_duplicates(["task", "model"]).set_index(["task", "model"])
     b = base.reindex([(t, m) for t, m, _ in cells["cell"]])  # the baseline of each cell's task and model
     yb = b["sampler_acc0"].to_numpy(float)
     mu_ax.errorbar(x, yb, yerr=_err(yb, b["sampler_acc0_lo"].clip(0, 100), b["sampler_acc0_hi"].clip(0, 100)),
-                   color=arm_color(opts.baseline), marker="s", ms=4, lw=1.0, ls="--", elinewidth=0.7, capsize=2)
+                   color=method_color(opts.baseline), marker="s", ms=4, lw=1.0, ls="--", elinewidth=0.7, capsize=2)
     ticks = _merge_close(x, [f"#{number[c]}" for c in cells["cell"]])
     for ax in (gap_ax, rec_ax, mu_ax):
         _kl_axis(ax, low["seq_kl"].to_numpy(float))
@@ -517,7 +517,7 @@ def _draw_tkl(gap_ax: Any, rec_ax: Any, mu_ax: Any, frame: tuple, arms: list[str
 
 def _arm_style(method: str, marker: str) -> dict[str, Any]:
     """An arm's errorbar style in the recovered-share figures: its colour and marker, a white-edged point."""
-    color = arm_color(method)
+    color = method_color(method)
     return dict(color=color, marker=marker, ms=4, lw=1.0, elinewidth=0.7, capsize=2, mfc=color, mec="white", mew=0.4)
 
 

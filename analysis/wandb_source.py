@@ -141,9 +141,9 @@ def cache_run(run: Any, dest: Path) -> None:
     except Exception:  # noqa: BLE001 - metadata is optional provenance, fetched separately by the API
         meta = {}
     config = unflatten(dict(run.config))
-    declared = config.pop("run_info", None) or {}  # arm, precision and runtime declarations (bench.train)
+    declared = config.pop("run_info", None) or {}  # method, precision and runtime declarations (bench.train)
     info = {
-        **{k: v for k, v in declared.items() if k in ("arm", "precision", "runtime")},
+        **{k: v for k, v in declared.items() if k in ("method", "arm", "precision", "runtime")},  # "arm": runs before 2026-11-28
         "status": status,
         "reason": reason,
         "step": max((m["step"] for m in metrics), default=-1),

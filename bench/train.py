@@ -36,7 +36,7 @@ from bench.distributed.sharding import frozen_copy
 from bench.domains import num
 from bench.device import DEVICES, describe, make_generator, resolve_device
 from bench.evaluation import build_eval_engine, build_eval_sets, evaluate_policy
-from bench.methods.base import Batch, Method, arm_info, build_method, select_stats
+from bench.methods.base import Batch, Method, method_info, build_method, select_stats
 from bench.mismatch import mismatch_metrics, sanitize
 from bench.models.load import config_overrides, context_length, load_policy
 from bench.models.logprobs import TRAINER_DTYPES
@@ -310,7 +310,7 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
     if note := resume_note(ckpt, cfg):
         say(f"{run_name}: warning: {note}")
     run.start(config_yaml, run_name, overrides)
-    declared = {"arm": arm_info(p.method.name), "precision": rollout_quantizer(cfg.rollout).describe(), "runtime": runtime_info(p)}
+    declared = {"method": method_info(p.method.name), "precision": rollout_quantizer(cfg.rollout).describe(), "runtime": runtime_info(p)}
     # rank 0 alone mirrors the run to W&B (a follower's run.json is not written)
     log = RunLog.open(run, cfg, run_name, start, mirror=not is_follower(), run_info=declared)
     run.update_info(wandb_id=log.wandb_id, setup=setup, **declared)

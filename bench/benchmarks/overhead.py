@@ -17,7 +17,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from bench.launch.cli import CONF_DIR
-from bench.methods.base import METHODS, arm_info
+from bench.methods.base import METHODS, method_info
 from bench.train import build, train_step
 
 
@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--task", default="arithmetic")
     ap.add_argument("--threads", type=int, default=2)
-    every_arm = sorted(METHODS.names(), key=lambda a: arm_info(a).get("order", 1000))  # every registered arm
+    every_arm = sorted(METHODS.names(), key=lambda a: method_info(a).get("order", 1000))  # every registered arm
     ap.add_argument("--arms", nargs="+", default=every_arm, choices=every_arm)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -213,8 +213,8 @@ def build_method(cfg: Any, algo: Any) -> Method:
     return METHODS.get(cfg.name)(cfg, algo)
 
 
-def arm_info(name: str) -> dict[str, Any]:
-    """What an arm declares about itself for reports (recorded in run.json): colour, order, diagnostics."""
+def method_info(name: str) -> dict[str, Any]:
+    """What a method declares about itself for reports (run.json's "method"): colour, order, diagnostics."""
     entry = METHODS.entry(name)
     return {**entry.meta, "diagnostics": dict(entry.obj.diagnostics)}
 
@@ -235,5 +235,5 @@ def make_method(name: str, **knobs: Any) -> Method:
     return build_method(cfg, algo)
 
 
-__all__ = ["Batch", "DEFAULT_LOW_PRECISION", "DENOMINATORS", "METHODS", "MaskingConfig", "arm_precision", "Method", "MethodConfig", "arm_info", "build_method", "make_method", "select_stats",
+__all__ = ["Batch", "DEFAULT_LOW_PRECISION", "DENOMINATORS", "METHODS", "MaskingConfig", "arm_precision", "Method", "MethodConfig", "method_info", "build_method", "make_method", "select_stats",
            "token_advantages"]

@@ -215,7 +215,7 @@ def write_run(
         "timings": {"total_s": 600.0},
     }
     if method in ARM_INFO:
-        info["arm"] = ARM_INFO[method]
+        info["method"] = ARM_INFO[method]
     if precision in PRECISION_INFO:
         info["precision"] = PRECISION_INFO[precision]
     info["runtime"] = RUNTIME

@@ -9,7 +9,7 @@ import pytest
 
 import analysis.plots as plots
 from analysis import arms as arms_module
-from analysis.arms import FALLBACK_COLORS, arm_color, arm_diagnostics, arm_labels, bitwidth, learn, sorted_arms
+from analysis.arms import FALLBACK_COLORS, method_color, method_diagnostics, arm_labels, bitwidth, learn, sorted_arms
 from analysis.load import load_sweeps
 from bench.run.identity import Arm
 
@@ -18,25 +18,25 @@ from .synth import ARM_INFO, METHODS, PRECISION_INFO, write_run
 
 def declare_all() -> None:
     for method, info in ARM_INFO.items():
-        learn(method, {"arm": info})
+        learn(method, {"method": info})
     for info in PRECISION_INFO.values():
         learn("", {"precision": info})
 
 
 def test_colours_are_what_the_runs_declare():
-    assert arm_color("tis") in FALLBACK_COLORS  # nothing declared yet: the name decides
+    assert method_color("tis") in FALLBACK_COLORS  # nothing declared yet: the name decides
     declare_all()
     for method, info in ARM_INFO.items():
-        assert arm_color(method) == info["color"]
-        assert arm_diagnostics(method) == info["diagnostics"]
+        assert method_color(method) == info["color"]
+        assert method_diagnostics(method) == info["diagnostics"]
     assert len({i["color"] for i in ARM_INFO.values()}) == len(ARM_INFO)
 
 
 def test_undeclared_arm_colour_depends_only_on_its_name():
     declare_all()
-    assert arm_color("my_new_method") == arm_color("my_new_method")
-    assert arm_color("my_new_method") in FALLBACK_COLORS
-    assert arm_diagnostics("my_new_method") == {}
+    assert method_color("my_new_method") == method_color("my_new_method")
+    assert method_color("my_new_method") in FALLBACK_COLORS
+    assert method_diagnostics("my_new_method") == {}
 
 
 def test_order_and_labels():
@@ -72,9 +72,9 @@ def test_bitwidth_labels():
 
 def test_loading_a_sweep_learns_its_declarations(tmp_path: Path):
     write_run(tmp_path / "sweep", "tis", "countdown", 0)
-    assert arm_color("tis") in FALLBACK_COLORS
+    assert method_color("tis") in FALLBACK_COLORS
     load_sweeps([tmp_path / "sweep"])
-    assert arm_color("tis") == ARM_INFO["tis"]["color"] and arms_module.precision_label("fp8_e4m3") == "FP8"
+    assert method_color("tis") == ARM_INFO["tis"]["color"] and arms_module.precision_label("fp8_e4m3") == "FP8"
 
 
 @pytest.mark.parametrize("plot", [plots.plot_curves, plots.plot_mismatch])
@@ -90,3 +90,13 @@ def test_figures_draw_each_arm_in_its_colour(plot, tmp_path: Path, monkeypatch: 
     colours -= {mcolors.to_hex("0.5").upper()}  # the dotted "ratio = 1" reference line
     assert colours == {ARM_INFO[m]["color"] for m in ("bf16", "tis", "ess")}
     assert set(METHODS) <= set(ARM_INFO)
+
+
+def test_a_run_before_the_rename_still_declares_its_method(monkeypatch: pytest.MonkeyPatch):
+    """run.json wrote the method's declaration under "arm" before 2026-11-28 (an arm is method@precision); the
+    analysis reads either key."""
+    monkeypatch.setattr(arms_module, "_METHODS", {})
+    learn("old_style", {"arm": {"color": "#123456"}})
+    learn("new_style", {"method": {"color": "#654321"}})
+    assert method_color("old_style") == "#123456" and method_color("new_style") == "#654321"
+

@@ -345,9 +345,9 @@ def test_arms_at_one_severity_are_drawn_apart_in_the_severity_figure(tmp_path, m
     monkeypatch.setattr(plots, "_save", keep)
     figure = plot_severity(load_sweeps([root]), "arithmetic", "tiny", tmp_path)
     assert figure is not None and f"drawn {DODGE_PT:.0f} pt apart" in figure.caption
-    from analysis.arms import arm_color
+    from analysis.arms import method_color
 
-    (naive, tis, ais) = (drawn[arm_color(m)] for m in ("naive", "tis", "ais"))
+    (naive, tis, ais) = (drawn[method_color(m)] for m in ("naive", "tis", "ais"))
     assert len(naive) == len(tis) == len(ais) == 1  # one severity each
     xs = [naive.pop(), tis.pop(), ais.pop()]
     assert np.diff(xs) == pytest.approx([DODGE_PT * drawn["px_per_pt"]] * 2, rel=0.01)  # in the legend's order
