@@ -54,10 +54,11 @@ QWEN05 = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num
               intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6)
 TINY05 = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
               intermediate_size=128, vocab_size=1024, tie_word_embeddings=True)
-#: seconds per step (GPU), sized from the H100 record of 2026-11-28 (results/gpu_check/): step 2's 0.5B rows took
-#: ~120 s, one qurl_table1 row ~100 s, the 1.5B 8.4k-token step ~30 s with start-up; the first version's ~420 s
-#: in all cut steps 2 and 3 to nothing. The total fits one 10-minute call once the environment is ready.
-TIMEOUTS = {"fp8": 40, "rollout": 180, "qurl": 195, "trainer_memory": 60, "cuda_tests": 80, "int8_vllm": 20}
+#: seconds per step (GPU), sized from the records of 2026-11-28 (results/gpu_check/): on the H200 step 2 took 147 s
+#: (attention table 14 s, 0.5B eager + compiled rows 91 s), one qurl_table1 row 82-99 s, the 1.5B trainer steps 41 s,
+#: the whole CUDA test list 119 s (cut at 60-80 s twice before: it now gets what it needs); the first version's ~420
+#: s in all cut steps 2 and 3 to nothing. The total fits one 10-minute call once the environment is ready.
+TIMEOUTS = {"fp8": 35, "rollout": 150, "qurl": 190, "trainer_memory": 45, "cuda_tests": 135, "int8_vllm": 15}
 #: the self-test's limits are hang guards: the GPU's times the CPU cannot keep (a shared CI machine)
 SELF_TEST_SLACK = 10
 #: the precision rows of qurl_table1 (method, precision): one step each, in order of interest (a row the step's
