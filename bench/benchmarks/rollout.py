@@ -120,33 +120,34 @@ def _sync(device: torch.device) -> None:
     synchronize(device)
 
 
+def _timed(run: Callable[[], int], device: torch.device) -> tuple[int, float]:
+    """(tokens, seconds) of one call of `run`, the device waited for on both sides."""
+    _sync(device)
+    t0 = time.perf_counter()
+    tokens = run()
+    _sync(device)
+    return tokens, time.perf_counter() - t0
+
+
 def best_tokens_per_s(runs: dict[str, Callable[[], int]], repeats: int, device: torch.device) -> dict[str, float]:
     """Warm up every runner, then time them in interleaved rounds (a burst of load from elsewhere hits one
     round of every method rather than all repeats of one) and keep each one's best."""
     for name, run in list(runs.items()):  # the cold round, timed too: on a GPU it pays each shape's one-time setup
-        _sync(device)
-        t0 = time.perf_counter()
         try:
-            tokens = run()
+            tokens, seconds = _timed(run, device)
         except Exception as e:  # e.g. a compiler missing on this machine: the other rows still run
             print(f"PROGRESS {name}: failed in the warm-up round: {type(e).__name__}: {str(e)[:300]}",
                   file=sys.stderr, flush=True)
             del runs[name]
             continue
-        _sync(device)
-        print(f"PROGRESS {name}: {tokens / (time.perf_counter() - t0):.0f} tok/s (cold: the warm-up round)",
-              file=sys.stderr, flush=True)
+        print(f"PROGRESS {name}: {tokens / seconds:.0f} tok/s (cold: the warm-up round)", file=sys.stderr, flush=True)
     best = dict.fromkeys(runs, 0.0)
     for _ in range(repeats):
         for name, run in runs.items():
-            _sync(device)
-            t0 = time.perf_counter()
-            tokens = run()
-            _sync(device)
-            tok_s = tokens / (time.perf_counter() - t0)
-            best[name] = max(best[name], tok_s)
+            tokens, seconds = _timed(run, device)
+            best[name] = max(best[name], tokens / seconds)
             # one line per timed round, at once: a caller's time limit keeps the rows already measured
-            print(f"PROGRESS {name}: {tok_s:.0f} tok/s", file=sys.stderr, flush=True)
+            print(f"PROGRESS {name}: {tokens / seconds:.0f} tok/s", file=sys.stderr, flush=True)
     return best
 
 
