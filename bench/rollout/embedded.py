@@ -63,9 +63,10 @@ SYNC_EVERY = 16
 COMPACT_MIN_ROWS = 8
 #: Key positions a CUDA decode step attends over are rounded up to a multiple of this (the positions not yet written
 #: are masked with -inf, so they add exact zeros): SDPA then sees one key length per 128 steps instead of a new one
-#: every step. A new shape costs the attention backend a plan (cuDNN builds and caches one per shape), which the
-#: H100 record of 2026-11-28 suggests dominates a cold decode (results/gpu_check/). A CPU step attends over exactly
-#: the written positions, as before (its tokens stay bit-identical to the unbucketed engine's).
+#: every step. A new shape costs SDPA a plan (it builds and caches one per shape): on an H200 a decode step's attention
+#: took 43.5 ms at a new key length and 0.09 ms at a seen one (results/gpu_check/h200-2026-11-28.md), so a cold
+#: unbucketed rollout paid a plan at every step (the H100's 73 ms a step). A CPU step attends over exactly the
+#: written positions, as before (its tokens stay bit-identical to the unbucketed engine's).
 ATTN_BUCKET_CUDA = 128
 
 
