@@ -130,18 +130,17 @@ def safe_log_ratio(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor, clamp: 
     return torch.where(mask, (a0 - b0).clamp(-clamp, clamp), zero)
 
 
-def clip_bounds(eps_low: float, eps_high: float | torch.Tensor) -> tuple[float, float | torch.Tensor]:
+#: A clipping bound: one number, or a detached per-token tensor (ACR's adaptive upper bound).
+Bound = float | torch.Tensor
+
+
+def clip_bounds(eps_low: float, eps_high: Bound) -> tuple[float, Bound]:
     """(1 - eps_low, 1 + eps_high): the PPO clipping interval."""
     return 1.0 - eps_low, 1.0 + eps_high
 
 
-def clipped_surrogate_bounds(
-    ratio: torch.Tensor,
-    adv: torch.Tensor,
-    lower: float | torch.Tensor,
-    upper: float | torch.Tensor,
-    dual_clip_c: float | None = None,
-) -> torch.Tensor:
+def clipped_surrogate_bounds(ratio: torch.Tensor, adv: torch.Tensor, lower: Bound, upper: Bound,
+                             dual_clip_c: float | None = None) -> torch.Tensor:
     """psi = max(-r*A, -clip(r, lower, upper)*A), optional dual-clip min(psi, -c*A) for A<0 (docs/arms.md §2.2).
 
     `lower`/`upper` may be per-token tensors (ACR's adaptive upper bound, docs/arms.md §4.6); they must be
@@ -169,13 +168,8 @@ def clipped_surrogate(
     return clipped_surrogate_bounds(ratio, adv, lower, upper, dual_clip_c)
 
 
-def clip_mask(
-    ratio: torch.Tensor,
-    adv: torch.Tensor,
-    lower: float | torch.Tensor,
-    upper: float | torch.Tensor,
-    dual_clip_c: float | None = None,
-) -> torch.Tensor:
+def clip_mask(ratio: torch.Tensor, adv: torch.Tensor, lower: Bound, upper: Bound,
+              dual_clip_c: float | None = None) -> torch.Tensor:
     """Bool [.]: token on a clipped (zero-gradient) branch of psi (docs/arms.md §2.2, 11 'PPO clipfrac').
 
     Clipped <=> (A>0 and r>upper) or (A<0 and r<lower); with dual-clip also A<0 and r>c.
