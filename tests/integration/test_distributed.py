@@ -33,18 +33,18 @@ RTOL = 1e-6
 
 
 def cases() -> list[tuple[str, str]]:
-    return [(arm, adv) for arm in METHODS.names() for adv in ESTIMATORS]
+    return [(method, adv) for method in METHODS.names() for adv in ESTIMATORS]
 
 
-def case_cfg(out_root: Path, arm: str, adv: str):
-    return make_cfg(out_root, *SMALL, f"method={arm}", f"algo.advantage={adv}", f"sweep={arm}-{adv}", fast=False)
+def case_cfg(out_root: Path, method: str, adv: str):
+    return make_cfg(out_root, *SMALL, f"method={method}", f"algo.advantage={adv}", f"sweep={method}-{adv}", fast=False)
 
 
 def run_all(out_root: str) -> dict[str, str]:
     """Every case in this process (one rank of a group, or alone); returns {case: outcome}."""
     out = {}
-    for arm, adv in cases():
-        out[f"{arm}-{adv}"] = execute(case_cfg(Path(out_root), arm, adv))  # an Outcome: the ranks leave together
+    for method, adv in cases():
+        out[f"{method}-{adv}"] = execute(case_cfg(Path(out_root), method, adv))  # an Outcome: the ranks leave together
     return out
 
 
@@ -58,15 +58,15 @@ def test_two_processes_train_what_one_does(tmp_path):
     one = run_all(str(tmp_path / "one"))
     two = launch_local(2, run_all, str(tmp_path / "two"))
     assert set(one.values()) == {"completed"} and two == one
-    for arm, adv in cases():
-        runs = [RunDir.of(case_cfg(tmp_path / w, arm, adv)) for w in ("one", "two")]
+    for method, adv in cases():
+        runs = [RunDir.of(case_cfg(tmp_path / w, method, adv)) for w in ("one", "two")]
         for kind in ("metrics", "evals"):
             rows_1, rows_2 = (strip_times(getattr(r, kind)()) for r in runs)
-            assert len(rows_1) == len(rows_2) > 0, (arm, adv, kind)
+            assert len(rows_1) == len(rows_2) > 0, (method, adv, kind)
             for r1, r2 in zip(rows_1, rows_2):
-                assert r1.keys() == r2.keys(), (arm, adv, set(r1) ^ set(r2))
+                assert r1.keys() == r2.keys(), (method, adv, set(r1) ^ set(r2))
                 bad = {k: (r1[k], r2[k]) for k in r1 if not close(r1[k], r2[k])}
-                assert not bad, (arm, adv, r1["step"], bad)
+                assert not bad, (method, adv, r1["step"], bad)
         assert runs[0].info()["status"] == runs[1].info()["status"] == "completed"
 
 

@@ -55,17 +55,17 @@ def close(a: float, b: float, tol: float = 1e-6) -> bool:
     return a == b or abs(a - b) <= tol * max(1.0, abs(a), abs(b))
 
 
-def tolerance(arm: str) -> float:
+def tolerance(method: str) -> float:
     """1e-6; 1e-4 for an arm whose trainer computes at the rollout's precision (it overrides setup_trainer: the
     control, bench/methods/matched.py): its activations round to bf16 after each GEMM, so a summation order the cut
     changes moves a rounded value by a bf16 ulp now and then (measured: grad_norm 1.4e-5 relative at matched-grpo)."""
-    cls = METHODS.entry(arm).obj
+    cls = METHODS.entry(method).obj
     return 1e-4 if cls.setup_trainer is not METHODS.entry("naive").obj.setup_trainer else 1e-6
 
 
 @pytest.mark.parametrize("adv", ESTIMATORS.names())
-@pytest.mark.parametrize("arm", METHODS.names())
-def test_cut_micro_batches_train_what_uncut_ones_do(tmp_path, arm, adv):
+@pytest.mark.parametrize("method", METHODS.names())
+def test_cut_micro_batches_train_what_uncut_ones_do(tmp_path, method, adv):
     """Micro-batches cut to their rows' extent (bench/compute.py) against the same step at the rollout's padded
     width, from the same state (the run's checkpoint, restored): every metric to 1e-6 (time/* and the padding
     share itself aside), fewer tokens processed, and the on-policy ratio of the first minibatch exactly 1 (the
@@ -77,7 +77,7 @@ def test_cut_micro_batches_train_what_uncut_ones_do(tmp_path, arm, adv):
     from bench.checkpoint import restore
     from bench.train import build, train_step
 
-    parts = build(make_cfg(tmp_path, *CUT, f"method={arm}", f"algo.advantage={adv}"))
+    parts = build(make_cfg(tmp_path, *CUT, f"method={method}", f"algo.advantage={adv}"))
     start = copy.deepcopy({"step": 0, **parts.state_dict()})
     rows = {}
     for cut in (True, False):
@@ -89,8 +89,8 @@ def test_cut_micro_batches_train_what_uncut_ones_do(tmp_path, arm, adv):
     fast, slow = rows[True], rows[False]
     assert fast.keys() == slow.keys()
     bad = {k: (fast[k], slow[k]) for k in fast
-           if not k.startswith("time/") and k != "train/pad_fraction" and not close(fast[k], slow[k], tolerance(arm))}
+           if not k.startswith("time/") and k != "train/pad_fraction" and not close(fast[k], slow[k], tolerance(method))}
     assert not bad, bad
     assert fast["train/pad_fraction"] < slow["train/pad_fraction"]
-    if METHODS.entry(arm).obj.needs_recompute:
+    if METHODS.entry(method).obj.needs_recompute:
         assert fast["train/ppo_kl"] == 0.0  # one minibatch, one epoch: log pi_theta == log pi_old, bit for bit

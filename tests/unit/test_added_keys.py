@@ -44,9 +44,9 @@ def test_every_declared_key_exists_today_and_composes_at_its_neutral_value(tmp_p
     """A typo in ADDED_KEYS would accept a missing key nobody declared: each key is a key of today's config (of an
     arm that has it), and its neutral value composes."""
     arm_of = {"method.denominator": "tis", "method.is_seq_ratio": "tis", "method.geo_rs_weighted": "geo_rs"}
-    for arm in ("naive", "tis", "geo_rs"):
-        keys = [k for k in ADDED_KEYS if arm_of.get(k, "naive") == arm]
-        cfg = make_cfg(tmp_path, f"method={arm}", *(f"{k}={json.dumps(ADDED_KEYS[k].neutral)}" for k in keys))
+    for method in ("naive", "tis", "geo_rs"):
+        keys = [k for k in ADDED_KEYS if arm_of.get(k, "naive") == method]
+        cfg = make_cfg(tmp_path, f"method={method}", *(f"{k}={json.dumps(ADDED_KEYS[k].neutral)}" for k in keys))
         flat = flatten(OmegaConf.to_container(cfg, resolve=True))
         for key in keys:
             assert json.dumps(flat.get(key, "missing")) == json.dumps(ADDED_KEYS[key].neutral), key
@@ -83,21 +83,21 @@ def _loss_and_grad(fn, logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return loss.detach(), lt.grad
 
 
-@pytest.mark.parametrize("arm", ["tis", "geo_rs"])
-def test_denominator_all_is_the_token_mean_before_the_key(arm):
+@pytest.mark.parametrize("method", ["tis", "geo_rs"])
+def test_denominator_all_is_the_token_mean_before_the_key(method):
     """method.denominator=all (replay against 6ae5a75): a dropped token (weight 0) stays in the denominator, so the
     loss and its gradient are the earlier loss's bit for bit; `kept` differs (the test can fail)."""
     batch = _batch(0)
     logp = batch.logp_old + 0.05
-    m = make_method(arm, denominator=neutral("method.denominator"), **({"is_cap_C": 1.05} if arm == "tis" else {}))
+    m = make_method(method, denominator=neutral("method.denominator"), **({"is_cap_C": 1.05} if method == "tis" else {}))
     stats = m.prepare(batch)
     w = stats["is_weights"]
-    assert bool((w[batch.mask] == 0).any()) or arm == "tis"
+    assert bool((w[batch.mask] == 0).any()) or method == "tis"
     new = _loss_and_grad(lambda lt: m.loss(lt, batch, stats)[0], logp)
     old = _loss_and_grad(lambda lt: _old_ppo_loss(m, lt, batch, w), logp)
     assert torch.equal(new[0], old[0]) and torch.equal(new[1], old[1])
     if bool((w[batch.mask] == 0).any()):
-        kept = make_method(arm, denominator="kept")
+        kept = make_method(method, denominator="kept")
         assert not torch.equal(_loss_and_grad(lambda lt: kept.loss(lt, batch, kept.prepare(batch))[0], logp)[0], old[0])
 
 

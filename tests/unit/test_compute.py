@@ -122,14 +122,14 @@ def test_rng_state_round_trip_and_cross_device_reseed():
 
 
 # ------------------------------------------------------------------------------------------------ micro-batches
-@pytest.mark.parametrize("arm, knobs", [("tis", {}), ("ess", {}), ("tis", {"loss_agg": "seq-mean-token-mean"}),
+@pytest.mark.parametrize("name, knobs", [("tis", {}), ("ess", {}), ("tis", {"loss_agg": "seq-mean-token-mean"}),
                                         ("bf16", {"kl_ref_beta": 0.0})])
 @pytest.mark.parametrize("micro", [1, 5])
-def test_micro_batches_give_the_big_batch_loss_and_gradient(model, rollout, arm, knobs, micro):
+def test_micro_batches_give_the_big_batch_loss_and_gradient(model, rollout, name, knobs, micro):
     """Same loss, metrics, log-probs and gradient (fp32, to 1e-6) whether 12 sequences go through the model at
     once or `micro` at a time: token-mean over the whole step, P3O's minibatch ESS and sequence-mean
     aggregation included (the loss is computed once, on the whole minibatch)."""
-    method = make_method(arm, **knobs)
+    method = make_method(name, **knobs)
     batch = _batch(model, rollout)
     loss, metrics, logp, ent, grads = _backward(model, rollout, method, batch)
     loss_m, metrics_m, logp_m, ent_m, grads_m = _backward(model, rollout, method, batch, micro=micro)

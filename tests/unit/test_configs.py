@@ -131,10 +131,10 @@ def test_severity_sweep_is_the_documented_ladder():
         jobs = [compose("config", overrides=job) for job in overrides]
     rungs = {(c.method.name, c.rollout.precision, c.rollout.weight_granularity) for c in jobs}
     assert rungs == {("bf16", "bf16", None)} | {
-        (arm, precision, granularity) for arm in ("naive", "tis")
+        (method, precision, granularity) for method in ("naive", "tis")
         for precision, granularity in (("fp8_e4m3", None), ("int8", "per_tensor"), ("fp8_e5m2", None), ("int4", None),
                                        ("mxfp4", None))} | {
-        (arm, "mxfp4", None) for arm in ("geo_rs", "seq_is_rs")}  # the sequence-level arms at the harshest rung
+        (method, "mxfp4", None) for method in ("geo_rs", "seq_is_rs")}  # the sequence-level arms at the harshest rung
     assert len(jobs) == 39 and {c.task.name for c in jobs} == {"chain"} and {c.seed for c in jobs} == {0, 1, 2}
 
 
