@@ -26,7 +26,7 @@ leave the batch), `compiled` (rollout.compile=true: torch.compile'd decode step 
 check every token). The ratios table gives each variant's useful tokens/s over `before` and over vLLM's fp32 row.
 
 Engines and precisions: embedded fp32 | bf16 | fp8_e4m3 | int8 (CPU); vLLM fp32 | bf16 | fp8_e4m3 with the
-FP8 schemes of the platform (GPU: per_tensor, per_channel, per_block; CPU: per_channel). On a GPU each vLLM
+FP8 schemes of the platform (GPU: per_tensor, per_channel; CPU: per_channel). On a GPU each vLLM
 precision runs in a child process, so one engine's GPU memory is gone before the next starts; on a CPU the vLLM
 engines run in this process, interleaved with the embedded ones. `--hf` adds HF `generate` rows (log-probs from
 `output_logits`, as a trainer-side rollout without an engine would get them; no stop ids).
@@ -238,7 +238,7 @@ def vllm_engine(spec: dict, model: torch.nn.Module):
     from bench.rollout.vllm_engine import VLLMEngine
 
     max_len = spec["prompt_len"] + spec["new_tokens"]
-    engine = VLLMEngine(spec["precision"], spec["granularity"], "per_token", eos_id=spec.get("stops"), max_len=max_len,
+    engine = VLLMEngine(spec["precision"], weight_granularity=spec["granularity"], eos_id=spec.get("stops"), max_len=max_len,
                         gpu_memory_utilization=spec["gpu_memory_utilization"], max_num_seqs=max(spec["batch"]),
                         enforce_eager=spec.get("enforce_eager"))
     engine.load_weights(model)

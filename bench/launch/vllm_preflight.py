@@ -59,9 +59,9 @@ PREFLIGHT_TOKENS = 8
 LOGPROB_TOLERANCE = {"fp32": 1e-3, "bf16": 0.25, "fp8_e4m3": 0.5}
 #: (e): memory back within this many GB of its value before the engine started
 MEMORY_SLACK_GB = 1.0
-#: (a): the compute capability each online FP8 scheme needs on a GPU (FP8 tensor cores: Ada 8.9, Hopper 9.0; vLLM's
-#: block-scaled FP8 GEMMs are Hopper kernels). Below it vLLM falls back to weight-only FP8, another scheme.
-FP8_CAPABILITY = {"per_tensor": (8, 9), "per_channel": (8, 9), "per_block": (9, 0)}
+#: (a): the compute capability each online FP8 scheme needs on a GPU (FP8 tensor cores: Ada 8.9). Below it vLLM
+#: falls back to weight-only FP8, another scheme.
+FP8_CAPABILITY = {"per_tensor": (8, 9), "per_channel": (8, 9)}
 GB = 1e9
 
 
@@ -175,8 +175,6 @@ def fp8_scale_check(engine: Any, policy: torch.nn.Module) -> str:
     from bench.quant.quantizers import Quantizer
 
     gran = engine.weight_granularity
-    if gran == "per_block":
-        return "FP8 block scales not compared (the project's quantizer has no 128x128 weight blocks)"
     at = policy.model.layers[0].self_attn
     parts = [p.weight.full_tensor() if hasattr(p.weight, "full_tensor") else p.weight for p in (at.q_proj, at.k_proj, at.v_proj)]
     weight = torch.cat([w.detach() for w in parts]).to(torch.bfloat16).float().cpu()  # vLLM quantizes its bf16 copy

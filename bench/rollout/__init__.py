@@ -7,6 +7,7 @@ never branches on the engine or the precision.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,8 +24,10 @@ def build_engine(
     max_len: int | None = None,
     **overrides: Any,
 ) -> RolloutEngine:
-    """The engine a `rollout` config (dataclass or DictConfig) describes; `overrides` replace config keys
-    (e.g. precision="fp32" for the evaluation engine).
+    """The engine a `rollout` config (dataclass or DictConfig) describes: the engine's class called with every key
+    of its schema the config sets (the base keys `engine` and `temperature` are the run's, not the engine's), which
+    the engine checks through its schema; `overrides` replace config keys (e.g. precision="fp32" for the
+    evaluation engine).
 
     The caller resolves the token ids from its tokenizer and model (bench.models.tokenizer.engine_ids: every
     EOS id the model may emit, and the pad id): `eos_id` is one stop id or several; `pad_id` falls back to the
@@ -33,8 +36,10 @@ def build_engine(
     if pad_id is None:
         stops = token_ids(eos_id)
         pad_id = stops[0] if stops else 0
-    cls = ENGINES.get(rollout_cfg.engine)
-    return cls.from_config(rollout_cfg, eos_id=eos_id, pad_id=pad_id, max_len=max_len, **overrides)
+    entry = ENGINES.entry(rollout_cfg.engine)
+    keys = [f.name for f in dataclasses.fields(entry.schema) if f.name not in ("engine", "temperature")]
+    knobs = {k: getattr(rollout_cfg, k) for k in keys if hasattr(rollout_cfg, k)} | overrides
+    return entry.obj(**knobs, eos_id=eos_id, pad_id=pad_id, max_len=max_len)
 
 
 def close_engines(*engines: RolloutEngine) -> None:

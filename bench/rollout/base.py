@@ -141,6 +141,8 @@ class RolloutEngine(Protocol):
 
     A new engine is one module in bench/rollout/ with `@ENGINES.register("<name>", schema=<its RolloutConfig>)`
     on a class that has every member below (tests/unit/test_engine_contract.py checks each registered engine).
+    `bench.rollout.build_engine` calls the class with the schema's keys as keywords (precision and the engine's
+    knobs) and `eos_id`, `pad_id`, `max_len`; the engine builds its schema from them and checks it (`check_schema`).
     """
 
     precision: str  # the registered precision name the engine samples in (bench/quant)
@@ -149,26 +151,14 @@ class RolloutEngine(Protocol):
     max_len: int | None  # prompt + new tokens the engine may hold (None: unchecked); bench.rollout.base.response_budget
     sampling_device: torch.device | str | None  # where a generator handed to `generate` belongs (None: the CPU)
 
-    @classmethod
-    def from_config(cls, cfg: Any, *, eos_id: int | Sequence[int] | None, pad_id: int, max_len: int | None,
-                    **overrides: Any) -> "RolloutEngine":
-        """The engine its registered config schema describes (bench.rollout.build_engine); `overrides` replace
-        config keys (e.g. precision="fp32" for the evaluation engine)."""
-
     def load_weights(self, model: torch.nn.Module) -> None:
         """Copy the trainer's current weights in; quantized engines recompute every scale here."""
 
     def quant_metrics(self) -> dict[str, float]:
         """`quant/quant_error/<layer type>` of the last load_weights (empty for unscaled precisions)."""
 
-    def generate(
-        self,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        n: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None = None,
-    ) -> Rollout:
+    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, sampling: SamplingParams,
+                 generator: torch.Generator | None = None) -> Rollout:
         """Sample `n` responses for every prompt row (rows repeated in place, group-contiguous)."""
 
     def release(self) -> None:

