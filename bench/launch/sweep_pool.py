@@ -353,7 +353,7 @@ def _drain(w: _Worker) -> None:
             kind, idx, outcome, retire = w.conn.recv()
             if kind == "result" and w.job is not None and w.job.idx == idx:
                 w.job.state, w.job.outcome, w.job = "done", outcome, None
-                w.retiring = w.retiring or retire
+                w.retiring = retire
     except (EOFError, OSError):
         pass
 
