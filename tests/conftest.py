@@ -9,9 +9,16 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import signal  # noqa: E402
+
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+# A suite started in the background (`nohup`, `&` in a script) inherits SIGINT ignored, and so would every job a test
+# starts: the Ctrl-C tests would then test a process that cannot be interrupted. Give SIGINT its usual meaning.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest  # noqa: E402
 
