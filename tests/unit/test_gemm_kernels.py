@@ -2,8 +2,9 @@
 
 Both kernels exist on the CPU (slow fallbacks), so everything of the CUDA path but the CUDA kernel itself runs
 here: the operand layouts the CUDA kernels require (column-major FP8 weights, a contiguous [K, N] int8 weight,
-row padding to > 16 rows), the scale operands, the kernel choice by device. On the CPU torch._scaled_mm
-dequantizes and runs an fp32 GEMM, so it must equal the fake-quant emulation bit for bit; that pins the codes,
+row padding to > 16 rows), the scale operands, the kernel choice by device. On most CPUs torch._scaled_mm
+dequantizes and runs an fp32 GEMM, so it equals the fake-quant emulation bit for bit; where oneDNN has an FP8 GEMM
+of its own it differs by fp32 summation order only (`assert_fp32_gemm_equal`); either way that pins the codes,
 scales and bias handling of the kernel path to the emulation's. tests/unit/test_gpu_kernels.py repeats the
 comparison against the CUDA kernels where a GPU is present.
 """
@@ -38,9 +39,19 @@ def _layer_inputs(n=48, k=64, rows=(2, 3), seed=0):
     return w, bias, x
 
 
+def assert_fp32_gemm_equal(y: torch.Tensor, ref: torch.Tensor) -> None:
+    """Equal, or apart only by fp32 summation order. Where oneDNN has an FP8 GEMM (x86 CPUs with AVX512-FP16 and
+    AMX, e.g. Sapphire Rapids) torch._scaled_mm with per-tensor scales and an fp32 output takes that path instead of
+    dequantizing first: measured 173 of 288 outputs off, by at most 3.8e-6 (2e-7 of the largest output). A code or scale that differed would move outputs by ~1e-2 of their size."""
+    if torch.equal(y, ref):
+        return
+    ulp = 2**-8 if y.dtype == torch.bfloat16 else 0.0  # a bf16 output of a value that moved may round the other way
+    torch.testing.assert_close(y.float(), ref.float(), rtol=ulp, atol=1e-6 * ref.float().abs().max().item())
+
+
 @pytest.mark.parametrize("wg, ag", GRANULARITIES)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
-def test_scaled_mm_layer_equals_the_emulation_bit_for_bit_on_cpu(wg, ag, out_dtype):
+def test_scaled_mm_layer_equals_the_emulation_on_cpu(wg, ag, out_dtype):
     w, bias, x = _layer_inputs()
     q = Quantizer("fp8_e4m3", wg, ag)
     emulated = FakeQuantLinear(w, bias, q, out_dtype)
@@ -49,9 +60,9 @@ def test_scaled_mm_layer_equals_the_emulation_bit_for_bit_on_cpu(wg, ag, out_dty
     assert torch.equal(kernel.dequantized_weight(), emulated.dequantized_weight())
     y = kernel(x)
     assert y.shape == (2, 3, 48) and y.dtype == out_dtype
-    assert torch.equal(y, emulated(x))
+    assert_fp32_gemm_equal(y, emulated(x))
     kernel.min_rows = 17  # the CUDA padding of a 6-row decode batch: same rows out
-    assert torch.equal(kernel(x), y)
+    assert_fp32_gemm_equal(kernel(x), y)
     if (wg, ag) != ("per_tensor", "per_tensor"):  # the unfused form (GPUs without row-wise FP8 kernels)
         kernel.fused_rowwise = False
         torch.testing.assert_close(kernel(x).float(), y.float(), rtol=2**-7 if out_dtype == torch.bfloat16 else 1e-6,
