@@ -7,7 +7,9 @@ differs is only where the gradient of the two halves is summed (FSDP's reduce-sc
 a + b either way) and the order of the sums behind the gradient norm and the weight-update diagnostics
 (per shard, then across ranks): those agree to ~1e-7, everything else is identical.
 
-Every (arm, estimator) pair runs in the same two processes, one launch, to keep the test within a few minutes.
+Every arm runs once, the estimators taking turns (GRPO's and GAE's, each with about half the arms: the critic is
+sharded and reduced like the policy whichever arm trains beside it), all in the same two processes, one launch, to
+keep the test within a few minutes (every arm with both estimators took 442 s of a 2-core Xeon's CI run).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ RTOL = 1e-6
 
 
 def cases() -> list[tuple[str, str]]:
-    return [(method, adv) for method in METHODS.names() for adv in ESTIMATORS]
+    return [(method, ESTIMATORS[i % len(ESTIMATORS)]) for i, method in enumerate(METHODS.names())]
 
 
 def case_cfg(out_root: Path, method: str, adv: str):
