@@ -42,7 +42,8 @@ def _layer_inputs(n=48, k=64, rows=(2, 3), seed=0):
 def assert_fp32_gemm_equal(y: torch.Tensor, ref: torch.Tensor) -> None:
     """Equal, or apart only by fp32 summation order. Where oneDNN has an FP8 GEMM (x86 CPUs with AVX512-FP16 and
     AMX, e.g. Sapphire Rapids) torch._scaled_mm with per-tensor scales and an fp32 output takes that path instead of
-    dequantizing first: measured 173 of 288 outputs off, by at most 3.8e-6 (2e-7 of the largest output). A code or scale that differed would move outputs by ~1e-2 of their size."""
+    dequantizing first: measured 173 of 288 outputs off, by at most 3.8e-6 (2e-7 of the largest output). A code or
+    scale that differed would move outputs by ~1e-2 of their size."""
     if torch.equal(y, ref):
         return
     ulp = 2**-8 if y.dtype == torch.bfloat16 else 0.0  # a bf16 output of a value that moved may round the other way
