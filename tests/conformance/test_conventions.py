@@ -86,12 +86,13 @@ CISPO_GOLDEN = {  # dL/dltheta = -w * A / 4
 
 
 def preset(name: str) -> tuple[str, dict]:
-    arm = next(a for a in sorted({p.rsplit("_", 1)[0] for p in PRESETS}, key=len, reverse=True) if name.startswith(a + "_"))
-    return arm, OmegaConf.to_container(OmegaConf.load(CONF_DIR / "convention_preset" / f"{name}.yaml"))
+    methods = sorted({p.rsplit("_", 1)[0] for p in PRESETS}, key=len, reverse=True)
+    method = next(a for a in methods if name.startswith(a + "_"))
+    return method, OmegaConf.to_container(OmegaConf.load(CONF_DIR / "convention_preset" / f"{name}.yaml"))
 
 
-def grad_of(arm: str, values: dict, lold: torch.Tensor, lmu: torch.Tensor, lt: torch.Tensor, adv: list[float]):
-    m = make_method(arm, **values)
+def grad_of(method: str, values: dict, lold: torch.Tensor, lmu: torch.Tensor, lt: torch.Tensor, adv: list[float]):
+    m = make_method(method, **values)
     mask = torch.ones_like(lold, dtype=torch.bool)
     b = Batch(lold if m.needs_recompute else None, lmu, torch.tensor(adv, dtype=D), mask, float(mask.sum()))
     lt = lt.clone().requires_grad_(True)
@@ -110,18 +111,18 @@ def test_every_preset_has_a_golden_case():
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
 def test_golden_gradient(name):
-    arm, values = preset(name)
+    method, values = preset(name)
     lold, lmu = torch.log(torch.tensor(P_OLD, dtype=D)), torch.log(torch.tensor(P_MU, dtype=D))
-    torch.testing.assert_close(grad_of(arm, values, lold, lmu, lold, ADV), torch.tensor(GOLDEN[name], dtype=D),
+    torch.testing.assert_close(grad_of(method, values, lold, lmu, lold, ADV), torch.tensor(GOLDEN[name], dtype=D),
                                atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("name", sorted(CISPO_GOLDEN))
 def test_golden_cispo(name):
-    arm, values = preset(name)
+    method, values = preset(name)
     lold = torch.log(torch.tensor([[0.3, 0.4, 0.2, 0.1]], dtype=D))
     lt = lold + torch.log(torch.tensor([CISPO_RATIO], dtype=D))
-    torch.testing.assert_close(grad_of(arm, values, lold, lold - 0.1, lt, [1.0]),
+    torch.testing.assert_close(grad_of(method, values, lold, lold - 0.1, lt, [1.0]),
                                torch.tensor([CISPO_GOLDEN[name]], dtype=D), atol=1e-9, rtol=0)
 
 

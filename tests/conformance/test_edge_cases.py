@@ -28,7 +28,7 @@ from bench.mismatch import mismatch_metrics, sanitize
 from bench.train import rebaseline
 
 D = torch.float64
-ARMS = METHODS.names()
+METHOD_NAMES = METHODS.names()
 NAN, NEG_INF = float("nan"), -math.inf
 
 
@@ -58,9 +58,9 @@ def assert_finite(loss, grad, stats, metrics) -> None:
 
 
 # ------------------------------------------------------------------------------------ everything dropped
-@pytest.mark.parametrize("arm", ARMS)
-def test_all_tokens_masked_gives_zero_loss_and_gradient(arm):
-    m = make_method(arm)
+@pytest.mark.parametrize("method", METHOD_NAMES)
+def test_all_tokens_masked_gives_zero_loss_and_gradient(method):
+    m = make_method(method)
     lt = tt([[-0.5, -1.0], [-2.0, -0.1]])
     b = make_batch(m, lt - 0.3, lt + 0.2, [1.0, -1.0], torch.zeros(2, 2, dtype=torch.bool))
     loss, grad, stats, metrics = run(m, lt, b)
@@ -77,25 +77,31 @@ def extreme(direction: float, b_rows: int = 4, t: int = 3) -> tuple[torch.Tensor
     return (near, far) if direction > 0 else (far, near)
 
 
-DROPPED_ALL: dict[str, int] = {}  # arm -> directions in which it dropped every token (non-vacuity, below)
+#: advantages of the every-token-dropped cases (negative ones let the arms that only drop A < 0 tokens, opsm and
+#: dppo_tv, drop them all)
+ADVANTAGES = {"mixed": [1.0, -1.0, 0.5, -0.5], "negative": [-1.0, -1.0, -0.5, -0.5]}
 
 
-@pytest.mark.parametrize("adv", [[1.0, -1.0, 0.5, -0.5], [-1.0, -1.0, -0.5, -0.5]], ids=["mixed", "negative"])
-@pytest.mark.parametrize("direction", [1.0, -1.0])
-@pytest.mark.parametrize("arm", ARMS)
-def test_every_token_dropped_leaves_the_zero_advantage_loss(arm, direction, adv):
-    """(Negative advantages let the arms that only drop A < 0 tokens, opsm and dppo_tv, drop them all.)"""
-    m = make_method(arm)
+def dropped_case(method: str, direction: float, adv: list[float]):
+    """The method on the extreme batch: (method, lold, lmu, batch, the tokens it keeps)."""
+    m = make_method(method)
     lold, lmu = extreme(direction)
-    mask = torch.ones_like(lold, dtype=torch.bool)
-    b = make_batch(m, lold, lmu, adv, mask)
+    b = make_batch(m, lold, lmu, adv, torch.ones_like(lold, dtype=torch.bool))
+    return m, lold, lmu, b, m.kept_tokens(b, m.prepare(b), lold)
+
+
+@pytest.mark.parametrize("adv", list(ADVANTAGES.values()), ids=list(ADVANTAGES))
+@pytest.mark.parametrize("direction", [1.0, -1.0])
+@pytest.mark.parametrize("method", METHOD_NAMES)
+def test_every_token_dropped_leaves_the_zero_advantage_loss(method, direction, adv):
+    m, lold, lmu, b, _ = dropped_case(method, direction, adv)
+    mask = b.mask
     loss, grad, stats, metrics = run(m, lold, b)
     assert_finite(loss, grad, stats, metrics)
     kept = m.kept_tokens(b, stats, lold)
     out = mismatch_metrics(lold, lmu, mask, kept=kept)
     assert all(math.isfinite(v) for v in out.values())
     if kept is not None and not kept.any():
-        DROPPED_ALL[arm] = DROPPED_ALL.get(arm, 0) + 1
         zero_loss, zero_grad, _, _ = run(m, lold, make_batch(m, lold, lmu, [0.0] * 4, mask))
         torch.testing.assert_close(loss, zero_loss, atol=1e-12, rtol=0)
         torch.testing.assert_close(grad, zero_grad, atol=1e-12, rtol=0)
@@ -106,11 +112,18 @@ def test_every_token_dropped_leaves_the_zero_advantage_loss(arm, direction, adv)
 
 
 def test_the_dropped_everything_case_is_not_vacuous():
-    """Run after the parametrized cases above (file order): most registered arms drop every token in one direction."""
-    if len(DROPPED_ALL) == 0:
-        pytest.skip("run together with test_every_token_dropped_leaves_the_zero_advantage_loss")
-    assert len(DROPPED_ALL) >= 11, DROPPED_ALL
-    assert any(METHODS.get(a).regularizes_dropped for a in DROPPED_ALL)  # dppo_tv's (log r)^2 branch ran too
+    """Most registered arms drop every token of the extreme batch in one direction, so the test above checks the
+    dropped-everything branch for them (computed here, not collected from that test's runs: under pytest-xdist its
+    cases may run in another process)."""
+    dropped = set()
+    for method in METHOD_NAMES:
+        for direction in (1.0, -1.0):
+            for adv in ADVANTAGES.values():
+                kept = dropped_case(method, direction, adv)[-1]
+                if kept is not None and not kept.any():
+                    dropped.add(method)
+    assert len(dropped) >= 11, dropped
+    assert any(METHODS.get(a).regularizes_dropped for a in dropped)  # dppo_tv's (log r)^2 branch ran too
 
 
 # ------------------------------------------------------------------------------------ the group baseline
@@ -120,28 +133,36 @@ def rebaseline_with(m, b: Batch, stats: dict, baseline: str) -> torch.Tensor:
     return rebaseline(parts, None, tt([1.0, 1.0, 0.0, 0.0]), b, stats).adv
 
 
-REBASED: list[str] = []
-
-
-@pytest.mark.parametrize("arm", ARMS)
-def test_a_dropped_response_leaves_the_group_baseline_under_baseline_kept(arm):
-    m = make_method(arm)
+def row_1_case(method: str):
+    """The method on a batch whose row 1 only has pi_old/mu = e^-12 on each token (mu sampled what pi_old almost
+    never would): (method, batch, stats, the rows it rejects)."""
+    m = make_method(method)
     lold = torch.full((4, 3), -0.5, dtype=D)
     lmu = lold.clone()
-    lold[1] = -12.5  # row 1 only: pi_old/mu = e^-12 on each token (mu sampled what pi_old almost never would)
+    lold[1] = -12.5
     mask = torch.ones_like(lold, dtype=torch.bool)
-    rewards = tt([1.0, 1.0, 0.0, 0.0])
-    b = make_batch(m, lold, lmu, group_advantages(rewards, 4, norm_by_std=False), mask)
+    b = make_batch(m, lold, lmu, group_advantages(tt([1.0, 1.0, 0.0, 0.0]), 4, norm_by_std=False), mask)
     stats = m.prepare(b)
-    rejected = m.rejected_rows(b, stats)
+    return m, b, stats, m.rejected_rows(b, stats)
+
+
+@pytest.mark.parametrize("method", METHOD_NAMES)
+def test_a_dropped_response_leaves_the_group_baseline_under_baseline_kept(method):
+    m, b, stats, rejected = row_1_case(method)
     assert rejected is None or rejected.tolist() in ([False] * 4, [False, True, False, False])
     torch.testing.assert_close(rebaseline_with(m, b, stats, "all"), tt([0.5, 0.5, -0.5, -0.5]))  # the default
     kept = rebaseline_with(m, b, stats, "kept")
     if rejected is not None and bool(rejected[1]):
-        REBASED.append(arm)
         torch.testing.assert_close(kept, tt([2 / 3, 0.0, -1 / 3, -1 / 3]))
     else:
         torch.testing.assert_close(kept, tt([0.5, 0.5, -0.5, -0.5]))
+
+
+def test_the_dropped_response_case_is_not_vacuous():
+    """Most rejection arms drop row 1 in the test above, so its re-baselined branch is checked."""
+    rejected = {method: row_1_case(method)[-1] for method in METHOD_NAMES}
+    rebased = [method for method, rows in rejected.items() if rows is not None and bool(rows[1])]
+    assert len(rebased) >= 6, rebased
 
 
 def test_baseline_kept_by_hand():
@@ -154,8 +175,6 @@ def test_baseline_kept_by_hand():
     assert (group_advantages(r, 4, keep=torch.tensor([True, False, False, False])) == 0).all()
     assert (group_advantages(r, 4, keep=torch.tensor([True, True, False, False])) == 0).all()
     assert (group_advantages(r, 4, keep=torch.ones(4, dtype=torch.bool)) == group_advantages(r, 4)).all()
-    if REBASED:
-        assert len(REBASED) >= 6, REBASED  # most rejection arms dropped row 1 in the test above
 
 
 # ------------------------------------------------------------------------------------ padding, -inf, empty rows
@@ -174,9 +193,9 @@ def padded(x: torch.Tensor, fill: float, extra_rows: int = 1, extra_cols: int = 
 
 
 @pytest.mark.parametrize("fill", [NEG_INF, NAN, 0.0])
-@pytest.mark.parametrize("arm", ARMS)
-def test_padding_and_an_empty_response_change_nothing(arm, fill):
-    m = make_method(arm)
+@pytest.mark.parametrize("method", METHOD_NAMES)
+def test_padding_and_an_empty_response_change_nothing(method, fill):
+    m = make_method(method)
     lt, lold, lmu, adv = base_case(m)
     ref_loss, ref_grad, _, _ = run(m, lt, make_batch(m, lold, lmu, adv, torch.ones(2, 3, dtype=torch.bool)))
     mask = padded(torch.ones(2, 3, dtype=D), 0.0).bool()  # 2 more positions per row and a 3rd, empty response
@@ -190,11 +209,11 @@ def test_padding_and_an_empty_response_change_nothing(arm, fill):
     assert all(math.isfinite(v) for v in out.values())
 
 
-@pytest.mark.parametrize("arm", ARMS)
-def test_a_valid_token_with_a_minus_inf_logprob_leaves_the_mask(arm):
+@pytest.mark.parametrize("method", METHOD_NAMES)
+def test_a_valid_token_with_a_minus_inf_logprob_leaves_the_mask(method):
     """The trainer's sanitize drops it (counted in mismatch/frac_nonfinite_logprob): the loss is that of the batch
     without the token."""
-    m = make_method(arm)
+    m = make_method(method)
     lt, lold, lmu, adv = base_case(m)
     lmu_bad = lmu.clone()
     lmu_bad[1, 1] = NEG_INF  # the engine returned -inf for a token it sampled
@@ -211,12 +230,12 @@ def test_a_valid_token_with_a_minus_inf_logprob_leaves_the_mask(arm):
 
 
 # ------------------------------------------------------------------------------------ sum vs mean
-@pytest.mark.parametrize("arm", ARMS)
-def test_the_documented_sequence_aggregation(arm):
+@pytest.mark.parametrize("method", METHOD_NAMES)
+def test_the_documented_sequence_aggregation(method):
     """Duplicating every token of every response (same per-token log-ratios, twice the length) leaves the loss of a
     token-, mean- or max-aggregating arm unchanged and changes a sum (product-ratio) arm's: with 0.05 nats per
     token the product ratio goes from e^0.15 = 1.16 to e^0.3 = 1.35 (both inside Seq-MIS's [0.5, 2])."""
-    m = make_method(arm)
+    m = make_method(method)
     agg = m.sequence_aggregation()
     assert agg in ("token", "sum", "mean", "max")
     lold = tt([[-0.7, -1.2, -0.2], [-0.3, -0.9, -1.5]])

@@ -120,8 +120,8 @@ def case(rng: np.random.Generator):
     return pad(lt), pad(lold), pad(lmu), adv, m
 
 
-def arm_grad(arm: str, lt, lold, lmu, adv, m):
-    meth = make_method(arm)
+def method_grad(method: str, lt, lold, lmu, adv, m):
+    meth = make_method(method)
     mask = torch.as_tensor(m)
     b = Batch(torch.as_tensor(lold) if meth.needs_recompute else None, torch.as_tensor(lmu), torch.as_tensor(adv),
               mask, max(1.0, float(mask.sum())))
@@ -132,26 +132,26 @@ def arm_grad(arm: str, lt, lold, lmu, adv, m):
     return loss.item(), x.grad.numpy()
 
 
-def reference(arm: str, lt, lold, lmu, adv, m):
+def reference(method: str, lt, lold, lmu, adv, m):
     """(loss, grad, kept-token weights, ambiguous?) by the arm's formula."""
     a = np.broadcast_to(adv[:, None], m.shape)
     n = max(1.0, m.sum())
-    if arm in MASKS or arm in ("prob_diff", "m2po"):
-        fn, edges = MASKS.get(arm, (ref_prob_diff if arm == "prob_diff" else ref_m2po, (0.2, -0.2)))
-        if arm == "m2po":
+    if method in MASKS or method in ("prob_diff", "m2po"):
+        fn, edges = MASKS.get(method, (ref_prob_diff if method == "prob_diff" else ref_m2po, (0.2, -0.2)))
+        if method == "m2po":
             edges = (0.04,)
         w, stat = fn(lt, lold, lmu, adv, m)
         ambiguous = any(near(np.asarray(stat), e) for e in edges)
-        if arm == "m2po":  # the paper's unclipped ratio: psi = -rA
+        if method == "m2po":  # the paper's unclipped ratio: psi = -rA
             r = np.exp(diff(lt, lold, m))
             return float((-w * r * a * m).sum() / n), -w * r * a * m / n, w, ambiguous
         loss, grad = weighted_ppo(w, lt, lold, a, m)
         return loss, grad, w, ambiguous
-    if arm == "cispo":  # -sg(clip(pi_theta/pi_old, 0, 5)) * A * ltheta
+    if method == "cispo":  # -sg(clip(pi_theta/pi_old, 0, 5)) * A * ltheta
         r = np.exp(diff(lt, lold, m))
         w = np.clip(r, 0.0, 5.0) * m
         return float((-w * a * np.where(m, lt, 0)).sum() / n), -w * a / n, (r <= 5.0) * m, near(r[m], 5.0)
-    if arm == "dppo_tv":  # vs mu, advantage-signed probability trust region +-0.2, tau = 1e-3 (log r)^2
+    if method == "dppo_tv":  # vs mu, advantage-signed probability trust region +-0.2, tau = 1e-3 (log r)^2
         lr = np.clip(diff(lt, lmu, m), -20, 20)
         r = np.exp(lr)
         d = np.where(m, np.exp(np.where(m, lt, 0)) - np.exp(np.where(m, lmu, 0)), 0.0)
@@ -160,29 +160,29 @@ def reference(arm: str, lt, lold, lmu, adv, m):
         loss = (-a * r * keep).sum() / n + 1e-3 * (lr * lr * m).sum() / n
         grad = (-a * r * keep + 2e-3 * lr * m) / n
         return float(loss), grad, keep, near(d[m], 0.2) or near(d[m], -0.2)
-    raise KeyError(arm)
+    raise KeyError(method)
 
 
-NEW_ARMS = ("trm_k2", "trm_k3", "k3_rs", "veto", "prob_diff", "prob_diff_seq", "m2po", "cispo", "dppo_tv")
+NEW_METHODS = ("trm_k2", "trm_k3", "k3_rs", "veto", "prob_diff", "prob_diff_seq", "m2po", "cispo", "dppo_tv")
 
 
-@pytest.mark.parametrize("arm", NEW_ARMS)
-def test_new_arm_matches_its_float64_reference(arm):
-    rng = np.random.default_rng(sum(map(ord, arm)))
+@pytest.mark.parametrize("method", NEW_METHODS)
+def test_new_arm_matches_its_float64_reference(method):
+    rng = np.random.default_rng(sum(map(ord, method)))
     dropped = kept = done = 0
     while done < CASES:
         lt, lold, lmu, adv, m = case(rng)
         if not m.any():
             continue
-        loss_ref, grad_ref, w, ambiguous = reference(arm, lt, lold, lmu, adv, m)
+        loss_ref, grad_ref, w, ambiguous = reference(method, lt, lold, lmu, adv, m)
         if ambiguous:
             continue
-        loss, grad = arm_grad(arm, lt, lold, lmu, adv, m)
-        assert loss == pytest.approx(loss_ref, rel=1e-9, abs=1e-12), (arm, done)
-        np.testing.assert_allclose(grad, grad_ref, rtol=1e-9, atol=1e-12, err_msg=f"{arm} case {done}")
+        loss, grad = method_grad(method, lt, lold, lmu, adv, m)
+        assert loss == pytest.approx(loss_ref, rel=1e-9, abs=1e-12), (method, done)
+        np.testing.assert_allclose(grad, grad_ref, rtol=1e-9, atol=1e-12, err_msg=f"{method} case {done}")
         assert np.isfinite(grad).all() and (grad[~m] == 0).all()
         dropped += int(((w == 0) & m).sum())
         kept += int(((w != 0) & m).sum())
         done += 1
     # non-vacuity: the random cases put tokens on both sides of the arm's rule (CISPO: clipped at 5 or not)
-    assert dropped >= 3 and kept >= 0.1 * (dropped + kept), (arm, dropped, kept)
+    assert dropped >= 3 and kept >= 0.1 * (dropped + kept), (method, dropped, kept)
