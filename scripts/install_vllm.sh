@@ -42,7 +42,7 @@ fi
 $VENV/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>&1 | quiet
 "${pip[@]}" "${extra[@]}" -e ".[dev]" "$TORCH_SPEC" 2>&1 | quiet
 # env -u: compile what the import touches once (install.sh says why)
-env -u PYTHONDONTWRITEBYTECODE VLLM_ENABLE_V1_MULTIPROCESSING=0 $VENV/bin/python -c "import vllm, torch, transformers, bench, pytest" 2>/dev/null \
+env -u PYTHONDONTWRITEBYTECODE VLLM_ENABLE_V1_MULTIPROCESSING=0 $VENV/bin/python -c "import vllm, torch, transformers, bench, pytest, xdist" 2>/dev/null \
   || { echo "[install_vllm] FAILED: $VENV does not import vllm + qrl-bench" >&2; exit 1; }
 echo "$want" > "$stamp"
 echo "[install_vllm] done in $(( $(date +%s) - t0 )) s; $VENV is $(du -sh $VENV | cut -f1)" >&2

@@ -6,8 +6,10 @@
 # extra arguments runs in one process): the tests are single-threaded (train.threads=1), so on the 2-core CI
 # machine one process left a core idle and the suite ran past CI's limit.
 # Then the real-vLLM tests (tests/vllm) run in their own venv (.venv-vllm, scripts/install_vllm.sh: ~4 min the
-# first time, 2.9 GB); QRL_VLLM=0 skips them outside CI. The main venv never collects tests/vllm. The venv is
-# built while the main run goes (mostly download and unpacking), its log printed after.
+# first time, 2.9 GB), on as many workers, a module to a worker (their time is engine starts and `import vllm`:
+# Python on one core; 414 s on two workers against 557-768 s in one process, 2-core Xeon); QRL_VLLM=0 skips them
+# outside CI. The main venv never collects tests/vllm. The venv is built while the main run goes (mostly download
+# and unpacking), its log printed after.
 # Without --quick, as root with apt-get, it also installs TeX (texlive-latex-recommended) for the LaTeX table check.
 # --quick (first argument): no side effects beyond .venv: no apt packages, no SLURM cluster, no vLLM venv; runs
 # the tests not marked slow or slurm (`-m "not slow and not slurm"`; a later -m replaces it); the LaTeX compile
@@ -76,7 +78,8 @@ cat "$vllm_log" >&2
 [ $rc_install = 0 ] || { echo "[test] FAILED: scripts/install_vllm.sh" >&2; exit 1; }
 t1=$(date +%s)
 set +e
-timeout 1200 .venv-vllm/bin/python -m pytest tests/vllm -q -p no:cacheprovider
+# --dist loadfile: each module builds its engine once (module-scoped fixtures), so a module stays on one worker
+timeout 1200 .venv-vllm/bin/python -m pytest tests/vllm -q -p no:cacheprovider --durations=10 -n "$workers" --dist loadfile
 rc_vllm=$?
 set -e
 [ $rc_vllm = 5 ] && { echo "[test] tests/vllm collected no tests" >&2; rc_vllm=1; }
