@@ -39,7 +39,19 @@ def _here(item) -> bool:
     return str(item.fspath).startswith(os.path.dirname(__file__))
 
 
+#: the modules that start training jobs (1-3 min each on a 2-core machine), collected first: on pytest-xdist with
+#: `--dist loadfile` (scripts/test.sh) modules go to the workers in collection order, so the longest start first
+#: and the engine tests fill in around them instead of one long module running alone at the end
+LONGEST_FIRST = ("test_sweep_vllm.py", "test_distributed_vllm.py", "test_train.py", "test_preflight.py")
+
+
+def _rank(item) -> int:
+    name = os.path.basename(str(item.fspath))
+    return LONGEST_FIRST.index(name) if _here(item) and name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_rank)  # stable: the order inside each module is kept
     if HAVE_VLLM or os.environ.get("CI"):
         return
     for item in items:
