@@ -130,16 +130,25 @@ class VLLMRolloutConfig(RolloutConfig):
     sleep_level: int = num(0, "[1, 2]", {0: "off"})
     enforce_eager: Optional[bool] = None  # null: CUDA graphs on a GPU, eager on a CPU (ENFORCE_EAGER says why)
 
+    def granularities(self) -> tuple[str, str]:
+        """(weight, activation) granularity of the FP8 scheme; a null takes vLLM's, per channel and per token (the
+        scheme that runs on CPU and GPU alike)."""
+        return self.weight_granularity or "per_channel", self.act_granularity or "per_token"
+
     def check(self) -> None:
         super().check()
+        # what no platform serves (int8, the block formats, per-tensor activations) is refused here, before vLLM is
+        # imported; what only a GPU serves (per-tensor FP8), when the engine is built on a CPU
+        vllm_settings(self.precision, *self.granularities(), None)
         if importlib.util.find_spec("vllm") is None:  # an optional engine: a config error, not an ImportError mid-build
             raise ValueError(
                 f"rollout=vllm needs vLLM, which {sys.executable} does not have: on a GPU `pip install -e .[vllm]`, "
                 "on a CPU `bash scripts/install_vllm.sh` (then run .venv-vllm/bin/qrl-bench); or use rollout=embedded")
 
 
-def vllm_settings(precision: str, weight_granularity: str, act_granularity: str, device: str) -> dict[str, Any]:
-    """The `LLM(...)` dtype / quantization arguments for a rollout precision on `device` ("gpu" or "cpu").
+def vllm_settings(precision: str, weight_granularity: str, act_granularity: str, device: str | None) -> dict[str, Any]:
+    """The `LLM(...)` dtype / quantization arguments for a rollout precision on `device` ("gpu" or "cpu"; None: on
+    whichever platform serves it, the config check's question before the platform is known).
 
     Raises ValueError for any combination this engine cannot serve correctly, naming the precision, the
     engine and what works, so a run fails at start-up rather than after minutes of training.
@@ -148,6 +157,9 @@ def vllm_settings(precision: str, weight_granularity: str, act_granularity: str,
         dev: "fp32, bf16, fp8_e4m3 with weight_granularity " + " | ".join(schemes)
         for dev, schemes in FP8_SCHEMES.items()
     }
+    works[None] = "; ".join(f"on {dev}: {text}" for dev, text in works.items())
+    all_schemes = {name: scheme for schemes in FP8_SCHEMES.values() for name, scheme in schemes.items()}
+    where = f" on {device}" if device else ""
     if precision not in DTYPES and precision != "int8":
         raise ValueError(f"vllm engine: precision {precision!r} is not supported; it serves fp32, bf16, fp8_e4m3 "
                          "(for int8 and the other low-precision formats use rollout.engine=embedded)")
@@ -156,18 +168,18 @@ def vllm_settings(precision: str, weight_granularity: str, act_granularity: str,
             "vllm engine: precision 'int8' is not supported: vLLM has no online dense INT8 quantization "
             "(int8_per_channel_weight_only quantizes MoE layers only), and a pre-quantized W8A8 checkpoint keeps "
             "its load-time scales when new weights are pushed (stale scales). "
-            f"What works on {device}: {works[device]}. For int8 rollouts use rollout.engine=embedded."
+            f"What works{where}: {works[device]}. For int8 rollouts use rollout.engine=embedded."
         )
     settings = {"dtype": DTYPES[precision]}
     if precision == "fp8_e4m3":
-        schemes = FP8_SCHEMES[device]
+        schemes = FP8_SCHEMES[device] if device else all_schemes
         if weight_granularity not in schemes:
             why = {
                 "per_tensor": "vLLM's online per-tensor FP8 has no CPU kernel (static_scaled_fp8_quant)",
             }.get(weight_granularity, "unknown weight granularity")
             raise ValueError(
                 f"vllm engine: precision 'fp8_e4m3' with weight_granularity {weight_granularity!r} is not "
-                f"supported on {device}: {why}. What works on {device}: {works[device]}."
+                f"supported{where}: {why}. What works{where}: {works[device]}."
             )
         if act_granularity != "per_token":
             raise ValueError(
@@ -275,8 +287,7 @@ class VLLMEngine:
 
         self.device = "cpu" if current_platform.is_cpu() else "gpu"
         self.precision = precision
-        self.weight_granularity = self.cfg.weight_granularity or "per_channel"
-        self.act_granularity = self.cfg.act_granularity or "per_token"
+        self.weight_granularity, self.act_granularity = self.cfg.granularities()
         self.settings = vllm_settings(precision, self.weight_granularity, self.act_granularity, self.device)
         self.eos_id, self.pad_id = eos_id, pad_id
         self.max_len = MAX_LEN if max_len is None else max_len

@@ -83,6 +83,7 @@ CASES: dict[str, tuple[list[str], str, dict[str, str], dict[str, bytes]]] = {
     "seed_not_an_integer": (["seed=abc"], "seed=abc: 'abc' is not a valid seed (Value 'abc' of type 'str' could not be "
                             "converted to Integer)", {}, {}),
     "vllm_not_installed": (["rollout=vllm"], "rollout=vllm needs vLLM, which ", {}, {}),
+    "vllm_int8": (["rollout=vllm", "rollout.precision=int8"], "vllm engine: precision 'int8' is not supported: ", {}, {}),
     "wandb_mode_bogus": ([], "WANDB_MODE=bogus is not a W&B mode; choose one of: offline, online, disabled", {"WANDB_MODE": "bogus"}, {}),
     # R9: a read-only run directory
     "read_only_run_directory": ([], "run directory {run} is not writable (", {}, {}),

@@ -60,6 +60,22 @@ def test_vllm_per_tensor_fp8_uses_the_032_name():
     assert vllm_settings("fp8_e4m3", "per_tensor", "per_token", "gpu")["quantization"] == "fp8_per_tensor"
 
 
+@pytest.mark.parametrize("keys, match", [
+    (dict(precision="int8"), "precision 'int8' is not supported: vLLM has no online dense INT8"),
+    (dict(precision="mxfp4"), "precision 'mxfp4' is not supported; it serves fp32, bf16, fp8_e4m3"),
+    (dict(precision="fp8_e4m3", act_granularity="per_tensor"), "act_granularity='per_tensor' is not offered"),
+])
+def test_vllm_settings_no_platform_serves_are_refused_by_the_schema(keys, match):
+    """At the config check, before vLLM is imported (and whether or not it is installed): a sweep's dry run and the
+    command line's quick check name them, instead of the engine's construction after the model has loaded."""
+    with pytest.raises(ValueError, match=match):
+        VLLMRolloutConfig(**keys).check()
+    fp8 = VLLMRolloutConfig(precision="fp8_e4m3", weight_granularity="per_tensor")  # a GPU serves it: not refused here
+    assert fp8.granularities() == ("per_tensor", "per_token")
+    assert VLLMRolloutConfig(precision="fp8_e4m3").granularities() == ("per_channel", "per_token")
+    assert vllm_settings("fp8_e4m3", *fp8.granularities(), "gpu")["quantization"] == "fp8_per_tensor"
+
+
 def test_vllm_default_leaves_the_trainer_its_share():
     assert VLLMRolloutConfig(precision="bf16").gpu_memory_utilization == GPU_MEMORY_UTILIZATION <= 0.4
 
