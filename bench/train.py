@@ -2,6 +2,7 @@
 
     engine.load_weights(policy)   sync: the rollout copy is re-quantized with fresh scales
     sample = sampler.collect()    engine.generate round(s) + rewards (+ DAPO's knobs, bench/sampling.py)
+    engine.release()              its memory to the training step (vLLM with sleep_level > 0 sleeps)
     lold = policy.logprobs()      recompute pass, only for methods that need pi_old
     adv = estimator.estimate()    GRPO group-normalized [B], or the critic's values + GAE [B, T] (bench/advantages.py)
     stats = method.prepare()      per-batch constants (IS weights, alpha, ...), detached
@@ -177,6 +178,9 @@ def train_step(p: Parts, step: int) -> dict[str, float]:
     with t("sync"):
         p.engine.load_weights(p.policy)
     sample = p.sampler.collect(step, t)
+    quant = p.engine.quant_metrics()  # the engine's copy holds them: read before the release
+    with t("rollout"):
+        p.engine.release()  # the training step gets its memory (a vLLM engine sleeps, the embedded copy goes)
     if sample.rollout is None:  # dynamic sampling kept no group within its round cap: no update this step
         return {"step": step} | sample.metrics | time_metrics(t, sample.generated_tokens)
     rollout = sample.rollout
@@ -200,7 +204,7 @@ def train_step(p: Parts, step: int) -> dict[str, float]:
     measured |= mismatch_metrics(logp_old if logp_old is not None else logp_theta0, rollout.logp_mu, mask,
                                  kept=p.method.kept_tokens(batch, stats, logp_theta0))
     measured |= {"mismatch/frac_nonfinite_logprob": frac_nonfinite}
-    measured |= diagnostics.weight_update(before, p.policy) | p.engine.quant_metrics() | scorer_metrics(p.task, "reward")
+    measured |= diagnostics.weight_update(before, p.policy) | quant | scorer_metrics(p.task, "reward")
     return step_metrics(p, step, sample, logs, stats, measured, t)
 
 

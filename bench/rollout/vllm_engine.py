@@ -396,7 +396,7 @@ class VLLMEngine:
         self.build_s = time.perf_counter() - t0
 
     def sleep(self) -> None:
-        """Put the engine to sleep at its sleep_level (after every generate, and in the preflight's step (d))."""
+        """Put the engine to sleep at its sleep_level (`release`, and the preflight's step (d))."""
         self.llm.sleep(level=self.sleep_level)
         self._asleep, self._weights_dropped = True, self.sleep_level == 2
 
@@ -452,8 +452,6 @@ class VLLMEngine:
             params = [self.vllm.SamplingParams(temperature=sampling.temperature, seed=s, **common) for s in seeds]
         prompts = [{"prompt_token_ids": row[m].tolist()} for row, m in zip(ids, mask)]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        if self.sleep_level:
-            self.sleep()
         return self._to_rollout(ids, mask, [out.outputs[0] for out in outputs])
 
     def _to_rollout(self, ids: torch.Tensor, mask: torch.Tensor, completions: list) -> Rollout:
@@ -468,12 +466,22 @@ class VLLMEngine:
         return self.llm.apply_model(fn)[0]
 
     def release(self) -> None:
-        """Nothing between uses: the engine keeps vLLM's model for the next sync (`close` drops it)."""
+        """Between uses (after a step's rollouts, or an evaluation in this engine): with sleep_level > 0 the engine
+        sleeps (1: weights offloaded to host memory, 2: dropped; the KV cache released either way) so the training
+        step gets the memory; the next sync wakes it. Not after each `generate`: a step's rollouts may be several
+        calls (dynamic sampling's rounds, the sampling blocks of a process) and an evaluation is one per chunk, and
+        at level 2 a call after the first would find no weights. With sleep_level 0, nothing (`close` drops it)."""
+        if self.sleep_level and self.llm is not None and not self._asleep:
+            self.sleep()
 
     def close(self) -> None:
         """Drop the engine and its temp dir (the process keeps vLLM's imported state). On a GPU the engine core is
         shut down and the CUDA cache emptied, so the next engine (or the trainer) gets the memory back."""
         llm, self.llm = self.llm, None
+        if llm is not None and self._asleep:
+            # awake before the shutdown: freeing the sleep allocator's unmapped blocks again at shutdown is the
+            # double unmap of vLLM issue #36651 (a precaution: not yet run on a GPU)
+            llm.wake_up()
         if llm is not None and self.device == "gpu":
             core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
             if hasattr(core, "shutdown"):
@@ -557,8 +565,11 @@ class VLLMEvalEngine:
         return {}  # unquantized
 
     def release(self) -> None:
-        """After an evaluation: close the evaluation's own engine (the rollout engine, if shared, stays)."""
-        if self.active is not None and self.active is not self.template:
+        """After an evaluation: close the evaluation's own engine; the rollout engine, if shared, is released as
+        after a step's rollouts (it sleeps when rollout.sleep_level > 0)."""
+        if self.active is self.template:
+            self.template.release()
+        elif self.active is not None:
             self.active.close()
         self.active = None
 

@@ -82,6 +82,9 @@ class StubVLLM:
         self.log.append(("generate", self.precision))
         return self.precision
 
+    def release(self) -> None:
+        self.log.append(("release", self.precision))
+
     def close(self) -> None:
         self.built = False
         self.log.append(("close", self.precision))
@@ -110,14 +113,15 @@ def test_quantized_rollouts_hand_the_gpu_to_an_unquantized_engine_and_back(devic
 
 
 def test_an_unquantized_rollout_engine_evaluates_itself():
-    """rollout.precision already the evaluation's (bf16 on a GPU): nothing is built or closed."""
+    """rollout.precision already the evaluation's (bf16 on a GPU): nothing is built or closed; the rollout engine is
+    released after the evaluation as after a step's rollouts (it sleeps with rollout.sleep_level > 0)."""
     rollout = StubVLLM("bf16", "gpu")
     ev = VLLMEvalEngine(rollout, owns_template=True)
     assert ev.shares_rollout_engine
     ev.load_weights(None)
     ev.generate(None, None, 1, None)
     ev.release()
-    assert rollout.log == [("load", "bf16"), ("generate", "bf16")] and ev.active is None
+    assert rollout.log == [("load", "bf16"), ("generate", "bf16"), ("release", "bf16")] and ev.active is None
 
 
 def test_embedded_rollouts_with_a_vllm_evaluation_never_touch_the_rollout_engine():
