@@ -21,7 +21,8 @@ Steps, each one line (ok / skipped with the reason / failed with the setting to 
   (d) sleep / wake   with sleep_level > 0: sleep, wake through a sync, the same greedy generation bit for bit
   (e) close / build  the FP8-rollout + vLLM-evaluation path (bench.rollout.vllm_engine.VLLMEvalEngine): the
                      rollout engine closed, the evaluation's engine built and closed, and the memory back within
-                     MEMORY_SLACK_GB of its value before (b): the GPU's used memory, or on a CPU the process's RSS
+                     MEMORY_SLACK_GB of its value before (b): the GPU's used memory, or on a CPU the process's RSS;
+                     then the rollout engine started again, as the next sync does
   (f) free memory    on a GPU, the free memory after (b) against what the training step still needs by
                      bench/launch/memory.py's estimate (its peak less the engine's share and what the trainer had
                      allocated before (b))
@@ -311,7 +312,9 @@ class Preflight:
 
     def close_rebuild(self, before: float) -> str:
         """The path of an evaluation that does not share the rollout engine: the evaluation's engine started (the
-        rollout engine closed first when there is one) and closed; the memory must come back."""
+        rollout engine closed first when there is one) and closed; the memory must come back; then the rollout
+        engine is started again, as the next sync does (with sleep mode, vLLM refuses to start while its sleep
+        allocator still holds a closed engine's memory)."""
         self.evaluation.load_weights(self.policy)
         during = used_memory_gb()
         self.evaluation.release()
@@ -322,8 +325,19 @@ class Preflight:
                                  f"the first one started (> {MEMORY_SLACK_GB:g} GB more): vLLM does not give its memory "
                                  "back in this process; set eval.engine=embedded, or evaluate in the rollout engine "
                                  "(a rollout.precision the evaluation shares)")
+        rebuilt = ""
+        if self.rollout is not None:
+            t0 = time.perf_counter()
+            try:
+                self.rollout.load_weights(self.policy)
+            except Exception as e:  # noqa: BLE001 -- vLLM raises many types; the message names the setting
+                cause = " ".join(str(e).split())[:300]
+                raise PreflightError(f"the rollout engine did not start again after the evaluation's engine closed "
+                                     f"({type(e).__name__}: {cause}); set eval.engine=embedded, or evaluate in the "
+                                     "rollout engine (a rollout.precision the evaluation shares)") from None
+            rebuilt = f"; the rollout engine started again in {time.perf_counter() - t0:.1f} s"
         return (f"{what} {before:.2f} GB before the engine, {during:.2f} GB with the evaluation's engine, "
-                f"{after:.2f} GB after it closed (within {MEMORY_SLACK_GB:g} GB)")
+                f"{after:.2f} GB after it closed (within {MEMORY_SLACK_GB:g} GB){rebuilt}")
 
     def free_memory(self, free_gb: float, trainer_gb: float) -> str:
         """Free memory right after the engine started (`free_gb`) against the estimated peak less the engine's share
