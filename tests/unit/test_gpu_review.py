@@ -92,7 +92,7 @@ def test_vllm_close_shuts_the_gpu_engine_down():
         llm_engine = type("E", (), {"engine_core": Core()})()
 
     engine = object.__new__(VLLMEngine)  # no vLLM here: the engine's state only
-    engine.llm, engine._dir, engine.device = LLM(), None, "gpu"
+    engine.llm, engine._dir, engine.device, engine._asleep = LLM(), None, "gpu", False
     engine.close()
     assert calls == ["shutdown"] and engine.llm is None
     engine.llm, engine.device = LLM(), "cpu"
