@@ -28,7 +28,7 @@ from bench.launch.config import (CONF_DIR, GROUP_REGISTRIES, NAME_KEYS, RENAMED_
 from bench.grpo import AlgoConfig
 from bench.launch.overrides import SWEEP_OVERWRITE, check_overrides
 from bench.rollout import close_engines
-from bench.run.preempt import Stopped, stop_on_signals
+from bench.run.preempt import PreemptionGuard, Stopped, stop_on_signals, submitit_preempt_signal
 from bench.run.resume import Plan
 from bench.run.store import RunDir, RunLocked, root_os_error, unwritable
 
@@ -96,6 +96,24 @@ def execute(cfg: DictConfig, overrides: list[str] | None = None) -> Outcome:
             return Outcome("interrupted", f"stopped by {sig} before training started", signum=e.signum)
 
 
+def _launch_ranks(cfg: DictConfig, overrides: list[str] | None) -> Outcome:
+    """The run's `train.nproc_per_node` processes, started here; returns rank 0's outcome.
+
+    In a submitit job (SLURM) this process holds submitit's handler of the preemption signal, which requeues the job
+    at once, and a requeue kills the job's processes: the ranks, which had the signal too (SLURM signals every process
+    of the job step), would die mid-step without their checkpoint. So the signal is only recorded here while the ranks
+    finish their step and checkpoint, and submitit's requeue runs after they returned 'preempted'."""
+    from bench.distributed.group import launch_local
+
+    if submitit_preempt_signal() is None:
+        return launch_local(cfg.train.nproc_per_node, execute, cfg, overrides)
+    with PreemptionGuard() as guard:
+        outcome = launch_local(cfg.train.nproc_per_node, execute, cfg, overrides)
+        if guard.requested and outcome == "preempted":
+            guard.exit_after_checkpoint()  # submitit's requeue (it exits); else the signal's exit code
+    return outcome
+
+
 def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome:
     try:
         validate(cfg)
@@ -106,9 +124,7 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
     if early is not None:
         return early
     if cfg.train.nproc_per_node > 1 and distributed_env_size() == 1:  # launch the run's processes here
-        from bench.distributed.group import launch_local
-
-        return launch_local(cfg.train.nproc_per_node, execute, cfg, overrides)
+        return _launch_ranks(cfg, overrides)
     if cfg.train.threads > 0:
         import torch
         torch.set_num_threads(cfg.train.threads)

@@ -8,6 +8,7 @@ hanging CI; nothing bounds how long SLURM may take.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -244,6 +245,40 @@ def test_preempted_slurm_job_is_requeued_and_resumes(slurm, cleanup, tmp_path):
     attempts = offline_runs(run.path)  # one W&B run id across the requeue
     assert len(attempts) == 2 and all(info["wandb_id"] in a.name for a in attempts)
 
+
+
+def test_a_preempted_job_of_spawned_ranks_checkpoints_before_submitit_requeues_it(slurm, cleanup, tmp_path):
+    """train.nproc_per_node=2 in one SLURM task (a recipe's ranks on a GPU node): SIGUSR1 reaches the task and the
+    two ranks it spawned. submitit's handler in the task requeues at once, and a requeue kills the job: the task must
+    let the ranks finish their step and checkpoint first. Proof by result: the requeued attempt resumes from the step
+    the signal interrupted, not from step 0 (the preemption's checkpoint is the run's only one)."""
+    steps = 30
+    args = two_task_args(tmp_path, f"train.steps={steps}", "train.checkpoint_every=1000", "task.n_test=4",
+                         "model.warmstart_steps=0", "train.nproc_per_node=2")
+    cmd = [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", "hydra.launcher.timeout_min=30", *args,
+           f"out_root={tmp_path / 'runs'}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        run = wait_until("three steps", lambda: next((RunDir(p.parent) for p in (tmp_path / "runs").rglob("run.json")
+                                                      if len(RunDir(p.parent).metrics()) >= 3), None), proc)
+        job_id = run.info()["slurm_job_id"]
+        subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=HANG_S)
+        out, _ = proc.communicate(timeout=HANG_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    info = run.info()
+    assert info["status"] == "completed" and info["attempts"] == 2 and info["slurm_job_id"] == job_id, info
+    assert [r["step"] for r in run.metrics()] == list(range(steps))
+    logs = "".join(p.read_text() for p in (tmp_path / "runs" / "default" / ".submitit").rglob("*_log.err"))
+    resumed = [int(n) for n in re.findall(r"resuming from step (\d+)", logs)]
+    assert resumed and resumed[-1] >= 3, logs[-4000:]
+    # the order of the one log the task and its ranks share: submitit's requeue after the ranks' checkpoint (before
+    # the fix it came first, and the ranks checkpointed only because a tiny step ends within SLURM's KillWait)
+    checkpointed, requeued = logs.find("stopped by SIGUSR1 after"), logs.find("this job is preempted")
+    assert 0 <= checkpointed < requeued, logs[-4000:]
+    assert "W&B log failed" not in logs, logs[-4000:]  # nothing of the run was killed under it
 
 def two_task_args(tmp_path: Path, *extra: str) -> list[str]:
     """A small tis run of 8 rows in two sampling shards (one per task), its warm start cached under `tmp_path`."""
