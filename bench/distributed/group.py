@@ -48,6 +48,15 @@ def is_follower() -> bool:
     return rank() != 0
 
 
+def rank_gpu(local_rank: int, visible: int) -> int:
+    """The GPU index of a rank among the `visible` ones: its local rank where the rank sees every GPU of its node
+    (torchrun, the spawned ranks, SLURM tasks without GPU binding), else its share of what it sees (SLURM's
+    --gpus-per-task or a site's --gpu-bind give each task only its own GPU, as device 0)."""
+    if visible < 1:
+        raise ValueError(f"LOCAL_RANK={local_rank} runs on CUDA but this process sees no GPU")
+    return local_rank if local_rank < visible else local_rank % visible
+
+
 def init(device_name: str) -> None:
     """Join the process group the environment describes (no-op at world size 1 or when already joined):
     gloo on CPU, nccl on CUDA (one GPU per rank: LOCAL_RANK)."""
@@ -61,7 +70,7 @@ def init(device_name: str) -> None:
 
     device = resolve_device(device_name)
     if device.type == "cuda":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(rank_gpu(int(os.environ["LOCAL_RANK"]), torch.cuda.device_count()))
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
 
 

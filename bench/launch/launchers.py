@@ -335,17 +335,25 @@ def check_gpu_request(params: Dict[str, Any], ranks_per_node: int | None = None)
                          f"node, one GPU each (train.nproc_per_node / hydra.launcher.tasks_per_node): ask for "
                          f"hydra.launcher.gpus_per_node={ranks_per_node}")
     if n_gpus > ranks_per_node:
+        spread = several_tasks(params)
+        fix = (f"hydra.launcher.tasks_per_node={n_gpus} (a task per GPU)" if spread
+               else f"train.nproc_per_node={n_gpus} (one run over them)")
         return [f"hydra.launcher asks for {n_gpus} GPUs per node, but a job runs {ranks_per_node} rank(s) per node, one "
-                f"GPU each: {n_gpus - ranks_per_node} idle; set train.nproc_per_node={n_gpus} (one run over them) or "
-                f"hydra.launcher.gpus_per_node={ranks_per_node}"]
+                f"GPU each: {n_gpus - ranks_per_node} idle; set {fix} or hydra.launcher.gpus_per_node={ranks_per_node}"]
     return []
+
+
+def several_tasks(params: Dict[str, Any]) -> bool:
+    """Whether a job has more than one SLURM task (tasks_per_node x nodes): then each task is one rank and
+    `train.nproc_per_node` is not used (bench.distributed.group.export_slurm_tasks)."""
+    return int(params.get("tasks_per_node") or 1) * int(params.get("nodes") or 1) > 1
 
 
 def ranks_per_node(params: Dict[str, Any], configs: Sequence[DictConfig]) -> int:
     """Ranks a job of the sweep runs on each node: its SLURM tasks, or else the processes its task spawns
     (`train.nproc_per_node`; the largest of the sweep's jobs)."""
     tasks = int(params.get("tasks_per_node") or 1)
-    if tasks > 1:
+    if several_tasks(params):
         return tasks
     return max([int(OmegaConf.select(c, "train.nproc_per_node", default=1) or 1) for c in configs] or [1])
 

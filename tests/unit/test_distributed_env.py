@@ -108,3 +108,12 @@ def test_engines_a_multi_process_run_can_use(engine, world, blocks, eval_shares,
     else:
         with pytest.raises(ValueError, match=error):
             engines.check_engine(engine, world, blocks, eval_shares)
+
+
+def test_a_rank_takes_its_local_rank_gpu_or_the_one_slurm_bound_to_its_task():
+    """torch.cuda.set_device(LOCAL_RANK) failed with 'invalid device ordinal' for every rank but 0 of a SLURM job that
+    binds one GPU to each task (--gpus-per-task=1, or a site's --gpu-bind): each task sees its GPU as device 0."""
+    assert [group.rank_gpu(r, 8) for r in range(8)] == list(range(8))  # every GPU of the node visible
+    assert [group.rank_gpu(r, 1) for r in range(8)] == [0] * 8  # one GPU bound to each task
+    with pytest.raises(ValueError, match="LOCAL_RANK=3 runs on CUDA but this process sees no GPU"):
+        group.rank_gpu(3, 0)

@@ -42,6 +42,12 @@ def test_ranks_per_node_are_the_tasks_or_the_processes_a_task_spawns():
     assert ranks_per_node({"tasks_per_node": 1}, jobs) == 8
     assert ranks_per_node({"tasks_per_node": 4}, jobs) == 4  # each task is one rank (nproc_per_node is ignored)
     assert ranks_per_node({}, []) == 1
+    # two nodes of one task each: two tasks, each one rank (SLURM_NTASKS=2), so nproc_per_node is ignored too: the
+    # 8 GPUs of each node asked for would idle but one, which the check now says
+    params = {"nodes": 2, "tasks_per_node": 1, "gpus_per_node": 8}
+    assert ranks_per_node(params, jobs) == 1
+    [warning] = check_gpu_request(params, ranks_per_node(params, jobs))
+    assert "7 idle" in warning and "hydra.launcher.tasks_per_node=8 (a task per GPU)" in warning
 
 
 def test_local_workers_get_gpu_blocks_of_nproc_per_node():
