@@ -70,7 +70,8 @@ def build_value_model(policy: PreTrainedModel, critic_path: str | None = None) -
     else:
         from bench.models.load import load_pretrained
 
-        source, _ = load_pretrained(critic_path)
+        source, _ = load_pretrained(critic_path)  # on the host: onto the policy's device, where the trainer runs it
+        source = source.to(next(policy.parameters()).device)
     source = source.float()  # the same mode as the policy (eval: no dropout)
     return ValueModel(backbone_of(source), source.config.hidden_size)
 

@@ -244,6 +244,17 @@ def test_a_separate_critic_model_from_a_directory(tmp_path):
     close(critic.values(rollout_2x3()), torch.zeros(2, 3))  # the head still starts at zero
 
 
+def test_a_critic_from_a_directory_is_put_where_the_policy_is(tmp_path):
+    """load_pretrained gives a host model; on a GPU the critic stayed there and its first forward met CUDA token ids.
+    The meta device stands in for a GPU (none here): the critic follows the policy to it."""
+    from bench.critic import build_value_model
+
+    tiny_policy().save_pretrained(tmp_path / "critic")
+    build_char_tokenizer(64).save_pretrained(tmp_path / "critic")
+    model = build_value_model(tiny_policy().to("meta"), str(tmp_path / "critic"))
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+
+
 # ------------------------------------------------------------------- DAPO's loss-side knobs, as configuration
 def test_clip_higher_as_config():
     """algo.clip_eps_high=0.28: a ratio of 1.25 with A > 0 is inside [0.8, 1.28] (loss -1.25, gradient -1.25);
