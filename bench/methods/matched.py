@@ -28,6 +28,7 @@ import torch
 from bench.device import DTYPES
 from bench.methods.base import METHODS, MethodConfig
 from bench.methods.naive import Naive
+from bench.quant.fp8 import choose_fp8_kernel
 from bench.rollout.qat import quantize_trainer, unsupported
 from bench.rollout.base import rollout_quantizer
 
@@ -54,6 +55,15 @@ class Matched(Naive):
     def setup_trainer(self, model: torch.nn.Module, rollout: Any) -> None:
         device = next(model.parameters()).device
         quantizer = rollout_quantizer(rollout)
+        kernel = rollout.get("fp8_kernel", "auto")
+        if quantizer.format == "fp8_e4m3" and any(
+                choose_fp8_kernel(kernel, quantizer, tuple(m.weight.shape), device) == "scaled_mm"
+                for m in model.modules() if isinstance(m, torch.nn.Linear)):
+            # the trainer runs the emulation's fp32 arithmetic; torch._scaled_mm accumulates in fewer bits (on an
+            # H200 its difference from the emulation was 0.31 of the quantization's own effect): pi_old != mu
+            raise ValueError(f"method=matched at rollout.precision=fp8_e4m3 on {device.type}: the engine would run "
+                             f"torch._scaled_mm (rollout.fp8_kernel={kernel}), which the trainer cannot reproduce; set "
+                             "rollout.fp8_kernel=emulated, for every arm the control is compared with")
         act = DTYPES[rollout.get("act_dtype") or quantizer.fmt.act_dtype_on(device.type)]  # as the engine picks it
         quantize_trainer(model, quantizer, act, bool(rollout.get("quantize_lm_head")),
                          bool(rollout.get("quantize_embeddings")), rollout.get("kv_cache_dtype"))

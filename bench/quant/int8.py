@@ -165,5 +165,6 @@ class Int8(Format):
         scale = amax_scale(xf, INT8_QMAX, granularity) if scale is None else scale.to(work)
         return torch.round(xf / scale).clamp_(-128.0, 127.0), scale  # torch.round: half to even
 
-    def make_linear(self, weight, bias, quantizer: Quantizer, out_dtype, int8_kernel="auto") -> nn.Module:
+    def make_linear(self, weight, bias, quantizer: Quantizer, out_dtype, int8_kernel="auto",
+                    fp8_kernel="auto") -> nn.Module:
         return Int8Linear(weight, bias, quantizer, out_dtype, kernel=int8_kernel)

@@ -111,7 +111,7 @@ class BlockFormat(Format):
         return q.codes, q.element_scales()
 
     def make_linear(self, weight: torch.Tensor, bias: torch.Tensor | None, quantizer: Quantizer,
-                    out_dtype: torch.dtype, int8_kernel: str = "auto") -> nn.Module:
+                    out_dtype: torch.dtype, int8_kernel: str = "auto", fp8_kernel: str = "auto") -> nn.Module:
         return FakeQuantLinear(weight, bias, quantizer, out_dtype)
 
 def make_linear(
@@ -120,9 +120,11 @@ def make_linear(
     quantizer: Quantizer,
     out_dtype: torch.dtype,
     int8_kernel: str = "auto",
+    fp8_kernel: str = "auto",
 ) -> nn.Module:
-    """The linear layer of `quantizer`'s format; weight is [out, in] as in nn.Linear."""
-    return quantizer.fmt.make_linear(weight, bias, quantizer, out_dtype, int8_kernel)
+    """The linear layer of `quantizer`'s format; weight is [out, in] as in nn.Linear. The kernel choices are the
+    engine's knobs (rollout.int8_kernel, rollout.fp8_kernel); a format uses the one of its kind."""
+    return quantizer.fmt.make_linear(weight, bias, quantizer, out_dtype, int8_kernel, fp8_kernel)
 
 
 def swap_linears(
@@ -131,6 +133,7 @@ def swap_linears(
     out_dtype: torch.dtype,
     overrides: dict[nn.Module, Quantizer] | None = None,
     int8_kernel: str = "auto",
+    fp8_kernel: str = "auto",
     on_build: Callable[[str, torch.Tensor, nn.Module], None] | None = None,
 ) -> int:
     """Replace every nn.Linear under `root` in place, built from its current weights; `overrides` maps
@@ -146,7 +149,7 @@ def swap_linears(
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 q = overrides.get(child, quantizer)
-                layer = make_linear(child.weight, child.bias, q, out_dtype, int8_kernel)
+                layer = make_linear(child.weight, child.bias, q, out_dtype, int8_kernel, fp8_kernel)
                 if on_build is not None and child not in overrides:
                     on_build(f"{parent_name}.{name}" if parent_name else name, child.weight.detach(), layer)
                 setattr(parent, name, layer)

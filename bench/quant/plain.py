@@ -77,7 +77,8 @@ class Fp32(Format):
     def quantize(self, x, granularity, scale=None):
         return x.to(work_dtype(x)), torch.ones((), dtype=work_dtype(x))
 
-    def make_linear(self, weight, bias, quantizer: Quantizer, out_dtype, int8_kernel="auto") -> nn.Module:
+    def make_linear(self, weight, bias, quantizer: Quantizer, out_dtype, int8_kernel="auto",
+                    fp8_kernel="auto") -> nn.Module:
         return Fp32Linear(weight, bias, out_dtype)
 
 
@@ -113,7 +114,8 @@ class HalfFormat(Format):
             return round_half_f64(x, self.half), torch.ones((), dtype=work)
         return x.to(work).to(self.half).to(work), torch.ones((), dtype=work)
 
-    def make_linear(self, weight, bias, quantizer: Quantizer, out_dtype, int8_kernel="auto") -> nn.Module:
+    def make_linear(self, weight, bias, quantizer: Quantizer, out_dtype, int8_kernel="auto",
+                    fp8_kernel="auto") -> nn.Module:
         return HalfLinear(weight, bias, out_dtype, self.half)
 
 

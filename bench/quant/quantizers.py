@@ -93,7 +93,7 @@ class Format(ABC):
     @abstractmethod
     def make_linear(
         self, weight: torch.Tensor, bias: torch.Tensor | None, quantizer: "Quantizer", out_dtype: torch.dtype,
-        int8_kernel: str = "auto",
+        int8_kernel: str = "auto", fp8_kernel: str = "auto",
     ) -> nn.Module:
         """The engine's linear layer for a weight [out, in] in this format (quantized once, here)."""
 

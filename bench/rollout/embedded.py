@@ -39,6 +39,7 @@ from bench.domains import check_schema, num
 from bench.device import DTYPES
 from bench.quant.blockscale import KV_CACHE_DTYPES, fake_quant_kv
 from bench.quant.diagnostics import QuantErrors, layer_type
+from bench.quant.fp8 import FP8_KERNELS
 from bench.quant.int8 import INT8_KERNELS
 from bench.quant.linear import make_linear, native_bf16_matmul, swap_linears
 from bench.quant.quantizers import Quantizer
@@ -85,6 +86,7 @@ class EmbeddedRolloutConfig(RolloutConfig):
     backend: str = "auto"
     act_dtype: Optional[str] = None  # null: the precision's on the engine's device (bench/quant/<format>.py act_dtype_on)
     int8_kernel: str = "auto"
+    fp8_kernel: str = "auto"  # auto: torch._scaled_mm on a GPU with FP8 tensor cores, else the emulation
     kv_cache_dtype: Optional[str] = None  # null: the activation dtype; fp8 | fp8_e4m3 | fp8_e5m2 (scale 1, as vLLM)
     chunk_tokens: Optional[int] = num(CHUNK_TOKENS, "[1, inf)", {None: "the whole batch in one chunk"})  # KV-cache positions per generate chunk
     # decode steps between host syncs (the stop check; finished rows leave the batch there): SYNC_EVERY
@@ -94,7 +96,7 @@ class EmbeddedRolloutConfig(RolloutConfig):
 
     def check(self) -> None:
         super().check()
-        for key, valid in (("backend", BACKENDS), ("int8_kernel", INT8_KERNELS)):
+        for key, valid in (("backend", BACKENDS), ("int8_kernel", INT8_KERNELS), ("fp8_kernel", FP8_KERNELS)):
             if getattr(self, key) not in valid:
                 raise ValueError(f"rollout.{key}={getattr(self, key)!r} is not valid; choose one of: {', '.join(valid)}")
         if self.act_dtype is not None and self.act_dtype not in DTYPES:
@@ -226,7 +228,7 @@ class FastDecoder(nn.Module):
         self.quant_errors = QuantErrors()
 
         def build(w: torch.Tensor, b: torch.Tensor | None, parts: list | None = None, q: Quantizer = quantizer) -> nn.Module:
-            layer = make_linear(w, b, q, act_dtype, knobs.int8_kernel)
+            layer = make_linear(w, b, q, act_dtype, knobs.int8_kernel, knobs.fp8_kernel)
             if parts and q.is_scaled:
                 self.quant_errors.add(w, layer.dequantized_weight(), parts)
             return layer
@@ -387,7 +389,7 @@ class HFDecoder:
             if quantizer.is_scaled:
                 self.quant_errors.add(weight, layer.dequantized_weight(), [(layer_type(name), weight.shape[0])])
 
-        n = swap_linears(m, quantizer, act_dtype, overrides, knobs.int8_kernel, on_build=count)  # unties a tied lm_head
+        n = swap_linears(m, quantizer, act_dtype, overrides, knobs.int8_kernel, knobs.fp8_kernel, on_build=count)  # unties a tied lm_head
         if quantizer.is_scaled and n == 0:
             raise ValueError(f"{type(model).__name__} has no nn.Linear layers to quantize to {quantizer.format}")
         if knobs.quantize_embeddings:
@@ -452,6 +454,8 @@ class EmbeddedEngine:
     act_dtype           fp32 | bf16 | fp16: override the activation dtype of the precision (None: its format's
                         for the device the weights are on: `act_dtype_on`, e.g. INT8 fp32 on CPU, bf16 on CUDA)
     int8_kernel         auto | int_mm | emulated (bench.quant.int8.int8_matmul; identical results)
+    fp8_kernel          auto | scaled_mm | emulated (bench.quant.fp8.choose_fp8_kernel): torch._scaled_mm accumulates
+                        in fewer bits than the emulation's fp32 (docs/gpu.md); method=matched takes the emulation
     kv_cache_dtype      None | fp8 | fp8_e4m3 | fp8_e5m2: K (after RoPE) and V rounded as an FP8 KV cache
                         without calibrated scales stores them (vLLM's k_scale = v_scale = 1)
     chunk_tokens        KV-cache positions per generate chunk (None: one chunk): a batch is generated

@@ -134,6 +134,23 @@ def test_engine_on_the_scaled_mm_path_samples_what_the_emulation_samples(monkeyp
     assert torch.equal(real.logp_mu, emulated.logp_mu)
 
 
+def test_the_fp8_kernel_knob_reaches_every_linear_of_the_engine():
+    """rollout.fp8_kernel: emulated keeps every FP8 linear on the emulation (what method=matched's trainer computes,
+    also on a GPU with FP8 tensor cores); scaled_mm forces the real GEMM (torch's fallback on a CPU)."""
+    torch.manual_seed(0)
+    model = tr.Qwen2ForCausalLM(tr.Qwen2Config(vocab_size=128, hidden_size=64, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                                               tie_word_embeddings=True)).eval()
+    for kernel, want in (("emulated", "FakeQuantLinear"), ("scaled_mm", "Fp8ScaledMMLinear"), ("auto", "FakeQuantLinear")):
+        engine = EmbeddedEngine("fp8_e4m3", fp8_kernel=kernel)
+        engine.load_weights(model)
+        kinds = {type(m).__name__ for m in engine.decoder.modules()} & {"FakeQuantLinear", "Fp8ScaledMMLinear"}
+        assert kinds == {want}, (kernel, kinds)
+    with pytest.raises(ValueError, match=r"rollout.fp8_kernel='cutlass' is not valid; choose one of: auto, scaled_mm, "
+                                         r"emulated"):
+        EmbeddedEngine("fp8_e4m3", fp8_kernel="cutlass")
+
+
 # ------------------------------------------------------------------------------------------------ INT8
 def test_int8_weight_layout_and_row_padding():
     codes = torch.randint(-128, 128, (48, 64)).float()

@@ -124,3 +124,22 @@ def test_matched_arm_refuses_what_it_cannot_reproduce():
         OmegaConf.update(bad, key, value)
         with pytest.raises(ValueError, match=match):
             cls.check_run(bad)
+
+
+def test_matched_at_fp8_refuses_an_engine_on_torch_scaled_mm():
+    """On a GPU with FP8 tensor cores the engine's `auto` kernel is torch._scaled_mm, whose accumulation the
+    trainer's emulated arithmetic does not reproduce (pi_old != mu): the control refuses it at build, naming
+    rollout.fp8_kernel=emulated. Forced here on the CPU, where `auto` is the emulation and passes."""
+    from omegaconf import OmegaConf
+
+    from bench.methods.base import make_method
+
+    rollout = OmegaConf.create({"engine": "embedded", "precision": "fp8_e4m3", "fp8_kernel": "scaled_mm"})
+    with pytest.raises(ValueError, match=r"matched at rollout.precision=fp8_e4m3 on cpu: the engine would run "
+                                         r"torch._scaled_mm \(rollout.fp8_kernel=scaled_mm\).*rollout.fp8_kernel=emulated"):
+        make_method("matched").setup_trainer(_model(), rollout)
+    for kernel in ("auto", "emulated"):
+        model = _model()
+        make_method("matched").setup_trainer(model, OmegaConf.merge(rollout, {"fp8_kernel": kernel}))
+        assert any(isinstance(m, QATLinear) for m in model.modules())
+
