@@ -285,6 +285,8 @@ ADDED_KEYS: dict[str, AddedKey] = {
     "rollout.sync_every": AddedKey(16, "4a105a2", "without compaction the stop check's interval changes no token "
                                                   "(stopped rows decode on masked, each token's uniform is drawn "
                                                   "before the loop, steps past the longest row are dropped)"),
+    "rollout.fp8_kernel": AddedKey("auto", "73ca238", "every FP8 linear chooses its kernel with auto, the FP8 "
+                                                      "format's default when the engine passed no kernel"),
 }
 UNSET = "<unset>"  # how config_diff shows a key one config lacks
 

@@ -243,3 +243,16 @@ def test_compile_false_runs_the_eager_decoder(model, monkeypatch):
     engine = EmbeddedEngine("mxfp4", compile=neutral("rollout.compile"))
     engine.load_weights(model)
     assert not any(isinstance(getattr(m, "quantizer", None), embedded.FusedActQuantizer) for m in engine.decoder.modules())
+
+
+def test_fp8_kernel_auto_chooses_each_linear_as_before_the_key(model, monkeypatch):
+    """rollout.fp8_kernel=auto (by construction): before the key the engine passed no FP8 kernel and the FP8 format's
+    make_linear chose with its default, auto; at the neutral value every FP8 linear is chosen with auto."""
+    from bench.quant import fp8 as fp8_mod
+
+    seen = []
+    choose = fp8_mod.choose_fp8_kernel
+    monkeypatch.setattr(fp8_mod, "choose_fp8_kernel", lambda kernel, *a: seen.append(kernel) or choose(kernel, *a))
+    EmbeddedEngine("fp8_e4m3", fp8_kernel=neutral("rollout.fp8_kernel")).load_weights(model)
+    assert seen and set(seen) == {"auto"}
+
