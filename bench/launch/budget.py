@@ -155,6 +155,7 @@ class Estimate:
     engine: str = "vllm"  # whose rollout cost the hours count
     rollout_share: float = 0.0  # of a step's GPU-seconds
     vllm_gpu_hours: float | None = None  # the same run on vLLM's rollout (embedded jobs)
+    step_s: float = 0.0  # one training step's wall seconds on the job's GPUs (evaluations apart)
 
     @property
     def vllm_would_save(self) -> bool:
@@ -203,12 +204,12 @@ def estimate(cfg: Any, needs_recompute: bool) -> Estimate | None:
         gpu_hours = hours(vllm_s)
         return Estimate(generated, trained, forward, evals, gpu_hours, gpu_hours / b.gpus,
                         "vllm" if engine == "vllm" else "embedded at vLLM's rate (shape unknown)",
-                        vllm_s / (vllm_s + other_s))
+                        vllm_s / (vllm_s + other_s), step_s=(vllm_s + other_s) / b.gpus)
     # GPU-seconds; never below vLLM's: where the model says otherwise, the stated vLLM rate is the conservative one
     rollout_s = max(b.gpus * embedded_rollout_s(cfg, shape, seqs / b.gpus) * rounds, vllm_s)
     gpu_hours = hours(rollout_s)
     return Estimate(generated, trained, forward, evals, gpu_hours, gpu_hours / b.gpus, "embedded",
-                    rollout_s / (rollout_s + other_s), hours(vllm_s))
+                    rollout_s / (rollout_s + other_s), hours(vllm_s), step_s=(rollout_s + other_s) / b.gpus)
 
 
 def describe(cfg: Any) -> str:

@@ -18,12 +18,13 @@ its max tokens).
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from bench.launch.budget import CHEAPER_BY, describe, describe_embedded, describe_eval, estimate, eval_estimate
 from bench.launch.config import CONF_DIR, register_configs
@@ -66,7 +67,7 @@ def dry_run(overrides: list[str]) -> int:
             if action == "refuse":
                 why = refusal_reason(run, cfg)
                 refusals[why] = refusals.get(why, 0) + 1
-            cost = costs.add(cfg)
+            cost = costs.add(cfg, job)
             print(f"{action:7s} {status:10s} {RunDir.name_of(cfg):40s} {run.path}{cost}")
     todo = len(jobs) - counts.get("skip", 0) - counts.get("refuse", 0)
     refused = f", {counts['refuse']} refused" if counts.get("refuse") else ""
@@ -82,6 +83,15 @@ def dry_run(overrides: list[str]) -> int:
     return 0
 
 
+def slurm_signal_delay_s(overrides: list[str]) -> float:
+    """The SLURM launcher's signal_delay_s for a job: its override, else conf/hydra/launcher/slurm.yaml's value
+    (QRL_SLURM_SIGNAL_DELAY_S or its default)."""
+    for item in overrides:
+        if item.startswith("hydra.launcher.signal_delay_s="):
+            return float(item.split("=", 1)[1])
+    return float(OmegaConf.load(CONF_DIR / "hydra" / "launcher" / "slurm.yaml").signal_delay_s)
+
+
 @dataclass
 class Costs:
     """The estimates the dry run prints beside each job, added up over the jobs, and what they warn about."""
@@ -92,12 +102,17 @@ class Costs:
     tight: list[str] = field(default_factory=list)
     idle: list[str] = field(default_factory=list)
     slow: list[str] = field(default_factory=list)
+    long_steps: dict[str, float] = field(default_factory=dict)  # job -> its step's seconds, over the signal delay
+    signal_delay_s: float = 0.0
 
-    def add(self, cfg: DictConfig) -> str:
+    def add(self, cfg: DictConfig, overrides: list[str]) -> str:
         """One job's cost columns ("" for a config without a budget estimate), added to the totals."""
         est = estimate(cfg, build_method(cfg.method, cfg.algo).needs_recompute)  # an arm's knob may set it
         if est is None:
             return ""
+        self.signal_delay_s = slurm_signal_delay_s(overrides)
+        if est.step_s > self.signal_delay_s:
+            self.long_steps[RunDir.name_of(cfg)] = est.step_s
         self.gpu_hours += est.gpu_hours
         self.assumptions.add(describe(cfg))
         if est.engine == "embedded":
@@ -132,6 +147,14 @@ class Costs:
                   f"scripts/gpu_check.sh before a long run): {', '.join(self.tight)}", file=sys.stderr)
         for line in self.slow:
             print(f"WARNING: the embedded engine costs more than {CHEAPER_BY:g}x vLLM's rollout: {line}", file=sys.stderr)
+        if self.long_steps:
+            longest = max(self.long_steps.values())
+            print(f"WARNING: {len(self.long_steps)} job(s) take longer for a training step (up to ~{longest / 60:,.0f} min "
+                  f"estimated) than the SLURM launcher's signal_delay_s={self.signal_delay_s:g}: at a time limit such a "
+                  "run cannot finish its step and checkpoint before SLURM kills it, and the job is not requeued; on "
+                  f"SLURM set hydra.launcher.signal_delay_s={min(math.ceil(2 * longest / 60) * 60, 65535)} (two steps; "
+                  "SLURM's most is 65535) for: "
+                  f"{', '.join(self.long_steps)}", file=sys.stderr)
 
     def total(self) -> None:
         """The sweep's GPU-hours and what the estimate assumes."""

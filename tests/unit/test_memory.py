@@ -121,3 +121,18 @@ def test_null_micro_batch_does_not_fit_and_the_dry_run_warns(capsys, tmp_path):
 def test_cpu_configs_have_no_gpu_estimate_in_the_dry_run(capsys, tmp_path):
     dry_run(["+experiment=smoke", f"out_root={tmp_path}"])
     assert "GB/GPU" not in capsys.readouterr().out
+
+
+def test_dry_run_warns_where_a_step_outlasts_the_slurm_signal_delay(capsys, tmp_path):
+    """SLURM sends the preemption signal hydra.launcher.signal_delay_s (120 s) before a time limit, and the run
+    checkpoints at the end of its step: a 7B recipe's step of many minutes cannot make it, so the job ends TIMEOUT,
+    not requeued. The dry run says so with the value that would (two estimated steps), and not once it is set."""
+    dry_run(["+experiment=paper/qurl_table2", f"out_root={tmp_path}"])
+    err = capsys.readouterr().err
+    [line] = [x for x in err.splitlines() if "take longer for a training step" in x]
+    assert line.startswith("WARNING: 9 job(s)") and "signal_delay_s=120:" in line
+    suggested = int(line.split("hydra.launcher.signal_delay_s=")[1].split()[0])
+    assert 600 < suggested <= 65535  # minutes-long steps; SLURM's --signal takes at most 65535 s
+    dry_run(["+experiment=paper/qurl_table2", "hydra/launcher=slurm", f"hydra.launcher.signal_delay_s={suggested}",
+             f"out_root={tmp_path}"])
+    assert "take longer for a training step" not in capsys.readouterr().err
