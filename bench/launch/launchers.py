@@ -334,13 +334,20 @@ def check_gpu_request(params: Dict[str, Any], ranks_per_node: int | None = None)
         raise ValueError(f"hydra.launcher asks for {n_gpus} GPU(s) per node, but a job runs {ranks_per_node} ranks per "
                          f"node, one GPU each (train.nproc_per_node / hydra.launcher.tasks_per_node): ask for "
                          f"hydra.launcher.gpus_per_node={ranks_per_node}")
+    warnings = []
+    cores = (int(params.get("cpus_per_gpu") or 0) * n_gpus) or int(params.get("cpus_per_task") or 1) * tasks
+    if cores < ranks_per_node:  # SLURM confines a task and the processes it spawns to its cores
+        warnings.append(f"hydra.launcher gives a job {cores} CPU core(s) per node for its {ranks_per_node} ranks, "
+                        f"each driving a GPU and scoring its rollouts on the host: set hydra.launcher.cpus_per_task="
+                        f"{-(-ranks_per_node // tasks)} at least (QRL_SLURM_CPUS)")
     if n_gpus > ranks_per_node:
         spread = several_tasks(params)
         fix = (f"hydra.launcher.tasks_per_node={n_gpus} (a task per GPU)" if spread
                else f"train.nproc_per_node={n_gpus} (one run over them)")
-        return [f"hydra.launcher asks for {n_gpus} GPUs per node, but a job runs {ranks_per_node} rank(s) per node, one "
-                f"GPU each: {n_gpus - ranks_per_node} idle; set {fix} or hydra.launcher.gpus_per_node={ranks_per_node}"]
-    return []
+        warnings.append(f"hydra.launcher asks for {n_gpus} GPUs per node, but a job runs {ranks_per_node} rank(s) per "
+                        f"node, one GPU each: {n_gpus - ranks_per_node} idle; set {fix} or "
+                        f"hydra.launcher.gpus_per_node={ranks_per_node}")
+    return warnings
 
 
 def several_tasks(params: Dict[str, Any]) -> bool:

@@ -25,12 +25,21 @@ def test_gpus_per_node_are_checked_against_the_ranks_a_job_runs():
     each: the 8-GPU recipes' own command (gpus_per_node=8, nproc_per_node=8) is coherent; GPUs beyond the ranks
     idle (a warning naming both fixes); fewer GPUs than ranks cannot start (an error)."""
     assert check_gpu_request({"gpus_per_node": 4}) == []  # the ranks are not known at construction
-    assert check_gpu_request({"gpus_per_node": 8}, ranks_per_node=8) == []
-    assert check_gpu_request({"gpus_per_task": 1, "tasks_per_node": 8}, ranks_per_node=8) == []
+    assert check_gpu_request({"gpus_per_node": 8, "cpus_per_task": 32}, ranks_per_node=8) == []
+    assert check_gpu_request({"gpus_per_task": 1, "tasks_per_node": 8, "cpus_per_task": 4}, ranks_per_node=8) == []
+    assert check_gpu_request({"gpus_per_task": 1, "tasks_per_node": 8, "cpus_per_gpu": 4}, ranks_per_node=8) == []
     [warning] = check_gpu_request({"gpus_per_node": 4}, ranks_per_node=1)
     assert "4 GPUs per node" in warning and "3 idle" in warning and "train.nproc_per_node=4" in warning
     with pytest.raises(ValueError, match=r"1 GPU\(s\) per node, but a job runs 8 ranks per node.*gpus_per_node=8"):
         check_gpu_request({"gpus_per_node": 1}, ranks_per_node=8)
+
+
+def test_a_job_of_several_ranks_gets_a_core_per_rank_at_least():
+    """SLURM confines a task and every process it spawns to the task's cores: the default cpus_per_task=1 put the 8
+    ranks of a recipe's one task (train.nproc_per_node=8) on one core, each driving a GPU and scoring rollouts."""
+    [warning] = check_gpu_request({"gpus_per_node": 8, "cpus_per_task": 1}, ranks_per_node=8)
+    assert "1 CPU core(s) per node for its 8 ranks" in warning and "cpus_per_task=8 at least" in warning
+    assert check_gpu_request({"gpus_per_node": 8, "cpus_per_task": 64}, ranks_per_node=8) == []
 
 
 def test_ranks_per_node_are_the_tasks_or_the_processes_a_task_spawns():
