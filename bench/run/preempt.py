@@ -151,4 +151,9 @@ class PreemptionGuard:
                 raise
         sys.stdout.flush()
         sys.stderr.flush()
+        if submitit_preempt_signal() is not None and int(os.environ.get("RANK", "0")) > 0:
+            # another rank of a SLURM job of several tasks: rank 0 requeues the job (submitit's handler returns on
+            # the other ranks). Exiting non-zero here made srun (--kill-on-bad-exit) kill rank 0 while it was still
+            # closing the run and requeueing: the job would end without its requeue.
+            sys.exit(0)
         sys.exit(128 + signum)

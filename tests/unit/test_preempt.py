@@ -67,6 +67,25 @@ def test_a_handler_that_returns_still_ends_in_exit():
         signal.signal(signal.SIGTERM, old)
 
 
+@pytest.mark.parametrize("rank, code", [("0", 128 + signal.SIGUSR1), ("1", 0)])
+def test_the_other_ranks_of_a_slurm_job_leave_the_requeue_to_rank_0(monkeypatch, rank, code):
+    """On ranks > 0 submitit's handler returns without requeueing; their exit must not be non-zero, or srun
+    (--kill-on-bad-exit) kills rank 0 while it closes the run and requeues the job."""
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")
+    monkeypatch.setenv("RANK", rank)
+    seen = []
+    old = signal.signal(signal.SIGUSR1, lambda s, f: seen.append(s))  # submitit's handler on a rank > 0: it returns
+    try:
+        with PreemptionGuard() as guard:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            with pytest.raises(SystemExit) as exc:
+                guard.exit_after_checkpoint()
+        assert seen == [signal.SIGUSR1] and exc.value.code == code
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
 def test_submitit_preemption_signal_is_also_caught(monkeypatch):
     monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
     assert submitit_preempt_signal() is None
