@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -210,6 +211,20 @@ def test_small_sweep_through_slurm_completes_every_run(slurm, cleanup, tmp_path)
     print(f"sweep of 2 runs through SLURM: {wall:.1f} s")
 
 
+def preempted_once(cmd: list[str], running: Callable[[], RunDir | None]) -> tuple[str, int, str]:
+    """Launch the sweep `cmd`, send SIGUSR1 to the SLURM job of the run `running()` returns once it is a few steps
+    in, and wait for the sweep: (the job id, the sweep's exit code, its output)."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        job_id = wait_until("a few steps", running, proc).info()["slurm_job_id"]
+        subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=HANG_S)
+        out, _ = proc.communicate(timeout=HANG_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return job_id, proc.returncode, out
+
+
 def test_preempted_slurm_job_is_requeued_and_resumes(slurm, cleanup, tmp_path):
     """SIGUSR1 to a running SLURM job: it checkpoints, submitit requeues it, it resumes and completes with
     the metrics of an uninterrupted run. 40 steps: the signal must land before the last step (with 12 a fast
@@ -224,18 +239,9 @@ def test_preempted_slurm_job_is_requeued_and_resumes(slurm, cleanup, tmp_path):
     # timeout_min=30: submitit calls a signal in the last 20% (or 10 min) of the limit a timeout, not a preemption
     cmd = [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", *args, f"out_root={tmp_path / 'slurm'}",
            "hydra.launcher.timeout_min=30"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run = RunDir(tmp_path / "slurm" / "default" / "bf16@bf16" / "arithmetic" / "tiny" / "seed0")
-    try:
-        wait_until("a few steps", lambda: len(run.metrics()) >= 3 or proc.poll() is not None)
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        job_id = run.info()["slurm_job_id"]
-        subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=HANG_S)
-        out, _ = proc.communicate(timeout=HANG_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out[-4000:]
+    job_id, code, out = preempted_once(cmd, lambda: run if len(run.metrics()) >= 3 else None)
+    assert code == 0, out[-4000:]
     info = run.info()
     assert info["status"] == "completed" and info["attempts"] == 2, info
     assert info["slurm_job_id"] == job_id  # the same job, requeued by submitit (not a new submission)
@@ -244,7 +250,6 @@ def test_preempted_slurm_job_is_requeued_and_resumes(slurm, cleanup, tmp_path):
     assert "caught SIGUSR1" in logs and "this job is preempted" in logs and "DUE TO JOB REQUEUE" in logs, logs[-3000:]
     attempts = offline_runs(run.path)  # one W&B run id across the requeue
     assert len(attempts) == 2 and all(info["wandb_id"] in a.name for a in attempts)
-
 
 
 def test_a_preempted_job_of_spawned_ranks_checkpoints_before_submitit_requeues_it(slurm, cleanup, tmp_path):
@@ -257,17 +262,12 @@ def test_a_preempted_job_of_spawned_ranks_checkpoints_before_submitit_requeues_i
                          "model.warmstart_steps=0", "train.nproc_per_node=2")
     cmd = [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", "hydra.launcher.timeout_min=30", *args,
            f"out_root={tmp_path / 'runs'}"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        run = wait_until("three steps", lambda: next((RunDir(p.parent) for p in (tmp_path / "runs").rglob("run.json")
-                                                      if len(RunDir(p.parent).metrics()) >= 3), None), proc)
-        job_id = run.info()["slurm_job_id"]
-        subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=HANG_S)
-        out, _ = proc.communicate(timeout=HANG_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out[-4000:]
+    def runs() -> list[RunDir]:
+        return [RunDir(p.parent) for p in (tmp_path / "runs").rglob("run.json")]
+
+    job_id, code, out = preempted_once(cmd, lambda: next((r for r in runs() if len(r.metrics()) >= 3), None))
+    assert code == 0, out[-4000:]
+    [run] = runs()
     info = run.info()
     assert info["status"] == "completed" and info["attempts"] == 2 and info["slurm_job_id"] == job_id, info
     assert [r["step"] for r in run.metrics()] == list(range(steps))
