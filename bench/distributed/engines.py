@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from bench.distributed.group import gather_object, rank, world_size
-from bench.distributed.sharding import detach_aliases, fsdp_modules, is_sharded, unsharded
+from bench.distributed.sharding import detach_aliases, gathered, is_sharded, unsharded
 from bench.rollout.base import Rollout, RolloutEngine, SamplingParams
 
 if TYPE_CHECKING:
@@ -21,14 +21,15 @@ class BlockEngine:
     generator seeded from the caller's, the blocks spread over the ranks and all-gathered (see module doc).
 
     Everything else (precision, eos_id, max_len, quant_metrics, ...) is the wrapped engine's. `load_weights` of a
-    sharded model all-gathers it for the duration of the engine's copy. With `in_place` (the fp32 evaluation
-    engine, which would copy every weight as it is) the engine reads the gathered weights themselves and the
-    model stays gathered until the next weight sync or sharded pass reshards it: one gathered copy of the
-    model during an evaluation instead of two (bench/launch/memory.py).
+    sharded model gathers what the engine reads while it builds its copy, and no more: the embedded engine one FSDP
+    unit at a time (the root's embedding, norm and lm_head, then one decoder layer after another:
+    `gathers_by_module`), vLLM one tensor at a time (`streams_sharded_weights`), any other engine the whole model
+    for the duration of its copy. Every unit is resharded after: an evaluation or a rollout holds the engine's
+    copy, never the gathered model besides it (bench/launch/memory.py).
     """
 
-    def __init__(self, engine: RolloutEngine, blocks: int, pad_id: int, in_place: bool = False):
-        self.inner, self.blocks, self.pad_id, self.in_place = engine, blocks, pad_id, in_place
+    def __init__(self, engine: RolloutEngine, blocks: int, pad_id: int):
+        self.inner, self.blocks, self.pad_id = engine, blocks, pad_id
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -36,17 +37,14 @@ class BlockEngine:
     def load_weights(self, model: nn.Module) -> None:
         if not is_sharded(model) or getattr(self.inner, "streams_sharded_weights", False):
             self.inner.load_weights(model)  # (vLLM gathers one tensor at a time as it reloads)
-            return
-        if self.in_place:
-            for m in fsdp_modules(model):
-                m.unshard()
-            self.inner.load_weights(model)
-            return
-        with unsharded(model):
-            self.inner.load_weights(model)
-            decoder = getattr(self.inner, "decoder", None)
-            if isinstance(decoder, nn.Module):
-                detach_aliases(decoder, model)
+        elif getattr(self.inner, "gathers_by_module", False):
+            self.inner.load_weights(model, gather=gathered)
+        else:
+            with unsharded(model):
+                self.inner.load_weights(model)
+                decoder = getattr(self.inner, "decoder", None)
+                if isinstance(decoder, nn.Module):
+                    detach_aliases(decoder, model)
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, sampling: SamplingParams,
                  generator: torch.Generator | None = None) -> Rollout:
@@ -111,4 +109,4 @@ def block_engines(engine: RolloutEngine, eval_engine: RolloutEngine, cfg: DictCo
     if W > 1:
         check_engine(cfg.rollout.engine, W, blocks, getattr(eval_engine, "shares_rollout_engine", None))
     pid = pad_id(tokenizer)
-    return BlockEngine(engine, blocks, pid), BlockEngine(eval_engine, blocks, pid, in_place=True)
+    return BlockEngine(engine, blocks, pid), BlockEngine(eval_engine, blocks, pid)

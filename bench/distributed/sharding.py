@@ -99,6 +99,22 @@ def unsharded(model: nn.Module) -> Iterator[nn.Module]:
             m.reshard()
 
 
+@contextmanager
+def gathered(module: nn.Module) -> Iterator[nn.Module]:
+    """`module`'s own parameters whole for the duration, if it is an FSDP unit (not its child units': a decoder
+    layer at a time, bench.rollout.embedded.Gather); a module that is no unit is left as it is."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(module, FSDPModule):
+        yield module
+        return
+    module.unshard()
+    try:
+        yield module
+    finally:
+        module.reshard()
+
+
 def detach_aliases(root: nn.Module, model: nn.Module) -> None:
     """Replace every tensor under `root` that shares storage with `model`'s (unsharded) parameters by a copy.
 

@@ -27,7 +27,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -69,6 +70,17 @@ COMPACT_MIN_ROWS = 8
 #: unbucketed rollout paid a plan at every step (the H100's 73 ms a step). A CPU step attends over exactly the
 #: written positions, as before (its tokens stay bit-identical to the unbucketed engine's).
 ATTN_BUCKET_CUDA = 128
+
+
+#: `gather(module)` makes a module's own parameters (not its children's) whole for the duration: nothing for a model
+#: in one process, an FSDP2 unit unsharded and resharded in a sharded run (bench/distributed/engines.py). The fast
+#: decoder is built one decoder layer at a time under it, so no rank ever holds the whole gathered model.
+Gather = Callable[[nn.Module], AbstractContextManager]
+
+
+def as_is(module: nn.Module) -> AbstractContextManager:
+    """The `Gather` of a model in one process: its parameters are whole already."""
+    return nullcontext()
 
 
 def plain_quantizer(act_dtype: torch.dtype) -> Quantizer:
@@ -203,7 +215,8 @@ class FastDecoder(nn.Module):
     cache would then carry into real rows).
     """
 
-    def __init__(self, model: nn.Module, quantizer: Quantizer, act_dtype: torch.dtype, knobs: EmbeddedRolloutConfig):
+    def __init__(self, model: nn.Module, quantizer: Quantizer, act_dtype: torch.dtype, knobs: EmbeddedRolloutConfig,
+                 gather: Gather = as_is):
         super().__init__()
         cfg = model.config
         self.act = act_dtype
@@ -234,14 +247,19 @@ class FastDecoder(nn.Module):
             return layer
 
         inner = model.model
-        self.layers = nn.ModuleList(_Layer(layer, build, act_dtype) for layer in inner.layers)
-        embed = inner.embed_tokens.weight.detach().float()
-        if knobs.quantize_embeddings:
-            embed = quantizer.fake_quant_weight(embed)
-        self.register_buffer("embed", embed.to(act_dtype, copy=True))  # never the policy's storage (sharded under FSDP)
-        self.register_buffer("norm", inner.norm.weight.detach().to(act_dtype).clone())
-        lm_head = model.lm_head
-        self.lm_head = build(lm_head.weight.detach(), _bias(lm_head), q=quantizer if knobs.quantize_lm_head else plain)
+        self.layers = nn.ModuleList()
+        for layer in inner.layers:
+            with gather(layer):
+                self.layers.append(_Layer(layer, build, act_dtype))
+        with gather(model):  # the root's own parameters: the embedding, the final norm, the lm_head
+            embed = inner.embed_tokens.weight.detach().float()
+            if knobs.quantize_embeddings:
+                embed = quantizer.fake_quant_weight(embed)
+            self.register_buffer("embed", embed.to(act_dtype, copy=True))  # never the policy's storage
+            self.register_buffer("norm", inner.norm.weight.detach().to(act_dtype).clone())
+            lm_head = model.lm_head
+            self.lm_head = build(lm_head.weight.detach(), _bias(lm_head),
+                                 q=quantizer if knobs.quantize_lm_head else plain)
         self._state: dict = {}
 
     @property
@@ -288,7 +306,8 @@ class FastDecoder(nn.Module):
         b, end = rows.numel(), st["length"]
         for key in ("k", "v"):  # in place, the positions written so far: the kept rows move to the front
             cache = st[key]
-            cache[:, :b, :, :end] = cache[:, rows, :, :end]
+            for layer in cache:  # a layer at a time: the gathered rows' temporary is one layer's, not the cache's
+                layer[:b, :, :end] = layer[rows, :, :end]
             st[key] = cache[:, :b]
         st["valid"], st["next_pos"] = st["valid"].index_select(0, rows), st["next_pos"].index_select(0, rows)
 
@@ -472,6 +491,8 @@ class EmbeddedEngine:
                         activation quantization becomes one fused kernel per linear computing the same codes)
     """
 
+    gathers_by_module = True  # load_weights takes a `Gather`: a sharded model is read one FSDP unit at a time
+
     def __init__(self, precision: str = "fp32", *, eos_id: int | Sequence[int] | None = None, pad_id: int = 0,
                  max_len: int | None = None, **knobs: Any):
         """`knobs`: any key of EmbeddedRolloutConfig (the schema states and checks each, once)."""
@@ -507,17 +528,25 @@ class EmbeddedEngine:
         self.decoder = None
 
     @torch.no_grad()
-    def load_weights(self, model: nn.Module) -> None:
-        """Rebuild the engine's copy from the trainer's weights: fresh quantization scales every call."""
+    def load_weights(self, model: nn.Module, gather: Gather = as_is) -> None:
+        """Rebuild the engine's copy from the trainer's weights: fresh quantization scales every call.
+
+        `gather` (see `Gather`) makes a sharded model's parameters whole: the fast decoder holds one decoder
+        layer's (and the root's) at a time; the generic HF path deep-copies the model, so it holds them all."""
         problem = fast_path_problem(model)
         if self.cfg.backend == "fast" and problem:
             raise ValueError(f"backend='fast' cannot serve {type(model).__name__}: {problem}")
         use_fast = self.cfg.backend == "fast" or (self.cfg.backend == "auto" and problem is None)
-        build = FastDecoder if use_fast else HFDecoder
         device = next(model.parameters()).device
         self.act_dtype = DTYPES[self.cfg.act_dtype or self.quantizer.fmt.act_dtype_on(device.type)]
         self.decoder = None  # free the old copy before building the new one
-        self.decoder = build(model, self.quantizer, self.act_dtype, self.cfg)
+        if use_fast:
+            self.decoder = FastDecoder(model, self.quantizer, self.act_dtype, self.cfg, gather)
+        else:
+            with ExitStack() as whole:
+                for m in model.modules():
+                    whole.enter_context(gather(m))
+                self.decoder = HFDecoder(model, self.quantizer, self.act_dtype, self.cfg)
         if self.cfg.compile:
             fuse_activation_quantization(self.decoder.modules() if isinstance(self.decoder, nn.Module)
                                          else self.decoder.model.modules())

@@ -58,10 +58,65 @@ def test_a_vllm_evaluation_gets_the_sharded_policy_as_it_is(group, monkeypatch):
         def sibling(self, precision):
             return self
 
-    engine = engines.BlockEngine(VLLMEvalEngine(Template(), owns_template=True), 1, 0, in_place=True)
+    engine = engines.BlockEngine(VLLMEvalEngine(Template(), owns_template=True), 1, 0)
     engine.load_weights(model)
     assert seen == ["DTensor"]  # still sharded: nothing was gathered for it
     assert sharding.is_sharded(model)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])  # the evaluation's engine; a rollout engine's
+def test_the_embedded_engine_copies_a_sharded_policy_one_unit_at_a_time(group, monkeypatch, precision):
+    """The embedded engine (rollout and fp32 evaluation alike) copies a sharded policy one FSDP unit at a time:
+    each decoder layer alone, then the root's embedding, norm and lm_head, every unit resharded after, so a rank
+    never holds the gathered fp32 model, during the copy or beside it afterwards (an fp32 evaluation engine used to
+    keep the whole model gathered while it held its own copy: two fp32 models per rank, ~64 GB at 8B). The copy
+    equals the one built from the model in one process: same tokens, same log-probs."""
+    import copy
+
+    from torch.distributed.tensor import DTensor
+
+    from bench.rollout import embedded
+    from bench.rollout.base import SamplingParams
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    torch.manual_seed(0)
+    plain = tr.Qwen2ForCausalLM(tr.Qwen2Config(vocab_size=48, hidden_size=32, intermediate_size=64,
+                                               num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                               tie_word_embeddings=False))
+    model = sharding.shard(copy.deepcopy(plain))
+    units = sharding.decoder_layers(model)
+
+    def whole(m: torch.nn.Module) -> bool:
+        return not any(isinstance(p, DTensor) for p in m.parameters(recurse=False))
+
+    seen = []  # at each decoder layer's copy: which units are whole (the root; the layers by index)
+    copy_root = embedded.FastDecoder.register_buffer
+
+    def spy_root(self, name, tensor, *args):
+        if name == "embed":
+            seen.append((whole(model.lm_head), [i for i, u in enumerate(units) if whole(u.self_attn.q_proj)]))
+        copy_root(self, name, tensor, *args)
+
+    build = embedded._Layer.__init__
+
+    def spy(self, hf_layer, *args):
+        seen.append((whole(model.lm_head), [i for i, u in enumerate(units) if whole(u.self_attn.q_proj)]))
+        build(self, hf_layer, *args)
+
+    monkeypatch.setattr(embedded._Layer, "__init__", spy)
+    monkeypatch.setattr(embedded.FastDecoder, "register_buffer", spy_root)
+    engine = engines.BlockEngine(embedded.EmbeddedEngine(precision), 1, 0)
+    engine.load_weights(model)
+    assert seen == [(False, [0]), (False, [1]), (False, [2]), (True, [])]  # the layers, then the root
+    assert all(isinstance(p, DTensor) for p in model.parameters())  # every unit resharded
+
+    alone = engines.BlockEngine(embedded.EmbeddedEngine(precision), 1, 0)  # the same seeds per block
+    alone.load_weights(plain)
+    ids, mask = torch.randint(0, 48, (3, 5)), torch.ones(3, 5, dtype=torch.bool)
+    sampling = SamplingParams(max_new_tokens=6, temperature=1.0)
+    got, want = (e.generate(ids, mask, 2, sampling, torch.Generator().manual_seed(1)) for e in (engine, alone))
+    assert torch.equal(got.response_ids, want.response_ids)
+    assert torch.equal(got.logp_mu, want.logp_mu)
 
 
 def test_tensor_parallelism_is_refused_in_one_line():
