@@ -633,16 +633,18 @@ class EmbeddedEngine:
 COMPILE_BACKEND = "inductor"
 
 
-#: Inductor options that keep eager PyTorch's numerics in the compiled pieces, where this torch has them: the bf16
-#: roundings between fused ops (`emulate_precision_casts`; without it a fused kernel keeps fp32 intermediates) and
-#: IEEE division (`eager_numerics.division_rounding`; Triton's `x / y` is an approximate division). Without them the
-#: H200 check of 2026-11-28 found the fused activation quantizer's scales off the emulation's in the last bit and a
-#: compiled bf16 engine's tokens equal to the eager engine's on 47 of 64 rows over 160 tokens.
-EAGER_NUMERICS = ("emulate_precision_casts", "eager_numerics.division_rounding")
+#: Inductor options that keep eager PyTorch's numerics in the compiled pieces, each under its spellings (the first this
+#: torch knows is set): the bf16 roundings between fused ops (`emulate_precision_casts`; without it a fused kernel
+#: keeps fp32 intermediates) and IEEE division (Triton's `x / y` is an approximate division; `emulate_divison_rounding`,
+#: sic, in torch 2.10, `eager_numerics.division_rounding` from 2.11). Without them the H200 check of 2026-11-28 found
+#: the fused activation quantizer's scales off the emulation's in the last bit and a compiled bf16 engine's tokens
+#: equal to the eager engine's on 47 of 64 rows over 160 tokens.
+EAGER_NUMERICS = (("emulate_precision_casts",), ("eager_numerics.division_rounding", "emulate_divison_rounding"))
 
 
 def inductor_options() -> dict[str, bool]:
-    """The EAGER_NUMERICS options this torch's Inductor knows, each set."""
+    """The EAGER_NUMERICS options set, each by the first of its spellings this torch's Inductor knows (none: left
+    out, as Inductor refuses an unknown option; tests/unit/test_engine.py checks that this torch knows every one)."""
     import torch._inductor.config as config
 
     def known(name: str) -> bool:
@@ -653,7 +655,8 @@ def inductor_options() -> dict[str, bool]:
             obj = getattr(obj, part)
         return True
 
-    return {name: True for name in EAGER_NUMERICS if known(name)}
+    return {next(name for name in names if known(name)): True
+            for names in EAGER_NUMERICS if any(known(name) for name in names)}
 
 
 def compiled(fn):

@@ -405,6 +405,20 @@ def test_sparse_syncs_stop_within_k_steps_of_the_last_row(models):
     assert longest - 1 <= len(steps) < longest - 1 + 8
 
 
+def test_this_torch_knows_every_eager_numerics_option():
+    """`compiled` sets each EAGER_NUMERICS option by the first spelling this torch knows and leaves out one it knows
+    under none (Inductor refuses unknown options): a torch that renames one again fails here, not silently on a GPU."""
+    import torch._inductor.config as config
+
+    options = embedded.inductor_options()
+    assert len(options) == len(embedded.EAGER_NUMERICS)
+    for name in options:
+        obj = config
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        assert obj is False  # an option, off by default: `compiled` turns it on for its graphs only
+
+
 def test_compiled_engine_traces_and_gives_the_same_rollout(models, monkeypatch, precision="fp8_e4m3", backend="fast"):
     """compile=True: the decode pieces and the fused activation quantizers trace without graph breaks into graphs
     that compute what the eager engine does. Traced with dynamo's eager backend (no C++ build: Inductor's kernels are
