@@ -350,6 +350,40 @@ def check_gpu_request(params: Dict[str, Any], ranks_per_node: int | None = None)
     return warnings
 
 
+def asks_for_gpus(params: Dict[str, Any]) -> bool:
+    """Whether a SLURM launcher's parameters ask for a GPU in any of the ways SLURM takes one."""
+    extra = {str(k).lower(): str(v).lower() for k, v in (params.get("additional_parameters") or {}).items()}
+    return bool(params.get("gpus_per_node") or params.get("gpus_per_task") or "gpu" in str(params.get("gres") or "")
+                or any("gpu" in k or (k == "gres" and "gpu" in v) for k, v in extra.items()))
+
+
+#: A model from this many parameters is a GPU job (the smallest recipe model, Qwen2.5-0.5B, has 4.9e8): on a CPU a
+#: step of it at a recipe's batch takes hours.
+GPU_MODEL_PARAMS = 2e8
+
+
+def check_gpus_asked(params: Dict[str, Any], configs: Sequence[Any]) -> list[str]:
+    """A warning when a SLURM sweep asks for no GPU but its jobs want them (`train.device=cuda`, several ranks, or a
+    model of GPU_MODEL_PARAMS): with `train.device=auto` such a job found no GPU and ran on the node's CPUs, silently,
+    its first step hours away. Empty when the request holds a GPU or no job wants one."""
+    from bench.launch.memory import model_shape
+
+    if asks_for_gpus(params):
+        return []
+    wanting, ranks = 0, 1
+    for c in configs:
+        device = OmegaConf.select(c, "train.device", default="auto")
+        nproc = int(OmegaConf.select(c, "train.nproc_per_node", default=1) or 1)
+        shape = model_shape(c.model) if OmegaConf.select(c, "model") is not None else None
+        if device == "cuda" or (device != "cpu" and (nproc > 1 or (shape and shape.params >= GPU_MODEL_PARAMS))):
+            wanting, ranks = wanting + 1, max(ranks, nproc)
+    if not wanting:
+        return []
+    return [f"hydra.launcher asks SLURM for no GPU, but {wanting} job(s) of this sweep want {ranks} (train.device, "
+            f"train.nproc_per_node or a model of {GPU_MODEL_PARAMS:.0e}+ parameters): they would run on the node's "
+            f"CPUs; set hydra.launcher.gpus_per_node={ranks}, or train.device=cpu for a CPU run"]
+
+
 def several_tasks(params: Dict[str, Any]) -> bool:
     """Whether a job has more than one SLURM task (tasks_per_node x nodes): then each task is one rank and
     `train.nproc_per_node` is not used (bench.distributed.group.export_slurm_tasks)."""
@@ -388,7 +422,8 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
         code = shlex.quote(str(self._snapshot()))
         self._freeze_configs(job_overrides)
         configs = list(self.hydra_context.config_loader._configs.values())
-        for warning in check_gpu_request(self.params, ranks_per_node(self.params, configs)):
+        for warning in check_gpu_request(self.params, ranks_per_node(self.params, configs)) + check_gpus_asked(
+                self.params, configs):
             log.warning(warning)
         self.submit_cwd = os.getcwd()
         self.params["srun_args"] = [*SRUN_ARGS, *self._user_srun]

@@ -114,3 +114,35 @@ def test_each_worker_process_starts_with_its_gpu_block():
         for w in pool.workers:
             w.process.kill()
         pool.close()
+
+
+def composed(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from bench.launch.config import CONF_DIR, register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def test_a_sweep_that_wants_gpus_but_asks_slurm_for_none_is_warned():
+    """A recipe launched on SLURM without a GPU request found no GPU (`train.device=auto`) and ran on the node's
+    CPUs, silently: a 7B job's first step hours away. The launcher now warns, naming the request to add; a CPU sweep
+    (the quickstart, a recipe's CPU mini, `train.device=cpu`) and a request in any of SLURM's spellings stay quiet."""
+    from bench.launch.launchers import asks_for_gpus, check_gpus_asked
+
+    recipe = composed("+experiment=paper/qurl_table2", "method=tis", "rollout.precision=int8")
+    [warning] = check_gpus_asked({"gpus_per_node": None}, [recipe, composed()])
+    assert "1 job(s) of this sweep want 8" in warning and "hydra.launcher.gpus_per_node=8" in warning
+    [warning] = check_gpus_asked({}, [composed("+experiment=paper/qurl_table1")])  # one rank, a 0.5B model
+    assert "want 1" in warning and "gpus_per_node=1" in warning
+    [warning] = check_gpus_asked({}, [composed("train.device=cuda")])  # the tiny default model, on a GPU by choice
+    assert "gpus_per_node=1" in warning
+    quiet = [composed(), composed("+experiment=paper/qurl_table2_mini"),
+             composed("+experiment=paper/qurl_table2", "method=tis", "rollout.precision=int8", "train.device=cpu")]
+    assert check_gpus_asked({}, quiet) == []
+    for asked in ({"gpus_per_node": 8}, {"gpus_per_task": 1}, {"gres": "gpu:a100:8"},
+                  {"additional_parameters": {"gpus": 8}}, {"additional_parameters": {"gres": "gpu:8"}}):
+        assert asks_for_gpus(asked) and check_gpus_asked(asked, [recipe]) == []
+    assert not asks_for_gpus({"gres": "nvme:1", "additional_parameters": {"qos": "normal"}})
