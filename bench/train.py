@@ -322,6 +322,7 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
     if start < every.steps and start % every.eval_every == 0 and not shares_engine(p) \
             and getattr(p.engine, "build_s", None) is None:
         p.engine.load_weights(p.policy)  # the rollout engine before the first evaluation: its failure costs seconds
+        p.engine.release()  # as after every rollout: the evaluation gets its memory (the embedded copy goes)
     bar = progress(range(start, every.steps), run_name)  # a tqdm bar on a terminal, plain lines in a log file
     with PreemptionGuard() as guard:
         try:

@@ -12,11 +12,13 @@ resident, held through the whole step
     update snapshot     the weight-update diagnostic's copy of the linear weights: 4 B x P_lin
     critic              algo.advantage=gae: a copy of the backbone with its own AdamW (16 B x (P_lin + emb))
     reference           algo.kl_ref_beta > 0: an fp32 copy, 4 B x P
-    rollout engine      embedded: its weights in the rollout precision (8-bit linears 1 B, bf16 2 B, fake-quant
-                        formats 4 B x P_lin; embedding and lm_head in the activation dtype, both kept even when
-                        tied); vllm: gpu_memory_utilization x the GPU, reserved at start (weights + KV cache)
+    vllm engine         rollout=vllm: gpu_memory_utilization x the GPU, reserved at start (weights + KV cache)
 transient, one phase at a time (the peak is the resident part plus the largest)
-    generation          embedded KV cache at its chunk size: min(rollout.chunk_tokens, sequences x tokens) x
+    generation          the embedded engine's copy of the policy, built at the sync and dropped once the step's
+                        rollouts are done (`release`, bench/train.py): its weights in the rollout precision (8-bit
+                        linears 1 B, bf16 2 B, fake-quant formats 4 B x P_lin; embedding and lm_head in the
+                        activation dtype, both kept even when tied), plus its
+                        KV cache at its chunk size: min(rollout.chunk_tokens, sequences x tokens) x
                         2 L kv_heads head_dim x bytes (bf16 2, fp32 4), plus the sampler's [rows, V] logits,
                         their / T, log-probs and probabilities (16 B x V per row) and the float64 CDF of CDF_ROWS
                         rows at a time (8 B x V each), or before them the prompts' forward (`prefill_bytes`: one
@@ -235,10 +237,11 @@ def estimate_memory(cfg: Any) -> MemoryEstimate | None:
         "reference": 4 * P if algo.get("kl_ref_beta", 0) > 0 else 0,
     }
     parts = {}
+    engine = 0.0  # the embedded engine's copy: built at the sync, dropped after the rollouts (module docstring)
     if rollout.engine == "vllm":
         parts["vllm engine"] = float(rollout.get("gpu_memory_utilization", GPU_MEMORY_UTILIZATION)) * device_gb * GB
     else:
-        parts["rollout engine"] = engine_bytes(shape, rollout.precision, act_bytes)
+        engine = engine_bytes(shape, rollout.precision, act_bytes)
 
     prompt = float(b.prompt_tokens)
     seq = prompt + task.max_new_tokens
@@ -247,7 +250,7 @@ def estimate_memory(cfg: Any) -> MemoryEstimate | None:
     if rollout.engine != "vllm":
         positions = train.batch_size * seq if chunk is None else min(chunk, train.batch_size * seq)
         rows = positions / seq
-        phases["generation"] = positions * shape.kv_bytes(act_bytes) + max(
+        phases["generation"] = engine + positions * shape.kv_bytes(act_bytes) + max(
             prefill_bytes(shape, rows, prompt, act_bytes), sampler_bytes(rows, V))
     eval_cfg = cfg.get("eval") or {}
     eval_seq = prompt + (eval_cfg.get("max_new_tokens") or task.max_new_tokens)
@@ -275,7 +278,7 @@ def estimate_memory(cfg: Any) -> MemoryEstimate | None:
     phases["training"] = tokens * (per_token + layer_act) + min(HEAD_CHUNK_TOKENS, tokens) * LOGIT_BYTES_GRAD * V
 
     if sharded:  # the sync gathers a unit (embedded) or a tensor (vLLM) at a time (module docstring)
-        phases["weight sync"] = weight_bytes * (shape.tensor if rollout.engine == "vllm" else shape.unit)
+        phases["weight sync"] = weight_bytes * (shape.tensor if rollout.engine == "vllm" else shape.unit) + engine
     out_parts = {k: v / nproc / GB for k, v in sharded_parts.items() if v} | {k: v / GB for k, v in parts.items()}
     return MemoryEstimate(out_parts, {k: v / GB for k, v in phases.items()}, nproc, sharded, device_gb, booked)
 
