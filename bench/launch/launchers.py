@@ -384,6 +384,35 @@ def check_gpus_asked(params: Dict[str, Any], configs: Sequence[Any]) -> list[str
             f"CPUs; set hydra.launcher.gpus_per_node={ranks}, or train.device=cpu for a CPU run"]
 
 
+def check_host_memory(params: Dict[str, Any], configs: Sequence[Any]) -> list[str]:
+    """A warning when a SLURM sweep leaves the job's memory to the partition's default while its jobs need more than
+    a default gives: every rank of a job builds the whole model on the host before sharding it (docs/scaling.md,
+    Limits), ranks x 4 B x P at start (8 x 30 GB for a 7B recipe), and a default of a few GB per core ends the job
+    out of memory at start-up, after its wait in the queue. Empty when a memory is set or the model is small."""
+    from bench.launch.memory import GB, model_shape
+
+    extra = {str(k).lower() for k in (params.get("additional_parameters") or {})}
+    if params.get("mem_gb") or params.get("mem_per_gpu") or params.get("mem_per_cpu") or extra & {"mem", "mem_per_cpu",
+                                                                                                  "mem_per_gpu"}:
+        return []
+    need = 0.0
+    for c in configs:
+        shape = model_shape(c.model) if OmegaConf.select(c, "model") is not None else None
+        if shape is not None:
+            ranks = int(OmegaConf.select(c, "train.nproc_per_node", default=1) or 1)
+            per_param = 2 if OmegaConf.select(c, "model.dtype") == "bf16" else 4
+            need = max(need, ranks * per_param * shape.params / GB)
+    if need < HOST_MEMORY_WARN_GB:
+        return []
+    return [f"hydra.launcher.mem_gb is null (the partition's default memory per job), but each rank of a job builds the "
+            f"whole model on the host before sharding it: ~{need:,.0f} GB at start; set hydra.launcher.mem_gb="
+            f"{int(need * 1.25) + 16} (QRL_SLURM_MEM_GB) or more"]
+
+
+#: Host memory a job's models need at start above which a SLURM sweep should state its memory (check_host_memory).
+HOST_MEMORY_WARN_GB = 16
+
+
 def several_tasks(params: Dict[str, Any]) -> bool:
     """Whether a job has more than one SLURM task (tasks_per_node x nodes): then each task is one rank and
     `train.nproc_per_node` is not used (bench.distributed.group.export_slurm_tasks)."""
@@ -422,8 +451,9 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
         code = shlex.quote(str(self._snapshot()))
         self._freeze_configs(job_overrides)
         configs = list(self.hydra_context.config_loader._configs.values())
-        for warning in check_gpu_request(self.params, ranks_per_node(self.params, configs)) + check_gpus_asked(
-                self.params, configs):
+        ranks = ranks_per_node(self.params, configs)
+        for warning in (check_gpu_request(self.params, ranks) + check_gpus_asked(self.params, configs)
+                        + check_host_memory(self.params, configs)):
             log.warning(warning)
         self.submit_cwd = os.getcwd()
         self.params["srun_args"] = [*SRUN_ARGS, *self._user_srun]

@@ -146,3 +146,37 @@ def test_a_sweep_that_wants_gpus_but_asks_slurm_for_none_is_warned():
                   {"additional_parameters": {"gpus": 8}}, {"additional_parameters": {"gres": "gpu:8"}}):
         assert asks_for_gpus(asked) and check_gpus_asked(asked, [recipe]) == []
     assert not asks_for_gpus({"gres": "nvme:1", "additional_parameters": {"qos": "normal"}})
+
+
+def test_a_sweep_of_large_models_states_its_host_memory():
+    """Every rank builds the whole model on the host before sharding it: 8 ranks x 30 GB for a 7B recipe at start,
+    which a partition's default memory per job does not hold (the job dies at start-up, after its queue wait)."""
+    from bench.launch.launchers import check_host_memory
+
+    recipe = composed("+experiment=paper/qurl_table2", "method=tis", "rollout.precision=int8")
+    [warning] = check_host_memory({"mem_gb": None}, [recipe, composed()])
+    assert "~244 GB at start" in warning and "hydra.launcher.mem_gb=320" in warning  # 8 x 4 B x 7.62e9
+    for stated in ({"mem_gb": 400}, {"mem_per_gpu": "40G"}, {"additional_parameters": {"mem": "400G"}}):
+        assert check_host_memory(stated, [recipe]) == []
+    assert check_host_memory({}, [composed(), composed("+experiment=paper/qurl_table2_mini")]) == []  # tiny models
+
+
+@pytest.mark.parametrize("name", ["qurl_table1", "flashrl_gsm8k", "qurl_table2", "qurl_table3", "qurl_table4",
+                                  "ais_table3", "p3o_fp8"])
+def test_every_paper_recipes_slurm_command_is_a_coherent_request(name):
+    """The SLURM command at the top of each paper recipe (conf/experiment/paper/<name>.yaml) asks for what its jobs
+    need, every launcher check quiet: GPUs one per rank, a core per rank, host memory for the ranks' models. The
+    commands of qurl_table1 and flashrl_gsm8k asked for no GPU: their jobs would have trained on the CPUs."""
+    import re
+
+    from bench.launch.config import CONF_DIR
+    from bench.launch.dryrun import expand
+    from bench.launch.launchers import check_gpus_asked, check_host_memory, ranks_per_node
+
+    text = (CONF_DIR / "experiment" / "paper" / f"{name}.yaml").read_text()
+    [command] = [line for line in text.splitlines() if "hydra/launcher=slurm" in line]
+    params = {k: int(v) for k, v in re.findall(r"hydra\.launcher\.(\w+)=(\d+)", command)}
+    configs = [composed(*job) for job in expand([f"+experiment=paper/{name}"])[:3]]
+    ranks = ranks_per_node(params, configs)
+    assert params["gpus_per_node"] == ranks == configs[0].budget.gpus
+    assert check_gpu_request(params, ranks) + check_gpus_asked(params, configs) + check_host_memory(params, configs) == []
