@@ -54,9 +54,12 @@ closes an engine mid-run (an evaluation through vLLM must share the rollout engi
 before the rank destroys the group (bench.rollout.close_engines).
 
 GPU sharing (no-ops on CPU, where vLLM has no sleep mode): `gpu_memory_utilization` caps the engine's share
-of the GPU (weights + KV cache); `sleep_level` 1 or 2 puts the engine to sleep after every `generate`
-(level 1 offloads weights to host memory, level 2 drops them) and `load_weights` wakes the weights, reloads
-them, then wakes the KV cache. These GPU paths follow vLLM 0.32's API but were not run here (no GPU).
+of the GPU (weights + KV cache); `sleep_level` 1 or 2 puts the engine to sleep at `release`, once a step's rollouts
+are done (level 1 offloads weights to host memory, level 2 drops them) and `load_weights` wakes the weights, reloads
+them, then wakes the KV cache. Level 1's wake-up copies the old weights back to the GPU just before the sync
+overwrites them (a host-to-device copy of the model per step, for nothing); level 2 drops them and only reallocates,
+vLLM's mode for weights that change between uses. These GPU paths follow vLLM 0.32's API but were not run here (no
+GPU).
 """
 
 from __future__ import annotations
@@ -126,7 +129,7 @@ class VLLMRolloutConfig(RolloutConfig):
     engine: str = "vllm"
     # the engine's share of the GPU (weights + KV cache); ignored on CPU
     gpu_memory_utilization: float = num(GPU_MEMORY_UTILIZATION, "(0, 1]")
-    # 1: offload weights after each generate, 2: drop them (reloaded at the sync)
+    # after a step's rollouts (release): 1 offloads the weights (copied back at the sync), 2 drops them
     sleep_level: int = num(0, "[1, 2]", {0: "off"})
     enforce_eager: Optional[bool] = None  # null: CUDA graphs on a GPU, eager on a CPU (ENFORCE_EAGER says why)
 
