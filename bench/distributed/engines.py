@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from bench.distributed.group import gather_object, rank, world_size
-from bench.distributed.sharding import detach_aliases, gathered, is_sharded, unsharded
-from bench.rollout.base import Rollout, RolloutEngine, SamplingParams
+from bench.distributed.sharding import gathered, is_sharded, unsharded
+from bench.rollout.base import Rollout, RolloutEngine, SamplingParams, detach_aliases
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig

@@ -115,20 +115,6 @@ def gathered(module: nn.Module) -> Iterator[nn.Module]:
         module.reshard()
 
 
-def detach_aliases(root: nn.Module, model: nn.Module) -> None:
-    """Replace every tensor under `root` that shares storage with `model`'s (unsharded) parameters by a copy.
-
-    An fp32 engine keeps the trainer's tensors as they are (the embedding, unquantized linears); the all-gathered
-    parameters they alias are freed when the model is resharded.
-    """
-    ptrs = {p.untyped_storage().data_ptr() for p in model.parameters() if p.untyped_storage().size()}
-    for m in root.modules():
-        for store in (m._parameters, m._buffers, vars(m)):
-            for k, v in list(store.items()):
-                if isinstance(v, torch.Tensor) and v.untyped_storage().size() and v.untyped_storage().data_ptr() in ptrs:
-                    store[k] = v.detach().clone()
-
-
 def load_full_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load a whole (one-process) state dict into a model, sharded or not: a ckpt/last.pt resumed at N > 1."""
     if not is_sharded(model):

@@ -350,11 +350,15 @@ def check_gpu_request(params: Dict[str, Any], ranks_per_node: int | None = None)
     return warnings
 
 
+#: sbatch options that ask for GPUs (as `additional_parameters` keys, `-` or `_`); `gres` asks when its value names gpu
+GPU_OPTIONS = ("gpus", "gpus_per_node", "gpus_per_task", "gpus_per_socket")
+
+
 def asks_for_gpus(params: Dict[str, Any]) -> bool:
     """Whether a SLURM launcher's parameters ask for a GPU in any of the ways SLURM takes one."""
-    extra = {str(k).lower(): str(v).lower() for k, v in (params.get("additional_parameters") or {}).items()}
+    extra = {str(k).lower().replace("-", "_"): str(v).lower() for k, v in (params.get("additional_parameters") or {}).items()}
     return bool(params.get("gpus_per_node") or params.get("gpus_per_task") or "gpu" in str(params.get("gres") or "")
-                or any("gpu" in k or (k == "gres" and "gpu" in v) for k, v in extra.items()))
+                or any(k in GPU_OPTIONS or (k == "gres" and "gpu" in v) for k, v in extra.items()))
 
 
 #: A model from this many parameters is a GPU job (the smallest recipe model, Qwen2.5-0.5B, has 4.9e8): on a CPU a
@@ -370,13 +374,13 @@ def check_gpus_asked(params: Dict[str, Any], configs: Sequence[Any]) -> list[str
 
     if asks_for_gpus(params):
         return []
-    wanting, ranks = 0, 1
+    wanting, ranks = 0, ranks_per_node(params, configs)
     for c in configs:
         device = OmegaConf.select(c, "train.device", default="auto")
-        nproc = int(OmegaConf.select(c, "train.nproc_per_node", default=1) or 1)
+        several = ranks_per_node(params, [c]) > 1
         shape = model_shape(c.model) if OmegaConf.select(c, "model") is not None else None
-        if device == "cuda" or (device != "cpu" and (nproc > 1 or (shape and shape.params >= GPU_MODEL_PARAMS))):
-            wanting, ranks = wanting + 1, max(ranks, nproc)
+        if device == "cuda" or (device != "cpu" and (several or (shape and shape.params >= GPU_MODEL_PARAMS))):
+            wanting += 1
     if not wanting:
         return []
     return [f"hydra.launcher asks SLURM for no GPU, but {wanting} job(s) of this sweep want {ranks} (train.device, "
@@ -395,16 +399,15 @@ def check_host_memory(params: Dict[str, Any], configs: Sequence[Any]) -> list[st
     if params.get("mem_gb") or params.get("mem_per_gpu") or params.get("mem_per_cpu") or extra & {"mem", "mem_per_cpu",
                                                                                                   "mem_per_gpu"}:
         return []
-    need = 0.0
+    need, ranks = 0.0, ranks_per_node(params, configs)  # a node's ranks: its SLURM tasks or the processes one spawns
     for c in configs:
         shape = model_shape(c.model) if OmegaConf.select(c, "model") is not None else None
         if shape is not None:
-            ranks = int(OmegaConf.select(c, "train.nproc_per_node", default=1) or 1)
             per_param = 2 if OmegaConf.select(c, "model.dtype") == "bf16" else 4
             need = max(need, ranks * per_param * shape.params / GB)
     if need < HOST_MEMORY_WARN_GB:
         return []
-    return [f"hydra.launcher.mem_gb is null (the partition's default memory per job), but each rank of a job builds the "
+    return [f"hydra.launcher.mem_gb is null (the partition's default memory per node), but each rank of a job builds the "
             f"whole model on the host before sharding it: ~{need:,.0f} GB at start; set hydra.launcher.mem_gb="
             f"{int(need * 1.25) + 16} (QRL_SLURM_MEM_GB) or more"]
 

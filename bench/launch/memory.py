@@ -210,8 +210,11 @@ def sampler_bytes(rows: float, vocab: int) -> float:
 def prefill_bytes(shape: Shape, rows: float, prompt: float, itemsize: int) -> float:
     """The prompts' forward of one generate chunk (EmbeddedEngine.start), before its first decode step: one layer's
     activations of every prompt position at a time (residual, q/k/v, attention output, the MLP's gate/up and their
-    product: ~4 h + 3 i values) and the [rows, 1, P, P] attention mask (bool, and SDPA's additive copy)."""
-    return rows * prompt * (4 * shape.hidden + 3 * shape.mlp) * itemsize + rows * prompt**2 * (1 + itemsize)
+    product: ~4 h + 3 i values) and the attention mask: [rows, 1, P, P] bool, repeated for the G = heads / kv_heads
+    query heads of a KV head (bench.rollout.embedded.grouped_attention), and SDPA's additive copy of that."""
+    groups = shape.heads // shape.kv_heads
+    return (rows * prompt * (4 * shape.hidden + 3 * shape.mlp) * itemsize
+            + rows * prompt**2 * (1 + groups * (1 + itemsize)))
 
 
 def estimate_memory(cfg: Any) -> MemoryEstimate | None:

@@ -354,15 +354,18 @@ class Preflight:
             engine_gb = est.phases.get("evaluation", 0.0)  # evaluation, the training step runs without it
             training = max((gb for phase, gb in est.phases.items() if phase != "evaluation"), default=0.0)
             need = est.resident + training - engine_gb - trainer_gb
+            peak = f"resident {est.resident:.1f} + largest other phase {training:.1f} GB, less the evaluation engine's"
+            fix = "eval.engine=embedded, or a smaller train.micro_batch_size"
         else:
             engine_gb = est.parts.get("vllm engine", 0.0)
             need = est.peak - engine_gb - trainer_gb
+            peak = f"peak {est.peak:.1f} GB less the engine's"
+            fix = (f"lower rollout.gpu_memory_utilization={self.cfg.rollout.get('gpu_memory_utilization', '-')}, "
+                   "or train.micro_batch_size")
         if free_gb < need:
             raise PreflightError(f"{free_gb:.1f} GB of the GPU are free after vLLM started, the training step needs "
-                                 f"~{need:.1f} GB more (bench/launch/memory.py: peak {est.peak:.1f} GB less the engine's "
-                                 f"{engine_gb:.1f} and the trainer's {trainer_gb:.1f} allocated before it): lower "
-                                 f"rollout.gpu_memory_utilization={self.cfg.rollout.get('gpu_memory_utilization', '-')}, "
-                                 "or train.micro_batch_size")
+                                 f"~{need:.1f} GB more (bench/launch/memory.py: {peak} {engine_gb:.1f} and the "
+                                 f"trainer's {trainer_gb:.1f} allocated before it): {fix}")
         return f"{free_gb:.1f} GB free after the engine started >= ~{need:.1f} GB the training step still needs"
 
 

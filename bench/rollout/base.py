@@ -163,3 +163,29 @@ class RolloutEngine(Protocol):
 
     def release(self) -> None:
         """Free what the engine holds between uses (the evaluation engine's copy of the policy); may do nothing."""
+
+
+def detach_aliases(root: torch.nn.Module, source: torch.nn.Module) -> None:
+    """Replace every tensor under `root` that shares storage with `source`'s parameters by a copy of its own.
+
+    An engine's conversion of a weight to the dtype it already has returns the weight itself (an fp32 engine's
+    embedding, a bf16 engine's linears from a bf16 model): such an engine tensor would alias the trainer's parameter,
+    which the optimizer updates in place, and under FSDP2 its all-gathered storage, freed when the unit reshards
+    (resharded units have no storage and are skipped).
+    """
+    ptrs = {_storage(p) for p in source.parameters()} - {None}
+    for m in root.modules():
+        for store in (m._parameters, m._buffers, vars(m)):
+            for k, v in list(store.items()):
+                if isinstance(v, torch.Tensor) and _storage(v) in ptrs:
+                    store[k] = v.detach().clone()
+
+
+def _storage(t: torch.Tensor) -> int | None:
+    """The address of a tensor's storage; None for a freed one (a resharded FSDP2 parameter) or a tensor subclass
+    without storage of its own (a sharded DTensor)."""
+    try:
+        storage = t.untyped_storage()
+        return storage.data_ptr() if storage.size() else None
+    except RuntimeError:
+        return None

@@ -28,7 +28,7 @@ import copy
 import dataclasses
 import inspect
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, ExitStack, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -44,7 +44,7 @@ from bench.quant.fp8 import FP8_KERNELS
 from bench.quant.int8 import INT8_KERNELS
 from bench.quant.linear import make_linear, native_bf16_matmul, swap_linears
 from bench.quant.quantizers import Quantizer
-from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams, token_ids
+from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams, detach_aliases, token_ids
 
 FAST_FAMILIES = ("llama", "qwen2", "qwen3")
 BACKENDS = ("auto", "fast", "hf")
@@ -251,6 +251,7 @@ class FastDecoder(nn.Module):
         for layer in inner.layers:
             with gather(layer):
                 self.layers.append(_Layer(layer, build, act_dtype))
+                detach_aliases(self.layers[-1], layer)  # tensors of its own before the unit reshards
         with gather(model):  # the root's own parameters: the embedding, the final norm, the lm_head
             embed = inner.embed_tokens.weight.detach().float()
             if knobs.quantize_embeddings:
@@ -260,6 +261,7 @@ class FastDecoder(nn.Module):
             lm_head = model.lm_head
             self.lm_head = build(lm_head.weight.detach(), _bias(lm_head),
                                  q=quantizer if knobs.quantize_lm_head else plain)
+            detach_aliases(self, model)
         self._state: dict = {}
 
     @property
@@ -532,7 +534,8 @@ class EmbeddedEngine:
         """Rebuild the engine's copy from the trainer's weights: fresh quantization scales every call.
 
         `gather` (see `Gather`) makes a sharded model's parameters whole: the fast decoder holds one decoder
-        layer's (and the root's) at a time; the generic HF path deep-copies the model, so it holds them all."""
+        layer's (or the root's) at a time; the generic HF path, which deep-copies the model, cannot copy a sharded
+        one (FSDP2 refuses a deep copy)."""
         problem = fast_path_problem(model)
         if self.cfg.backend == "fast" and problem:
             raise ValueError(f"backend='fast' cannot serve {type(model).__name__}: {problem}")
@@ -540,13 +543,13 @@ class EmbeddedEngine:
         device = next(model.parameters()).device
         self.act_dtype = DTYPES[self.cfg.act_dtype or self.quantizer.fmt.act_dtype_on(device.type)]
         self.decoder = None  # free the old copy before building the new one
-        if use_fast:
-            self.decoder = FastDecoder(model, self.quantizer, self.act_dtype, self.cfg, gather)
-        else:
-            with ExitStack() as whole:
-                for m in model.modules():
-                    whole.enter_context(gather(m))
-                self.decoder = HFDecoder(model, self.quantizer, self.act_dtype, self.cfg)
+        if not use_fast and gather is not as_is:
+            raise ValueError(f"rollout.backend={self.cfg.backend} serves {type(model).__name__} on the generic HF path, "
+                             f"which deep-copies the model, and FSDP2 refuses to deep-copy a sharded one"
+                             f"{f' (the fast decoder cannot serve it: {problem})' if problem else ''}: run it with "
+                             "train.nproc_per_node=1, or use rollout.backend=auto with a Llama / Qwen2 / Qwen3 model")
+        self.decoder = (FastDecoder(model, self.quantizer, self.act_dtype, self.cfg, gather) if use_fast
+                        else HFDecoder(model, self.quantizer, self.act_dtype, self.cfg))
         if self.cfg.compile:
             fuse_activation_quantization(self.decoder.modules() if isinstance(self.decoder, nn.Module)
                                          else self.decoder.model.modules())

@@ -145,7 +145,13 @@ def test_a_sweep_that_wants_gpus_but_asks_slurm_for_none_is_warned():
     for asked in ({"gpus_per_node": 8}, {"gpus_per_task": 1}, {"gres": "gpu:a100:8"},
                   {"additional_parameters": {"gpus": 8}}, {"additional_parameters": {"gres": "gpu:8"}}):
         assert asks_for_gpus(asked) and check_gpus_asked(asked, [recipe]) == []
-    assert not asks_for_gpus({"gres": "nvme:1", "additional_parameters": {"qos": "normal"}})
+    assert asks_for_gpus({"additional_parameters": {"gpus-per-node": 8}})
+    for not_gpus in ({"gres": "nvme:1", "additional_parameters": {"qos": "normal"}},
+                     {"additional_parameters": {"mem_per_gpu": "80G", "cpus_per_gpu": 8, "gpu_bind": "closest"}}):
+        assert not asks_for_gpus(not_gpus) and check_gpus_asked(not_gpus, [recipe])
+    # one task per GPU (tasks_per_node, train.nproc_per_node unused): the node's 8 ranks are its tasks
+    [warning] = check_gpus_asked({"tasks_per_node": 8}, [composed("model=qwen2.5-1.5b-instruct")])
+    assert "want 8" in warning and "gpus_per_node=8" in warning
 
 
 def test_a_sweep_of_large_models_states_its_host_memory():
@@ -159,6 +165,11 @@ def test_a_sweep_of_large_models_states_its_host_memory():
     for stated in ({"mem_gb": 400}, {"mem_per_gpu": "40G"}, {"additional_parameters": {"mem": "400G"}}):
         assert check_host_memory(stated, [recipe]) == []
     assert check_host_memory({}, [composed(), composed("+experiment=paper/qurl_table2_mini")]) == []  # tiny models
+    # one task per GPU: the node's 8 tasks each build the model (train.nproc_per_node is 1 there)
+    [warning] = check_host_memory({"tasks_per_node": 8, "nodes": 2},
+                                  [composed("+experiment=paper/qurl_table2", "method=tis", "rollout.precision=int8",
+                                            "train.nproc_per_node=1")])
+    assert "~244 GB at start" in warning
 
 
 @pytest.mark.parametrize("name", ["qurl_table1", "flashrl_gsm8k", "qurl_table2", "qurl_table3", "qurl_table4",

@@ -54,7 +54,8 @@ def test_qurl_table1_terms_by_hand():
         (tokens * (24 * (26 * 896 + 8 * 4864) + 2 * 896 * 16) + HEAD_CHUNK_TOKENS * 20 * s.vocab) / GB)
     assert est.phases["recompute"] == pytest.approx((4096 * 2 * 896 * 16 + HEAD_CHUNK_TOKENS * 14 * s.vocab) / GB)
     sampler = 256 * s.vocab * SAMPLER_BYTES + CDF_ROWS * s.vocab * 8
-    prefill = 256 * 105 * (4 * 896 + 3 * 4864) * 2 + 256 * 105**2 * (1 + 2)  # a layer's activations, the P x P mask
+    # a layer's activations; the P x P mask, repeated for the 7 query heads of a KV head, and its additive copy
+    prefill = 256 * 105 * (4 * 896 + 3 * 4864) * 2 + 256 * 105**2 * (1 + 7 * (1 + 2))
     assert prefill > sampler  # 256 prompts' forward (0.98 GB) outweighs the sampler's transient (0.70 GB) here
     assert est.phases["generation"] == pytest.approx((engine + 256 * seq * 2 * 24 * 2 * 64 * 2 + prefill) / GB)
     assert not est.sharded and est.fits and est.gpus == est.booked == 1

@@ -37,7 +37,9 @@ def test_an_evaluation_engine_beside_an_embedded_rollout_is_not_counted_as_resid
     # the training step: 30 resident + 15 training - 12 held before = 33 GB, of which the evaluation's 28 come back
     assert Preflight.free_memory(preflight, 5.0, 12.0) == ("5.0 GB free after the engine started >= ~5.0 GB the "
                                                            "training step still needs")
-    with pytest.raises(PreflightError, match=r"4.0 GB of the GPU are free .* needs ~5.0 GB more"):
+    with pytest.raises(PreflightError, match=r"4.0 GB of the GPU are free .* needs ~5.0 GB more .*resident 30.0 \+ "
+                                             r"largest other phase 15.0 GB, less the evaluation engine's 28.0 .*: "
+                                             r"eval.engine=embedded"):
         Preflight.free_memory(preflight, 4.0, 12.0)
     rollout = SimpleNamespace(cfg=preflight.cfg, rollout=object())  # a vLLM rollout engine stays: the whole peak
     monkeypatch.setattr(memory, "estimate_memory", lambda cfg: SimpleNamespace(peak=58.0, parts={"vllm engine": 28.0}))

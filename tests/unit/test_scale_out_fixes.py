@@ -64,13 +64,19 @@ def test_a_vllm_evaluation_gets_the_sharded_policy_as_it_is(group, monkeypatch):
     assert sharding.is_sharded(model)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int8"])  # the evaluation's engine; a rollout engine's
-def test_the_embedded_engine_copies_a_sharded_policy_one_unit_at_a_time(group, monkeypatch, precision):
+@pytest.mark.parametrize("precision, model_dtype", [
+    ("fp32", torch.float32),  # the evaluation's engine
+    ("int8", torch.float32),  # a rollout engine
+    ("bf16", torch.bfloat16),  # a bf16 engine from a bf16 model, as on a GPU: its conversions return the weights
+])
+def test_the_embedded_engine_copies_a_sharded_policy_one_unit_at_a_time(group, monkeypatch, precision, model_dtype):
     """The embedded engine (rollout and fp32 evaluation alike) copies a sharded policy one FSDP unit at a time:
     each decoder layer alone, then the root's embedding, norm and lm_head, every unit resharded after, so a rank
     never holds the gathered fp32 model, during the copy or beside it afterwards (an fp32 evaluation engine used to
     keep the whole model gathered while it held its own copy: two fp32 models per rank, ~64 GB at 8B). The copy
-    equals the one built from the model in one process: same tokens, same log-probs."""
+    equals the one built from the model in one process: same tokens, same log-probs. A conversion to the dtype a
+    weight already has returns the weight (bf16 from a bf16 model on the native bf16 path every GPU takes): the
+    engine copies it while its unit is gathered, or its tensors lose their storage when the unit reshards."""
     import copy
 
     from torch.distributed.tensor import DTensor
@@ -78,11 +84,14 @@ def test_the_embedded_engine_copies_a_sharded_policy_one_unit_at_a_time(group, m
     from bench.rollout import embedded
     from bench.rollout.base import SamplingParams
 
+    from bench.quant import plain as plain_formats
+
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setattr(plain_formats, "native_half", lambda half, device: True)  # the GPU's path, on the CPU
     torch.manual_seed(0)
     plain = tr.Qwen2ForCausalLM(tr.Qwen2Config(vocab_size=48, hidden_size=32, intermediate_size=64,
                                                num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                                               tie_word_embeddings=False))
+                                               tie_word_embeddings=False)).to(model_dtype)
     model = sharding.shard(copy.deepcopy(plain))
     units = sharding.decoder_layers(model)
 
@@ -117,6 +126,20 @@ def test_the_embedded_engine_copies_a_sharded_policy_one_unit_at_a_time(group, m
     got, want = (e.generate(ids, mask, 2, sampling, torch.Generator().manual_seed(1)) for e in (engine, alone))
     assert torch.equal(got.response_ids, want.response_ids)
     assert torch.equal(got.logp_mu, want.logp_mu)
+
+
+def test_the_generic_hf_decoder_is_refused_for_a_sharded_policy(group, monkeypatch):
+    """rollout.backend=hf deep-copies the model, which FSDP2 refuses for a sharded one: one line naming the fix
+    instead of torch's "FSDP does not support deepcopy" from inside the engine."""
+    from bench.rollout.embedded import EmbeddedEngine
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    model = sharding.shard(tr.Qwen2ForCausalLM(tr.Qwen2Config(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1)))
+    with pytest.raises(ValueError, match=r"rollout.backend=hf serves \w*Qwen2ForCausalLM on the generic HF path.*"
+                                         r"train.nproc_per_node=1"):
+        engines.BlockEngine(EmbeddedEngine("fp32", backend="hf"), 1, 0).load_weights(model)
 
 
 def test_tensor_parallelism_is_refused_in_one_line():
