@@ -356,7 +356,8 @@ GPU_OPTIONS = ("gpus", "gpus_per_node", "gpus_per_task", "gpus_per_socket")
 
 def asks_for_gpus(params: Dict[str, Any]) -> bool:
     """Whether a SLURM launcher's parameters ask for a GPU in any of the ways SLURM takes one."""
-    extra = {str(k).lower().replace("-", "_"): str(v).lower() for k, v in (params.get("additional_parameters") or {}).items()}
+    extra = {str(k).lower().replace("-", "_"): str(v).lower()
+             for k, v in (params.get("additional_parameters") or {}).items()}
     return bool(params.get("gpus_per_node") or params.get("gpus_per_task") or "gpu" in str(params.get("gres") or "")
                 or any(k in GPU_OPTIONS or (k == "gres" and "gpu" in v) for k, v in extra.items()))
 
@@ -407,8 +408,8 @@ def check_host_memory(params: Dict[str, Any], configs: Sequence[Any]) -> list[st
             need = max(need, ranks * per_param * shape.params / GB)
     if need < HOST_MEMORY_WARN_GB:
         return []
-    return [f"hydra.launcher.mem_gb is null (the partition's default memory per node), but each rank of a job builds the "
-            f"whole model on the host before sharding it: ~{need:,.0f} GB at start; set hydra.launcher.mem_gb="
+    return [f"hydra.launcher.mem_gb is null (the partition's default memory per node), but each rank of a job "
+            f"builds the whole model on the host before sharding it: ~{need:,.0f} GB at start; set hydra.launcher.mem_gb="
             f"{int(need * 1.25) + 16} (QRL_SLURM_MEM_GB) or more"]
 
 

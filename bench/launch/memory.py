@@ -267,8 +267,9 @@ def estimate_memory(cfg: Any) -> MemoryEstimate | None:
     else:  # its copy, then at once the largest of: the unit a sharded run gathers to build it, its KV cache + sampler
         gather = weight_bytes * shape.unit if sharded and eval_kind == "embedded" else 0
         eval_rows = eval_positions / eval_seq
-        phases["evaluation"] = 4 * (shape.linear + 2 * shape.embed) + max(gather, eval_positions * shape.kv_bytes(4) + max(
-            prefill_bytes(shape, eval_rows, prompt, 4), sampler_bytes(eval_rows, V)))
+        cache = eval_positions * shape.kv_bytes(4) + max(prefill_bytes(shape, eval_rows, prompt, 4),
+                                                         sampler_bytes(eval_rows, V))
+        phases["evaluation"] = 4 * (shape.linear + 2 * shape.embed) + max(gather, cache)
     layer_act = 2 * shape.hidden * 16  # one layer's transient activations per token (bf16), rough
     recompute_tokens = train.micro_batch_tokens or train.batch_size * seq
     phases["recompute"] = (recompute_tokens * layer_act

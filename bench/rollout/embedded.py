@@ -544,8 +544,8 @@ class EmbeddedEngine:
         self.act_dtype = DTYPES[self.cfg.act_dtype or self.quantizer.fmt.act_dtype_on(device.type)]
         self.decoder = None  # free the old copy before building the new one
         if not use_fast and gather is not as_is:
-            raise ValueError(f"rollout.backend={self.cfg.backend} serves {type(model).__name__} on the generic HF path, "
-                             f"which deep-copies the model, and FSDP2 refuses to deep-copy a sharded one"
+            raise ValueError(f"rollout.backend={self.cfg.backend} serves {type(model).__name__} on the generic HF "
+                             f"path, which deep-copies the model, and FSDP2 refuses to deep-copy a sharded one"
                              f"{f' (the fast decoder cannot serve it: {problem})' if problem else ''}: run it with "
                              "train.nproc_per_node=1, or use rollout.backend=auto with a Llama / Qwen2 / Qwen3 model")
         self.decoder = (FastDecoder(model, self.quantizer, self.act_dtype, self.cfg, gather) if use_fast
