@@ -176,3 +176,34 @@ def test_dry_run_warns_where_a_step_outlasts_the_slurm_signal_delay(capsys, tmp_
     dry_run(["+experiment=paper/qurl_table2", "hydra/launcher=slurm", f"hydra.launcher.signal_delay_s={suggested}",
              f"out_root={tmp_path}"])
     assert "take longer for a training step" not in capsys.readouterr().err
+
+
+def test_the_scaling_docs_table_states_the_dry_runs_peaks():
+    """docs/scaling.md's table of the multi-GPU recipes states what the dry run estimates for their jobs: each row's
+    peaks per GPU (a value or a range per engine), the GPUs used and booked, and the one-process peaks (that column
+    had gone stale: ~104 GB for 7B where the estimate gave ~200)."""
+    import re
+
+    from bench.launch.dryrun import expand
+
+    text = (CONF_DIR.parent / "docs" / "scaling.md").read_text()
+    rows = re.findall(r"^\| (\w+) \([^)]*\) \| ([^|]*) \| (\d+) / (\d+) \| ~([\d-]+) GB \| \w+ \|$", text, re.M)
+    assert sorted(r[0] for r in rows) == ["ais_table3", "p3o_fp8", "qurl_table2", "qurl_table3", "qurl_table4"]
+
+    def stated(cell: str) -> list[tuple[int, int]]:
+        return [(int(lo), int(hi or lo)) for lo, hi in re.findall(r"(\d+)(?:-(\d+))? GB", cell)]
+
+    def agree(spans: list[tuple[int, int]], peaks: set[int]) -> bool:
+        ends = {n for span in spans for n in span}
+        return ends <= peaks and all(any(lo <= p <= hi for lo, hi in spans) for p in peaks)
+
+    for name, cell, used, booked, alone in rows:
+        jobs = expand([f"+experiment=paper/{name}"])
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            ests = [estimate_memory(compose("config", overrides=job)) for job in jobs]
+            ones = [estimate_memory(compose("config", overrides=[*job, "train.nproc_per_node=1", "budget.gpus=1"]))
+                    for job in jobs]
+        peaks, alone_peaks = {round(e.peak) for e in ests}, {round(e.peak) for e in ones}
+        assert agree(stated(cell), peaks), (name, sorted(peaks))
+        assert {(e.gpus, e.booked) for e in ests} == {(int(used), int(booked))}
+        assert agree(stated(f"{alone} GB"), alone_peaks), (name, sorted(alone_peaks))
