@@ -354,10 +354,22 @@ def check_gpu_request(params: Dict[str, Any], ranks_per_node: int | None = None)
 GPU_OPTIONS = ("gpus", "gpus_per_node", "gpus_per_task", "gpus_per_socket")
 
 
+def sbatch_extra(params: Dict[str, Any]) -> dict[str, str]:
+    """A SLURM launcher's `additional_parameters`, keys as submitit spells its own (lower case, `_`)."""
+    extra = params.get("additional_parameters") or {}
+    return {str(k).lower().replace("-", "_"): str(v).lower() for k, v in extra.items()}
+
+
+def model_of(cfg: Any) -> Any:
+    """The shape of a job's model (bench.launch.memory.model_shape), or None when unknown or the config has none."""
+    from bench.launch.memory import model_shape
+
+    return model_shape(cfg.model) if OmegaConf.select(cfg, "model") is not None else None
+
+
 def asks_for_gpus(params: Dict[str, Any]) -> bool:
     """Whether a SLURM launcher's parameters ask for a GPU in any of the ways SLURM takes one."""
-    extra = {str(k).lower().replace("-", "_"): str(v).lower()
-             for k, v in (params.get("additional_parameters") or {}).items()}
+    extra = sbatch_extra(params)
     return bool(params.get("gpus_per_node") or params.get("gpus_per_task") or "gpu" in str(params.get("gres") or "")
                 or any(k in GPU_OPTIONS or (k == "gres" and "gpu" in v) for k, v in extra.items()))
 
@@ -371,15 +383,13 @@ def check_gpus_asked(params: Dict[str, Any], configs: Sequence[Any]) -> list[str
     """A warning when a SLURM sweep asks for no GPU but its jobs want them (`train.device=cuda`, several ranks, or a
     model of GPU_MODEL_PARAMS): with `train.device=auto` such a job found no GPU and ran on the node's CPUs, silently,
     its first step hours away. Empty when the request holds a GPU or no job wants one."""
-    from bench.launch.memory import model_shape
-
     if asks_for_gpus(params):
         return []
     wanting, ranks = 0, ranks_per_node(params, configs)
     for c in configs:
         device = OmegaConf.select(c, "train.device", default="auto")
         several = ranks_per_node(params, [c]) > 1
-        shape = model_shape(c.model) if OmegaConf.select(c, "model") is not None else None
+        shape = model_of(c)
         if device == "cuda" or (device != "cpu" and (several or (shape and shape.params >= GPU_MODEL_PARAMS))):
             wanting += 1
     if not wanting:
@@ -394,15 +404,14 @@ def check_host_memory(params: Dict[str, Any], configs: Sequence[Any]) -> list[st
     a default gives: every rank of a job builds the whole model on the host before sharding it (docs/scaling.md,
     Limits), ranks x 4 B x P at start (8 x 30 GB for a 7B recipe), and a default of a few GB per core ends the job
     out of memory at start-up, after its wait in the queue. Empty when a memory is set or the model is small."""
-    from bench.launch.memory import GB, model_shape
+    from bench.launch.memory import GB
 
-    extra = {str(k).lower() for k in (params.get("additional_parameters") or {})}
-    if params.get("mem_gb") or params.get("mem_per_gpu") or params.get("mem_per_cpu") or extra & {"mem", "mem_per_cpu",
-                                                                                                  "mem_per_gpu"}:
+    if any(params.get(k) for k in ("mem_gb", "mem_per_gpu", "mem_per_cpu")) or set(sbatch_extra(params)) & {
+            "mem", "mem_per_cpu", "mem_per_gpu"}:
         return []
     need, ranks = 0.0, ranks_per_node(params, configs)  # a node's ranks: its SLURM tasks or the processes one spawns
     for c in configs:
-        shape = model_shape(c.model) if OmegaConf.select(c, "model") is not None else None
+        shape = model_of(c)
         if shape is not None:
             per_param = 2 if OmegaConf.select(c, "model.dtype") == "bf16" else 4
             need = max(need, ranks * per_param * shape.params / GB)

@@ -265,7 +265,7 @@ def estimate_memory(cfg: Any) -> MemoryEstimate | None:
     elif eval_kind == "vllm":  # a vLLM engine beside the embedded rollout engine, for each evaluation
         phases["evaluation"] = GPU_MEMORY_UTILIZATION * device_gb * GB
     else:  # its copy, then at once the largest of: the unit a sharded run gathers to build it, its KV cache + sampler
-        gather = weight_bytes * shape.unit if sharded and eval_kind == "embedded" else 0
+        gather = weight_bytes * shape.unit if sharded else 0
         eval_rows = eval_positions / eval_seq
         cache = eval_positions * shape.kv_bytes(4) + max(prefill_bytes(shape, eval_rows, prompt, 4),
                                                          sampler_bytes(eval_rows, V))

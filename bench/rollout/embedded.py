@@ -261,7 +261,7 @@ class FastDecoder(nn.Module):
             lm_head = model.lm_head
             self.lm_head = build(lm_head.weight.detach(), _bias(lm_head),
                                  q=quantizer if knobs.quantize_lm_head else plain)
-            detach_aliases(self, model)
+            detach_aliases(self.lm_head, lm_head)  # the only root piece built without a copy (as the layers')
         self._state: dict = {}
 
     @property
@@ -658,8 +658,8 @@ def inductor_options() -> dict[str, bool]:
             obj = getattr(obj, part)
         return True
 
-    return {next(name for name in names if known(name)): True
-            for names in EAGER_NUMERICS if any(known(name) for name in names)}
+    spelt = (next((name for name in names if known(name)), None) for names in EAGER_NUMERICS)
+    return {name: True for name in spelt if name is not None}
 
 
 def compiled(fn):
