@@ -214,7 +214,8 @@ def make_prompts(vocab: int, batch: int, length: int, avoid: list[int] | None = 
 
 
 #: embedded engine variants (module docstring): label -> EmbeddedEngine keyword arguments
-VARIANTS = {"eager": {}, "compiled": {"compile": True}, "before": {"sync_every": 1, "compact": False}}
+VARIANTS = {"eager": {}, "compiled": {"compile": True}, "plain": {"cpu_kernels": "plain"},
+            "before": {"sync_every": 1, "compact": False, "cpu_kernels": "plain"}}
 BEFORE = "before"
 
 

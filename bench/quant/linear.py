@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from abc import abstractmethod
+from collections.abc import Iterable
 from typing import Any, Callable, ClassVar
 
 import torch
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.quant.quantizers import Format, Quantizer
+from bench.registry import check_choice
 
 
 def _cpu_has(feature: str) -> bool:
@@ -53,14 +55,47 @@ def pad_rows(x: torch.Tensor, min_rows: int) -> torch.Tensor:
     return x if missing <= 0 else torch.cat([x, x.new_zeros(missing, *x.shape[1:])])
 
 
+#: `rollout.cpu_kernels`, the kernels of the embedded engine's decode on a CPU (a GPU ignores the key): `plain` torch's
+#: `F.linear` (MKL's sgemm on x86) for every fp32 GEMM and SDPA for the attention, the engine before the key; `auto`
+#: oneDNN's GEMM on a weight packed once per sync into its blocked layout for the weights of at least
+#: ONEDNN_MIN_WEIGHT elements (sgemm for the rest) and a decode step's attention as two batched matmuls
+#: (bench.rollout.embedded.decode_attention); `onednn` as auto with every fp32 weight packed.
+CPU_KERNELS = ("auto", "onednn", "plain")
+#: `auto` packs a weight of at least this many elements (1 MiB in fp32). Measured on a 2-core AVX-512 machine with 24
+#: weights of one shape cycled (a model's weights do not stay in cache between decode steps): oneDNN's packed GEMM
+#: took 0.4-0.5x sgemm's time from 2^18 elements up at 1-64 rows (the 10m preset's MLP, every layer of Qwen2.5-0.5B),
+#: 0.5-0.9x at 2^17, and up to 2.7x sgemm's time at 2^16 and a single row (its ~20 us call cost). Below it stay every
+#: weight of the tiny models the quickstart and the tests run, whose weights stay in cache.
+ONEDNN_MIN_WEIGHT = 2**18
+
+
+def onednn_available() -> bool:
+    """Whether this torch has oneDNN's packed fp32 linear (the ops Inductor's CPU weight prepacking emits)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
 class QuantLinear(nn.Module):
-    """Shared shape bookkeeping of the engine's linears: [..., in] -> [..., out] in `out_dtype`."""
+    """Shared shape bookkeeping of the engine's linears: [..., in] -> [..., out] in `out_dtype`.
+
+    A subclass whose forward multiplies fp32 activations by an fp32 `weight` does so through `fp32_linear` and sets
+    `fp32_gemm`; `use_cpu_gemm` may then give it oneDNN's packed copy of the weight (`packed`)."""
+
+    fp32_gemm = False  # whether forward multiplies through `fp32_linear` (a class or an instance sets it)
+    packed: torch.Tensor | None = None  # oneDNN's blocked copy of `weight` (use_cpu_gemm), not state: rebuilt per sync
 
     def __init__(self, weight: torch.Tensor, out_dtype: torch.dtype):
         super().__init__()
         self.in_features = weight.shape[1]
         self.out_features = weight.shape[0]
         self.out_dtype = out_dtype
+
+    def fp32_linear(self, x: torch.Tensor) -> torch.Tensor:
+        """fp32 `x` [..., in] times the fp32 `weight`, plus `bias`: torch's GEMM, or oneDNN's on the packed weight.
+        oneDNN's result for a row does not depend on the other rows of the call from two rows up, nor on the
+        thread count (tests/unit/test_gemm_kernels.py), so a compacted decode batch computes what the whole one does."""
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def dequantized_weight(self) -> torch.Tensor:
         """The weight [out, in] this layer multiplies by, as fp32 values."""
@@ -77,6 +112,8 @@ class FakeQuantLinear(QuantLinear):
     accumulation (perf-notes 3b for FP8: identical to the CPU `torch._scaled_mm` path, and 3-10x faster), and
     the way every format without a fast CPU kernel runs here (FP8 e4m3/e5m2, MXFP4, NVFP4, INT4 W4A16)."""
 
+    fp32_gemm = True
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, quantizer: Quantizer, out_dtype: torch.dtype):
         super().__init__(weight, out_dtype)
         self.quantizer = quantizer
@@ -88,7 +125,7 @@ class FakeQuantLinear(QuantLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xq = self.quantizer.fake_quant_act(x.float())
-        return F.linear(xq, self.weight, self.bias).to(self.out_dtype)
+        return self.fp32_linear(xq).to(self.out_dtype)
 
 
 
@@ -125,6 +162,29 @@ def make_linear(
     """The linear layer of `quantizer`'s format; weight is [out, in] as in nn.Linear. The kernel choices are the
     engine's knobs (rollout.int8_kernel, rollout.fp8_kernel); a format uses the one of its kind."""
     return quantizer.fmt.make_linear(weight, bias, quantizer, out_dtype, int8_kernel, fp8_kernel)
+
+
+def use_cpu_gemm(modules: Iterable[nn.Module], choice: str) -> int:
+    """Give the fp32-GEMM linears among `modules` whose weights are on a CPU oneDNN's packed copy of their weight,
+    as `choice` (CPU_KERNELS) says; returns how many. `onednn` where this torch lacks oneDNN is refused."""
+    check_choice("rollout.cpu_kernels", choice, CPU_KERNELS)
+    if choice == "plain":
+        return 0
+    if not onednn_available():
+        if choice == "onednn":
+            raise ValueError("rollout.cpu_kernels=onednn: this torch has no oneDNN (torch.backends.mkldnn is "
+                             "unavailable); use rollout.cpu_kernels=auto or plain")
+        return 0
+    count = 0
+    for m in modules:
+        if not (isinstance(m, QuantLinear) and m.fp32_gemm):
+            continue
+        w = m.weight
+        if w.device.type != "cpu" or w.dtype != torch.float32 or (choice == "auto" and w.numel() < ONEDNN_MIN_WEIGHT):
+            continue
+        m.packed = torch.ops.mkldnn._reorder_linear_weight(w)
+        count += 1
+    return count
 
 
 def swap_linears(

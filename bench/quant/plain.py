@@ -31,13 +31,15 @@ from bench.quant.quantizers import FORMATS, Format, Quantizer
 
 
 class Fp32Linear(QuantLinear):
+    fp32_gemm = True
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype = torch.float32):
         super().__init__(weight, out_dtype)
         self.register_buffer("weight", weight.detach().float().clone())
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x.float(), self.weight, self.bias).to(self.out_dtype)
+        return self.fp32_linear(x.float()).to(self.out_dtype)
 
 
 def native_half(half: torch.dtype, device: torch.device) -> bool:
@@ -56,12 +58,13 @@ class HalfLinear(QuantLinear):
         self.half = half
         self.native = native_half(half, weight.device)
         store = half if self.native else torch.float32  # fp32 storage holds 16-bit values exactly
+        self.fp32_gemm = not self.native
         self.register_buffer("weight", weight.detach().to(half).to(store))
         self.register_buffer("bias", None if bias is None else bias.detach().to(half).to(store))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.half)
-        y = F.linear(x, self.weight, self.bias) if self.native else F.linear(x.float(), self.weight, self.bias)
+        y = F.linear(x, self.weight, self.bias) if self.native else self.fp32_linear(x.float())
         return y.to(self.half).to(self.out_dtype)
 
 

@@ -42,7 +42,7 @@ from bench.quant.blockscale import KV_CACHE_DTYPES, fake_quant_kv
 from bench.quant.diagnostics import QuantErrors, layer_type
 from bench.quant.fp8 import FP8_KERNELS
 from bench.quant.int8 import INT8_KERNELS
-from bench.quant.linear import make_linear, native_bf16_matmul, swap_linears
+from bench.quant.linear import CPU_KERNELS, make_linear, native_bf16_matmul, swap_linears, use_cpu_gemm
 from bench.quant.quantizers import Quantizer
 from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams, detach_aliases, token_ids
 
@@ -99,6 +99,7 @@ class EmbeddedRolloutConfig(RolloutConfig):
     act_dtype: Optional[str] = None  # null: the precision's on the engine's device (bench/quant/<format>.py act_dtype_on)
     int8_kernel: str = "auto"
     fp8_kernel: str = "auto"  # auto: torch._scaled_mm on a GPU with FP8 tensor cores, else the emulation
+    cpu_kernels: str = "auto"  # a CPU's decode kernels: auto | onednn | plain (bench.quant.linear.CPU_KERNELS)
     kv_cache_dtype: Optional[str] = None  # null: the activation dtype; fp8 | fp8_e4m3 | fp8_e5m2 (scale 1, as vLLM)
     chunk_tokens: Optional[int] = num(CHUNK_TOKENS, "[1, inf)", {None: "the whole batch in one chunk"})  # KV-cache positions per generate chunk
     # decode steps between host syncs (the stop check; finished rows leave the batch there): SYNC_EVERY
@@ -108,7 +109,8 @@ class EmbeddedRolloutConfig(RolloutConfig):
 
     def check(self) -> None:
         super().check()
-        for key, valid in (("backend", BACKENDS), ("int8_kernel", INT8_KERNELS), ("fp8_kernel", FP8_KERNELS)):
+        for key, valid in (("backend", BACKENDS), ("int8_kernel", INT8_KERNELS), ("fp8_kernel", FP8_KERNELS),
+                           ("cpu_kernels", CPU_KERNELS)):
             if getattr(self, key) not in valid:
                 raise ValueError(f"rollout.{key}={getattr(self, key)!r} is not valid; choose one of: {', '.join(valid)}")
         if self.act_dtype is not None and self.act_dtype not in DTYPES:
@@ -237,6 +239,8 @@ class FastDecoder(nn.Module):
         # the engine lives where the trainer's model does (its buffers and KV cache too)
         self.register_buffer("inv_freq", inv_freq.to(model.lm_head.weight.device))
         self.attn_bucket = ATTN_BUCKET_CUDA if cuda else 1  # decode key positions rounded up to this (ATTN_BUCKET_CUDA)
+        # a CPU decode step's fp32 attention as two batched matmuls (`decode_attention`), unless cpu_kernels=plain
+        self.matmul_decode = not cuda and self.attn == torch.float32 and knobs.cpu_kernels != "plain"
         plain = plain_quantizer(act_dtype)
         self.quant_errors = QuantErrors()
 
@@ -274,9 +278,13 @@ class FastDecoder(nn.Module):
         cos, sin = rope_tables(self.inv_freq, self.rope_scaling, total, self.act)
         valid = torch.cat([mask, mask.new_zeros(B, max_new_tokens)], dim=1)  # a new position is unmasked when written
         shape = (len(self.layers), B, self.n_kv, total, self.head_dim)
+        # a CPU step reads exactly the positions written (attn_bucket 1), so its cache need not be zeroed first (the
+        # zeros were 3 % of a 1M-preset rollout); a bucketed CUDA step also reads unwritten positions, masked, where
+        # garbage could be NaN (0 x NaN is NaN)
+        alloc = torch.empty if self.attn_bucket == 1 else torch.zeros
         self._state = dict(
-            k=torch.zeros(shape, dtype=self.attn, device=ids.device),
-            v=torch.zeros(shape, dtype=self.attn, device=ids.device),
+            k=alloc(shape, dtype=self.attn, device=ids.device),
+            v=alloc(shape, dtype=self.attn, device=ids.device),
             cos=cos,
             sin=sin,
             # the decode steps' attention mask, additive (0 / -inf) as SDPA turns a bool mask into on every call
@@ -336,7 +344,8 @@ class FastDecoder(nn.Module):
             st["k"][i, :, :, start:end] = k
             st["v"][i, :, :, start:end] = v
             keys = attn_mask.shape[-1]  # >= end: a bucketed decode step also reads masked, unwritten positions
-            a = grouped_attention(q, st["k"][i, :, :, :keys], st["v"][i, :, :, :keys], attn_mask, self.head_dim**-0.5)
+            attend = decode_attention if self.matmul_decode and ids.shape[1] == 1 else grouped_attention
+            a = attend(q, st["k"][i, :, :, :keys], st["v"][i, :, :, :keys], attn_mask, self.head_dim**-0.5)
             x = self._mlp(layer, x, a)
         return self._head(x[:, -1])
 
@@ -387,6 +396,18 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     m = mask.unsqueeze(2).expand(mask.shape[0], 1, G, S, L).reshape(mask.shape[0], 1, G * S, L)
     out = F.scaled_dot_product_attention(folded, k, v, attn_mask=m, scale=scale)
     return out.reshape(B, H, S, D)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """A decode step's GQA attention [B, H, 1, D] of q [B, H, 1, D] over k, v [B, Hkv, L, D] with the additive mask
+    [B, 1, 1, L] (0 / -inf), as softmax(q k^T * scale + mask) v in two batched matmuls, the G = H / Hkv query heads of
+    a KV head as the rows of one. SDPA's CPU kernel costs 1.5-2.5x that at one query row (its blocked online softmax
+    is built for long queries: 330 against 130 us at 64 rows, 2 KV heads, 100 keys, on this project's 2-core
+    machine); the two are the same attention in fp32 (last-bit differences of the summation order and the exp)."""
+    B, H, _, D = q.shape
+    Hkv = k.shape[1]
+    scores = torch.matmul(q.reshape(B, Hkv, H // Hkv, D), k.transpose(-1, -2)).mul_(scale).add_(mask)
+    return torch.matmul(torch.softmax(scores, dim=-1), v).reshape(B, H, 1, D)
 
 
 class HFDecoder:
@@ -477,6 +498,10 @@ class EmbeddedEngine:
     int8_kernel         auto | int_mm | emulated (bench.quant.int8.int8_matmul; identical results)
     fp8_kernel          auto | scaled_mm | emulated (bench.quant.fp8.choose_fp8_kernel): torch._scaled_mm accumulates
                         in fewer bits than the emulation's fp32 (docs/gpu.md); method=matched takes the emulation
+    cpu_kernels         auto | onednn | plain (bench.quant.linear.CPU_KERNELS): on a CPU, auto packs the weights of
+                        2^18+ elements for oneDNN's GEMM at each sync (2-2.5x sgemm's speed on a decode step's few
+                        rows) and computes a decode step's attention as two batched matmuls (`decode_attention`);
+                        onednn packs every fp32 weight; plain is torch's F.linear and SDPA (the engine before the key)
     kv_cache_dtype      None | fp8 | fp8_e4m3 | fp8_e5m2: K (after RoPE) and V rounded as an FP8 KV cache
                         without calibrated scales stores them (vLLM's k_scale = v_scale = 1)
     chunk_tokens        KV-cache positions per generate chunk (None: one chunk): a batch is generated
@@ -550,9 +575,10 @@ class EmbeddedEngine:
                              "train.nproc_per_node=1, or use rollout.backend=auto with a Llama / Qwen2 / Qwen3 model")
         self.decoder = (FastDecoder(model, self.quantizer, self.act_dtype, self.cfg, gather) if use_fast
                         else HFDecoder(model, self.quantizer, self.act_dtype, self.cfg))
+        modules = list(self.decoder.modules() if isinstance(self.decoder, nn.Module) else self.decoder.model.modules())
+        use_cpu_gemm(modules, self.cfg.cpu_kernels)
         if self.cfg.compile:
-            fuse_activation_quantization(self.decoder.modules() if isinstance(self.decoder, nn.Module)
-                                         else self.decoder.model.modules())
+            fuse_activation_quantization(modules)
             self.decoder.use_compiled()
 
     @torch.no_grad()

@@ -256,3 +256,20 @@ def test_fp8_kernel_auto_chooses_each_linear_as_before_the_key(model, monkeypatc
     EmbeddedEngine("fp8_e4m3", fp8_kernel=neutral("rollout.fp8_kernel")).load_weights(model)
     assert seen and set(seen) == {"auto"}
 
+
+
+@pytest.mark.parametrize("backend", ["fast", "hf"])
+def test_plain_cpu_kernels_run_torch_linear_and_sdpa(model, monkeypatch, backend):
+    """rollout.cpu_kernels=plain (by construction): no layer gets oneDNN's packed weight, so every fp32 GEMM is
+    F.linear on the layer's own weight, and no decode step takes the matmul attention, so every attention is the
+    SDPA call of before the key. Shown on a model whose weights `auto` would pack (the threshold lowered to 0)."""
+    from bench.quant import linear as linear_mod
+
+    monkeypatch.setattr(linear_mod, "ONEDNN_MIN_WEIGHT", 0)
+    monkeypatch.setattr(embedded, "decode_attention", lambda *a: pytest.fail("the matmul attention ran"))
+    engine = EmbeddedEngine("fp8_e4m3", backend=backend, cpu_kernels=neutral("rollout.cpu_kernels"))
+    r, _ = _generate(model, "fp8_e4m3", backend=backend, cpu_kernels=neutral("rollout.cpu_kernels"))
+    engine.load_weights(model)
+    modules = list(engine.decoder.modules() if backend == "fast" else engine.decoder.model.modules())
+    assert any(getattr(m, "fp32_gemm", False) for m in modules)
+    assert all(getattr(m, "packed", None) is None for m in modules) and r.response_mask.any()

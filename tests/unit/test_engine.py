@@ -9,6 +9,7 @@ import torch
 import transformers as tr
 
 from bench.quant import plain
+from bench.quant.linear import onednn_available
 from bench.quant.quantizers import FORMATS, Quantizer, fake_quant
 from bench.rollout import embedded
 from bench.models.logprobs import token_logprobs
@@ -329,18 +330,22 @@ def test_chunked_generation_equals_one_batch(models, precision):
     assert not whole.response_mask.all() and whole.response_mask[:, 0].all()  # some rows stopped early
 
 
-@pytest.mark.parametrize("precision, backend", [("fp32", "fast"), ("bf16", "fast"), ("fp8_e4m3", "fast"), ("int8", "fast"),
-                                                ("fp8_e4m3", "hf")])
-def test_compaction_and_sparse_syncs_give_the_same_rollout(models, precision, backend):
+@pytest.mark.parametrize("precision, backend, kernels", [
+    ("fp32", "fast", "auto"), ("bf16", "fast", "auto"), ("fp8_e4m3", "fast", "auto"), ("int8", "fast", "auto"),
+    ("fp8_e4m3", "hf", "auto"), ("fp32", "fast", "onednn"), ("fp8_e4m3", "fast", "onednn"), ("fp32", "fast", "plain")])
+def test_compaction_and_sparse_syncs_give_the_same_rollout(models, precision, backend, kernels):
     """Item 3 of issue 34: finished rows leave the batch and the KV cache at a host sync every k steps; the
-    tokens (and here the log-probs too) are those of the engine that syncs every token and never compacts."""
+    tokens (and here the log-probs too) are those of the engine that syncs every token and never compacts, with
+    each CPU kernel choice (`onednn` packs every weight of this small model; `auto` packs none of them)."""
+    if kernels == "onednn" and not onednn_available():
+        pytest.skip("this torch has no oneDNN")
     model = models["qwen2"]
     ids, mask = prompts()
     free = _rollout(EmbeddedEngine(precision, backend=backend), model, n=8, new=24)
     eos = [int(t) for t in free.response_ids.flatten().bincount().topk(3).indices]  # frequent ids: rows end early
 
     def run(**kw):
-        engine = EmbeddedEngine(precision, eos_id=eos, backend=backend, **kw)
+        engine = EmbeddedEngine(precision, eos_id=eos, backend=backend, cpu_kernels=kernels, **kw)
         engine.load_weights(model)
         rows, step = [], engine.decoder.step
         engine.decoder.step = lambda tok: rows.append(tok.shape[0]) or step(tok)
@@ -475,3 +480,47 @@ def test_inverse_cdf_in_row_chunks_draws_the_tokens_of_one_pass():
     cdf = probs.double().cumsum(-1)
     whole = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).squeeze(-1)
     assert torch.equal(embedded.inverse_cdf(probs, u), whole)
+
+
+def test_decode_attention_is_sdpa_in_two_matmuls():
+    """`decode_attention` (a CPU decode step's attention unless rollout.cpu_kernels=plain) is the GQA attention SDPA
+    computes: one query row per sequence, G query heads per KV head, masked key positions (-inf) left out."""
+    g = torch.Generator().manual_seed(0)
+    for B, H, Hkv, L, D in ((3, 4, 2, 9, 16), (5, 8, 2, 40, 32), (2, 6, 6, 17, 8)):
+        q, k, v = (torch.randn(*shape, generator=g) for shape in ((B, H, 1, D), (B, Hkv, L, D), (B, Hkv, L, D)))
+        valid = torch.rand(B, 1, 1, L, generator=g) > 0.3
+        valid[..., -1] = True  # the position a step writes is always attended
+        mask = torch.zeros(B, 1, 1, L).masked_fill_(~valid, float("-inf"))
+        got = embedded.decode_attention(q, k, v, mask, D**-0.5)
+        want = embedded.grouped_attention(q, k, v, mask, D**-0.5)
+        assert got.shape == want.shape == (B, H, 1, D)
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
+        k2 = k.masked_fill(~valid.view(B, 1, L, 1), 1e3)  # what a masked key holds changes nothing
+        torch.testing.assert_close(embedded.decode_attention(q, k2, v, mask, D**-0.5), got, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("kernels", ["onednn", "plain"])
+def test_cpu_kernel_choices_sample_the_same_rollout(models, kernels):
+    """rollout.cpu_kernels changes how a CPU decode step computes, not what: against `auto` the same tokens, and
+    log-probs equal to fp32 rounding. `plain` uses neither oneDNN nor the matmul attention; `onednn` packs every
+    weight and attends by `decode_attention`."""
+    if kernels == "onednn" and not onednn_available():
+        pytest.skip("this torch has no oneDNN")
+    model = models["qwen3"]
+    calls = []
+    real = embedded.decode_attention
+    embedded.decode_attention = lambda *a: calls.append(1) or real(*a)
+    try:
+        base = _rollout(EmbeddedEngine("fp32"), model, n=4, new=16)
+        auto_calls, calls[:] = len(calls), []
+        engine = EmbeddedEngine("fp32", cpu_kernels=kernels)
+        other = _rollout(engine, model, n=4, new=16)
+    finally:
+        embedded.decode_attention = real
+    packed = [m.packed is not None for m in engine.decoder.modules() if hasattr(m, "packed")]
+    assert auto_calls > 0 and packed and all(packed) == (kernels == "onednn") and any(packed) == all(packed)
+    assert (len(calls) > 0) == (kernels != "plain")
+    assert torch.equal(other.response_ids, base.response_ids)
+    assert (other.logp_mu - base.logp_mu).abs().max() < 1e-5
+    with pytest.raises(ValueError, match=r"rollout.cpu_kernels='mkl' is not valid; choose one of: auto, onednn, plain"):
+        EmbeddedEngine("fp32", cpu_kernels="mkl")

@@ -19,7 +19,9 @@ from bench.quant import fp8 as fp8_mod
 from bench.quant.fp8 import Fp8ScaledMMLinear, choose_fp8_kernel, fp8_gemm, scaled_mm_scales
 from bench.quant import int8 as int8_mod
 from bench.quant.int8 import Int8Linear, int8_matmul, int_mm_weight, resolve_int8_kernel
-from bench.quant.linear import FakeQuantLinear, make_linear, pad_rows
+from bench.quant import linear as linear_mod
+from bench.quant.linear import FakeQuantLinear, make_linear, onednn_available, pad_rows, use_cpu_gemm
+from bench.quant.plain import Fp32Linear, HalfLinear
 from bench.quant.quantizers import Quantizer
 from bench.rollout import SamplingParams
 from bench.rollout.embedded import EmbeddedEngine
@@ -193,3 +195,85 @@ def test_int8_kernel_choice_by_device_and_layer(monkeypatch):
     layer = Int8Linear(w, bias, Quantizer("int8"), kernel="int_mm")
     assert layer.weight_codes.dtype == torch.int8 and layer.weight_codes.t().is_contiguous()  # the CPU's layout
     assert torch.equal(layer(x), Int8Linear(w, bias, Quantizer("int8"), kernel="emulated")(x))
+
+
+# ------------------------------------------------------------------------------------------------ oneDNN fp32 GEMM
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN")
+
+
+def _fp32_layers(w: torch.Tensor, bias: torch.Tensor) -> dict[str, torch.nn.Module]:
+    """One layer of each class that multiplies through `fp32_linear`: plain fp32, an FP8 fake-quant, an emulated bf16
+    (fp32 storage of bf16 values: the path of a CPU without bf16 hardware)."""
+    half = HalfLinear(w, bias, torch.float32)
+    half.native, half.fp32_gemm = False, True
+    half.weight, half.bias = w.to(torch.bfloat16).float(), bias.to(torch.bfloat16).float()
+    return {"fp32": Fp32Linear(w, bias), "fp8": FakeQuantLinear(w, bias, Quantizer("fp8_e4m3"), torch.float32),
+            "bf16 emulated": half}
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [(1, 64), (7, 1, 64), (3, 5, 64)])
+def test_onednn_packed_layers_compute_what_torch_linear_does(rows):
+    """rollout.cpu_kernels: a layer with oneDNN's packed weight computes F.linear's result up to fp32 summation order
+    (a wrong layout or a lost bias moves outputs by their own size), on 2-D and 3-D inputs, bias included."""
+    w, bias, _ = _layer_inputs(n=96, k=64)
+    x = torch.randn(*rows, generator=torch.Generator().manual_seed(1))
+    for name, layer in _fp32_layers(w, bias).items():
+        plain = layer(x)
+        assert use_cpu_gemm([layer], "onednn") == 1 and layer.packed is not None, name
+        packed = layer(x)
+        assert packed.shape == plain.shape == (*rows[:-1], 96), name
+        assert_fp32_gemm_equal(packed, plain)
+        layer.bias = None
+        assert (layer(x) - packed).abs().max() > 1e-3  # the bias was in the packed path's result
+
+
+@needs_onednn
+def test_onednn_rows_do_not_depend_on_the_other_rows_or_the_threads():
+    """What compaction's exactness needs of a GEMM (bench.rollout.embedded.COMPACT_MIN_ROWS): from 2 rows up a row's
+    result is the same whatever rows share the call, and with 1 thread or 2."""
+    torch.manual_seed(0)
+    w, b = torch.randn(512, 256) * 0.02, torch.randn(512) * 0.02
+    layer = Fp32Linear(w, b)
+    use_cpu_gemm([layer], "onednn")
+    x = torch.randn(24, 256)
+    full = layer(x)
+    for rows in (2, 3, 8, 9, 17):
+        assert torch.equal(layer(x[:rows]), full[:rows]), rows
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(layer(x), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_which_layers_take_onednn():
+    """auto packs the fp32-GEMM weights of ONEDNN_MIN_WEIGHT+ elements, onednn every one, plain none; an INT8 layer
+    (its own integer GEMM) and a layer on bf16 weights never; a bad choice names the valid ones."""
+    big, small = torch.randn(1024, 256), torch.randn(64, 64)
+    assert big.numel() >= linear_mod.ONEDNN_MIN_WEIGHT > small.numel()
+
+    def layers():
+        return [Fp32Linear(big, None), Fp32Linear(small, None), Int8Linear(big, None, Quantizer("int8")),
+                HalfLinear(big.to(torch.bfloat16), None, torch.bfloat16)]
+
+    for choice, want in (("plain", [False] * 4), ("auto", [True, False, False, False]),
+                         ("onednn", [True, True, False, False])):
+        if choice != "plain" and not onednn_available():
+            continue
+        ls = layers()
+        ls[3].native, ls[3].fp32_gemm = True, False  # a native bf16 GEMM (bf16 storage), whatever this CPU has
+        ls[3].weight = ls[3].weight.to(torch.bfloat16)
+        assert use_cpu_gemm(ls, choice) == sum(want), choice
+        assert [layer.packed is not None for layer in ls] == want, choice
+    with pytest.raises(ValueError, match=r"unknown rollout.cpu_kernels 'mkl'; valid choices: auto, onednn, plain"):
+        use_cpu_gemm(layers(), "mkl")
+
+
+def test_onednn_is_refused_where_torch_has_none(monkeypatch):
+    monkeypatch.setattr(linear_mod, "onednn_available", lambda: False)
+    layer = Fp32Linear(torch.randn(1024, 256), None)
+    assert use_cpu_gemm([layer], "auto") == 0 and layer.packed is None  # auto falls back to torch's GEMM
+    with pytest.raises(ValueError, match="rollout.cpu_kernels=onednn: this torch has no oneDNN"):
+        use_cpu_gemm([layer], "onednn")
