@@ -90,6 +90,11 @@ def throughputs(b: Any) -> tuple[float, float, float] | None:
 #     seconds = chunks x T x (weight bytes / HBM + layers x kernels x KERNEL_S)           the steps
 #             + B/gpus x L_r x (L_p + L_r / 2) x kv bytes / HBM                           live rows' KV (compaction)
 #             [ without rollout.compact: + B/gpus x T x (L_p + T / 2) x kv bytes / HBM: every row runs T steps ]
+# With rollout.refill (continuous batching, the default) a batch of more than R sequences decodes in one cache of R
+# slots, an ended sequence's slot taken by a queued one at the next sync: the slots stay busy until the queue is
+# empty, so the steps are T + (B/gpus - R) x L_r / R instead of chunks x T (the first R sequences decode as one
+# chunk; each later one adds its L_r steps over R slots), and a queued sequence attends over the whole ring of
+# L_p + T columns (its own and masked ones): its KV term is L_r x (L_p + T) instead of L_r x (L_p + L_r / 2).
 #             + B/gpus x L_r x vocabulary x SAMPLE_S                                      live rows' sampling
 #             + B/gpus x L_p x 2 P / (peak x gen_mfu)                                      the prompts' prefill
 # Kernels per layer (counted in FastDecoder): 45 in eager bf16; the W8A8 formats add ~17 per linear (4 per layer)
@@ -136,10 +141,16 @@ def embedded_rollout_s(cfg: Any, shape: Any, sequences: float) -> float:
     kernels = KERNELS_PER_LAYER[mode] + (LINEARS_PER_LAYER * ACT_QUANT_KERNELS[mode] if r.precision in EIGHT_BIT else 0)
     step = engine_bytes(shape, r.precision, act_bytes) / HBM_BYTES_PER_S + shape.layers * kernels * KERNEL_S
     kv = shape.kv_bytes(act_bytes) / HBM_BYTES_PER_S
-    live = sequences * (L_r * (L_p + L_r / 2) if r.get("compact", True) else T * (L_p + T / 2)) * kv
-    sample = sequences * (L_r if r.get("compact", True) else T) * shape.vocab * SAMPLE_S
+    compact = r.get("compact", True)
+    live = sequences * (L_r * (L_p + L_r / 2) if compact else T * (L_p + T / 2)) * kv
+    steps = chunks * T
+    queued = sequences - rows
+    if r.get("refill", True) and queued > 0:  # continuous batching (module comment above)
+        steps = T + queued * L_r / rows
+        live = (rows * L_r * (L_p + L_r / 2) + queued * L_r * (L_p + T)) * kv
+    sample = sequences * (L_r if compact else T) * shape.vocab * SAMPLE_S
     prefill = sequences * L_p * 2 * shape.params / (b.peak_tflops * 1e12 * b.gen_mfu)
-    return chunks * T * step + live + sample + prefill
+    return steps * step + live + sample + prefill
 
 
 @dataclass

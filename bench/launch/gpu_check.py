@@ -223,7 +223,7 @@ def trace_chunks() -> list[dict]:
     def traced(self, ids, mask, sampling, uniforms):
         t0 = time.perf_counter()
         out = chunk(self, ids, mask, sampling, uniforms)
-        s, steps = time.perf_counter() - t0, out[0].shape[1]
+        s, steps = time.perf_counter() - t0, self.decode_steps  # with refill more than the longest row's width
         trace.append({"rows": ids.shape[0], "prompt": ids.shape[1], "steps": steps, "s": round(s, 3),
                       "ms_per_step": round(1e3 * s / max(1, steps), 2)})
         return out

@@ -105,6 +105,7 @@ class EmbeddedRolloutConfig(RolloutConfig):
     # decode steps between host syncs (the stop check; finished rows leave the batch there): SYNC_EVERY
     sync_every: int = num(SYNC_EVERY, "[1, 4096]")
     compact: bool = True  # finished rows leave the batch and the KV cache at every sync (exact)
+    refill: bool = True  # continuous batching: a finished row's slot takes the next queued sequence at the next sync
     compile: bool = False  # torch.compile each layer's decode pieces and the quantized linears' activation quantization
 
     def check(self) -> None:
@@ -272,16 +273,23 @@ class FastDecoder(nn.Module):
     def device(self) -> torch.device:
         return self.embed.device
 
-    def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, refills: bool = False) -> torch.Tensor:
+        """Allocate the KV cache of `ids`' rows (its slots) and run their prompts; logits [B, V] of each last position.
+
+        The cache is a ring of prompt + max_new_tokens columns per slot, written at one shared column per step
+        (`length` mod the ring). With `refills`, `admit` later puts a queued sequence into an ended row's slot: its
+        prompt takes the P columns before the shared one and it decodes from there, so its own P + max_new_tokens
+        columns wrap around the ring once and never overwrite each other; columns of the slot's earlier sequence stay
+        masked."""
         B, P = ids.shape
         total = P + max_new_tokens
         cos, sin = rope_tables(self.inv_freq, self.rope_scaling, total, self.act)
         valid = torch.cat([mask, mask.new_zeros(B, max_new_tokens)], dim=1)  # a new position is unmasked when written
         shape = (len(self.layers), B, self.n_kv, total, self.head_dim)
         # a CPU step reads exactly the positions written (attn_bucket 1), so its cache need not be zeroed first (the
-        # zeros were 3 % of a 1M-preset rollout); a bucketed CUDA step also reads unwritten positions, masked, where
-        # garbage could be NaN (0 x NaN is NaN)
-        alloc = torch.empty if self.attn_bucket == 1 else torch.zeros
+        # zeros were 3 % of a 1M-preset rollout); a bucketed CUDA step, and every step once an admitted sequence has
+        # wrapped the ring, also reads columns no sequence of the slot wrote, masked, where garbage could be NaN
+        alloc = torch.empty if self.attn_bucket == 1 and not refills else torch.zeros
         self._state = dict(
             k=alloc(shape, dtype=self.attn, device=ids.device),
             v=alloc(shape, dtype=self.attn, device=ids.device),
@@ -295,25 +303,48 @@ class FastDecoder(nn.Module):
             total=total,
         )
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        causal = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril()
-        attn_mask = (causal & mask[:, None, None, :]) | torch.eye(P, dtype=torch.bool, device=ids.device)
-        return self._forward(ids, pos, 0, attn_mask)
+        return self._forward(ids, pos, 0, prompt_attention_mask(mask))
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         st = self._state
-        start = st["length"]
-        st["length"] = start + 1
+        length = st["length"]
+        st["length"] = length + 1
+        col = length % st["total"]  # the ring's column this step writes (= length until an admitted row wraps it)
         pos = st["next_pos"]
-        st["next_pos"] = pos + 1
-        st["valid"][..., start] = 0.0  # the position this step writes
-        keys = min(st["total"], -(-(start + 1) // self.attn_bucket) * self.attn_bucket)
-        return self._forward(tokens[:, None], pos, start, st["valid"][..., :keys])
+        st["next_pos"] = (pos + 1).clamp_(max=st["total"] - 1)  # a live row stays below; an ended one waiting for a
+        st["valid"][..., col] = 0.0                              # queued sequence decodes on, masked, at the last
+        written = min(length + 1, st["total"])  # the columns written so far (all of them once the ring wrapped)
+        keys = min(st["total"], -(-written // self.attn_bucket) * self.attn_bucket)
+        return self._forward(tokens[:, None], pos, col, st["valid"][..., :keys])
+
+    def admit(self, slots: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Put the sequences `ids` [n, P] (left-padded as `start`'s) into the batch's rows `slots` [n], whose
+        sequences ended: their prompts run (attending to themselves, as in `start`) and are written to the P ring
+        columns before the next step's, everything else of the slot masked; logits [n, V] of each last position.
+        A row's attention then covers its own columns and masked ones (exact zeros), so it computes what it would in
+        a cache of its own up to summation order (tests/unit/test_engine.py)."""
+        st = self._state
+        P, total = ids.shape[1], st["total"]
+        cols = torch.arange(st["length"] - P, st["length"], device=ids.device) % total
+        pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        cos, sin = st["cos"][pos].unsqueeze(2), st["sin"][pos].unsqueeze(2)
+        attn_mask = prompt_attention_mask(mask)
+        x = F.embedding(ids, self.embed)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            st["k"][i][slots[:, None], :, cols] = k.transpose(1, 2)
+            st["v"][i][slots[:, None], :, cols] = v.transpose(1, 2)
+            x = self._mlp(layer, x, grouped_attention(q, k, v, attn_mask, self.head_dim**-0.5))
+        st["valid"][slots] = float("-inf")
+        st["valid"][slots[:, None], 0, 0, cols] = torch.zeros_like(mask, dtype=self.attn).masked_fill_(~mask, float("-inf"))
+        st["next_pos"][slots] = mask.sum(1, keepdim=True)
+        return self._head(x[:, -1])
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only `rows` (indices into the batch) in the batch and the KV cache: the other sequences finished.
         Rows are independent, so the kept rows decode exactly as before (EmbeddedEngine.generate)."""
         st = self._state
-        b, end = rows.numel(), st["length"]
+        b, end = rows.numel(), min(st["length"], st["total"])
         for key in ("k", "v"):  # in place, the positions written so far: the kept rows move to the front
             cache = st[key]
             for layer in cache:  # a layer at a time: the gathered rows' temporary is one layer's, not the cache's
@@ -377,6 +408,14 @@ class FastDecoder(nn.Module):
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm_head(_rms_norm(x, self.norm, self.eps)).float()
+
+
+def prompt_attention_mask(mask: torch.Tensor) -> torch.Tensor:
+    """The prompt forward's bool mask [B, 1, P, P]: causal over the unpadded positions; a pad query row attends to
+    itself, so that no softmax row is empty (an all-masked row gives NaN in SDPA, which the cache would carry)."""
+    P = mask.shape[1]
+    causal = torch.ones(P, P, dtype=torch.bool, device=mask.device).tril()
+    return (causal & mask[:, None, None, :]) | torch.eye(P, dtype=torch.bool, device=mask.device)
 
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
@@ -448,7 +487,8 @@ class HFDecoder:
     def device(self) -> torch.device:
         return self.model.get_input_embeddings().weight.device
 
-    def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, refills: bool = False) -> torch.Tensor:
+        """FastDecoder.start; `refills` is never set here (the generic path generates one chunk at a time)."""
         B, P = ids.shape
         attn = torch.cat([mask.long(), torch.ones(B, max_new_tokens, dtype=torch.long, device=ids.device)], dim=1)
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -514,6 +554,11 @@ class EmbeddedEngine:
                         rows are independent and each samples from its own uniforms, so the tokens are those of
                         an uncompacted chunk (tests/unit/test_engine.py); log-probs agree to rounding, as across
                         chunk sizes (a GEMM's kernel may depend on the batch size)
+    refill              continuous batching, on the fast decoder: a batch larger than a chunk's rows decodes in one
+                        KV cache of that many slots, and at each sync the slots of ended sequences take the queued
+                        ones (`FastDecoder.admit`); without it the batch decodes a chunk at a time, each chunk until
+                        its longest row ends. The same tokens up to summation order (a refilled row attends over
+                        masked columns too); a batch that fits one chunk is unaffected
     compile             torch.compile the fast decoder's decode step and every quantized linear (the FP8 / INT8
                         activation quantization becomes one fused kernel per linear computing the same codes)
     """
@@ -611,6 +656,8 @@ class EmbeddedEngine:
             where = generator.device if generator is not None else device
             uniforms = torch.rand(B, T, dtype=torch.float64, generator=generator, device=where).to(device)
         rows = chunk_rows(ids.shape[1] + T, self.cfg.chunk_tokens)
+        if self.cfg.refill and isinstance(self.decoder, FastDecoder):  # one cache of `rows` slots, refilled
+            rows = B
         parts = [self._generate_chunk(ids[i:i + rows], mask[i:i + rows], sampling,
                                       None if uniforms is None else uniforms[i:i + rows])
                  for i in range(0, B, rows)]
@@ -622,39 +669,55 @@ class EmbeddedEngine:
     def _generate_chunk(
         self, ids: torch.Tensor, mask: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(tokens, response mask, log mu) [b, steps] of one chunk; its KV cache is freed before returning.
+        """(tokens, response mask, log mu) [b, steps] of the sequences `ids`; their KV caches are freed before
+        returning.
 
-        The host syncs every `sync_every` steps: it stops when every row has emitted a stop id and, with
-        `compact`, drops the finished rows from the batch (`live` maps the batch's rows to the chunk's)."""
+        At most `chunk_rows` sequences decode at once, in the slots of one KV cache; the rest wait in a queue (only
+        with `refill`, on the fast decoder: otherwise `generate` hands over a chunk at a time). The host syncs every
+        `sync_every` steps: it stops when every sequence has ended (a stop id, or max_new_tokens), gives the slots of
+        the ended ones to queued sequences (`FastDecoder.admit`: their prompts run, their first tokens are sampled at
+        the next step) and, once the queue is empty, with `compact`, drops the ended rows from the batch. A slot's
+        sequence (`seq`) writes its t-th token at [seq, t] (`t` per slot); an ended one writes into a scratch column."""
         B, T, device = ids.shape[0], sampling.max_new_tokens, ids.device
-        tokens = torch.full((B, T), self.pad_id, dtype=torch.long, device=device)
-        logp = torch.zeros(B, T, dtype=torch.float32, device=device)
-        resp_mask = torch.zeros(B, T, dtype=torch.bool, device=device)
-        done = torch.zeros(B, dtype=torch.bool, device=device)
-        live: torch.Tensor | slice = slice(None)  # the chunk's rows still in the batch (all, until a compaction)
-        u = uniforms
-        logits = self.decoder.start(ids, mask, T)
+        slots = min(B, chunk_rows(ids.shape[1] + T, self.cfg.chunk_tokens))
+        tokens = torch.full((B, T + 1), self.pad_id, dtype=torch.long, device=device)  # column T: the scratch
+        logp = torch.zeros(B, T + 1, dtype=torch.float32, device=device)
+        resp_mask = torch.zeros(B, T + 1, dtype=torch.bool, device=device)
+        seq = torch.arange(slots, device=device)  # the sequence each slot of the batch decodes
+        t = torch.zeros(slots, dtype=torch.long, device=device)  # the tokens it has so far
+        done = torch.zeros(slots, dtype=torch.bool, device=device)
+        queued = slots  # the next sequence to admit
+        logits = self.decoder.start(ids[:slots], mask[:slots], T, refills=queued < B)
         stops = self.stop_ids.to(logits.device)
-        for t in range(T):
-            tok, lp = _sample(logits, sampling, None if u is None else u[:, t])
-            tokens[live, t] = tok.masked_fill(done, self.pad_id)
-            logp[live, t] = lp.masked_fill(done, 0.0)
-            resp_mask[live, t] = ~done
+        step, deadline = 0, T  # the host's count of decode steps; every admitted sequence has ended by `deadline`
+        while True:
+            u = None if uniforms is None else uniforms[seq, t.clamp(max=T - 1)]
+            tok, lp = _sample(logits, sampling, u)
+            col = t.masked_fill(done, T)  # an ended slot writes into the scratch column
+            tokens[seq, col], logp[seq, col], resp_mask[seq, col] = tok, lp, True
+            t = t + ~done
+            done = done | (t >= T)
             if stops.numel():
                 done |= torch.isin(tok, stops)
-                if (t + 1) % self.cfg.sync_every == 0 or t + 1 == T:  # the host waits for the device here only
-                    if bool(done.all()):
-                        break
-                    if self.cfg.compact and bool(done.any()) and done.numel() > COMPACT_MIN_ROWS:
-                        keep = compaction(done)
-                        live = (torch.arange(B, device=device) if isinstance(live, slice) else live)[keep]
-                        tok, done = tok[keep], done[keep]
-                        u = None if u is None else u[keep]
-                        self.decoder.keep(keep)
-            if t + 1 < T:
-                logits = self.decoder.step(tok.masked_fill(done, self.pad_id))
+            step += 1
+            if step % self.cfg.sync_every == 0 or step == deadline:  # the host waits for the device here only
+                if bool(done.all()) and queued == B:
+                    break
+                if queued == B and self.cfg.compact and bool(done.any()) and done.numel() > COMPACT_MIN_ROWS:
+                    keep = compaction(done)
+                    seq, t, tok, done = seq[keep], t[keep], tok[keep], done[keep]
+                    self.decoder.keep(keep)
+            logits = self.decoder.step(tok.masked_fill(done, self.pad_id))
+            if queued < B and step % self.cfg.sync_every == 0 and bool(done.any()):
+                free = done.nonzero().squeeze(1)[: B - queued]
+                new = torch.arange(queued, queued + free.numel(), device=device)
+                logits[free] = self.decoder.admit(free, ids[new], mask[new])
+                seq[free], t[free], done[free] = new, 0, False
+                queued += free.numel()
+                deadline = step + T
         self.decoder._state = {}  # free the KV cache now: on a GPU the next chunk or the training step needs it
-        steps = int(resp_mask.sum(1).max())  # the longest row: steps past it (a sync's last k - 1) are dropped
+        self.decode_steps = step  # what the GPU check traces (the width below is the longest row's)
+        steps = int(resp_mask[:, :T].sum(1).max())  # the longest row: steps past it (a sync's last k - 1) are dropped
         return tokens[:, :steps], resp_mask[:, :steps], logp[:, :steps]
 
 

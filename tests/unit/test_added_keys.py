@@ -273,3 +273,15 @@ def test_plain_cpu_kernels_run_torch_linear_and_sdpa(model, monkeypatch, backend
     modules = list(engine.decoder.modules() if backend == "fast" else engine.decoder.model.modules())
     assert any(getattr(m, "fp32_gemm", False) for m in modules)
     assert all(getattr(m, "packed", None) is None for m in modules) and r.response_mask.any()
+
+
+def test_refill_false_generates_a_chunk_at_a_time(model, monkeypatch):
+    """rollout.refill=false (by construction): `generate` hands the decoder one chunk of at most chunk_rows sequences
+    at a time, each with a cache of its own, and no sequence is ever admitted into a running cache, as before the key."""
+    monkeypatch.setattr(embedded.FastDecoder, "admit", lambda *a: pytest.fail("a sequence was admitted"))
+    starts = []
+    start = embedded.FastDecoder.start
+    monkeypatch.setattr(embedded.FastDecoder, "start",
+                        lambda self, ids, *a, **kw: starts.append(ids.shape[0]) or start(self, ids, *a, **kw))
+    r, _ = _generate(model, "fp32", chunk_tokens=5 * (7 + 24), refill=neutral("rollout.refill"))
+    assert starts == [5, 5, 5, 5, 4] and r.response_ids.shape[0] == 24

@@ -305,26 +305,41 @@ def test_fp8_kv_cache_option(models):
         EmbeddedEngine("bf16", kv_cache_dtype="int8")
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int8", "bf16"])
-def test_chunked_generation_equals_one_batch(models, precision):
-    """H3: a batch generated a few sequences at a time (one KV cache per chunk) gives the same tokens and
-    log-probs as one batch: every sequence samples from its own uniforms, so the chunking cannot matter."""
+@pytest.mark.parametrize("precision, backend, refill", [("fp32", "fast", False), ("int8", "fast", False),
+                                                        ("bf16", "fast", False), ("fp32", "hf", True),
+                                                        ("fp32", "fast", True), ("int8", "fast", True),
+                                                        ("fp8_e4m3", "fast", True)])
+def test_chunked_generation_equals_one_batch(models, precision, backend, refill):
+    """H3: a batch generated a few sequences at a time gives the same tokens and log-probs as one batch: every
+    sequence samples from its own uniforms, so the chunking cannot matter. Without `refill` (and on the generic HF
+    path, which has none) each chunk has a KV cache of its own; with it one cache of `rows` slots decodes them all, a
+    queued sequence taking an ended one's slot at a sync (continuous batching)."""
     model = models["qwen2"]
-    free = _rollout(EmbeddedEngine(precision, chunk_tokens=None), model, n=4, new=12)
+    free = _rollout(EmbeddedEngine(precision, chunk_tokens=None, backend=backend), model, n=4, new=12)
     eos = int(free.response_ids[1, 3])  # a token that occurs: rows end at different steps
-    whole = _rollout(EmbeddedEngine(precision, eos_id=eos, chunk_tokens=None), model, n=4, new=12, temperature=0.8)
+    whole = _rollout(EmbeddedEngine(precision, eos_id=eos, chunk_tokens=None, backend=backend), model, n=4, new=12,
+                     temperature=0.8)
     seq = 7 + 12  # prompt + max new tokens
     for rows in (1, 2, 5):
-        engine = EmbeddedEngine(precision, eos_id=eos, chunk_tokens=rows * seq)
+        engine = EmbeddedEngine(precision, eos_id=eos, chunk_tokens=rows * seq, refill=refill, backend=backend,
+                                sync_every=2)
         engine.load_weights(model)
-        cache_rows = []
+        cache_rows, admitted = [], []
         start = engine.decoder.start
-        engine.decoder.start = lambda ids, mask, T: cache_rows.append(ids.shape[0]) or start(ids, mask, T)
+        engine.decoder.start = lambda ids, mask, T, **kw: cache_rows.append(ids.shape[0]) or start(ids, mask, T, **kw)
+        if hasattr(engine.decoder, "admit"):
+            admit = engine.decoder.admit
+            engine.decoder.admit = lambda slots, ids, mask: admitted.append(ids.shape[0]) or admit(slots, ids, mask)
         ids, mask = prompts()
         r = engine.generate(ids, mask, 4, SamplingParams(12, 0.8), torch.Generator().manual_seed(0))
-        assert cache_rows == [rows] * (12 // rows) + ([12 % rows] if 12 % rows else [])  # each cache holds a chunk
+        if refill and backend == "fast":  # one cache of `rows` slots; the other 12 - rows sequences admitted
+            assert cache_rows == [rows] and sum(admitted) == 12 - rows and len(admitted) > 1
+        else:  # each cache holds a chunk
+            assert cache_rows == [rows] * (12 // rows) + ([12 % rows] if 12 % rows else []) and not admitted
         assert torch.equal(r.response_ids, whole.response_ids) and torch.equal(r.response_mask, whole.response_mask)
-        tol = 1e-5 if precision != "bf16" else 1e-2  # batch-size-dependent GEMM kernels: rounding only
+        # batch-size-dependent GEMM kernels: rounding only, which a bf16 or FP8 rounding of the activations can
+        # carry into a neighbouring code (a chunk of 1-2 prompts prefills 7-14 rows, the whole batch 84)
+        tol = 1e-5 if precision in ("fp32", "int8") else 1e-2
         assert (r.logp_mu - whole.logp_mu).abs().max() < tol
         assert torch.equal(r.prompt_ids, whole.prompt_ids)
     assert not whole.response_mask.all() and whole.response_mask[:, 0].all()  # some rows stopped early
@@ -524,3 +539,34 @@ def test_cpu_kernel_choices_sample_the_same_rollout(models, kernels):
     assert (other.logp_mu - base.logp_mu).abs().max() < 1e-5
     with pytest.raises(ValueError, match=r"rollout.cpu_kernels='mkl' is not valid; choose one of: auto, onednn, plain"):
         EmbeddedEngine("fp32", cpu_kernels="mkl")
+
+
+def test_refill_decodes_a_queue_in_fewer_steps_with_the_same_tokens(models):
+    """Continuous batching (rollout.refill): 24 sequences through 10 slots. Sequences ended at a sync hand their
+    slots to queued ones, so the batch stays full and the cache decodes fewer steps than chunk after chunk, each to
+    its longest row; once the queue is empty the ended rows leave the batch (compaction). The tokens are those of
+    the whole batch at once, and each sequence's log-probs equal them to fp32 rounding."""
+    model = models["qwen3"]
+    ids, mask = prompts()
+    free = _rollout(EmbeddedEngine("fp32"), model, n=8, new=20)
+    eos = [int(t) for t in free.response_ids.flatten().bincount().topk(4).indices]  # frequent ids: rows end early
+    sampling = SamplingParams(20, 0.8)
+    whole = EmbeddedEngine("fp32", eos_id=eos, chunk_tokens=None)
+    whole.load_weights(model)
+    want = whole.generate(ids, mask, 8, sampling, torch.Generator().manual_seed(4))
+
+    def run(refill: bool):
+        engine = EmbeddedEngine("fp32", eos_id=eos, chunk_tokens=10 * (ids.shape[1] + 20), refill=refill, sync_every=4)
+        engine.load_weights(model)
+        rows, step = [], engine.decoder.step
+        engine.decoder.step = lambda tok: rows.append(tok.shape[0]) or step(tok)
+        return engine.generate(ids, mask, 8, sampling, torch.Generator().manual_seed(4)), rows
+
+    (refilled, refill_rows), (chunked, chunk_rows) = run(True), run(False)
+    lengths = want.response_mask.sum(1)
+    assert lengths.min() < 8 and lengths.max() > 12 and want.response_ids.shape[0] == 24
+    assert refill_rows[0] == 10 and min(refill_rows) < 10  # full slots, then compaction once the queue is empty
+    assert len(refill_rows) < len(chunk_rows)  # fewer decode steps than three chunks of 10, 10 and 4
+    for got in (refilled, chunked):
+        assert torch.equal(got.response_ids, want.response_ids) and torch.equal(got.response_mask, want.response_mask)
+        assert (got.logp_mu - want.logp_mu).abs().max() < 1e-5
