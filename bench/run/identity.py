@@ -287,7 +287,7 @@ ADDED_KEYS: dict[str, AddedKey] = {
                                                   "before the loop, steps past the longest row are dropped)"),
     "rollout.fp8_kernel": AddedKey("auto", "73ca238", "every FP8 linear chooses its kernel with auto, the FP8 "
                                                       "format's default when the engine passed no kernel"),
-    "rollout.refill": AddedKey(False, "HEAD", "a batch larger than a chunk decodes a chunk at a time, each in its "
+    "rollout.refill": AddedKey(False, "846b144", "a batch larger than a chunk decodes a chunk at a time, each in its "
                                              "own cache, as before the key"),
     "rollout.cpu_kernels": AddedKey("plain", "2acf8e1", "every fp32 GEMM is torch's F.linear and every attention "
                                                     "SDPA, the only kernels before the key; auto is not neutral: "
