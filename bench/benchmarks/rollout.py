@@ -21,9 +21,16 @@ spends most steps on a few rows; one that drops finished rows (continuous batchi
 embedded engine) does not.
 
 Embedded variants (`--variants`): `eager` (the defaults: a host sync every rollout.sync_every tokens, finished rows
-leave the batch), `compiled` (rollout.compile=true: torch.compile'd decode step and fused activation quantization),
-`before` (rollout.sync_every=1 rollout.compact=false: the engine as it was before compaction, a host sync and stop
-check every token). The ratios table gives each variant's useful tokens/s over `before` and over vLLM's fp32 row.
+leave the batch, continuous batching, the CPU's oneDNN GEMM and matmul decode attention), `compiled`
+(rollout.compile=true: torch.compile'd decode step and fused activation quantization), `plain`
+(rollout.cpu_kernels=plain: torch's sgemm and SDPA), `chunked` (rollout.refill=false: a chunk of --slots sequences at
+a time, each to its longest row), `before` (rollout.sync_every=1 rollout.compact=false rollout.cpu_kernels=plain
+rollout.refill=false: the engine as it was before issue 34, a host sync and stop check every token). The ratios table
+gives each variant's useful tokens/s over `before` and over vLLM's fp32 row.
+
+`--slots N` decodes at most N sequences at once, as a GPU's KV-cache budget does at scale (rollout.chunk_tokens): the
+embedded engine's chunk (refilled, or one chunk after another) and vLLM's max_num_seqs. With a batch of several
+times N, it measures continuous batching on a CPU.
 
 Engines and precisions: embedded fp32 | bf16 | fp8_e4m3 | int8 (CPU); vLLM fp32 | bf16 | fp8_e4m3 with the
 FP8 schemes of the platform (GPU: per_tensor, per_channel; CPU: per_channel). On a GPU each vLLM
@@ -214,9 +221,14 @@ def make_prompts(vocab: int, batch: int, length: int, avoid: list[int] | None = 
 
 
 #: embedded engine variants (module docstring): label -> EmbeddedEngine keyword arguments
-VARIANTS = {"eager": {}, "compiled": {"compile": True}, "plain": {"cpu_kernels": "plain"},
-            "before": {"sync_every": 1, "compact": False, "cpu_kernels": "plain"}}
+VARIANTS = {"eager": {}, "compiled": {"compile": True}, "plain": {"cpu_kernels": "plain"}, "chunked": {"refill": False},
+            "before": {"sync_every": 1, "compact": False, "cpu_kernels": "plain", "refill": False}}
 BEFORE = "before"
+
+
+def slot_knobs(args: argparse.Namespace) -> dict[str, int]:
+    """--slots N as the embedded engine's knob: a chunk (or, with refill, the cache) of N sequences."""
+    return {} if args.slots is None else {"chunk_tokens": args.slots * (args.prompt_len + args.new_tokens)}
 
 
 def embedded_label(variant: str) -> str:
@@ -240,7 +252,8 @@ def vllm_engine(spec: dict, model: torch.nn.Module):
 
     max_len = spec["prompt_len"] + spec["new_tokens"]
     engine = VLLMEngine(spec["precision"], weight_granularity=spec["granularity"], eos_id=spec.get("stops"), max_len=max_len,
-                        gpu_memory_utilization=spec["gpu_memory_utilization"], max_num_seqs=max(spec["batch"]),
+                        gpu_memory_utilization=spec["gpu_memory_utilization"],
+                        max_num_seqs=spec.get("slots") or max(spec["batch"]),
                         enforce_eager=spec.get("enforce_eager"))
     engine.load_weights(model)
     return engine
@@ -279,6 +292,7 @@ def vllm_specs(args) -> list[dict]:
     return [dict(precision=precision, granularity=granularity, preset=args.preset, layers=args.layers,
                  batch=args.batch, new_tokens=args.new_tokens, prompt_len=args.prompt_len, threads=args.threads,
                  repeats=args.repeats, gpu_memory_utilization=args.gpu_memory_utilization, stops=args.stops,
+                 slots=args.slots,
                  enforce_eager=eager)
             for precision, granularity in vllm_variants() if precision in args.precisions for eager in modes]
 
@@ -357,7 +371,7 @@ def run_all(args, rows: dict, syncs: dict, notes: list[str], lengths: dict) -> N
         runs = {}
         for prec in embedded:
             for variant in args.variants:
-                engine = EmbeddedEngine(prec, eos_id=args.stops, **VARIANTS[variant])
+                engine = EmbeddedEngine(prec, eos_id=args.stops, **slot_knobs(args), **VARIANTS[variant])
                 engine.load_weights(model)
                 seen = lengths.setdefault(B, []) if variant == args.variants[0] and prec == embedded[0] else None
                 runs[f"{embedded_label(variant)} | {prec}"] = engine_runner(engine, prompts, args.new_tokens, seen)
@@ -495,6 +509,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tail", type=float, default=8.0, help="with --mean-response: the cap, in means (default 8)")
     ap.add_argument("--variants", nargs="+", choices=tuple(VARIANTS), default=["eager"],
                     help="embedded engine variants (module docstring); 'before' is the reference of the ratios")
+    ap.add_argument("--slots", type=int, default=None,
+                    help="sequences decoding at once (embedded: the chunk's rows; vLLM: max_num_seqs); default all")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="auto", help="embedded engine: auto (cuda when available) | cpu | cuda")

@@ -334,7 +334,9 @@ def eval_estimate(cfg: Any) -> EvalEstimate | None:
 
 def describe_embedded() -> str:
     """One line: what the embedded engine's rollout model assumes (for the dry run's summary)."""
-    return (f"the embedded engine's rollout: chunks x max new tokens decode steps, each reading its weights at "
+    return (f"the embedded engine's rollout: max new tokens decode steps plus each queued sequence's response over "
+            f"the cache's rows (continuous batching; chunks x max new tokens with rollout.refill=false), each reading "
+            f"its weights at "
             f"{HBM_BYTES_PER_S / 1e12:g} TB/s and launching layers x kernels at {KERNEL_S * 1e6:g} us (ours), plus the "
             "live rows' KV cache, never below vLLM's rate (bench/launch/budget.py embedded_rollout_s)")
 

@@ -629,9 +629,10 @@ class EmbeddedEngine:
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, sampling: SamplingParams,
                  generator: torch.Generator | None = None) -> Rollout:
-        """`n` responses per prompt row, generated in chunks of at most `chunk_rows` sequences (one KV cache per
-        chunk). Every sequence samples with its own uniforms (drawn up front from `generator`, row by row), so
-        the result does not depend on the chunking."""
+        """`n` responses per prompt row, at most `chunk_rows` sequences decoding at once: in one KV cache of that many
+        rows refilled from a queue (`refill`, fast decoder), else one chunk after another. Every sequence samples
+        with its own uniforms (drawn up front from `generator`, row by row), so the result does not depend on the
+        chunking or on which row a sequence decodes in."""
         if self.decoder is None:
             raise RuntimeError("EmbeddedEngine.generate called before load_weights")
         if not sampling.greedy and not sampling.temperature > 0:
@@ -700,15 +701,16 @@ class EmbeddedEngine:
             if stops.numel():
                 done |= torch.isin(tok, stops)
             step += 1
-            if step % self.cfg.sync_every == 0 or step == deadline:  # the host waits for the device here only
-                if bool(done.all()) and queued == B:
+            sync = step % self.cfg.sync_every == 0 or step == deadline  # the host waits for the device here only
+            if sync and queued == B:
+                if bool(done.all()):
                     break
-                if queued == B and self.cfg.compact and bool(done.any()) and done.numel() > COMPACT_MIN_ROWS:
+                if self.cfg.compact and bool(done.any()) and done.numel() > COMPACT_MIN_ROWS:
                     keep = compaction(done)
                     seq, t, tok, done = seq[keep], t[keep], tok[keep], done[keep]
                     self.decoder.keep(keep)
             logits = self.decoder.step(tok.masked_fill(done, self.pad_id))
-            if queued < B and step % self.cfg.sync_every == 0 and bool(done.any()):
+            if sync and queued < B and bool(done.any()):
                 free = done.nonzero().squeeze(1)[: B - queued]
                 new = torch.arange(queued, queued + free.numel(), device=device)
                 logits[free] = self.decoder.admit(free, ids[new], mask[new])

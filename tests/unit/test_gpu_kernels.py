@@ -266,6 +266,34 @@ def test_compacted_engine_on_cuda_matches_its_uncompacted_self(compile):
     assert gap < 0.05
 
 
+def test_refilled_engine_on_cuda_samples_what_the_chunked_engine_does():
+    """Continuous batching on the GPU (rollout.refill): 64 sequences through 16 slots, against one chunk of 16 after
+    another. An admitted sequence attends over the whole ring (its columns in rotated order and masked ones), so its
+    bf16 attention sums in another order than in a cache of its own: the check is statistical, as for compiled
+    pieces (at least 90 % of the rows identical, their log-probs to bf16 rounding), and the refilled engine decodes
+    fewer steps. Not yet run on a GPU (written 2026-12-01 without one)."""
+    model, ids, mask = _decode_case()
+    stops = list(range(496, 512))
+    rows = 16 * (ids.shape[1] + 160)
+
+    def run(**kw):
+        engine = EmbeddedEngine("bf16", eos_id=stops, chunk_tokens=rows, **kw)
+        engine.load_weights(model)
+        steps, step = [], engine.decoder.step
+        engine.decoder.step = lambda tok: steps.append(1) or step(tok)
+        out = engine.generate(ids, mask, 4, SamplingParams(160, 1.0), torch.Generator(device=GPU).manual_seed(0))
+        return out, len(steps)
+
+    (chunked, chunked_steps), (refilled, refilled_steps) = run(refill=False), run()
+    width = min(chunked.response_ids.shape[1], refilled.response_ids.shape[1])
+    same = (chunked.response_ids[:, :width] == refilled.response_ids[:, :width]).all(1) & (
+        chunked.response_mask.sum(1) == refilled.response_mask.sum(1))
+    print(f"refill: {int(same.sum())} of {len(same)} rows identical; {refilled_steps} decode steps against "
+          f"{chunked_steps} chunked")
+    assert same.float().mean() >= 0.9 and refilled_steps < chunked_steps
+    assert (chunked.logp_mu[same, :width] - refilled.logp_mu[same, :width]).abs().max() < 0.05
+
+
 def test_compiled_engine_on_cuda_samples_what_the_eager_engine_does():
     """rollout.compile on the GPU is a faster engine, not another sampler: a compiled bf16 engine's rollout agrees with
     the eager engine's on at least 90 % of the rows over 160 tokens (kernels for fused pieces may sum in another
