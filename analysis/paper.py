@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bench.eval_config import eval_setup
+
 from .arms import BASELINE, bitwidth  # BASELINE: the arm whose step-0 evaluation is the "base" row
 from .load import Run, RunError, discover, get, load_run, log
 from .tables import MISSING, Table, fmt_num, fmt_pm
@@ -141,13 +143,27 @@ def our_cell(runs: list[Run], line: pd.Series, scale: float) -> Cell:
     return Cell(float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else np.nan, len(values))
 
 
+def evaluation_of(run: Run) -> str:
+    """How a run's accuracy was measured: its evaluation's engine and precision (bench.eval_config.eval_setup)."""
+    return eval_setup(str(get(run.config, "eval.engine") or "auto"), run.engine)
+
+
+def engines_of(runs: list[Run]) -> str:
+    """A row's rollout engine(s) and evaluation(s) for the caption, e.g. 'embedded, evaluated on embedded fp32'."""
+    if not runs:
+        return "no run"
+    rollout = "/".join(sorted({r.engine for r in runs}))
+    return f"{rollout}, evaluated on {'/'.join(sorted({evaluation_of(r) for r in runs}))}"
+
+
 def paper_table(name: str, runs: list[Run]) -> Table:
     """The paper's layout: one row per (paper label, method, bitwidth, config), per benchmark ours | paper | Δ."""
     ref = load_reference(reference_path(name))
     benchmarks = list(dict.fromkeys(ref["benchmark"]))
     rows: list[dict[str, Any]] = []
     data: list[dict[str, Any]] = []
-    engines: list[str] = []  # each row's rollout engine(s), from the runs that fill it, for the caption
+    engines: list[str] = []  # each row's rollout engine(s) and evaluation(s), from the runs that fill it, for the caption
+    evaluations: set[str] = set()  # every row's
     order = list(dict.fromkeys(tuple(r) for r in ref[["paper_label", "method", "bitwidth", "config"]].itertuples(index=False)))
     for label, method, bits, config in order:
         lines = ref[(ref.paper_label == label) & (ref.method == method) & (ref.bitwidth == bits) & (ref.config == config)]
@@ -177,9 +193,10 @@ def paper_table(name: str, runs: list[Run]) -> Table:
                          "metric": line["metric"].iloc[0],
                          "ours_mean": ours.mean, "ours_std": ours.std, "n_runs": ours.n, "paper": paper, "delta": diff,
                          "unit": line["unit"].iloc[0], "source": line["source"].iloc[0]})
-        used = sorted({str(get(r.config, "rollout.engine")) for r in runs
-                       if any(matches(r, method, bits, line["task"], line["model"], config) for _, line in lines.iterrows())})
-        engines.append(f"{label} [{method}] {bits}: {'/'.join(used) or 'no run'}")
+        filled = [r for r in runs
+                  if any(matches(r, method, bits, line["task"], line["model"], config) for _, line in lines.iterrows())]
+        engines.append(f"{label} [{method}] {bits}: {engines_of(filled)}")
+        evaluations |= {evaluation_of(r) for r in filled}
         runs_n = [c.n for c in cells.values()]
         shown["Runs"] = str(min(runs_n)) if runs_n and min(runs_n) == max(runs_n) else "/".join(map(str, runs_n))
         rows.append(shown)
@@ -187,7 +204,10 @@ def paper_table(name: str, runs: list[Run]) -> Table:
     sources = ", ".join(sorted(set(ref["source"]) - {""}))
     caption = (f"{name}: our final-evaluation numbers (%, mean ± std over seeds; Runs = seeds per cell) beside the "
                f"paper's ({sources}); Δ = ours - paper. 'base' = the bf16 run at step 0. {MISSING} = no run or no "
-               f"paper number. Rollout engine of each row's runs: {'; '.join(engines)}.")
+               f"paper number. Rollout engine and evaluation of each row's runs: {'; '.join(engines)}.")
+    if len(evaluations) > 1:
+        caption += (f" The rows are evaluated with different engines or precisions ({', '.join(sorted(evaluations))}): "
+                    "a difference between two of them is partly the evaluation's.")
     return Table(f"paper_{Path(name).stem.removesuffix('.reference')}", pd.DataFrame(data), display, caption)
 
 

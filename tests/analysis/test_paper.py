@@ -43,7 +43,8 @@ def test_qurl_table1_cells_by_hand(tmp_path):
     for seed, final in ((0, 0.50), (1, 0.54)):  # bf16: mean 52.00, sample std 2.83; Δ vs 55.35 = -3.35
         write_paper_run(res, "bf16", "bf16", "gsm8k", seed, {0: acc, 2: {"eval/accuracy": final}})
     write_paper_run(res, "tis", "int8", "gsm8k", 0, {0: acc, 2: {"eval/accuracy": 0.49}})  # 49.00 vs 51.40: -2.40
-    write_paper_run(res, "acr", "fp8_e4m3", "gsm8k", 0, {0: acc, 2: {"eval/accuracy": 0.5528}})  # 55.28 vs 54.28: +1.00
+    write_paper_run(res, "acr", "fp8_e4m3", "gsm8k", 0, {0: acc, 2: {"eval/accuracy": 0.5528}},  # 55.28 vs 54.28: +1.00
+                    config={"rollout": {"engine": "vllm"}})  # eval.engine=auto: evaluated on vLLM in bf16
     write_paper_run(res, "acr", "int8", "gsm8k", 0, {0: acc, 1: {"eval/accuracy": 0.9}}, status="running")  # left out
     rc, out, err = analyze(str(res), "--paper", "qurl_table1", "--out", str(tmp_path / "rep"))
     assert rc == 0, err
@@ -54,9 +55,14 @@ def test_qurl_table1_cells_by_hand(tmp_path):
     assert rows["FP8 W8A8 | QuRL (Ours) [acr]"][2:] == ["55.28", "54.28", "+1.00", "1"]
     assert rows["INT8 W8A8 | QuRL (Ours) [acr]"][2:] == ["–", "53.55", "–", "0"]  # the running run is not used
     assert len(rows) == 1 + 7  # the paper's seven rows, in its order
-    # the caption names each row's rollout engine, from the runs that fill it (issue 34)
-    assert "Rollout engine of each row's runs: RL [bf16] BF16: embedded; " in out
+    # the caption names each row's rollout engine and evaluation, from the runs that fill it (issue 34), and says
+    # when rows were evaluated differently (eval.engine=auto follows the rollout engine)
+    assert ("Rollout engine and evaluation of each row's runs: RL [bf16] BF16: embedded, evaluated on embedded fp32; "
+            in out)
+    assert "QuRL (Ours) [acr] FP8 W8A8: vllm, evaluated on vllm bf16" in out
     assert "QuRL (Ours) [acr] INT8 W8A8: no run" in out
+    assert ("evaluated with different engines or precisions (embedded fp32, vllm bf16): a difference between two of "
+            "them is partly the evaluation's") in out
     tables = tmp_path / "rep" / "tables"
     data = pd.read_csv(tables / "paper_qurl_table1.csv")
     # long format (issue 25 item 4): one row per arm x statistic; the table's own metric stays a column
@@ -86,6 +92,7 @@ def test_qurl_table3_base_row_and_average_column(tmp_path):
     assert rl[col("MATH-500 ours")] == "90.00" and rl[col("MATH-500 Δ")] == "+2.29"  # 90.00 - 87.71
     assert rl[col("Avg (5 tasks) ours")] == "56.00" and rl[col("Avg (5 tasks) Δ")] == "-0.40"  # 56.00 - 56.40
     assert rows["INT8 W8A8 | RL [naive]"][col("Avg (5 tasks) ours")] == "–"
+    assert "evaluated on embedded fp32" in out and "different engines or precisions" not in out  # one evaluation
 
 
 def test_qurl_table4_rows_differ_by_config(tmp_path):

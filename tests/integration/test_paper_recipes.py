@@ -76,6 +76,20 @@ def test_qurl_table1_estimate_by_hand(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_a_sweep_whose_jobs_evaluate_differently_is_warned(tmp_path, capsys):
+    """qurl_table3's BF16 row rolls out on vLLM and so evaluates there, in bf16 (eval.engine=auto); its INT8 rows roll
+    out on the embedded engine and evaluate in fp32 there: the dry run says which jobs evaluate how. qurl_table1's
+    rows all evaluate on the embedded engine: no warning."""
+    dry_run(["+experiment=paper/qurl_table3", f"out_root={tmp_path}"])
+    err = capsys.readouterr().err
+    warning = next(line for line in err.splitlines() if "evaluate with different engines" in line)
+    assert "embedded fp32 (4: naive@int8-deepscaler-r1-distill-qwen-1.5b-s0, " in warning
+    assert "vllm bf16 (1: bf16@bf16-deepscaler-r1-distill-qwen-1.5b-s0)" in warning and "set eval.engine" in warning
+    dry_run(["+experiment=paper/qurl_table1", f"out_root={tmp_path}"])
+    assert "evaluate with different engines" not in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_mini_variants_have_no_gpu_estimate(tmp_path, capsys):
     dry_run(["+experiment=paper/qurl_table1_mini", f"out_root={tmp_path}"])
     out, err = capsys.readouterr()

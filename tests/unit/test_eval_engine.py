@@ -16,7 +16,8 @@ from bench.launch.config import validate
 from bench.eval_config import EVAL_ENGINES, EvalConfig, eval_engine_kind
 from bench.evaluation import build_eval_engine
 from bench.rollout.embedded import EmbeddedEngine
-from bench.rollout.vllm_engine import EVAL_PRECISION, VLLMEvalEngine
+from bench.eval_config import VLLM_EVAL_PRECISION
+from bench.rollout.vllm_engine import VLLMEvalEngine
 from tests.helpers import make_cfg
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -98,7 +99,7 @@ def test_quantized_rollouts_hand_the_gpu_to_an_unquantized_engine_and_back(devic
     rollout = StubVLLM("fp8_e4m3", device)
     rollout.load_weights(None)
     ev = VLLMEvalEngine(rollout, owns_template=True)
-    assert ev.precision == EVAL_PRECISION[device] == {"gpu": "bf16", "cpu": "fp32"}[device]
+    assert ev.precision == VLLM_EVAL_PRECISION[device] == {"gpu": "bf16", "cpu": "fp32"}[device]
     assert not ev.shares_rollout_engine and ev.max_len == 64
     rollout.log.clear()
     ev.load_weights(None)

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from bench.rollout.base import SamplingParams
-from bench.rollout.vllm_engine import EVAL_PRECISION, VLLMEngine, VLLMEvalEngine
+from bench.eval_config import VLLM_EVAL_PRECISION
+from bench.rollout.vllm_engine import VLLMEngine, VLLMEvalEngine
 from tests.vllm.helpers import generate, prompts, tiny_qwen2
 
 pytestmark = pytest.mark.vllm
@@ -27,7 +28,7 @@ def model():
 @pytest.fixture
 def engine(model, monkeypatch):
     """A CPU engine told it is on a GPU at sleep_level 2, its sleep calls recorded."""
-    engine = VLLMEngine(EVAL_PRECISION["cpu"], eos_id=None, pad_id=0, max_len=256)
+    engine = VLLMEngine(VLLM_EVAL_PRECISION["cpu"], eos_id=None, pad_id=0, max_len=256)
     engine.load_weights(model)
     engine.sleep_level = 2
     calls: list[tuple] = []
