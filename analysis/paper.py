@@ -162,7 +162,7 @@ def paper_table(name: str, runs: list[Run]) -> Table:
     benchmarks = list(dict.fromkeys(ref["benchmark"]))
     rows: list[dict[str, Any]] = []
     data: list[dict[str, Any]] = []
-    engines: list[str] = []  # each row's rollout engine(s) and evaluation(s), from the runs that fill it, for the caption
+    engines: list[str] = []  # each row's rollout engine(s) and evaluation(s), from the runs filling it: the caption
     evaluations: set[str] = set()  # every row's
     order = list(dict.fromkeys(tuple(r) for r in ref[["paper_label", "method", "bitwidth", "config"]].itertuples(index=False)))
     for label, method, bits, config in order:

@@ -60,7 +60,8 @@ def build_eval_engine(eval_cfg: Any, rollout_cfg: Any, rollout_engine: RolloutEn
 
     if isinstance(rollout_engine, VLLMEngine):
         return VLLMEvalEngine(rollout_engine, owns_template=True)
-    # an unbuilt engine for its stop ids, context and GPU share; the evaluation builds its sibling at VLLM_EVAL_PRECISION
+    # an unbuilt engine for its stop ids, context and GPU share; the evaluation builds its sibling at
+    # VLLM_EVAL_PRECISION
     template = build_engine(VLLMRolloutConfig(precision="bf16"), **ids, max_len=max_len)
     return VLLMEvalEngine(template, owns_template=False)
 

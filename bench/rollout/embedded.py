@@ -338,7 +338,8 @@ class FastDecoder(nn.Module):
             st["v"][i][slots[:, None], :, cols] = v.transpose(1, 2)
             x = self._mlp(layer, x, grouped_attention(q, k, v, attn_mask, self.head_dim**-0.5))
         st["valid"][slots] = float("-inf")
-        st["valid"][slots[:, None], 0, 0, cols] = torch.zeros_like(mask, dtype=self.attn).masked_fill_(~mask, float("-inf"))
+        prompt = torch.zeros_like(mask, dtype=self.attn).masked_fill_(~mask, float("-inf"))
+        st["valid"][slots[:, None], 0, 0, cols] = prompt
         st["next_pos"][slots] = mask.sum(1, keepdim=True)
         return self._head(x[:, -1])
 
@@ -439,7 +440,8 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     return out.reshape(B, H, S, D)
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+                     ) -> torch.Tensor:
     """A decode step's GQA attention [B, H, 1, D] of q [B, H, 1, D] over k, v [B, Hkv, L, D] with the additive mask
     [B, 1, 1, L] (0 / -inf), as softmax(q k^T * scale + mask) v in two batched matmuls, the G = H / Hkv query heads of
     a KV head as the rows of one. SDPA's CPU kernel costs 1.5-2.5x that at one query row (its blocked online softmax

@@ -498,7 +498,8 @@ class VLLMEngine:
 
 class VLLMEvalEngine:
     """The evaluation's engine when it runs through vLLM (`eval.engine`, bench/evaluation.py): the trainer's
-    unquantized weights in a vLLM engine of VLLM_EVAL_PRECISION (bench/eval_config.py), with at most one vLLM engine alive at a time.
+    unquantized weights in a vLLM engine of VLLM_EVAL_PRECISION (bench/eval_config.py), with at most one vLLM
+    engine alive at a time.
 
     `template` is the rollout engine (rollout=vllm; `owns_template`) or an unbuilt engine giving the stop ids,
     context and GPU share (rollout=embedded, eval.engine=vllm).
@@ -542,7 +543,8 @@ class VLLMEvalEngine:
 
     def activate(self) -> VLLMEngine:
         """The engine the evaluation generates with, not yet loaded: the rollout engine itself when shared, else a
-        new sibling at VLLM_EVAL_PRECISION (the rollout engine it replaces is closed first, giving its GPU share back)."""
+        new sibling at VLLM_EVAL_PRECISION (the rollout engine it replaces is closed first, giving its GPU share
+        back)."""
         if self.active is None:
             if self.shares_rollout_engine:
                 self.active = self.template

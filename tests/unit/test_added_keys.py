@@ -277,7 +277,8 @@ def test_plain_cpu_kernels_run_torch_linear_and_sdpa(model, monkeypatch, backend
 
 def test_refill_false_generates_a_chunk_at_a_time(model, monkeypatch):
     """rollout.refill=false (by construction): `generate` hands the decoder one chunk of at most chunk_rows sequences
-    at a time, each with a cache of its own, and no sequence is ever admitted into a running cache, as before the key."""
+    at a time, each with a cache of its own, and no sequence is ever admitted into a running cache, as before the
+    key."""
     monkeypatch.setattr(embedded.FastDecoder, "admit", lambda *a: pytest.fail("a sequence was admitted"))
     starts = []
     start = embedded.FastDecoder.start

@@ -570,3 +570,28 @@ def test_refill_decodes_a_queue_in_fewer_steps_with_the_same_tokens(models):
     for got in (refilled, chunked):
         assert torch.equal(got.response_ids, want.response_ids) and torch.equal(got.response_mask, want.response_mask)
         assert (got.logp_mu - want.logp_mu).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("greedy, new, sync_every, slots, stop", [
+    (False, 1, 16, 2, False), (True, 6, 1, 1, True), (False, 9, 3, 5, False), (False, 9, 2, 7, True),
+    (True, 12, 5, 3, True)])
+def test_refill_edge_cases_give_the_tokens_of_one_batch(models, greedy, new, sync_every, slots, stop):
+    """Continuous batching at its edges: one new token, one slot, a sync every step or every few, no stop id (every
+    sequence runs to max_new_tokens and the slots turn over together), greedy and sampled: the tokens and lengths of
+    the whole batch at once, log-probs to fp32 rounding."""
+    model = models["qwen2"]
+    ids, mask = prompts()
+    free = _rollout(EmbeddedEngine("fp32"), model, n=4, new=8)
+    eos = [int(t) for t in free.response_ids.flatten().bincount().topk(3).indices]
+    sampling = SamplingParams(new, 0.9, greedy=greedy)
+
+    def run(**kw):
+        engine = EmbeddedEngine("fp32", eos_id=eos if stop else None, sync_every=sync_every, **kw)
+        engine.load_weights(model)
+        return engine.generate(ids, mask, 4, sampling, torch.Generator().manual_seed(7))
+
+    whole, refilled = run(chunk_tokens=None), run(chunk_tokens=slots * (ids.shape[1] + new))
+    assert torch.equal(refilled.response_ids, whole.response_ids)
+    assert torch.equal(refilled.response_mask, whole.response_mask)
+    assert (refilled.logp_mu - whole.logp_mu).abs().max() < 1e-5
+    assert refilled.response_mask.sum(1).max() <= new and whole.response_ids.shape[0] == 12
