@@ -108,6 +108,7 @@ class EmbeddedRolloutConfig(RolloutConfig):
     sync_every: int = num(SYNC_EVERY, "[1, 4096]")
     compact: bool = True  # finished rows leave the batch and the KV cache at every sync (exact)
     refill: bool = True  # continuous batching: a finished row's slot takes the next queued sequence at the next sync
+    cuda_graphs: bool = False  # decode steps replayed from CUDA graphs on a GPU (FastDecoder.use_cuda_graphs)
     compile: bool = False  # torch.compile each layer's decode pieces and the quantized linears' activation quantization
 
     def check(self) -> None:
@@ -244,6 +245,8 @@ class FastDecoder(nn.Module):
         self.attn_bucket = ATTN_BUCKET_CUDA if cuda else 1  # decode key positions rounded up to this (ATTN_BUCKET_CUDA)
         # a CPU decode step's fp32 attention as two batched matmuls (`decode_attention`), unless cpu_kernels=plain
         self.matmul_decode = not cuda and self.attn == torch.float32 and knobs.cpu_kernels != "plain"
+        self.graphs: dict | None = None  # keys -> (CUDA graph, its logits) with rollout.cuda_graphs (use_cuda_graphs)
+        self.graph_pool = torch.cuda.graph_pool_handle() if cuda and knobs.cuda_graphs else None
         plain = plain_quantizer(act_dtype)
         self.quant_errors = QuantErrors()
 
@@ -312,12 +315,66 @@ class FastDecoder(nn.Module):
         length = st["length"]
         st["length"] = length + 1
         col = length % st["total"]  # the ring's column this step writes (= length until an admitted row wraps it)
+        written = min(length + 1, st["total"])  # the columns written so far (all of them once the ring wrapped)
+        keys = min(st["total"], -(-written // self.attn_bucket) * self.attn_bucket)
+        if self.graphs is not None:
+            return self._graph_step(tokens, col, keys)
         pos = st["next_pos"]
         st["next_pos"] = (pos + 1).clamp_(max=st["total"] - 1)  # a live row stays below; an ended one waiting for a
         st["valid"][..., col] = 0.0                              # queued sequence decodes on, masked, at the last
-        written = min(length + 1, st["total"])  # the columns written so far (all of them once the ring wrapped)
-        keys = min(st["total"], -(-written // self.attn_bucket) * self.attn_bucket)
         return self._forward(tokens[:, None], pos, col, st["valid"][..., :keys])
+
+    def use_cuda_graphs(self) -> None:
+        """Decode steps from CUDA graphs (`rollout.cuda_graphs`): a step's ~45 kernels per layer replayed by one launch
+        instead of launched one by one from Python (on a GPU a small batch's decode step waits on those launches:
+        bench/launch/budget.py's 12 us each). A graph is captured per (batch rows, attended key columns): the key
+        columns change every ATTN_BUCKET_CUDA steps, and not at all once a refilled ring has wrapped; the rows at a
+        compaction. Its step reads every per-step value from device tensors (`_static_step`), so that a replay
+        computes the next step. On a CPU the same static step runs eagerly (its tests: the graphs' CPU twin)."""
+        self.graphs = {}
+
+    def _graph_step(self, tokens: torch.Tensor, col: int, keys: int) -> torch.Tensor:
+        """One decode step through `_static_step`: replayed from its graph when one was captured for this (rows,
+        keys); else run eagerly (this step) and, on a GPU, captured for the next ones (a capture records, it does not
+        compute). The logits are a copy: the graph's output buffer is overwritten by the next replay."""
+        st = self._state
+        if st.get("graph_rows") != tokens.shape[0]:  # a new batch (a compaction): new static inputs, new graphs
+            st["graph_rows"], st["graph_tok"] = tokens.shape[0], torch.empty_like(tokens)
+            st["graph_col"] = torch.zeros(1, dtype=torch.long, device=tokens.device)
+            self.graphs = {}
+        st["graph_tok"].copy_(tokens)
+        st["graph_col"].fill_(col)
+        if keys in self.graphs:
+            graph, out = self.graphs[keys]
+            graph.replay()
+            return out.clone()
+        logits = self._static_step(keys)
+        if tokens.is_cuda:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.graph_pool):
+                out = self._static_step(keys)
+            self.graphs[keys] = (graph, out)
+        return logits
+
+    def _static_step(self, keys: int) -> torch.Tensor:
+        """The decode step of `step` with every per-step value on the device and every buffer updated in place: the
+        token (`graph_tok`), the column it writes (`graph_col`), the positions (`next_pos`, advanced here), the
+        attention mask and the cache. The same arithmetic as `_forward`'s decode step (the same tokens and log-probs
+        bit for bit: tests/unit/test_engine.py)."""
+        st = self._state
+        col, pos, valid = st["graph_col"], st["next_pos"], st["valid"]
+        valid.index_fill_(3, col, 0.0)
+        cos, sin = st["cos"][pos].unsqueeze(2), st["sin"][pos].unsqueeze(2)
+        x = F.embedding(st["graph_tok"][:, None], self.embed)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            st["k"][i].index_copy_(2, col, k)
+            st["v"][i].index_copy_(2, col, v)
+            attend = decode_attention if self.matmul_decode else grouped_attention
+            a = attend(q, st["k"][i, :, :, :keys], st["v"][i, :, :, :keys], valid[..., :keys], self.head_dim**-0.5)
+            x = self._mlp(layer, x, a)
+        pos.add_(1).clamp_(max=st["total"] - 1)
+        return self._head(x[:, -1])
 
     def admit(self, slots: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Put the sequences `ids` [n, P] (left-padded as `start`'s) into the batch's rows `slots` [n], whose
@@ -354,6 +411,7 @@ class FastDecoder(nn.Module):
                 layer[:b, :, :end] = layer[rows, :, :end]
             st[key] = cache[:, :b]
         st["valid"], st["next_pos"] = st["valid"].index_select(0, rows), st["next_pos"].index_select(0, rows)
+        st.pop("graph_rows", None)  # new buffers: a captured decode graph would read the old ones
 
     def use_compiled(self) -> None:
         """Run each layer's two pieces (`_qkv`, `_mlp`) and the head through torch.compile (Inductor: a layer's
@@ -563,6 +621,10 @@ class EmbeddedEngine:
                         ones (`FastDecoder.admit`); without it the batch decodes a chunk at a time, each chunk until
                         its longest row ends. The same tokens up to summation order (a refilled row attends over
                         masked columns too); a batch that fits one chunk is unaffected
+    cuda_graphs         on a GPU, the fast decoder's decode steps replayed from CUDA graphs, one per (rows, attended
+                        key columns), instead of ~45 kernel launches per layer from Python; the same arithmetic
+                        (`FastDecoder._static_step`, tested against the eager step on the CPU). Off by default: not
+                        yet run on a GPU
     compile             torch.compile the fast decoder's decode step and every quantized linear (the FP8 / INT8
                         activation quantization becomes one fused kernel per linear computing the same codes)
     """
@@ -629,6 +691,8 @@ class EmbeddedEngine:
         if self.cfg.compile:
             fuse_activation_quantization(modules)
             self.decoder.use_compiled()
+        if self.cfg.cuda_graphs and device.type == "cuda" and isinstance(self.decoder, FastDecoder):
+            self.decoder.use_cuda_graphs()
 
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, sampling: SamplingParams,

@@ -286,3 +286,14 @@ def test_refill_false_generates_a_chunk_at_a_time(model, monkeypatch):
                         lambda self, ids, *a, **kw: starts.append(ids.shape[0]) or start(self, ids, *a, **kw))
     r, _ = _generate(model, "fp32", chunk_tokens=5 * (7 + 24), refill=neutral("rollout.refill"))
     assert starts == [5, 5, 5, 5, 4] and r.response_ids.shape[0] == 24
+
+
+def test_cuda_graphs_false_decodes_every_step_eagerly(model, monkeypatch):
+    """rollout.cuda_graphs=false (by construction): the decoder gets no graphs, so every step takes `_forward`, the
+    eager step of before the key, and the static step graphs capture never runs."""
+    monkeypatch.setattr(embedded.FastDecoder, "_static_step", lambda *a: pytest.fail("the static step ran"))
+    engine = EmbeddedEngine("fp32", cuda_graphs=neutral("rollout.cuda_graphs"))
+    engine.load_weights(model)
+    assert engine.decoder.graphs is None
+    r, rows = _generate(model, "fp32", cuda_graphs=neutral("rollout.cuda_graphs"))
+    assert rows and r.response_mask.any()

@@ -595,3 +595,32 @@ def test_refill_edge_cases_give_the_tokens_of_one_batch(models, greedy, new, syn
     assert torch.equal(refilled.response_mask, whole.response_mask)
     assert (refilled.logp_mu - whole.logp_mu).abs().max() < 1e-5
     assert refilled.response_mask.sum(1).max() <= new and whole.response_ids.shape[0] == 12
+
+
+@pytest.mark.parametrize("precision, kw", [("fp32", {}), ("fp8_e4m3", {}), ("fp32", {"cpu_kernels": "plain"}),
+                                           ("int8", {"chunk_tokens": 5 * (7 + 16)})])
+def test_the_cuda_graph_step_computes_the_eager_step(models, precision, kw):
+    """rollout.cuda_graphs' CPU twin: the decode step a CUDA graph captures (`FastDecoder._static_step`, every per-step
+    value a device tensor, every buffer updated in place) run eagerly on the CPU gives the eager step's tokens and
+    log-probs bit for bit, through compactions (new graphs per batch) and refills (admissions write the buffers in
+    place). On a CPU the engine never captures (tests/unit/test_gpu_kernels.py replays the graphs on a GPU)."""
+    model = models["qwen3"]
+    ids, mask = prompts()
+    free = _rollout(EmbeddedEngine(precision), model, n=8, new=16)
+    eos = [int(t) for t in free.response_ids.flatten().bincount().topk(3).indices]
+
+    def run(graphed: bool):
+        engine = EmbeddedEngine(precision, eos_id=eos, sync_every=4, cuda_graphs=True, **kw)
+        engine.load_weights(model)
+        assert engine.decoder.graphs is None  # a CPU engine ignores rollout.cuda_graphs: no graph to capture
+        static, real = [], engine.decoder._static_step
+        if graphed:
+            engine.decoder.use_cuda_graphs()
+            engine.decoder._static_step = lambda keys: static.append(keys) or real(keys)
+        r = engine.generate(ids, mask, 8, SamplingParams(16, 0.8), torch.Generator().manual_seed(2))
+        return r, static, engine.decoder.graphs
+
+    (eager, _, _), (graphed, static, graphs) = run(False), run(True)
+    assert static and graphs == {}  # every step took the static path; nothing was captured on the CPU
+    assert torch.equal(graphed.response_ids, eager.response_ids) and torch.equal(graphed.logp_mu, eager.logp_mu)
+    assert torch.equal(graphed.response_mask, eager.response_mask) and eager.response_mask.sum(1).min() < 16
