@@ -22,7 +22,8 @@ embedded engine) does not.
 
 Embedded variants (`--variants`): `eager` (the defaults: a host sync every rollout.sync_every tokens, finished rows
 leave the batch, continuous batching, the CPU's oneDNN GEMM and matmul decode attention), `compiled`
-(rollout.compile=true: torch.compile'd decode step and fused activation quantization), `plain`
+(rollout.compile=true: torch.compile'd decode step and fused activation quantization), `graphs`
+(rollout.cuda_graphs=true: decode steps replayed from CUDA graphs; on a CPU the same as eager), `plain`
 (rollout.cpu_kernels=plain: torch's sgemm and SDPA), `chunked` (rollout.refill=false: a chunk of --slots sequences at
 a time, each to its longest row), `before` (rollout.sync_every=1 rollout.compact=false rollout.cpu_kernels=plain
 rollout.refill=false: the engine as it was before issue 34, a host sync and stop check every token). The ratios table
@@ -221,7 +222,8 @@ def make_prompts(vocab: int, batch: int, length: int, avoid: list[int] | None = 
 
 
 #: embedded engine variants (module docstring): label -> EmbeddedEngine keyword arguments
-VARIANTS = {"eager": {}, "compiled": {"compile": True}, "plain": {"cpu_kernels": "plain"}, "chunked": {"refill": False},
+VARIANTS = {"eager": {}, "compiled": {"compile": True}, "graphs": {"cuda_graphs": True}, "plain": {"cpu_kernels": "plain"},
+            "chunked": {"refill": False},
             "before": {"sync_every": 1, "compact": False, "cpu_kernels": "plain", "refill": False}}
 BEFORE = "before"
 

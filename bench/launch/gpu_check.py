@@ -145,7 +145,8 @@ ATTENTION_S = 25
 
 def step_rollout(device: str, limit: float) -> str:
     precisions = ["bf16", "fp8_e4m3"] if device == "cuda" else ["int8"]  # int8: the H100 record has it (1,226 tok/s)
-    variants = ["eager", "compiled"] if device == "cuda" else ["eager"]  # compiled: Triton on a GPU (no C++ build here)
+    # compiled: Triton on a GPU (no C++ build here); graphs: rollout.cuda_graphs, never run on a GPU before 2026-12-01
+    variants = ["eager", "compiled", "graphs"] if device == "cuda" else ["eager"]
     common = ["--engines", "embedded", "--repeats", "1", "--variants", *variants, "--precisions", *precisions,
               "--device", device]
     shapes = ROLLOUT_SHAPES if device == "cuda" else (("1m", ["4"], "8", "32", 1.0),)
