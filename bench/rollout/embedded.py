@@ -645,6 +645,7 @@ class EmbeddedEngine:
         self.pad_id = pad_id
         self.max_len = max_len
         self.decoder: FastDecoder | HFDecoder | None = None
+        self.decode_steps = 0  # the last generate chunk's decode steps (the GPU check traces them)
 
     def quant_metrics(self) -> dict[str, float]:
         return {} if self.decoder is None else self.decoder.quant_errors.metrics()
@@ -786,7 +787,7 @@ class EmbeddedEngine:
                 queued += free.numel()
                 deadline = step + T
         self.decoder._state = {}  # free the KV cache now: on a GPU the next chunk or the training step needs it
-        self.decode_steps = step  # what the GPU check traces (the width below is the longest row's)
+        self.decode_steps = step  # with refill more than the width below (the longest row's)
         steps = int(resp_mask[:, :T].sum(1).max())  # the longest row: steps past it (a sync's last k - 1) are dropped
         return tokens[:, :steps], resp_mask[:, :steps], logp[:, :steps]
 
