@@ -63,9 +63,10 @@ def pad_rows(x: torch.Tensor, min_rows: int) -> torch.Tensor:
 CPU_KERNELS = ("auto", "onednn", "plain")
 #: `auto` packs a weight of at least this many elements (1 MiB in fp32). Measured on a 2-core AVX-512 machine with 24
 #: weights of one shape cycled (a model's weights do not stay in cache between decode steps): oneDNN's packed GEMM
-#: took 0.4-0.5x sgemm's time from 2^18 elements up at 1-64 rows (the 10m preset's MLP, every layer of Qwen2.5-0.5B),
-#: 0.5-0.9x at 2^17, and up to 2.7x sgemm's time at 2^16 and a single row (its ~20 us call cost). Below it stay every
-#: weight of the tiny models the quickstart and the tests run, whose weights stay in cache.
+#: took 0.36-0.72x sgemm's time from 2^18 elements up at 1-64 rows (the 10m preset's MLP, every layer of Qwen2.5-0.5B),
+#: 0.36-0.75x at 2^17, and up to 2.7x sgemm's time at 2^16 and a single row (its ~20 us call cost). Below it stay every
+#: weight of the tiny models the quickstart and the tests run: their weights stay in cache, where packing them gained
+#: nothing in the rollout benchmark (1m preset, every weight packed: 0.80-0.99x).
 ONEDNN_MIN_WEIGHT = 2**18
 
 

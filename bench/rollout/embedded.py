@@ -246,7 +246,6 @@ class FastDecoder(nn.Module):
         # a CPU decode step's fp32 attention as two batched matmuls (`decode_attention`), unless cpu_kernels=plain
         self.matmul_decode = not cuda and self.attn == torch.float32 and knobs.cpu_kernels != "plain"
         self.graphs: dict | None = None  # keys -> (CUDA graph, its logits) with rollout.cuda_graphs (use_cuda_graphs)
-        self.graph_pool = torch.cuda.graph_pool_handle() if cuda and knobs.cuda_graphs else None
         plain = plain_quantizer(act_dtype)
         self.quant_errors = QuantErrors()
 
@@ -304,77 +303,72 @@ class FastDecoder(nn.Module):
             valid=torch.zeros(B, 1, 1, total, dtype=self.attn, device=ids.device).masked_fill_(
                 ~valid[:, None, None, :], float("-inf")),
             next_pos=mask.sum(1, keepdim=True),
+            col=torch.zeros(1, dtype=torch.long, device=ids.device),  # the column a decode step writes (`step`)
             length=P,
             total=total,
         )
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        return self._forward(ids, pos, 0, prompt_attention_mask(mask))
+        return self._prefill(ids, pos, prompt_attention_mask(mask))
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits [B, V] of one decode step (`_decode`), from a CUDA graph's replay with rollout.cuda_graphs."""
         st = self._state
         length = st["length"]
         st["length"] = length + 1
-        col = length % st["total"]  # the ring's column this step writes (= length until an admitted row wraps it)
         written = min(length + 1, st["total"])  # the columns written so far (all of them once the ring wrapped)
         keys = min(st["total"], -(-written // self.attn_bucket) * self.attn_bucket)
-        if self.graphs is not None:
-            return self._graph_step(tokens, col, keys)
-        pos = st["next_pos"]
-        st["next_pos"] = (pos + 1).clamp_(max=st["total"] - 1)  # a live row stays below; an ended one waiting for a
-        st["valid"][..., col] = 0.0                              # queued sequence decodes on, masked, at the last
-        return self._forward(tokens[:, None], pos, col, st["valid"][..., :keys])
+        st["col"].fill_(length % st["total"])  # the ring's column this step writes (= length until it wraps)
+        return self._decode(tokens, keys) if self.graphs is None else self._graph_step(tokens, keys)
+
+    def _decode(self, tokens: torch.Tensor, keys: int) -> torch.Tensor:
+        """One token per row: its K/V written at the ring's column `col` (a device tensor), the attention over the
+        first `keys` columns (`valid` masks the unwritten and foreign ones), the positions advanced. Every per-step
+        value lives on the device and every buffer is updated in place, so that a CUDA graph of this step replays the
+        next one (`use_cuda_graphs`)."""
+        st = self._state
+        col, pos, valid = st["col"], st["next_pos"], st["valid"]
+        valid.index_fill_(3, col, 0.0)
+        cos, sin = st["cos"][pos].unsqueeze(2), st["sin"][pos].unsqueeze(2)  # [B, 1, 1, D]
+        x = F.embedding(tokens[:, None], self.embed)
+        attend = decode_attention if self.matmul_decode else grouped_attention
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            st["k"][i].index_copy_(2, col, k.to(self.attn))  # fp16/bf16 values kept in fp32 where attention is
+            st["v"][i].index_copy_(2, col, v.to(self.attn))  # slow in 16 bits (exact casts, as a slice write does)
+            a = attend(q, st["k"][i, :, :, :keys], st["v"][i, :, :, :keys], valid[..., :keys], self.head_dim**-0.5)
+            x = self._mlp(layer, x, a)
+        pos.add_(1).clamp_(max=st["total"] - 1)  # a live row stays below; an ended one waiting for a queued
+        return self._head(x[:, -1])              # sequence decodes on, masked, at the last
 
     def use_cuda_graphs(self) -> None:
         """Decode steps from CUDA graphs (`rollout.cuda_graphs`): a step's ~45 kernels per layer replayed by one launch
         instead of launched one by one from Python (on a GPU a small batch's decode step waits on those launches:
         bench/launch/budget.py's 12 us each). A graph is captured per (batch rows, attended key columns): the key
         columns change every ATTN_BUCKET_CUDA steps, and not at all once a refilled ring has wrapped; the rows at a
-        compaction. Its step reads every per-step value from device tensors (`_static_step`), so that a replay
-        computes the next step. On a CPU the same static step runs eagerly (its tests: the graphs' CPU twin)."""
+        compaction. On a CPU nothing is captured and every step runs eagerly (the graphs' CPU twin in the tests)."""
         self.graphs = {}
+        self.graph_pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
 
-    def _graph_step(self, tokens: torch.Tensor, col: int, keys: int) -> torch.Tensor:
-        """One decode step through `_static_step`: replayed from its graph when one was captured for this (rows,
-        keys); else run eagerly (this step) and, on a GPU, captured for the next ones (a capture records, it does not
-        compute). The logits are a copy: the graph's output buffer is overwritten by the next replay."""
+    def _graph_step(self, tokens: torch.Tensor, keys: int) -> torch.Tensor:
+        """One decode step replayed from its graph when one was captured for these (rows, keys); else run eagerly
+        (this step) and, on a GPU, captured for the next ones (a capture records, it does not compute). The token is
+        copied into a static buffer the graph reads; the logits are a copy: the next replay overwrites its output."""
         st = self._state
         if st.get("graph_rows") != tokens.shape[0]:  # a new batch (a compaction): new static inputs, new graphs
             st["graph_rows"], st["graph_tok"] = tokens.shape[0], torch.empty_like(tokens)
-            st["graph_col"] = torch.zeros(1, dtype=torch.long, device=tokens.device)
             self.graphs = {}
         st["graph_tok"].copy_(tokens)
-        st["graph_col"].fill_(col)
         if keys in self.graphs:
             graph, out = self.graphs[keys]
             graph.replay()
             return out.clone()
-        logits = self._static_step(keys)
+        logits = self._decode(st["graph_tok"], keys)
         if tokens.is_cuda:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.graph_pool):
-                out = self._static_step(keys)
+                out = self._decode(st["graph_tok"], keys)
             self.graphs[keys] = (graph, out)
         return logits
-
-    def _static_step(self, keys: int) -> torch.Tensor:
-        """The decode step of `step` with every per-step value on the device and every buffer updated in place: the
-        token (`graph_tok`), the column it writes (`graph_col`), the positions (`next_pos`, advanced here), the
-        attention mask and the cache. The same arithmetic as `_forward`'s decode step (the same tokens and log-probs
-        bit for bit: tests/unit/test_engine.py)."""
-        st = self._state
-        col, pos, valid = st["graph_col"], st["next_pos"], st["valid"]
-        valid.index_fill_(3, col, 0.0)
-        cos, sin = st["cos"][pos].unsqueeze(2), st["sin"][pos].unsqueeze(2)
-        x = F.embedding(st["graph_tok"][:, None], self.embed)
-        for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
-            st["k"][i].index_copy_(2, col, k)
-            st["v"][i].index_copy_(2, col, v)
-            attend = decode_attention if self.matmul_decode else grouped_attention
-            a = attend(q, st["k"][i, :, :, :keys], st["v"][i, :, :, :keys], valid[..., :keys], self.head_dim**-0.5)
-            x = self._mlp(layer, x, a)
-        pos.add_(1).clamp_(max=st["total"] - 1)
-        return self._head(x[:, -1])
 
     def admit(self, slots: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Put the sequences `ids` [n, P] (left-padded as `start`'s) into the batch's rows `slots` [n], whose
@@ -391,6 +385,7 @@ class FastDecoder(nn.Module):
         x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
+            k, v = k.to(self.attn), v.to(self.attn)  # the values the cache holds, attended as `_prefill` does
             st["k"][i][slots[:, None], :, cols] = k.transpose(1, 2)
             st["v"][i][slots[:, None], :, cols] = v.transpose(1, 2)
             x = self._mlp(layer, x, grouped_attention(q, k, v, attn_mask, self.head_dim**-0.5))
@@ -421,23 +416,21 @@ class FastDecoder(nn.Module):
         a static attention length (the whole cache read every step) and one graph per batch size."""
         self._qkv, self._mlp, self._head = (compiled(f) for f in (self._qkv, self._mlp, self._head))
 
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, start: int, attn_mask: torch.Tensor) -> torch.Tensor:
-        """Logits [B, V] (fp32) of the last position; writes K/V of positions start..start+S-1 to the cache.
+    def _prefill(self, ids: torch.Tensor, pos: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+        """Logits [B, V] (fp32) of the prompts' last positions; writes their K/V to the cache's first P columns.
 
         Per layer: `_qkv` (norm, projections, RoPE), the cache write and the attention, then `_mlp` (output
         projection, residuals, MLP). With `compile` the two pieces run compiled and the cache is written here,
         eagerly, in place: a compiled graph that wrote into its input cache would copy the whole cache every step."""
         st = self._state
-        end = start + ids.shape[1]
-        cos, sin = st["cos"][pos].unsqueeze(2), st["sin"][pos].unsqueeze(2)  # [B, S, 1, D]
+        P = ids.shape[1]
+        cos, sin = st["cos"][pos].unsqueeze(2), st["sin"][pos].unsqueeze(2)  # [B, P, 1, D]
         x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
-            st["k"][i, :, :, start:end] = k
-            st["v"][i, :, :, start:end] = v
-            keys = attn_mask.shape[-1]  # >= end: a bucketed decode step also reads masked, unwritten positions
-            attend = decode_attention if self.matmul_decode and ids.shape[1] == 1 else grouped_attention
-            a = attend(q, st["k"][i, :, :, :keys], st["v"][i, :, :, :keys], attn_mask, self.head_dim**-0.5)
+            st["k"][i, :, :, :P] = k
+            st["v"][i, :, :, :P] = v
+            a = grouped_attention(q, st["k"][i, :, :, :P], st["v"][i, :, :, :P], attn_mask, self.head_dim**-0.5)
             x = self._mlp(layer, x, a)
         return self._head(x[:, -1])
 
@@ -502,7 +495,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
                      ) -> torch.Tensor:
     """A decode step's GQA attention [B, H, 1, D] of q [B, H, 1, D] over k, v [B, Hkv, L, D] with the additive mask
     [B, 1, 1, L] (0 / -inf), as softmax(q k^T * scale + mask) v in two batched matmuls, the G = H / Hkv query heads of
-    a KV head as the rows of one. SDPA's CPU kernel costs 1.5-2.5x that at one query row (its blocked online softmax
+    a KV head as the rows of one. SDPA's CPU kernel costs 1.0-2.5x that at one query row (its blocked online softmax
     is built for long queries: 330 against 130 us at 64 rows, 2 KV heads, 100 keys, on this project's 2-core
     machine); the two are the same attention in fp32 (last-bit differences of the summation order and the exp)."""
     B, H, _, D = q.shape
@@ -623,8 +616,8 @@ class EmbeddedEngine:
                         masked columns too); a batch that fits one chunk is unaffected
     cuda_graphs         on a GPU, the fast decoder's decode steps replayed from CUDA graphs, one per (rows, attended
                         key columns), instead of ~45 kernel launches per layer from Python; the same arithmetic
-                        (`FastDecoder._static_step`, tested against the eager step on the CPU). Off by default: not
-                        yet run on a GPU
+                        (`FastDecoder._decode`, the eager step, captured; tested on the CPU without capture). Off by
+                        default: not yet run on a GPU
     compile             torch.compile the fast decoder's decode step and every quantized linear (the FP8 / INT8
                         activation quantization becomes one fused kernel per linear computing the same codes)
     """

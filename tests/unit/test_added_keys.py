@@ -289,9 +289,9 @@ def test_refill_false_generates_a_chunk_at_a_time(model, monkeypatch):
 
 
 def test_cuda_graphs_false_decodes_every_step_eagerly(model, monkeypatch):
-    """rollout.cuda_graphs=false (by construction): the decoder gets no graphs, so every step takes `_forward`, the
-    eager step of before the key, and the static step graphs capture never runs."""
-    monkeypatch.setattr(embedded.FastDecoder, "_static_step", lambda *a: pytest.fail("the static step ran"))
+    """rollout.cuda_graphs=false (by construction): the decoder gets no graphs, so every step takes `_decode` eagerly
+    and the graphed path (its static buffer, capture and replay) never runs."""
+    monkeypatch.setattr(embedded.FastDecoder, "_graph_step", lambda *a: pytest.fail("the graphed step ran"))
     engine = EmbeddedEngine("fp32", cuda_graphs=neutral("rollout.cuda_graphs"))
     engine.load_weights(model)
     assert engine.decoder.graphs is None

@@ -308,7 +308,7 @@ def test_fp8_kv_cache_option(models):
 @pytest.mark.parametrize("precision, backend, refill", [("fp32", "fast", False), ("int8", "fast", False),
                                                         ("bf16", "fast", False), ("fp32", "hf", True),
                                                         ("fp32", "fast", True), ("int8", "fast", True),
-                                                        ("fp8_e4m3", "fast", True)])
+                                                        ("fp8_e4m3", "fast", True), ("fp16", "fast", True)])
 def test_chunked_generation_equals_one_batch(models, precision, backend, refill):
     """H3: a batch generated a few sequences at a time gives the same tokens and log-probs as one batch: every
     sequence samples from its own uniforms, so the chunking cannot matter. Without `refill` (and on the generic HF
@@ -393,10 +393,10 @@ def test_bucketed_decode_attention_gives_the_same_rollout(models, precision="fp3
         engine.load_weights(model)
         assert engine.decoder.attn_bucket == 1  # the CPU default
         engine.decoder.attn_bucket = bucket
-        keys, forward = [], engine.decoder._forward
-        engine.decoder._forward = lambda i, p, s, m: keys.append(m.shape[-1]) or forward(i, p, s, m)
+        keys, decode = [], engine.decoder._decode
+        engine.decoder._decode = lambda tok, k: keys.append(k) or decode(tok, k)
         r = engine.generate(ids, mask, 4, SamplingParams(20, 0.8), torch.Generator().manual_seed(3))
-        return r, keys[1:]  # the decode steps (keys[0] is the prompt's)
+        return r, keys  # the decode steps' attended key columns
 
     exact, exact_keys = run(1)
     bucketed, bucketed_keys = run(16)
@@ -600,10 +600,11 @@ def test_refill_edge_cases_give_the_tokens_of_one_batch(models, greedy, new, syn
 @pytest.mark.parametrize("precision, kw", [("fp32", {}), ("fp8_e4m3", {}), ("fp32", {"cpu_kernels": "plain"}),
                                            ("int8", {"chunk_tokens": 5 * (7 + 16)})])
 def test_the_cuda_graph_step_computes_the_eager_step(models, precision, kw):
-    """rollout.cuda_graphs' CPU twin: the decode step a CUDA graph captures (`FastDecoder._static_step`, every per-step
-    value a device tensor, every buffer updated in place) run eagerly on the CPU gives the eager step's tokens and
-    log-probs bit for bit, through compactions (new graphs per batch) and refills (admissions write the buffers in
-    place). On a CPU the engine never captures (tests/unit/test_gpu_kernels.py replays the graphs on a GPU)."""
+    """rollout.cuda_graphs' CPU twin: the graphed path (`FastDecoder._graph_step`: the token through a static buffer,
+    the step a graph captures, `_decode`, with every per-step value a device tensor and every buffer updated in
+    place) run without capture on the CPU gives the eager step's tokens and log-probs bit for bit, through compactions
+    (new graphs per batch) and refills (admissions write the buffers in place). On a CPU the engine never captures
+    (tests/unit/test_gpu_kernels.py replays the graphs on a GPU)."""
     model = models["qwen3"]
     ids, mask = prompts()
     free = _rollout(EmbeddedEngine(precision), model, n=8, new=16)
@@ -613,10 +614,10 @@ def test_the_cuda_graph_step_computes_the_eager_step(models, precision, kw):
         engine = EmbeddedEngine(precision, eos_id=eos, sync_every=4, cuda_graphs=True, **kw)
         engine.load_weights(model)
         assert engine.decoder.graphs is None  # a CPU engine ignores rollout.cuda_graphs: no graph to capture
-        static, real = [], engine.decoder._static_step
+        static, real = [], engine.decoder._graph_step
         if graphed:
             engine.decoder.use_cuda_graphs()
-            engine.decoder._static_step = lambda keys: static.append(keys) or real(keys)
+            engine.decoder._graph_step = lambda tok, keys: static.append(keys) or real(tok, keys)
         r = engine.generate(ids, mask, 8, SamplingParams(16, 0.8), torch.Generator().manual_seed(2))
         return r, static, engine.decoder.graphs
 
