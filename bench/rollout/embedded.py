@@ -170,16 +170,18 @@ def rope_tables(
     return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
 
 
+def rope_signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin with its first half negated: HF's rotate_half(x) * sin, cat(-x2, x1) * sin, is x.roll(D/2) * this, the same
+    products (a sign flip is exact on either factor) in one roll and one multiply instead of a split, neg and cat."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """HF Llama/Qwen RMSNorm: normalize in fp32, cast back, scale in the input dtype."""
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
 
 
 def _bias(linear: nn.Linear) -> torch.Tensor | None:
@@ -298,7 +300,7 @@ class FastDecoder(nn.Module):
             k=alloc(shape, dtype=self.attn, device=ids.device),
             v=alloc(shape, dtype=self.attn, device=ids.device),
             cos=cos,
-            sin=sin,
+            sin=rope_signed_sin(sin),  # `_qkv`'s rotation
             # the decode steps' attention mask, additive (0 / -inf) as SDPA turns a bool mask into on every call
             valid=torch.zeros(B, 1, 1, total, dtype=self.attn, device=ids.device).masked_fill_(
                 ~valid[:, None, None, :], float("-inf")),
@@ -446,7 +448,7 @@ class FastDecoder(nn.Module):
         qk, v = qkv[:, :, : H + Hkv], qkv[:, :, H + Hkv:]
         if layer.qk_norm is not None:
             qk = _rms_norm(qk, layer.qk_norm, self.eps)
-        qk = qk * cos + _rotate_half(qk) * sin  # cos, sin [B, S, 1, D]
+        qk = qk * cos + qk.roll(D // 2, -1) * sin  # HF's rotation; cos, sin [B, S, 1, D], sin signed (`start`)
         if self.kv_cache_dtype is not None:  # what an fp8 KV cache stores (K after RoPE, V), scale 1
             k, v = fake_quant_kv(qk[:, :, H:], self.kv_cache_dtype), fake_quant_kv(v, self.kv_cache_dtype)
         else:
