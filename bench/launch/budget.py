@@ -93,8 +93,9 @@ def throughputs(b: Any) -> tuple[float, float, float] | None:
 # With rollout.refill (continuous batching, the default) a batch of more than R sequences decodes in one cache of R
 # slots, an ended sequence's slot taken by a queued one at the next sync: the slots stay busy until the queue is
 # empty, so the steps are T + (B/gpus - R) x L_r / R instead of chunks x T (the first R sequences decode as one
-# chunk; each later one adds its L_r steps over R slots), and a queued sequence attends over the whole ring of
-# L_p + T columns (its own and masked ones): its KV term is L_r x (L_p + T) instead of L_r x (L_p + L_r / 2).
+# chunk; each later one adds its L_r steps over R slots), and a queued sequence attends over a window of at most
+# L_p + T columns (from the batch's oldest live sequence; its own and masked ones): its KV term is priced at that
+# bound, L_r x (L_p + T) instead of L_r x (L_p + L_r / 2).
 #             + B/gpus x L_r x vocabulary x SAMPLE_S                                      live rows' sampling
 #             + B/gpus x L_p x 2 P / (peak x gen_mfu)                                      the prompts' prefill
 # Kernels per layer (counted in FastDecoder): 45 in eager bf16; the W8A8 formats add ~17 per linear (4 per layer)

@@ -282,19 +282,19 @@ class FastDecoder(nn.Module):
     def start(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, refills: bool = False) -> torch.Tensor:
         """Allocate the KV cache of `ids`' rows (its slots) and run their prompts; logits [B, V] of each last position.
 
-        The cache is a ring of prompt + max_new_tokens columns per slot, written at one shared column per step
-        (`length` mod the ring). With `refills`, `admit` later puts a queued sequence into an ended row's slot: its
-        prompt takes the P columns before the shared one and it decodes from there, so its own P + max_new_tokens
-        columns wrap around the ring once and never overwrite each other; columns of the slot's earlier sequence stay
-        masked."""
+        The cache has prompt + max_new_tokens columns per slot, written at one shared column per step. With
+        `refills`, `admit` later puts a queued sequence into an ended row's slot: its prompt takes the P columns before
+        the shared one and it decodes from there. A step attends over the window of columns from the oldest sequence
+        in the batch to the shared one (`_window`); when the shared column reaches the cache's end, the window moves to
+        its front (`_shift`), so a refilled cache attends over what its sequences wrote, not over every column."""
         B, P = ids.shape
         total = P + max_new_tokens
         cos, sin = rope_tables(self.inv_freq, self.rope_scaling, total, self.act)
         valid = torch.cat([mask, mask.new_zeros(B, max_new_tokens)], dim=1)  # a new position is unmasked when written
         shape = (len(self.layers), B, self.n_kv, total, self.head_dim)
         # a CPU step reads exactly the positions written (attn_bucket 1), so its cache need not be zeroed first (the
-        # zeros were 3 % of a 1M-preset rollout); a bucketed CUDA step, and every step once an admitted sequence has
-        # wrapped the ring, also reads columns no sequence of the slot wrote, masked, where garbage could be NaN
+        # zeros were 3 % of a 1M-preset rollout); a bucketed CUDA step reads columns not yet written, masked, where
+        # garbage could be NaN; an admitted sequence's slot holds columns of the slot's earlier sequences (zeroed too)
         alloc = torch.empty if self.attn_bucket == 1 and not refills else torch.zeros
         self._state = dict(
             k=alloc(shape, dtype=self.attn, device=ids.device),
@@ -306,7 +306,11 @@ class FastDecoder(nn.Module):
                 ~valid[:, None, None, :], float("-inf")),
             next_pos=mask.sum(1, keepdim=True),
             col=torch.zeros(1, dtype=torch.long, device=ids.device),  # the column a decode step writes (`step`)
-            length=P,
+            length=P,  # the columns written so far, counted from the first (the next step writes this one)
+            base=0,  # the count of the cache's column 0 (`_shift` moves it on)
+            starts=[0] * B,  # the count of each slot's sequence's first column (its prompt's)
+            oldest=0,  # the earliest start of a sequence that may still decode (`_window`)
+            prompt=P,
             total=total,
         )
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -315,16 +319,55 @@ class FastDecoder(nn.Module):
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits [B, V] of one decode step (`_decode`), from a CUDA graph's replay with rollout.cuda_graphs."""
         st = self._state
-        length = st["length"]
+        if st["length"] - st["base"] == st["total"]:  # the cache is full: the window moves to its front
+            self._shift()
+        length, base, bucket = st["length"], st["base"], self.attn_bucket
         st["length"] = length + 1
-        written = min(length + 1, st["total"])  # the columns written so far (all of them once the ring wrapped)
-        keys = min(st["total"], -(-written // self.attn_bucket) * self.attn_bucket)
-        st["col"].fill_(length % st["total"])  # the ring's column this step writes (= length until it wraps)
-        return self._decode(tokens, keys) if self.graphs is None else self._graph_step(tokens, keys)
+        col = length - base
+        st["col"].fill_(col)
+        hi = min(st["total"], -(-(col + 1) // bucket) * bucket)  # the columns written, rounded up (ATTN_BUCKET_CUDA)
+        if self.graphs is not None:  # a graph per (rows, hi): attended from the cache's first column
+            return self._graph_step(tokens, hi)
+        return self._decode(tokens, (self._window(length) - base) // bucket * bucket, hi)
 
-    def _decode(self, tokens: torch.Tensor, keys: int) -> torch.Tensor:
-        """One token per row: its K/V written at the ring's column `col` (a device tensor), the attention over the
-        first `keys` columns (`valid` masks the unwritten and foreign ones), the positions advanced. Every per-step
+    def _window(self, length: int) -> int:
+        """The count of the first column a step writing column `length` attends: the earliest start of the batch's
+        sequences that may still decode. A sequence spans at most `total` columns, so one that started `total` or more
+        columns ago has ended (at max_new_tokens) and is left out: an ended row attends garbage, finite (the shared
+        column is unmasked for every row), and its output is thrown away. A sequence that ended at a stop id is not
+        known to the host before a sync: its start counts until `admit` or `keep` replaces it."""
+        st = self._state
+        if length - st["oldest"] >= st["total"]:
+            self._find_oldest(length)
+        return st["oldest"]
+
+    def _find_oldest(self, length: int) -> None:
+        st = self._state
+        st["oldest"] = min((s for s in st["starts"] if length - s < st["total"]), default=length)
+
+    def _shift(self) -> None:
+        """Move the attended window to the cache's front: columns from the oldest sequence that may still decode (and
+        the P columns an admission writes before the next shared one) keep their contents, masks and order; the
+        columns after them are masked until written. A layer at a time (one layer's copy of the window is the
+        temporary); the slots are independent, so each sequence attends what it did before, up to summation order.
+        Each shift retires the window's oldest sequence, so there are at most as many as sequences; measured at the 1m
+        preset, 256 sequences through 32 slots: 1 shift in 607 steps (geometric lengths, mean 52, none at the cap) and
+        23 in 1,055 (mean 108 of 256, 12 % at the cap), the copied columns 0.1 % and 2 % of the attended ones."""
+        st = self._state
+        length, total = st["length"], st["total"]
+        new_base = min(self._window(length), length + 1 - st["prompt"])
+        d = new_base - st["base"]  # >= 1: every sequence in the window started fewer than `total` columns ago
+        for key in ("k", "v"):
+            for layer in st[key]:
+                layer[:, :, : total - d] = layer[:, :, d:].clone()
+        valid = st["valid"]
+        valid[..., : total - d] = valid[..., d:].clone()
+        valid[..., total - d:] = float("-inf")
+        st["base"] = new_base
+
+    def _decode(self, tokens: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        """One token per row: its K/V written at the cache's column `col` (a device tensor), the attention over the
+        columns [lo, hi) (`valid` masks the unwritten and foreign ones), the positions advanced. Every per-step
         value lives on the device and every buffer is updated in place, so that a CUDA graph of this step replays the
         next one (`use_cuda_graphs`)."""
         st = self._state
@@ -337,7 +380,7 @@ class FastDecoder(nn.Module):
             q, k, v = self._qkv(layer, x, cos, sin)
             st["k"][i].index_copy_(2, col, k.to(self.attn))  # fp16/bf16 values kept in fp32 where attention is
             st["v"][i].index_copy_(2, col, v.to(self.attn))  # slow in 16 bits (exact casts, as a slice write does)
-            a = attend(q, st["k"][i, :, :, :keys], st["v"][i, :, :, :keys], valid[..., :keys], self.head_dim**-0.5)
+            a = attend(q, st["k"][i, :, :, lo:hi], st["v"][i, :, :, lo:hi], valid[..., lo:hi], self.head_dim**-0.5)
             x = self._mlp(layer, x, a)
         pos.add_(1).clamp_(max=st["total"] - 1)  # a live row stays below; an ended one waiting for a queued
         return self._head(x[:, -1])              # sequence decodes on, masked, at the last
@@ -346,8 +389,9 @@ class FastDecoder(nn.Module):
         """Decode steps from CUDA graphs (`rollout.cuda_graphs`): a step's ~45 kernels per layer replayed by one launch
         instead of launched one by one from Python (on a GPU a small batch's decode step waits on those launches:
         bench/launch/budget.py's 12 us each). A graph is captured per (batch rows, attended key columns): the key
-        columns change every ATTN_BUCKET_CUDA steps, and not at all once a refilled ring has wrapped; the rows at a
-        compaction. On a CPU nothing is captured and every step runs eagerly (the graphs' CPU twin in the tests)."""
+        columns change every ATTN_BUCKET_CUDA steps until the cache is full, and a graph attends from the cache's first
+        column (a refilled cache's window moves to its front, `_shift`, so the graphs captured for it are reused); the
+        rows at a compaction. On a CPU nothing is captured and every step runs eagerly (the graphs' CPU twin in the tests)."""
         self.graphs = {}
         self.graph_pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
 
@@ -364,23 +408,23 @@ class FastDecoder(nn.Module):
             graph, out = self.graphs[keys]
             graph.replay()
             return out.clone()
-        logits = self._decode(st["graph_tok"], keys)
+        logits = self._decode(st["graph_tok"], 0, keys)
         if tokens.is_cuda:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.graph_pool):
-                out = self._decode(st["graph_tok"], keys)
+                out = self._decode(st["graph_tok"], 0, keys)
             self.graphs[keys] = (graph, out)
         return logits
 
     def admit(self, slots: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Put the sequences `ids` [n, P] (left-padded as `start`'s) into the batch's rows `slots` [n], whose
-        sequences ended: their prompts run (attending to themselves, as in `start`) and are written to the P ring
+        sequences ended: their prompts run (attending to themselves, as in `start`) and are written to the P
         columns before the next step's, everything else of the slot masked; logits [n, V] of each last position.
         A row's attention then covers its own columns and masked ones (exact zeros), so it computes what it would in
         a cache of its own up to summation order (tests/unit/test_engine.py)."""
         st = self._state
-        P, total = ids.shape[1], st["total"]
-        cols = torch.arange(st["length"] - P, st["length"], device=ids.device) % total
+        P, length = ids.shape[1], st["length"]
+        cols = torch.arange(length - P, length, device=ids.device) - st["base"]  # >= 0 (`_shift`)
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
         cos, sin = st["cos"][pos].unsqueeze(2), st["sin"][pos].unsqueeze(2)
         attn_mask = prompt_attention_mask(mask)
@@ -395,19 +439,24 @@ class FastDecoder(nn.Module):
         prompt = torch.zeros_like(mask, dtype=self.attn).masked_fill_(~mask, float("-inf"))
         st["valid"][slots[:, None], 0, 0, cols] = prompt
         st["next_pos"][slots] = mask.sum(1, keepdim=True)
+        for slot in slots.tolist():
+            st["starts"][slot] = length - P
+        self._find_oldest(length)
         return self._head(x[:, -1])
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only `rows` (indices into the batch) in the batch and the KV cache: the other sequences finished.
         Rows are independent, so the kept rows decode exactly as before (EmbeddedEngine.generate)."""
         st = self._state
-        b, end = rows.numel(), min(st["length"], st["total"])
+        b, end = rows.numel(), st["length"] - st["base"]
         for key in ("k", "v"):  # in place, the positions written so far: the kept rows move to the front
             cache = st[key]
             for layer in cache:  # a layer at a time: the gathered rows' temporary is one layer's, not the cache's
                 layer[:b, :, :end] = layer[rows, :, :end]
             st[key] = cache[:, :b]
         st["valid"], st["next_pos"] = st["valid"].index_select(0, rows), st["next_pos"].index_select(0, rows)
+        st["starts"] = [st["starts"][r] for r in rows.tolist()]
+        self._find_oldest(st["length"])
         st.pop("graph_rows", None)  # new buffers: a captured decode graph would read the old ones
 
     def use_compiled(self) -> None:

@@ -394,7 +394,7 @@ def test_bucketed_decode_attention_gives_the_same_rollout(models, precision="fp3
         assert engine.decoder.attn_bucket == 1  # the CPU default
         engine.decoder.attn_bucket = bucket
         keys, decode = [], engine.decoder._decode
-        engine.decoder._decode = lambda tok, k: keys.append(k) or decode(tok, k)
+        engine.decoder._decode = lambda tok, lo, hi: keys.append(hi) or decode(tok, lo, hi)
         r = engine.generate(ids, mask, 4, SamplingParams(20, 0.8), torch.Generator().manual_seed(3))
         return r, keys  # the decode steps' attended key columns
 
@@ -597,6 +597,42 @@ def test_refill_edge_cases_give_the_tokens_of_one_batch(models, greedy, new, syn
     assert refilled.response_mask.sum(1).max() <= new and whole.response_ids.shape[0] == 12
 
 
+@pytest.mark.parametrize("greedy, sync_every, slots, compact, narrowed", [
+    (False, 1, 2, True, True), (True, 5, 3, False, False), (False, 16, 10, True, False), (False, 3, 2, False, True)])
+def test_a_refilled_cache_moves_its_window_with_the_tokens_of_one_batch(models, greedy, sync_every, slots, compact,
+                                                                       narrowed):
+    """A refilled cache attends over the window from its oldest sequence that may still decode (`_window`), and when the
+    shared column reaches the cache's end the window moves to its front (`_shift`): 36 sequences through 2-10 slots
+    fill the cache several times over. Each sequence attends what it would in a cache of its own (its columns and
+    masked ones), so the tokens and lengths are the whole batch's, log-probs to fp32 rounding. The window is narrower
+    than the cache when the oldest slot's sequence ended early and a newer one took its slot: with 2 slots and 5 stop
+    ids (`narrowed`) it does; greedy rows of this model rarely stop, so their slots turn over together."""
+    model = models["qwen2"]
+    ids, mask = prompts()
+    free = _rollout(EmbeddedEngine("fp32"), model, n=4, new=8)
+    eos = [int(t) for t in free.response_ids.flatten().bincount().topk(5).indices]
+    sampling = SamplingParams(10, 0.9, greedy=greedy)
+
+    def run(**kw):
+        engine = EmbeddedEngine("fp32", eos_id=eos, sync_every=sync_every, compact=compact, **kw)
+        engine.load_weights(model)
+        return engine
+
+    whole = run(chunk_tokens=None).generate(ids, mask, 12, sampling, torch.Generator().manual_seed(5))
+    engine = run(chunk_tokens=slots * (ids.shape[1] + 10))
+    shifts, windows, dec = [], [], engine.decoder
+    shift, decode = dec._shift, dec._decode
+    dec._shift = lambda: shifts.append(dec._state["base"]) or shift()
+    dec._decode = lambda tok, lo, hi: windows.append((lo, hi)) or decode(tok, lo, hi)
+    refilled = engine.generate(ids, mask, 12, sampling, torch.Generator().manual_seed(5))
+    assert len(shifts) >= 2 and shifts == sorted(set(shifts))  # the window moved on, more than once
+    assert any(lo > 0 for lo, _ in windows) or not narrowed  # a step attended fewer columns than the cache has
+    assert all(0 <= lo < hi <= ids.shape[1] + 10 for lo, hi in windows)
+    assert torch.equal(refilled.response_ids, whole.response_ids)
+    assert torch.equal(refilled.response_mask, whole.response_mask)
+    assert (refilled.logp_mu - whole.logp_mu).abs().max() < 1e-5 and whole.response_ids.shape[0] == 36
+
+
 @pytest.mark.parametrize("precision, kw", [("fp32", {}), ("fp8_e4m3", {}), ("fp32", {"cpu_kernels": "plain"}),
                                            ("int8", {"chunk_tokens": 5 * (7 + 16)})])
 def test_the_cuda_graph_step_computes_the_eager_step(models, precision, kw):
@@ -610,10 +646,13 @@ def test_the_cuda_graph_step_computes_the_eager_step(models, precision, kw):
     free = _rollout(EmbeddedEngine(precision), model, n=8, new=16)
     eos = [int(t) for t in free.response_ids.flatten().bincount().topk(3).indices]
 
-    def run(graphed: bool):
+    def run(graphed: bool, whole_cache: bool = True):
         engine = EmbeddedEngine(precision, eos_id=eos, sync_every=4, cuda_graphs=True, **kw)
         engine.load_weights(model)
         assert engine.decoder.graphs is None  # a CPU engine ignores rollout.cuda_graphs: no graph to capture
+        if whole_cache:  # every step attends from the cache's first column, as a graph does (not from the window's)
+            decode = engine.decoder._decode
+            engine.decoder._decode = lambda tok, lo, hi: decode(tok, 0, hi)
         static, real = [], engine.decoder._graph_step
         if graphed:
             engine.decoder.use_cuda_graphs()
@@ -625,3 +664,6 @@ def test_the_cuda_graph_step_computes_the_eager_step(models, precision, kw):
     assert static and graphs == {}  # every step took the static path; nothing was captured on the CPU
     assert torch.equal(graphed.response_ids, eager.response_ids) and torch.equal(graphed.logp_mu, eager.logp_mu)
     assert torch.equal(graphed.response_mask, eager.response_mask) and eager.response_mask.sum(1).min() < 16
+    windowed = run(False, whole_cache=False)[0]  # the eager default: a refilled cache's window, fewer zero terms
+    assert torch.equal(windowed.response_mask, eager.response_mask)
+    assert (windowed.logp_mu - eager.logp_mu).abs().max() < (1e-5 if precision == "fp32" else 1e-3)

@@ -268,8 +268,9 @@ def test_compacted_engine_on_cuda_matches_its_uncompacted_self(compile):
 
 def test_refilled_engine_on_cuda_samples_what_the_chunked_engine_does():
     """Continuous batching on the GPU (rollout.refill): 64 sequences through 16 slots, against one chunk of 16 after
-    another. An admitted sequence attends over the whole ring (its columns in rotated order and masked ones), so its
-    bf16 attention sums in another order than in a cache of its own: the check is statistical, as for compiled
+    another. An admitted sequence attends over the window from the batch's oldest sequence (its columns and masked
+    ones; moved to the cache's front when the cache is full), so its bf16 attention sums in another order than in a
+    cache of its own: the check is statistical, as for compiled
     pieces (at least 90 % of the rows identical, their log-probs to bf16 rounding), and the refilled engine decodes
     fewer steps. Not yet run on a GPU (written 2026-12-01 without one)."""
     model, ids, mask = _decode_case()
