@@ -309,7 +309,6 @@ class FastDecoder(nn.Module):
             length=P,  # the columns written so far, counted from the first (the next step writes this one)
             base=0,  # the count of the cache's column 0 (`_shift` moves it on)
             starts=[0] * B,  # the count of each slot's sequence's first column (its prompt's)
-            oldest=0,  # the earliest start of a sequence that may still decode (`_window`)
             prompt=P,
             total=total,
         )
@@ -337,13 +336,7 @@ class FastDecoder(nn.Module):
         column is unmasked for every row), and its output is thrown away. A sequence that ended at a stop id is not
         known to the host before a sync: its start counts until `admit` or `keep` replaces it."""
         st = self._state
-        if length - st["oldest"] >= st["total"]:
-            self._find_oldest(length)
-        return st["oldest"]
-
-    def _find_oldest(self, length: int) -> None:
-        st = self._state
-        st["oldest"] = min((s for s in st["starts"] if length - s < st["total"]), default=length)
+        return min((s for s in st["starts"] if length - s < st["total"]), default=length)
 
     def _shift(self) -> None:
         """Move the attended window to the cache's front: columns from the oldest sequence that may still decode (and
@@ -441,7 +434,6 @@ class FastDecoder(nn.Module):
         st["next_pos"][slots] = mask.sum(1, keepdim=True)
         for slot in slots.tolist():
             st["starts"][slot] = length - P
-        self._find_oldest(length)
         return self._head(x[:, -1])
 
     def keep(self, rows: torch.Tensor) -> None:
@@ -456,7 +448,6 @@ class FastDecoder(nn.Module):
             st[key] = cache[:, :b]
         st["valid"], st["next_pos"] = st["valid"].index_select(0, rows), st["next_pos"].index_select(0, rows)
         st["starts"] = [st["starts"][r] for r in rows.tolist()]
-        self._find_oldest(st["length"])
         st.pop("graph_rows", None)  # new buffers: a captured decode graph would read the old ones
 
     def use_compiled(self) -> None:
