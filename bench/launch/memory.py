@@ -217,6 +217,24 @@ def prefill_bytes(shape: Shape, rows: float, prompt: float, itemsize: int) -> fl
             + rows * prompt**2 * (1 + groups * (1 + itemsize)))
 
 
+def evaluation_bytes(cfg: Any, shape: Shape, prompt: float, gather_bytes: int, device_gb: float) -> float:
+    """The evaluation phase's transient bytes: a vLLM engine's share, or the embedded evaluation engine's fp32 copy
+    plus the largest of what a sharded run gathers to build it (`gather_bytes` per parameter of a unit; 0 unsharded)
+    and its KV cache + sampler (module docstring)."""
+    eval_cfg = cfg.get("eval") or {}
+    eval_seq = prompt + (eval_cfg.get("max_new_tokens") or cfg.task.max_new_tokens)
+    eval_positions = min(eval_cfg.get("batch_size", 64) * eval_seq, CHUNK_TOKENS)  # the engine's default chunk_tokens
+    eval_kind = eval_engine_kind(eval_cfg.get("engine", "auto"), cfg.rollout.engine)
+    if eval_kind == "vllm" and cfg.rollout.engine == "vllm":
+        return 0.0  # the rollout's vLLM engine (bf16), or one built in its place at its share
+    if eval_kind == "vllm":  # a vLLM engine beside the embedded rollout engine, for each evaluation
+        return GPU_MEMORY_UTILIZATION * device_gb * GB
+    eval_rows = eval_positions / eval_seq
+    cache = eval_positions * shape.kv_bytes(4) + max(prefill_bytes(shape, eval_rows, prompt, 4),
+                                                     sampler_bytes(eval_rows, shape.vocab))
+    return 4 * (shape.linear + 2 * shape.embed) + max(gather_bytes * shape.unit, cache)
+
+
 def estimate_memory(cfg: Any) -> MemoryEstimate | None:
     """Peak GB per GPU of one composed run config (the module docstring), or None for an unknown model shape."""
     shape = model_shape(cfg.model)
@@ -255,21 +273,7 @@ def estimate_memory(cfg: Any) -> MemoryEstimate | None:
         rows = positions / seq
         phases["generation"] = engine + positions * shape.kv_bytes(act_bytes) + max(
             prefill_bytes(shape, rows, prompt, act_bytes), sampler_bytes(rows, V))
-    eval_cfg = cfg.get("eval") or {}
-    eval_seq = prompt + (eval_cfg.get("max_new_tokens") or task.max_new_tokens)
-    eval_positions = eval_cfg.get("batch_size", 64) * eval_seq
-    eval_positions = min(eval_positions, CHUNK_TOKENS)  # the evaluation engine's default chunk_tokens
-    eval_kind = eval_engine_kind(eval_cfg.get("engine", "auto"), rollout.engine)
-    if eval_kind == "vllm" and rollout.engine == "vllm":
-        phases["evaluation"] = 0.0  # the rollout's vLLM engine (bf16), or one built in its place at its share
-    elif eval_kind == "vllm":  # a vLLM engine beside the embedded rollout engine, for each evaluation
-        phases["evaluation"] = GPU_MEMORY_UTILIZATION * device_gb * GB
-    else:  # its copy, then at once the largest of: the unit a sharded run gathers to build it, its KV cache + sampler
-        gather = weight_bytes * shape.unit if sharded else 0
-        eval_rows = eval_positions / eval_seq
-        cache = eval_positions * shape.kv_bytes(4) + max(prefill_bytes(shape, eval_rows, prompt, 4),
-                                                         sampler_bytes(eval_rows, V))
-        phases["evaluation"] = 4 * (shape.linear + 2 * shape.embed) + max(gather, cache)
+    phases["evaluation"] = evaluation_bytes(cfg, shape, prompt, weight_bytes if sharded else 0, device_gb)
     layer_act = 2 * shape.hidden * 16  # one layer's transient activations per token (bf16), rough
     recompute_tokens = train.micro_batch_tokens or train.batch_size * seq
     phases["recompute"] = (recompute_tokens * layer_act
