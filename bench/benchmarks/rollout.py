@@ -223,7 +223,7 @@ def make_prompts(vocab: int, batch: int, length: int, avoid: list[int] | None = 
 
 #: embedded engine variants (module docstring): label -> EmbeddedEngine keyword arguments
 VARIANTS = {"eager": {}, "compiled": {"compile": True}, "graphs": {"cuda_graphs": True}, "plain": {"cpu_kernels": "plain"},
-            "chunked": {"refill": False},
+            "chunked": {"refill": False}, "varlen": {"cpu_attention": "varlen"},
             "before": {"sync_every": 1, "compact": False, "cpu_kernels": "plain", "refill": False}}
 BEFORE = "before"
 

@@ -44,6 +44,7 @@ from bench.quant.fp8 import FP8_KERNELS
 from bench.quant.int8 import INT8_KERNELS
 from bench.quant.linear import CPU_KERNELS, make_linear, native_bf16_matmul, swap_linears, use_cpu_gemm
 from bench.quant.quantizers import Quantizer
+from bench.rollout import cpu_attention
 from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams, detach_aliases, token_ids
 
 FAST_FAMILIES = ("llama", "qwen2", "qwen3")
@@ -102,6 +103,8 @@ class EmbeddedRolloutConfig(RolloutConfig):
     int8_kernel: str = "auto"
     fp8_kernel: str = "auto"  # auto: torch._scaled_mm on a GPU with FP8 tensor cores, else the emulation
     cpu_kernels: str = "auto"  # a CPU's decode kernels: auto | onednn | plain (bench.quant.linear.CPU_KERNELS)
+    # a CPU decode step's fp32 attention: matmul (over the live window) | varlen (each row's own columns; a C kernel)
+    cpu_attention: str = "matmul"
     kv_cache_dtype: Optional[str] = None  # null: the activation dtype; fp8 | fp8_e4m3 | fp8_e5m2 (scale 1, as vLLM)
     chunk_tokens: Optional[int] = num(CHUNK_TOKENS, "[1, inf)", {None: "the whole batch in one chunk"})  # KV-cache positions per generate chunk
     # decode steps between host syncs (the stop check; finished rows leave the batch there): SYNC_EVERY
@@ -114,7 +117,7 @@ class EmbeddedRolloutConfig(RolloutConfig):
     def check(self) -> None:
         super().check()
         for key, valid in (("backend", BACKENDS), ("int8_kernel", INT8_KERNELS), ("fp8_kernel", FP8_KERNELS),
-                           ("cpu_kernels", CPU_KERNELS)):
+                           ("cpu_kernels", CPU_KERNELS), ("cpu_attention", cpu_attention.CPU_ATTENTION)):
             if getattr(self, key) not in valid:
                 raise ValueError(f"rollout.{key}={getattr(self, key)!r} is not valid; choose one of: {', '.join(valid)}")
         if self.act_dtype is not None and self.act_dtype not in DTYPES:
@@ -122,6 +125,10 @@ class EmbeddedRolloutConfig(RolloutConfig):
         if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"rollout.kv_cache_dtype={self.kv_cache_dtype!r} is not valid; choose one of: "
                              f"{', '.join(KV_CACHE_DTYPES)} (or null)")
+        if self.cpu_attention == "varlen" and self.cpu_kernels == "plain":
+            raise ValueError("rollout.cpu_attention=varlen replaces the matmul decode attention, which "
+                             "rollout.cpu_kernels=plain turns off (SDPA): use rollout.cpu_kernels=auto or onednn, "
+                             "or rollout.cpu_attention=matmul")
 
 
 def fast_path_problem(model: nn.Module) -> str | None:
@@ -247,6 +254,10 @@ class FastDecoder(nn.Module):
         self.attn_bucket = ATTN_BUCKET_CUDA if cuda else 1  # decode key positions rounded up to this (ATTN_BUCKET_CUDA)
         # a CPU decode step's fp32 attention as two batched matmuls (`decode_attention`), unless cpu_kernels=plain
         self.matmul_decode = not cuda and self.attn == torch.float32 and knobs.cpu_kernels != "plain"
+        # rollout.cpu_attention=varlen: that attention over each row's own columns (bench.rollout.cpu_attention)
+        self.varlen = self.matmul_decode and knobs.cpu_attention == "varlen"
+        if self.varlen and (why := cpu_attention.unavailable()):
+            raise ValueError(f"rollout.cpu_attention=varlen cannot run here: {why}; use rollout.cpu_attention=matmul")
         self.graphs: dict | None = None  # keys -> (CUDA graph, its logits) with rollout.cuda_graphs (use_cuda_graphs)
         plain = plain_quantizer(act_dtype)
         self.quant_errors = QuantErrors()
@@ -369,11 +380,17 @@ class FastDecoder(nn.Module):
         cos, sin = st["cos"][pos].unsqueeze(2), st["sin"][pos].unsqueeze(2)  # [B, 1, 1, D]
         x = F.embedding(tokens[:, None], self.embed)
         attend = decode_attention if self.matmul_decode else grouped_attention
+        if self.varlen:  # each row from its own sequence's first column (an ended one's start may precede lo)
+            rows = torch.tensor(st["starts"]).sub_(st["base"]).clamp_(lo, hi - 1)
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
             st["k"][i].index_copy_(2, col, k.to(self.attn))  # fp16/bf16 values kept in fp32 where attention is
             st["v"][i].index_copy_(2, col, v.to(self.attn))  # slow in 16 bits (exact casts, as a slice write does)
-            a = attend(q, st["k"][i, :, :, lo:hi], st["v"][i, :, :, lo:hi], valid[..., lo:hi], self.head_dim**-0.5)
+            if self.varlen:
+                a = cpu_attention.varlen_decode_attention(q, st["k"][i], st["v"][i], valid, rows, lo, hi,
+                                                          self.head_dim**-0.5)
+            else:
+                a = attend(q, st["k"][i, :, :, lo:hi], st["v"][i, :, :, lo:hi], valid[..., lo:hi], self.head_dim**-0.5)
             x = self._mlp(layer, x, a)
         pos.add_(1).clamp_(max=st["total"] - 1)  # a live row stays below; an ended one waiting for a queued
         return self._head(x[:, -1])              # sequence decodes on, masked, at the last
@@ -639,6 +656,13 @@ class EmbeddedEngine:
                         2^18+ elements for oneDNN's GEMM at each sync (2-2.5x sgemm's speed on a decode step's few
                         rows) and computes a decode step's attention as two batched matmuls (`decode_attention`);
                         onednn packs every fp32 weight; plain is torch's F.linear and SDPA (the engine before the key)
+    cpu_attention       matmul | varlen (bench.rollout.cpu_attention.CPU_ATTENTION): on a CPU, how a fast-decoder step's
+                        fp32 attention reads the cache. matmul (the default): `decode_attention` over the window from
+                        the batch's oldest live sequence; varlen: a C kernel over each row's own columns, built at the
+                        first engine with the system's C compiler (refused where there is none). The same attention
+                        up to summation order; with continuous batching varlen reads ~half the columns (1.2x the
+                        rollout at the 10m preset, docs/benchmarks.md). Not the default: the committed reference
+                        reports were sampled with matmul, and another summation order is another run
     kv_cache_dtype      None | fp8 | fp8_e4m3 | fp8_e5m2: K (after RoPE) and V rounded as an FP8 KV cache
                         without calibrated scales stores them (vLLM's k_scale = v_scale = 1)
     chunk_tokens        KV-cache positions per generate chunk (None: one chunk): a batch is generated

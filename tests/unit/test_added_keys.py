@@ -288,6 +288,21 @@ def test_refill_false_generates_a_chunk_at_a_time(model, monkeypatch):
     assert starts == [5, 5, 5, 5, 4] and r.response_ids.shape[0] == 24
 
 
+def test_cpu_attention_matmul_never_calls_the_varlen_kernel(model, monkeypatch):
+    """rollout.cpu_attention=matmul (by construction): the decoder's varlen flag is off, so every decode step attends
+    by `decode_attention` over the window, and the C kernel (bench.rollout.cpu_attention) is never called."""
+    from bench.rollout import cpu_attention
+
+    monkeypatch.setattr(cpu_attention, "varlen_decode_attention", lambda *a: pytest.fail("the varlen kernel ran"))
+    calls, real = [], embedded.decode_attention
+    monkeypatch.setattr(embedded, "decode_attention", lambda *a: calls.append(1) or real(*a))
+    engine = EmbeddedEngine("fp32", cpu_attention=neutral("rollout.cpu_attention"))
+    engine.load_weights(model)
+    assert engine.decoder.varlen is False
+    r, rows = _generate(model, "fp32", cpu_attention=neutral("rollout.cpu_attention"))
+    assert rows and calls and r.response_mask.any()
+
+
 def test_cuda_graphs_false_decodes_every_step_eagerly(model, monkeypatch):
     """rollout.cuda_graphs=false (by construction): the decoder gets no graphs, so every step takes `_decode` eagerly
     and the graphed path (its static buffer, capture and replay) never runs."""

@@ -1,0 +1,86 @@
+"""rollout.cpu_attention=varlen: the C kernel over each row's own key columns (bench.rollout.cpu_attention) is the
+matmul decode attention over the window up to summation order, and the engine with it samples the same rollout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.rollout import SamplingParams, cpu_attention, embedded
+from bench.rollout.embedded import EmbeddedEngine
+from tests.unit.test_engine import _build
+from tests.vllm.helpers import prompts
+
+pytestmark = pytest.mark.skipif(cpu_attention.unavailable() is not None,
+                                reason=f"the varlen kernel cannot be built here: {cpu_attention.unavailable()}")
+
+
+@pytest.mark.parametrize("B, H, Hkv, total, D, lo, hi", [(5, 4, 2, 40, 16, 3, 37), (7, 6, 2, 33, 8, 0, 33),
+                                                         (3, 3, 3, 20, 64, 5, 6), (9, 8, 2, 70, 32, 10, 50)])
+def test_varlen_kernel_is_the_matmul_attention_over_the_window(B, H, Hkv, total, D, lo, hi):
+    """Rows start anywhere in [lo, hi) (one at lo: the whole window; one at hi - 1: a single column), with masked
+    holes inside their own columns; q is the strided view `_qkv` returns. Against `decode_attention` over [lo, hi)
+    with every column before a row's start masked: equal to fp32 rounding. The keys and values before a row's start
+    are never read (filled with 1e30 there, the result is bit-identical)."""
+    g = torch.Generator().manual_seed(B * total)
+    qkv = torch.randn(B, 1, H + 2 * Hkv, D, generator=g)
+    q = qkv[:, :, :H].transpose(1, 2)  # [B, H, 1, D], not contiguous
+    k, v = (torch.randn(B, Hkv, total, D, generator=g) for _ in range(2))
+    starts = torch.randint(lo, hi, (B,), generator=g)
+    starts[0], starts[-1] = lo, hi - 1
+    mask = torch.zeros(B, 1, 1, total)
+    holes = torch.rand(B, 1, 1, total, generator=g) < 0.2
+    holes[..., hi - 1] = False  # the column a step writes is always attended
+    mask.masked_fill_(holes, float("-inf"))
+    for b, s in enumerate(starts.tolist()):
+        mask[b, ..., :s] = float("-inf")
+    got = cpu_attention.varlen_decode_attention(q, k, v, mask, starts, lo, hi, D**-0.5)
+    want = embedded.decode_attention(q, k[:, :, lo:hi], v[:, :, lo:hi], mask[..., lo:hi], D**-0.5)
+    assert got.shape == (B, H, 1, D) and torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
+    before = torch.arange(total)[None, None, :, None] < starts[:, None, None, None]
+    k2, v2 = k.masked_fill(before, 1e30), v.masked_fill(before, 1e30)
+    assert torch.equal(cpu_attention.varlen_decode_attention(q, k2, v2, mask, starts, lo, hi, D**-0.5), got)
+
+
+def test_engine_with_varlen_attention_samples_the_same_refilled_rollout(monkeypatch):
+    """24 sequences through 10 slots (continuous batching): the varlen engine gives the matmul engine's tokens and
+    lengths, log-probs to fp32 rounding, and its steps read fewer columns than the window (rows start after it)."""
+    model = _build("qwen2")
+    ids, mask = prompts()
+    free = EmbeddedEngine("fp32")
+    free.load_weights(model)
+    first = free.generate(ids, mask, 8, SamplingParams(20, 0.8), torch.Generator().manual_seed(4))
+    eos = [int(t) for t in first.response_ids.flatten().bincount().topk(4).indices]  # frequent ids: rows end early
+    reads, real = [], cpu_attention.varlen_decode_attention
+
+    def counted(q, k, v, mask, rows, lo, hi, scale):
+        reads.append(((hi - rows).sum().item(), (hi - lo) * rows.numel()))
+        return real(q, k, v, mask, rows, lo, hi, scale)
+
+    monkeypatch.setattr(cpu_attention, "varlen_decode_attention", counted)
+
+    def run(attention: str):
+        engine = EmbeddedEngine("fp32", eos_id=eos, chunk_tokens=10 * (ids.shape[1] + 20), sync_every=4,
+                                cpu_attention=attention)
+        engine.load_weights(model)
+        assert engine.decoder.varlen == (attention == "varlen")
+        return engine.generate(ids, mask, 8, SamplingParams(20, 0.8), torch.Generator().manual_seed(4))
+
+    want, got = run("matmul"), run("varlen")
+    assert reads and sum(own for own, _ in reads) < sum(window for _, window in reads)
+    assert torch.equal(got.response_ids, want.response_ids) and torch.equal(got.response_mask, want.response_mask)
+    assert (got.logp_mu - want.logp_mu).abs().max() < 1e-5
+
+
+def test_cpu_attention_choices_are_checked(monkeypatch):
+    """A bad value names the valid ones; varlen with cpu_kernels=plain (SDPA, no matmul attention to replace) is
+    refused; where the kernel cannot be built the engine says why and names the way out."""
+    with pytest.raises(ValueError, match=r"rollout.cpu_attention='paged' is not valid; choose one of: matmul, varlen"):
+        EmbeddedEngine("fp32", cpu_attention="paged")
+    with pytest.raises(ValueError, match="rollout.cpu_attention=varlen .* rollout.cpu_kernels=plain"):
+        EmbeddedEngine("fp32", cpu_attention="varlen", cpu_kernels="plain")
+    monkeypatch.setattr(cpu_attention, "unavailable", lambda: "no C compiler (cc or gcc) on PATH, nor $CC")
+    engine = EmbeddedEngine("fp32", cpu_attention="varlen")
+    with pytest.raises(ValueError, match="cannot run here: no C compiler .* use rollout.cpu_attention=matmul"):
+        engine.load_weights(_build("qwen2"))
