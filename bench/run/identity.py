@@ -293,7 +293,7 @@ ADDED_KEYS: dict[str, AddedKey] = {
     "rollout.cpu_kernels": AddedKey("plain", "2acf8e1", "every fp32 GEMM is torch's F.linear and every attention "
                                                     "SDPA, the only kernels before the key; auto is not neutral: "
                                                     "oneDNN and the matmul attention sum in another order"),
-    "rollout.cpu_attention": AddedKey("matmul", "pending", "a CPU decode step attends by the two batched matmuls over "
+    "rollout.cpu_attention": AddedKey("matmul", "c5d2a48", "a CPU decode step attends by the two batched matmuls over "
                                                        "the live window, the only way before the key"),
 }
 UNSET = "<unset>"  # how config_diff shows a key one config lacks
