@@ -24,7 +24,8 @@ Embedded variants (`--variants`): `eager` (the defaults: a host sync every rollo
 leave the batch, continuous batching, the CPU's oneDNN GEMM and matmul decode attention), `compiled`
 (rollout.compile=true: torch.compile'd decode step and fused activation quantization), `graphs`
 (rollout.cuda_graphs=true: decode steps replayed from CUDA graphs; on a CPU the same as eager), `plain`
-(rollout.cpu_kernels=plain: torch's sgemm and SDPA), `chunked` (rollout.refill=false: a chunk of --slots sequences at
+(rollout.cpu_kernels=plain: torch's sgemm and SDPA), `varlen` (rollout.cpu_attention=varlen: the decode attention
+over each row's own key columns, a C kernel), `chunked` (rollout.refill=false: a chunk of --slots sequences at
 a time, each to its longest row), `before` (rollout.sync_every=1 rollout.compact=false rollout.cpu_kernels=plain
 rollout.refill=false: the engine as it was before issue 34, a host sync and stop check every token). The ratios table
 gives each variant's useful tokens/s over `before` and over vLLM's fp32 row.

@@ -105,10 +105,16 @@ def _library() -> ctypes.CDLL | str:
     src, lib = os.path.join(folder, "attention.c"), os.path.join(folder, "attention.so")
     with open(src, "w") as f:
         f.write(SOURCE)
-    done = subprocess.run([cc, *FLAGS, src, "-o", lib], capture_output=True, text=True)
+    try:
+        done = subprocess.run([cc, *FLAGS, src, "-o", lib], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"{cc} did not build the kernels: {err}"
     if done.returncode != 0:
         return f"{cc} failed to build the kernels: {done.stderr.strip()[:300]}"
-    dll = ctypes.CDLL(lib)
+    try:
+        dll = ctypes.CDLL(lib)
+    except OSError as err:  # e.g. a temporary folder mounted noexec
+        return f"the kernels built by {cc} do not load: {err}"
     dll.varlen_scores.argtypes = [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64, _i64,
                                   _i64, _i64, _i64, _i64, _f32, _ptr]
     dll.varlen_values.argtypes = [_ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _i64, _i64, _i64, _i64, _ptr]
