@@ -662,7 +662,8 @@ class EmbeddedEngine:
                         first engine with the system's C compiler (refused where there is none). The same attention
                         up to summation order; with continuous batching varlen reads ~half the columns (1.2x the
                         rollout at the 10m preset, docs/benchmarks.md). Not the default: the committed reference
-                        reports were sampled with matmul, and another summation order is another run
+                        reports were sampled with matmul, and another summation order is another run. An attention
+                        in bf16 (a CPU with bf16 matmuls at a bf16 activation dtype) is SDPA's with either value
     kv_cache_dtype      None | fp8 | fp8_e4m3 | fp8_e5m2: K (after RoPE) and V rounded as an FP8 KV cache
                         without calibrated scales stores them (vLLM's k_scale = v_scale = 1)
     chunk_tokens        KV-cache positions per generate chunk (None: one chunk): a batch is generated

@@ -43,34 +43,39 @@ def test_varlen_kernel_is_the_matmul_attention_over_the_window(B, H, Hkv, total,
     assert torch.equal(cpu_attention.varlen_decode_attention(q, k2, v2, mask, starts, lo, hi, D**-0.5), got)
 
 
-def test_engine_with_varlen_attention_samples_the_same_refilled_rollout(monkeypatch):
-    """24 sequences through 10 slots (continuous batching): the varlen engine gives the matmul engine's tokens and
-    lengths, log-probs to fp32 rounding, and its steps read fewer columns than the window (rows start after it)."""
+@pytest.mark.parametrize("precision, slots, n", [("fp32", 10, 8), ("fp32", 2, 16), ("int8", 4, 8)])
+def test_engine_with_varlen_attention_samples_the_same_refilled_rollout(monkeypatch, precision, slots, n):
+    """3 x n sequences through a few slots (continuous batching, the window moved to the cache's front by `_shift`):
+    the varlen engine gives the matmul engine's tokens and lengths, log-probs to fp32 rounding, and its steps read
+    fewer columns than the window (rows start after it). INT8's activations are fp32 on a CPU, so its attention is
+    fp32 (where the attention runs in bf16, on a CPU with bf16 matmuls, the key does not apply: SDPA attends)."""
     model = _build("qwen2")
     ids, mask = prompts()
     free = EmbeddedEngine("fp32")
     free.load_weights(model)
     first = free.generate(ids, mask, 8, SamplingParams(20, 0.8), torch.Generator().manual_seed(4))
     eos = [int(t) for t in first.response_ids.flatten().bincount().topk(4).indices]  # frequent ids: rows end early
-    reads, real = [], cpu_attention.varlen_decode_attention
+    reads, shifts = [], []
+    real, shift = cpu_attention.varlen_decode_attention, embedded.FastDecoder._shift
 
     def counted(q, k, v, mask, rows, lo, hi, scale):
         reads.append(((hi - rows).sum().item(), (hi - lo) * rows.numel()))
         return real(q, k, v, mask, rows, lo, hi, scale)
 
     monkeypatch.setattr(cpu_attention, "varlen_decode_attention", counted)
+    monkeypatch.setattr(embedded.FastDecoder, "_shift", lambda self: shifts.append(1) or shift(self))
 
     def run(attention: str):
-        engine = EmbeddedEngine("fp32", eos_id=eos, chunk_tokens=10 * (ids.shape[1] + 20), sync_every=4,
+        engine = EmbeddedEngine(precision, eos_id=eos, chunk_tokens=slots * (ids.shape[1] + 20), sync_every=4,
                                 cpu_attention=attention)
         engine.load_weights(model)
         assert engine.decoder.varlen == (attention == "varlen")
-        return engine.generate(ids, mask, 8, SamplingParams(20, 0.8), torch.Generator().manual_seed(4))
+        return engine.generate(ids, mask, n, SamplingParams(20, 0.8), torch.Generator().manual_seed(4))
 
     want, got = run("matmul"), run("varlen")
-    assert reads and sum(own for own, _ in reads) < sum(window for _, window in reads)
+    assert shifts and reads and sum(own for own, _ in reads) < sum(window for _, window in reads)
     assert torch.equal(got.response_ids, want.response_ids) and torch.equal(got.response_mask, want.response_mask)
-    assert (got.logp_mu - want.logp_mu).abs().max() < 1e-5
+    assert (got.logp_mu - want.logp_mu).abs().max() < 1e-5 and got.response_ids.shape[0] == 3 * n
 
 
 def test_cpu_attention_choices_are_checked(monkeypatch):
