@@ -25,7 +25,8 @@ leave the batch, continuous batching, the CPU's oneDNN GEMM and matmul decode at
 (rollout.compile=true: torch.compile'd decode step and fused activation quantization), `graphs`
 (rollout.cuda_graphs=true: decode steps replayed from CUDA graphs; on a CPU the same as eager), `plain`
 (rollout.cpu_kernels=plain: torch's sgemm and SDPA), `varlen` (rollout.cpu_attention=varlen: the decode attention
-over each row's own key columns, a C kernel), `chunked` (rollout.refill=false: a chunk of --slots sequences at
+over each row's own key columns, a C kernel), `varlen_sync8` (that and rollout.sync_every=8: an ended sequence's
+slot is refilled after at most 7 steps instead of 15), `chunked` (rollout.refill=false: a chunk of --slots sequences at
 a time, each to its longest row), `before` (rollout.sync_every=1 rollout.compact=false rollout.cpu_kernels=plain
 rollout.refill=false: the engine as it was before issue 34, a host sync and stop check every token). The ratios table
 gives each variant's useful tokens/s over `before` and over vLLM's fp32 row.
@@ -225,6 +226,7 @@ def make_prompts(vocab: int, batch: int, length: int, avoid: list[int] | None = 
 #: embedded engine variants (module docstring): label -> EmbeddedEngine keyword arguments
 VARIANTS = {"eager": {}, "compiled": {"compile": True}, "graphs": {"cuda_graphs": True}, "plain": {"cpu_kernels": "plain"},
             "chunked": {"refill": False}, "varlen": {"cpu_attention": "varlen"},
+            "varlen_sync8": {"cpu_attention": "varlen", "sync_every": 8},
             "before": {"sync_every": 1, "compact": False, "cpu_kernels": "plain", "refill": False}}
 BEFORE = "before"
 
