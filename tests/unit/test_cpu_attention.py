@@ -89,3 +89,18 @@ def test_cpu_attention_choices_are_checked(monkeypatch):
     engine = EmbeddedEngine("fp32", cpu_attention="varlen")
     with pytest.raises(ValueError, match="cannot run here: no C compiler .* use rollout.cpu_attention=matmul"):
         engine.load_weights(_build("qwen2"))
+
+
+def test_rollout_benchmark_times_the_varlen_variants(capsys):
+    """`bench.benchmarks.rollout --variants ... varlen varlen_sync8` (docs/benchmarks.md's command at a tiny shape):
+    a throughput row per variant, all sampling the same responses, and each variant's ratio over `before`."""
+    from bench.benchmarks import rollout
+
+    rollout.main(["--engines", "embedded", "--precisions", "fp32", "--batch", "12", "--slots", "4", "--new-tokens", "16",
+                  "--mean-response", "4", "--variants", "before", "eager", "varlen", "varlen_sync8", "--repeats", "1",
+                  "--layers", "1"])
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| embedded")}
+    assert {"embedded (before)", "embedded", "embedded (varlen)", "embedded (varlen_sync8)"} <= set(rows)
+    ratios = [line for line in out.splitlines() if line.startswith(("| varlen |", "| varlen_sync8 |"))]
+    assert len(ratios) == 2 and all(float(r.split("|")[3].strip().rstrip("x")) > 0 for r in ratios)
