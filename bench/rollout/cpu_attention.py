@@ -110,7 +110,7 @@ def _library() -> ctypes.CDLL | str:
     except (OSError, subprocess.TimeoutExpired) as err:
         return f"{cc} did not build the kernels: {err}"
     if done.returncode != 0:
-        return f"{cc} failed to build the kernels: {done.stderr.strip()[:300]}"
+        return f"{cc} failed to build the kernels (exit {done.returncode}): {done.stderr.strip()[:300] or 'no output'}"
     try:
         dll = ctypes.CDLL(lib)
     except OSError as err:  # e.g. a temporary folder mounted noexec

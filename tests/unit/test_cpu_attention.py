@@ -11,10 +11,11 @@ from bench.rollout.embedded import EmbeddedEngine
 from tests.unit.test_engine import _build
 from tests.vllm.helpers import prompts
 
-pytestmark = pytest.mark.skipif(cpu_attention.unavailable() is not None,
-                                reason=f"the varlen kernel cannot be built here: {cpu_attention.unavailable()}")
+needs_kernel = pytest.mark.skipif(cpu_attention.unavailable() is not None,
+                                  reason=f"the varlen kernel cannot be built here: {cpu_attention.unavailable()}")
 
 
+@needs_kernel
 @pytest.mark.parametrize("B, H, Hkv, total, D, lo, hi", [(5, 4, 2, 40, 16, 3, 37), (7, 6, 2, 33, 8, 0, 33),
                                                          (3, 3, 3, 20, 64, 5, 6), (9, 8, 2, 70, 32, 10, 50)])
 def test_varlen_kernel_is_the_matmul_attention_over_the_window(B, H, Hkv, total, D, lo, hi):
@@ -43,6 +44,7 @@ def test_varlen_kernel_is_the_matmul_attention_over_the_window(B, H, Hkv, total,
     assert torch.equal(cpu_attention.varlen_decode_attention(q, k2, v2, mask, starts, lo, hi, D**-0.5), got)
 
 
+@needs_kernel
 @pytest.mark.parametrize("precision, slots, n", [("fp32", 10, 8), ("fp32", 2, 16), ("int8", 4, 8)])
 def test_engine_with_varlen_attention_samples_the_same_refilled_rollout(monkeypatch, precision, slots, n):
     """3 x n sequences through a few slots (continuous batching, the window moved to the cache's front by `_shift`):
@@ -91,6 +93,7 @@ def test_cpu_attention_choices_are_checked(monkeypatch):
         engine.load_weights(_build("qwen2"))
 
 
+@needs_kernel
 def test_rollout_benchmark_times_the_varlen_variants(capsys):
     """`bench.benchmarks.rollout --variants ... varlen varlen_sync8` (docs/benchmarks.md's command at a tiny shape):
     a throughput row per variant, all sampling the same responses, and each variant's ratio over `before`."""
