@@ -12,7 +12,7 @@ libgomp.so.1, which the process has loaded from torch), so `torch.set_num_thread
 
 The same attention as the matmuls up to summation order: a column before lo_b is masked in `valid` anyway, so
 skipping it changes nothing but the order of the sums over the head dimension and the columns
-(tests/unit/test_cpu_attention.py). Where no C compiler is found, `available()` says why and the engine refuses
+(tests/unit/test_cpu_attention.py). Where no C compiler is found, `unavailable()` says why and the engine refuses
 `varlen` at build time.
 """
 

@@ -660,7 +660,7 @@ class EmbeddedEngine:
                         fp32 attention reads the cache. matmul (the default): `decode_attention` over the window from
                         the batch's oldest live sequence; varlen: a C kernel over each row's own columns, built at the
                         first engine with the system's C compiler (refused where there is none). The same attention
-                        up to summation order; with continuous batching varlen reads ~half the columns (1.2x the
+                        up to summation order; with continuous batching varlen reads ~half the columns (1.2-1.3x the
                         rollout at the 10m preset, docs/benchmarks.md). Not the default: the committed reference
                         reports were sampled with matmul, and another summation order is another run. An attention
                         in bf16 (a CPU with bf16 matmuls at a bf16 activation dtype) is SDPA's with either value
