@@ -26,7 +26,7 @@ from bench.launch.config import CONF_DIR
 from bench.grpo import agg_loss, clipped_surrogate_bounds, group_advantages, safe_log_ratio
 from bench.methods.base import Batch, make_method, token_advantages
 from bench.methods.importance import behaviour_log_ratio, truncated_weights
-from bench.rollout import SamplingParams, embedded
+from bench.rollout import SamplingParams, cpu_attention, embedded
 from bench.rollout.embedded import EmbeddedEngine, _sample, inverse_cdf, top_p_logprobs
 from bench.run.identity import ADDED_KEYS, flatten
 from bench.train import rebaseline
@@ -291,8 +291,6 @@ def test_refill_false_generates_a_chunk_at_a_time(model, monkeypatch):
 def test_cpu_attention_matmul_never_calls_the_varlen_kernel(model, monkeypatch):
     """rollout.cpu_attention=matmul (by construction): the decoder's varlen flag is off, so every decode step attends
     by `decode_attention` over the window, and the C kernel (bench.rollout.cpu_attention) is never called."""
-    from bench.rollout import cpu_attention
-
     monkeypatch.setattr(cpu_attention, "varlen_decode_attention", lambda *a: pytest.fail("the varlen kernel ran"))
     calls, real = [], embedded.decode_attention
     monkeypatch.setattr(embedded, "decode_attention", lambda *a: calls.append(1) or real(*a))
