@@ -677,7 +677,10 @@ def load_dirs(run_dirs: Iterable[tuple[Path, Path | None]], sources: list[str] |
 
 
 def load_sweeps(roots: Iterable[Path], exclude: Iterable[Path] = ()) -> Sweep:
-    """Discover and load every run under each sweep directory."""
+    """Discover and load every run under each sweep directory.
+
+    A directory with no run directory under it is an error, not an empty sweep: `qrl-analyze results/<sweep>` in a
+    fresh clone finds only the committed report there, and an empty "report" written over it would destroy it."""
     pairs: list[tuple[Path, Path | None]] = []
     sources = []
     for root in roots:
@@ -685,7 +688,12 @@ def load_sweeps(roots: Iterable[Path], exclude: Iterable[Path] = ()) -> Sweep:
         if not root.is_dir():
             raise FileNotFoundError(f"sweep directory {root} does not exist")
         sources.append(str(root))
-        pairs += [(d, root) for d in discover(root, exclude)]
+        found = discover(root, exclude)
+        if not found:
+            raise FileNotFoundError(
+                f"no run directory under {root} (a run directory holds run.json or metrics.jsonl, or is named "
+                f"seed<N>): run the sweep first (qrl-bench -m ...), or name the directory its runs are in")
+        pairs += [(d, root) for d in found]
     return load_dirs(pairs, sources)
 
 

@@ -112,6 +112,21 @@ def test_missing_sweep_dir_is_a_usage_error(tmp_path: Path):
     assert "does not exist" in err.getvalue()
 
 
+def test_a_sweep_dir_without_runs_is_a_usage_error_and_leaves_its_report_alone(tmp_path: Path):
+    """A fresh clone's results/<sweep> holds only the committed report: analysing it must not write over it."""
+    report_dir = tmp_path / "sweep" / "report"
+    (report_dir / "tables").mkdir(parents=True)
+    files = {report_dir / "report.md": "# the committed report\n", report_dir / "tables" / "runs.csv": "run\nx\n"}
+    for path, text in files.items():
+        path.write_text(text)
+    err = io.StringIO()
+    with redirect_stderr(err):
+        assert main([str(tmp_path / "sweep")]) == 2
+    assert f"no run directory under {tmp_path / 'sweep'}" in err.getvalue()
+    assert sorted(p for p in report_dir.rglob("*") if p.is_file()) == sorted(files)
+    assert all(path.read_text() == text for path, text in files.items())
+
+
 def test_python_dash_m_analysis_is_the_same_command():
     cp = subprocess.run([sys.executable, "-m", "analysis", "--help"], capture_output=True, text=True, timeout=HANG_S)
     assert cp.returncode == 0 and "qrl-analyze" in cp.stdout and "--wandb" in cp.stdout
