@@ -73,7 +73,10 @@ class EvalConfig:
             raise ValueError(f"eval.overrides has {', '.join(map(repr, stray))}, "
                              f"which eval.sets={list(self.sets)} does not name")
         for name in self.sets:
-            check_schema(set_config(name, self.overrides.get(name)), "task")
+            try:
+                check_schema(set_config(name, self.overrides.get(name)), "task")
+            except ValueError as e:
+                raise ValueError(f"eval set {name!r}: {e}") from None
 
 
 def as_eval_config(cfg: Any) -> EvalConfig:

@@ -33,9 +33,16 @@ def parse_int(text: str) -> int | None:
 @dataclass
 class ArithmeticTaskConfig(GeneratedTaskConfig):
     max_new_tokens: int = 6
-    min_digits: int = num(1, "[1, 18]")  # (<= max_digits: checked by the task)
+    min_digits: int = num(1, "[1, 18]")  # (<= max_digits: `check`)
     max_digits: int = num(2, "[1, 18]")
     ops: list[str] = field(default_factory=lambda: ["+", "-"])
+
+    def check(self) -> None:
+        super().check()
+        if not self.ops or any(op not in OPS for op in self.ops):
+            raise ValueError(f"task.ops={list(self.ops)!r}: valid ops are {', '.join(OPS)}")
+        if self.min_digits > self.max_digits:
+            raise ValueError(f"task.min_digits={self.min_digits} must be <= task.max_digits={self.max_digits}")
 
 
 @TASKS.register("arithmetic", schema=ArithmeticTaskConfig)
@@ -45,11 +52,7 @@ class ArithmeticTask(GeneratedTask):
         super().__init__(cfg)
         # Plain copies of what every draw reads: attribute access on an OmegaConf node is ~100x slower.
         self.ops = list(cfg.ops)
-        if not self.ops or any(op not in OPS for op in self.ops):
-            raise ValueError(f"task.ops={self.ops!r}: valid ops are {', '.join(OPS)}")
         self.digits = (int(cfg.min_digits), int(cfg.max_digits))
-        if not 1 <= self.digits[0] <= self.digits[1]:
-            raise ValueError(f"task digits: need 1 <= min_digits <= max_digits, got {self.digits}")
 
     def _operand(self, rng: random.Random) -> int:
         d = rng.randint(*self.digits)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from omegaconf import MISSING, OmegaConf
 
-from bench.domains import num
+from bench.domains import check_schema, num
 from bench.registry import Registry
 
 SPLITS = ("train", "test")
@@ -109,6 +109,7 @@ class Task(ABC):
                 cfg.name = self.name
             else:
                 cfg = dataclasses.replace(cfg, name=self.name)
+        check_schema(schema_object(cfg, TASKS.schema(self.name)), "task")  # as the launch's check, for a task built in code
         self.cfg = cfg
         self._splits: dict[str, list[Example]] | None = None
 
@@ -189,6 +190,15 @@ class GeneratedTask(Task):
         test = unique_examples(self._make, self.prompt, self.cfg.n_test, rng, seen)  # test first: stable under n_train
         train = unique_examples(self._make, self.prompt, self.cfg.n_train, rng, seen)
         return {"train": train, "test": test}
+
+def schema_object(cfg: Any, schema: type) -> Any:
+    """`cfg` (a schema instance, an OmegaConf node or a dict) as an instance of `schema`, for its checks."""
+    if isinstance(cfg, schema):
+        return cfg
+    values = config_to_dict(cfg)
+    names = {f.name for f in dataclasses.fields(schema)}
+    return schema(**{k: v for k, v in values.items() if k in names})
+
 
 def build_task(task_cfg: Any) -> Task:
     """The Task named by `task_cfg.name` (a schema instance built in code: the task registered with that schema).

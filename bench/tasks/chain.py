@@ -60,11 +60,35 @@ class ChainTaskConfig(GeneratedTaskConfig):
     """`task.*` of task=chain: a worked chain of min_steps..max_steps steps."""
 
     max_new_tokens: int = 120  # a 16-step chain is 114 characters + EOS
-    min_steps: int = num(8, "[1, inf)")  # (<= max_steps <= the number of step labels: checked by the task)
+    min_steps: int = num(8, "[1, inf)")  # (<= max_steps <= the number of step labels: `check`)
     max_steps: int = num(16, "[1, inf)")
     value_digits: int = num(2, "[1, 9]")  # running value in [0, 99], zero-padded
-    max_operand: int = num(9, "[1, inf)")  # (<= the largest running value: checked by the task)
+    max_operand: int = num(9, "[1, inf)")  # (<= the largest running value: `check`)
     reward_mode: str = "exact"  # exact | final | prefix
+
+    def check(self) -> None:
+        super().check()
+        if self.max_steps > len(LABELS):
+            raise ValueError(f"task.max_steps={self.max_steps} must be <= {len(LABELS)} (the step labels a..Z)")
+        if self.min_steps > self.max_steps:
+            raise ValueError(f"task.min_steps={self.min_steps} must be <= task.max_steps={self.max_steps}")
+        max_value = 10**self.value_digits - 1
+        if not 1 <= self.max_operand <= max_value:
+            raise ValueError(f"task.max_operand={self.max_operand} must be in [1, {max_value}] "
+                             f"(the largest running value at task.value_digits={self.value_digits})")
+        if self.reward_mode not in REWARD_MODES:
+            raise ValueError(f"task.reward_mode={self.reward_mode!r} is not valid; choose one of: {', '.join(REWARD_MODES)}")
+        need = chain_length(self.max_steps, len(str(self.max_operand)), self.value_digits) + 1  # + EOS
+        if self.max_new_tokens < need:
+            raise ValueError(f"task.max_new_tokens={self.max_new_tokens} is too small: a {self.max_steps}-step chain "
+                             f"needs {need} tokens (with EOS) at one character per token")
+
+
+def chain_length(n_steps: int, operand_digits: int, value_digits: int) -> int:
+    """Characters of a correct n-step completion (without EOS): n steps (label, op, operand, '=', value), n-1 ';',
+    '#' and the final value."""
+    step = 1 + 1 + operand_digits + 1 + value_digits
+    return n_steps * step + (n_steps - 1) + 1 + value_digits
 
 
 @TASKS.register("chain", schema=ChainTaskConfig)
@@ -77,25 +101,12 @@ class ChainTask(GeneratedTask):
         self.value_digits = int(cfg.value_digits)
         self.max_operand = int(cfg.max_operand)
         self.reward_mode = str(cfg.reward_mode)
-        if not 1 <= self.steps[0] <= self.steps[1] <= len(LABELS):
-            raise ValueError(f"task steps: need 1 <= min_steps <= max_steps <= {len(LABELS)}, got {self.steps}")
-        if self.value_digits < 1:
-            raise ValueError(f"task.value_digits={self.value_digits} must be at least 1")
         self.max_value = 10**self.value_digits - 1
-        if not 1 <= self.max_operand <= self.max_value:
-            raise ValueError(f"task.max_operand={self.max_operand} must be in [1, {self.max_value}]")
         self.operand_digits = len(str(self.max_operand))
-        if self.reward_mode not in REWARD_MODES:
-            raise ValueError(f"task.reward_mode={self.reward_mode!r} is not valid; choose one of: {', '.join(REWARD_MODES)}")
-        need = self.target_length(self.steps[1]) + 1  # + EOS
-        if int(cfg.max_new_tokens) < need:
-            raise ValueError(f"task.max_new_tokens={cfg.max_new_tokens} is too small: a {self.steps[1]}-step chain "
-                             f"needs {need} tokens (with EOS) at one character per token")
 
     def target_length(self, n_steps: int) -> int:
-        """Characters of a correct n-step completion (without EOS): n steps, n-1 ';', '#' and the final value."""
-        step = 1 + 1 + self.operand_digits + 1 + self.value_digits  # label op operand = value
-        return n_steps * step + (n_steps - 1) + 1 + self.value_digits
+        """Characters of a correct n-step completion (without EOS)."""
+        return chain_length(n_steps, self.operand_digits, self.value_digits)
 
     # ---- data -------------------------------------------------------------------------------------
     def _make(self, rng: random.Random) -> Example:

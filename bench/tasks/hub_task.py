@@ -29,7 +29,7 @@ from typing import Any, Optional
 from bench.domains import num
 from bench.rewards import SCORERS, Reward
 from bench.tasks import sources
-from bench.tasks.base import Example, Task, TaskConfig, stable_seed
+from bench.tasks.base import TASKS, Example, Task, TaskConfig, stable_seed
 
 
 @dataclass
@@ -56,8 +56,24 @@ class HubTaskConfig(TaskConfig):
         super().check()
         if not self.source:
             raise ValueError(f"task.source is empty: give a hub id or a local file/folder (task={self.name})")
+        if missing := sources.missing_local_source(self.source):  # a hub id is checked where it is read
+            raise ValueError(missing)
         if self.reward not in SCORERS:
             raise ValueError(f"task.reward={self.reward!r} is not valid; choose one of: {', '.join(SCORERS.names())}")
+        if self.train_split is None and self.test_split is None:
+            raise ValueError(f"task.train_split=null: train_split and test_split are both null; set at least one "
+                             f"(task={self.name})")
+        if self.train_split is not None and self.train_split == self.test_split:
+            raise ValueError(f"task.test_split={self.test_split}: train_split and test_split are both "
+                             f"{self.train_split!r}; to hold out a test split from it set test_split=null and "
+                             f"test_size=N (task={self.name})")
+        if self.test_split is None and self.test_size <= 0:
+            raise ValueError(f"task.test_size={self.test_size}: test_split is null, so test_size must be > 0 rows to "
+                             f"hold out (task={self.name})")
+        templates = TASKS.get(self.name).default_templates
+        if self.prompt_template is None and self.reward not in templates:
+            raise ValueError(f"task {self.name!r} has no default prompt for reward {self.reward!r} (defaults for: "
+                             f"{', '.join(sorted(templates))}); set task.prompt_template")
 
 
 def fill(template: str, **values: Any) -> str:
@@ -82,17 +98,6 @@ class HubTask(Task):
             cfg = self.config_class(**cfg)
         super().__init__(cfg)
         self.rewarder = Reward(cfg.reward, format_weight=cfg.format_weight, time_limit_s=cfg.reward_time_limit_s)
-        if cfg.train_split is None and cfg.test_split is None:
-            raise ValueError(f"task {self.name!r}: train_split and test_split are both null; set at least one")
-        if cfg.train_split is not None and cfg.train_split == cfg.test_split:
-            raise ValueError(f"task {self.name!r}: train_split and test_split are both {cfg.train_split!r}; "
-                             f"to hold out a test split from it set test_split=null and test_size=N")
-        if cfg.test_split is None and int(cfg.test_size) <= 0:
-            raise ValueError(f"task {self.name!r}: test_split is null, so test_size must be > 0 rows to hold out, "
-                             f"got {cfg.test_size}")
-        if cfg.prompt_template is None and cfg.reward not in self.default_templates:
-            raise ValueError(f"task {self.name!r} has no default prompt for reward {cfg.reward!r} (defaults for: "
-                             f"{', '.join(sorted(self.default_templates))}); set task.prompt_template")
 
     # ---- data -------------------------------------------------------------------------------------
 

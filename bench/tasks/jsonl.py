@@ -33,13 +33,17 @@ def parse_number(text: str) -> Fraction | None:
     return Fraction(s) if _NUMBER.fullmatch(s) else None
 
 
-def _resolve(path: str, key: str) -> str:
+def _full_path(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(str(path)))
+
+
+def _missing(path: str | None, key: str) -> str | None:
+    """Why task.<key> names no JSONL file (None: it does)."""
     if path is None or str(path) in ("", "???"):
-        raise ValueError(f"task.{key} is not set: pass a JSONL file, e.g. task.{key}=data/train.jsonl")
-    full = os.path.abspath(os.path.expanduser(str(path)))
-    if not os.path.isfile(full):
-        raise FileNotFoundError(f"task.{key}: JSONL file '{path}' not found (resolved to {full})")
-    return full
+        return f"task.{key} is not set: pass a JSONL file, e.g. task.{key}=data/train.jsonl"
+    if not os.path.isfile(_full_path(path)):
+        return f"task.{key}: JSONL file '{path}' not found (resolved to {_full_path(path)})"
+    return None
 
 
 def check_jsonl(path: str, fields: tuple[str, ...]) -> None:
@@ -91,14 +95,19 @@ class JsonlTaskConfig(GeneratedTaskConfig):
     answer_field: str = "answer"
     prompt_template: str = "{question}="  # str.format with the question; the completion is the bare number
 
+    def check(self) -> None:
+        super().check()
+        for key in ("train_file", "test_file"):  # a typo fails at start-up, not at the first evaluation
+            if why := _missing(getattr(self, key), key):
+                raise ValueError(why)
+
 
 @TASKS.register("jsonl", schema=JsonlTaskConfig)
 class JsonlTask(Task):
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
-        # Resolve (and check) both paths now: a typo should fail at start-up, not at the first eval.
-        self.files = {"train": _resolve(cfg.train_file, "train_file"), "test": _resolve(cfg.test_file, "test_file")}
+        self.files = {"train": _full_path(cfg.train_file), "test": _full_path(cfg.test_file)}
 
     def _load(self, split: str) -> list[Example]:
         import datasets

@@ -81,6 +81,15 @@ def is_local(source: str) -> bool:
             or _HUB_ID.fullmatch(source) is None)
 
 
+def missing_local_source(source: str) -> str | None:
+    """Why `source`, written as a local path, names nothing (None for a hub id or a path that exists): the part of
+    `resolve_split` the config check runs before any work."""
+    path = os.path.abspath(os.path.expanduser(source))
+    if not is_local(source) or os.path.exists(path):
+        return None
+    return f"task.source {source!r}: no such file or folder (resolved to {path}); give a hub id or a local copy: {LAYOUTS}"
+
+
 def resolve_split(source: str, split: str, *, config: str | None = None) -> ResolvedSplit:
     """Where the rows of `split` of `source` are; raises DataSourceError / FileNotFoundError if nowhere."""
     if not source or str(source) in ("???", "None"):
@@ -95,8 +104,7 @@ def resolve_split(source: str, split: str, *, config: str | None = None) -> Reso
         return ResolvedSplit(source, split, config, "files", (path,))
     if os.path.isdir(path):
         return _resolve_folder(source, path, split, config)
-    raise FileNotFoundError(f"task.source {source!r}: no such file or folder (resolved to {path}); "
-                            f"give a hub id or a local copy: {LAYOUTS}")
+    raise FileNotFoundError(missing_local_source(source) or f"task.source {source!r}: {path} is neither a file nor a folder")
 
 
 def _resolve_folder(source: str, folder: str, split: str, config: str | None) -> ResolvedSplit:

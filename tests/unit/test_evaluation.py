@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +25,9 @@ from bench.models.tokenizer import PromptFormat, build_char_tokenizer
 from bench.rollout.embedded import EmbeddedEngine
 from bench.tasks.base import build_task
 from bench.tasks.jsonl import JsonlTaskConfig
+
+AIME24 = str(Path(__file__).parents[1] / "fixtures" / "data" / "aime24")  # a local copy: the check wants one that exists
+
 
 # ---- metrics by hand -------------------------------------------------------------------------------------
 
@@ -85,7 +89,12 @@ def test_bad_eval_config_names_the_key(kwargs, message):
 
 def test_good_eval_config_passes():
     EvalConfig(mode="pass@k", k=4, n=16, temperature=0.6, top_p=0.95, sets=["aime24", "amc23", "math500"],
-               overrides={"aime24": {"source": "/data/aime24"}}).check()
+               overrides={"aime24": {"source": AIME24}}).check()
+
+
+def test_an_eval_set_whose_local_copy_is_missing_is_refused_by_the_check_naming_the_set(tmp_path):
+    with pytest.raises(ValueError, match=f"eval set 'aime24': task.source '{tmp_path}/none': no such file or folder"):
+        EvalConfig(sets=["aime24"], overrides={"aime24": {"source": str(tmp_path / "none")}}).check()
 
 
 def test_eval_config_from_the_command_line(tmp_path):
@@ -94,10 +103,10 @@ def test_eval_config_from_the_command_line(tmp_path):
     from tests.helpers import make_cfg
 
     cfg = make_cfg(tmp_path, "eval.mode=pass@k", "eval.k=4", "eval.n=8", "eval.sets=[aime24,amc23]",
-                   "+eval.overrides.aime24.source=/data/aime24")
+                   f"+eval.overrides.aime24.source={AIME24}")
     validate(cfg)
     assert (cfg.eval.mode, list(cfg.eval.sets), cfg.eval.overrides.aime24.source) == ("pass@k", ["aime24", "amc23"],
-                                                                                      "/data/aime24")
+                                                                                      AIME24)
     with pytest.raises(ValueError, match="eval.n=2 must be >= eval.k=4"):
         validate(make_cfg(tmp_path, "eval.mode=pass@k", "eval.k=4", "eval.n=2"))
 

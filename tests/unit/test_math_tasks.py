@@ -247,7 +247,7 @@ def test_config_errors_say_what_to_set():
         make("gsm8k", test_split="train")
     with pytest.raises(ValueError, match="test_size must be > 0"):
         make("countdown_tasks", test_size=0)
-    with pytest.raises(ValueError, match="unknown reward scorer 'exact'; valid choices: countdown, countdown_all"):
+    with pytest.raises(ValueError, match="task.reward='exact' is not valid; choose one of: countdown, countdown_all"):
         make("gsm8k", reward="exact")
     with pytest.raises(ValueError, match="no default prompt for reward 'countdown'.*set task.prompt_template"):
         make("gsm8k", reward="countdown")

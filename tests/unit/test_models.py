@@ -170,7 +170,7 @@ def test_jsonl_task_loads_local_files_through_datasets(tmp_path):
 
 def test_jsonl_task_missing_file_names_it(tmp_path):
     (tmp_path / "train.jsonl").write_text('{"question": "1+1", "answer": 2}\n')
-    with pytest.raises(FileNotFoundError, match="task.test_file.*nope.jsonl"):
+    with pytest.raises(ValueError, match="task.test_file.*nope.jsonl.*not found"):
         build_task(JsonlTaskConfig(train_file=str(tmp_path / "train.jsonl"), test_file=str(tmp_path / "nope.jsonl")))
 
 
