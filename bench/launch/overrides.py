@@ -174,12 +174,14 @@ def explain(err: Exception, overrides: list[str], compose: Any) -> str:
         return f"{arg}: no config {path!r} ({_first_line(err)})"
     cause = err.__cause__
     full_key = getattr(cause, "full_key", None) or ""
-    arg = next((a for a in overrides if a.lstrip("+~").split("=", 1)[0] == full_key), None)
+    keyed = [(a, a.lstrip("+~").split("=", 1)[0]) for a in overrides]
+    # the override of the failing key, or of a key under it (`trian.steps=3`: the parent 'trian' does not exist)
+    arg = _quoted([a for a, k in keyed if full_key and (k == full_key or k.startswith(full_key + "."))], err)
     if arg is None:  # an error inside the value of a dict override: the override whose key is a prefix
-        arg = next((a for a in overrides if full_key.startswith(a.lstrip("+~").split("=", 1)[0] + ".")), None)
+        arg = _quoted([a for a, k in keyed if full_key.startswith(k + ".")], err)
         if arg is not None:
             return f"{arg}: {_first_line(err)}" + (f" ({_first_line(cause)})" if cause is not None else "")
-    if arg is not None and type(cause).__name__ == "ConfigAttributeError":
+    if arg is not None and type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError"):  # no such key
         parent, _, key = full_key.rpartition(".")
         keys = _keys_of(parent, [a for a in overrides if a != arg], compose)
         listing = f"; its keys: {', '.join(keys)}" if keys else ""
@@ -188,6 +190,14 @@ def explain(err: Exception, overrides: list[str], compose: Any) -> str:
         value = arg.split("=", 1)[1] if "=" in arg else ""
         return f"{arg}: {value!r} is not a valid {full_key} ({_first_line(cause)})"
     return f"{' '.join(overrides)}: {_first_line(err)}" + (f" ({_first_line(cause)})" if cause is not None else "")
+
+
+def _quoted(candidates: list[str], err: BaseException) -> str | None:
+    """Of the overrides an error may be about, the last whose value the error quotes, else the last (a key given
+    twice: Hydra applies both in order, and the error is the bad value's)."""
+    text = f"{err} {err.__cause__}"
+    quoted = [a for a in candidates if "=" in a and f"'{a.split('=', 1)[1]}'" in text]
+    return (quoted or candidates or [None])[-1]
 
 
 def group_options(group: str) -> list[str]:

@@ -58,8 +58,17 @@ def test_exit_codes_are_listed_fast():
     (["method=tiss"], ["method=tiss: unknown method 'tiss'", "(did you mean 'tis'?)", "valid choices: acr, "]),
     # an unknown key: the keys of its section and the close one (not Hydra's "+train.stepz" advice)
     (["train.stepz=3"], ["train.stepz=3: train has no key 'stepz'", "(did you mean 'steps'?)", "its keys: batch_size"]),
+    # a misspelt section: the root's keys and the close one (not Hydra's echo of every override)
+    (["trian.steps=3"], ["trian.steps=3: the config has no key 'trian'", "(did you mean 'train'?)", "its keys: algo"]),
+    (["-m", "trian.steps=1,2"], ["trian.steps=1: the config has no key 'trian'", "(did you mean 'train'?)"]),
     # a value of the wrong type
     (["seed=abc"], ["seed=abc: 'abc' is not a valid seed"]),
+    # a key given twice: the override whose value is bad is named, wherever it stands
+    (["train.steps=2", "train.steps=abc"], ["train.steps=abc: 'abc' is not a valid train.steps"]),
+    (["train.steps=abc", "train.steps=2"], ["train.steps=abc: 'abc' is not a valid train.steps"]),
+    # a relation between a task's keys, checked by its schema before any work (the dry run too)
+    (["task=chain", "task.min_steps=9", "task.max_steps=3", "--dry-run"],
+     ["task.min_steps=9 must be <= task.max_steps=3"]),
     # a value out of range, and a choice a type cannot express (the schemas' check(), run before torch)
     (["train.lr=-1"], ["train.lr=-1 is out of range; allowed: (0, 1]"]),
     # the declared domains (bench/domains.py): values the schema's type admits but the key does not
