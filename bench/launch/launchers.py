@@ -51,13 +51,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench.launch import sweep_report
 from bench.run.identity import RunId
-from bench.run.store import GIT_DIRTY
+from bench.run.store import CODE_PATHS, GIT_DIRTY, is_dirty
 from bench.launch.sweep_report import JobView, LiveLine
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SNAPSHOT_PATHS = ("bench", "hydra_plugins", "conf", "pyproject.toml")
+SNAPSHOT_PATHS = CODE_PATHS
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -126,7 +126,7 @@ def snapshot_code(dest: Path, root: Path = REPO_ROOT, paths: Sequence[str] = SNA
     sha = sha.strip() if sha else None
     dirty = _git(root, *GIT_DIRTY)
     (tmp / "SNAPSHOT.json").write_text(json.dumps({
-        "source": str(root), "git_sha": sha, "git_dirty": None if dirty is None else bool(dirty),
+        "source": str(root), "git_sha": sha, "git_dirty": None if dirty is None else is_dirty(dirty),
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": len(files), "digest": digest}, indent=2) + "\n")
     tmp.parent.mkdir(parents=True, exist_ok=True)
     tmp.rename(dest)  # a half-copied snapshot never looks complete

@@ -77,9 +77,20 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-#: `git status` of the code: tracked files changed, outside results/ (the reference reports committed there are
-#: rewritten by every analysis, e.g. the quickstart's: that is output, not a change to the code that made a run)
-GIT_DIRTY = ("status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)results")
+#: `git status` of the checkout outside results/ (the reference reports committed there are rewritten by every
+#: analysis, e.g. the quickstart's: that is output, not a change to the code that made a run); `is_dirty` reads it
+GIT_DIRTY = ("status", "--porcelain", "--untracked-files=all", "--", ":(top)", ":(top,exclude)results")
+#: what a run is made of: the package it imports and the configs it composes (the SLURM launcher's code snapshot
+#: copies exactly these)
+CODE_PATHS = ("bench", "hydra_plugins", "conf", "pyproject.toml")
+
+
+def is_dirty(porcelain: str) -> bool:
+    """Whether `git status --porcelain` (GIT_DIRTY) shows a change to the code: a tracked file changed, or a file git
+    does not track (and does not ignore) among CODE_PATHS, such as a new arm's module not yet committed, which the
+    run imports and its recorded commit lacks. Other untracked files (notes, scratch data) are not code."""
+    return any(not line.startswith("??") or line[3:].strip('"').split("/", 1)[0] in CODE_PATHS
+               for line in porcelain.splitlines())
 
 
 def git_info(cwd: Path | None = None) -> tuple[str | None, bool | None]:
@@ -98,7 +109,7 @@ def git_info(cwd: Path | None = None) -> tuple[str | None, bool | None]:
         if sha.returncode:
             return None, None
         dirty = subprocess.run(["git", *GIT_DIRTY], cwd=cwd, capture_output=True, text=True, timeout=10)
-        return sha.stdout.strip(), bool(dirty.stdout.strip())
+        return sha.stdout.strip(), is_dirty(dirty.stdout)
     except (OSError, subprocess.SubprocessError):
         return None, None
 

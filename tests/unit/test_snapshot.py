@@ -95,3 +95,23 @@ def test_a_rewritten_reference_report_does_not_make_the_code_dirty(tmp_path):
     write(repo, {"bench/__init__.py": "X = 2\n"})
     assert git_info(repo / "bench")[1] is True
     assert json.loads((snapshot_code(tmp_path / "b", root=repo) / "SNAPSHOT.json").read_text())["git_dirty"] is True
+
+
+def test_an_untracked_module_of_the_code_makes_it_dirty_and_other_untracked_files_do_not(tmp_path):
+    """A new arm's module not yet committed is imported by the run, and its recorded commit lacks it."""
+    from bench.run.store import git_info
+
+    repo = tmp_path / "repo"
+    write(repo, {"bench/__init__.py": "X = 1\n", "conf/config.yaml": "a: 1\n", ".gitignore": "*.log\n"})
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "init")
+    write(repo, {"notes.md": "scratch\n", "bench/run.log": "ignored\n", "results/s/seed0/metrics.jsonl": "{}\n"})
+    assert git_info(repo / "bench")[1] is False
+    assert json.loads((snapshot_code(tmp_path / "a", root=repo) / "SNAPSHOT.json").read_text())["git_dirty"] is False
+    for new in ("bench/methods/halfw.py", "conf/method/halfw.yaml"):
+        write(repo, {new: "new\n"})
+        assert git_info(repo / "bench")[1] is True, new
+        (repo / new).unlink()
+    write(repo, {"bench/methods/halfw.py": "new\n"})
+    assert json.loads((snapshot_code(tmp_path / "b", root=repo) / "SNAPSHOT.json").read_text())["git_dirty"] is True
