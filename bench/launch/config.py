@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from bench import CONF_DIR  # defined where `qrl-bench --help` reads it without this module's imports
+from bench import CONF_DIR, CONFIG_GROUPS  # defined where `qrl-bench --help` reads them without this module's imports
 from bench.advantages import ESTIMATORS
 from bench.domains import check_schema, domains, num, numeric_kind
 from bench.launch.budget import BudgetConfig
@@ -146,8 +147,6 @@ def checks(cfg: DictConfig) -> list[Callable[[], Any]]:
     return out + [lambda: tracking_mode(cfg), lambda: check_across(cfg)]
 
 
-#: the config groups a `+group=option` override picks from (conf/<group>/); only experiment/ is not in the defaults
-CONFIG_GROUPS = ("experiment", "method", "convention", "model", "task", "rollout", "tracking")
 
 
 def check_known_keys(cfg: DictConfig, sections: dict[str, type]) -> None:
@@ -198,6 +197,25 @@ def domain_table() -> str:
         allowed = dom.describe().replace("|", "\\|")
         lines.append(f"| `{key}` | {where} | {kind} | {allowed} |")
     return "\n".join(lines)
+
+
+#: the page that holds `domain_table` between its markers
+DOMAINS_PAGE = CONF_DIR.parent / "docs" / "configuration.md"
+DOMAINS_BEGIN, DOMAINS_END = "<!-- domains:begin", "<!-- domains:end -->"
+
+
+def write_domain_table(page: Path = DOMAINS_PAGE) -> bool:
+    """Rewrite the table between the page's markers with `domain_table()` (after a knob is added, removed or its
+    range changed: `python -m bench.launch.config`); True when the page changed."""
+    text = page.read_text()
+    head, rest = text.split(DOMAINS_BEGIN, 1)
+    marker, _, rest = rest.partition("-->")
+    _, tail = rest.split(DOMAINS_END, 1)
+    new = f"{head}{DOMAINS_BEGIN}{marker}-->\n{domain_table()}\n{DOMAINS_END}{tail}"
+    if new == text:
+        return False
+    page.write_text(new)
+    return True
 
 
 def check_root_domains(cfg: DictConfig) -> None:
@@ -257,3 +275,7 @@ def check_across(cfg: DictConfig) -> None:
     if algo.overlong_penalty and algo.overlong_buffer_len > cfg.task.max_new_tokens:
         raise ValueError(f"algo.overlong_buffer_len={algo.overlong_buffer_len} must be <= task.max_new_tokens="
                          f"{cfg.task.max_new_tokens} (the penalty ramps over the last buffer_len tokens of the limit)")
+
+
+if __name__ == "__main__":  # python -m bench.launch.config: the configuration page's table of allowed values
+    print(f"{DOMAINS_PAGE}: {'rewritten' if write_domain_table() else 'already up to date'}")

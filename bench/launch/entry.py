@@ -103,8 +103,9 @@ def help_text() -> str:
     """The help: usage examples and every config group with its options (the yaml files of conf/)."""
     from bench.launch.overrides import group_options
 
-    lines = [f"{group}: {', '.join(group_options(group))}"
-             for group in ("method", "rollout", "task", "model", "tracking", "experiment")]
+    from bench import CONFIG_GROUPS
+
+    lines = [f"{group}: {', '.join(group_options(group))}" for group in CONFIG_GROUPS]
     return HELP.format(groups="\n".join(lines))
 
 

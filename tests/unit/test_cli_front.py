@@ -82,7 +82,7 @@ def test_exit_codes_are_listed_fast():
     (["-m", "method=bf16,tiss"], ["method=tiss: unknown method 'tiss'", "(did you mean 'tis'?)"]),
     # a key added with '+' that no schema has: composed by Hydra, read by nothing (it would train the default job)
     (["-m", "+experimnt=smoke_short", "--dry-run"],
-     ["+experimnt: the config has no key 'experimnt'", "+experiment=", "config groups (group=option): experiment"]),
+     ["+experimnt: the config has no key 'experimnt'", "+experiment=", "config groups (group=option): method, "]),
     (["+train.foo=1"], ["+train.foo: train has no key 'foo'", "Valid keys: batch_size"]),
     # a group that is not in the defaults needs its '+'; nested options (paper recipes) are listed and matched
     (["-m", "experiment=smoke_short"], ["added with a '+': +experiment=smoke_short", "paper/qurl_table1, "]),

@@ -131,3 +131,14 @@ def test_slug_matches_github():
     assert slug("Weights & Biases") == "weights--biases"
     assert slug("`algo.*`: the shared policy-gradient knobs") == "algo-the-shared-policy-gradient-knobs"
     assert slug("2. The shared core") == "2-the-shared-core"
+
+
+@pytest.mark.parametrize("group", ["method", "task", "rollout", "experiment"])
+def test_the_configuration_page_names_every_option_of_the_groups(group: str):
+    """The Groups table of docs/configuration.md lists each option of these groups (a new arm, task, engine or named
+    sweep is named there); paper recipes are listed as the pattern paper/<recipe>."""
+    row = next(line for line in (ROOT / "docs" / "configuration.md").read_text().splitlines()
+               if line.startswith(f"| `{group}/`"))
+    named = {word for span in re.findall(r"`([^`]+)`", row) for word in span.split()}
+    options = {p.stem for p in (ROOT / "conf" / group).glob("*.yaml")}
+    assert options <= named, f"docs/configuration.md's {group}/ row lacks {sorted(options - named)}"

@@ -173,10 +173,20 @@ def test_a_subclass_that_changes_a_default_keeps_the_domain():
 
 def test_the_configuration_page_lists_every_domain():
     """docs/configuration.md holds bench.launch.config.domain_table() verbatim: a key, an option or a range changed in
-    code and not on the page fails here (regenerate the block between the markers)."""
-    from bench.launch.config import domain_table
-    from tests.helpers import REPO
+    code and not on the page fails here (`python -m bench.launch.config` rewrites the block between the markers)."""
+    from bench.launch.config import DOMAINS_PAGE, domain_table
 
-    page = (REPO / "docs" / "configuration.md").read_text()
+    page = DOMAINS_PAGE.read_text()
     block = page.split("<!-- domains:begin", 1)[1].split("-->", 1)[1].split("<!-- domains:end -->", 1)[0]
-    assert block.strip() == domain_table().strip()
+    assert block.strip() == domain_table().strip(), "run `python -m bench.launch.config` and commit the page"
+
+
+def test_the_table_is_rewritten_in_place_between_its_markers(tmp_path):
+    from bench.launch.config import DOMAINS_PAGE, domain_table, write_domain_table
+
+    page = tmp_path / "configuration.md"
+    stale = DOMAINS_PAGE.read_text().replace("| `seed` | all | int | [0, inf) |\n", "")
+    page.write_text(stale)
+    assert write_domain_table(page) is True
+    assert page.read_text() == DOMAINS_PAGE.read_text() and domain_table() in page.read_text()
+    assert write_domain_table(page) is False
