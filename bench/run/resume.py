@@ -263,15 +263,16 @@ def preview(run: RunDir, cfg: Any) -> str:
 def refusal_reason(run: RunDir, cfg: Any) -> str:
     """Why `preview` says refuse, with the way on, without the run's path (the dry run counts the jobs per reason):
     its refusals are a changed configuration, results whose configuration nothing records, and rows without
-    run.json nor checkpoint (`decide` says each)."""
+    run.json nor checkpoint (`decide` says each). The way on is a run launched alone: a sweep refuses
+    train.overwrite (SWEEP_OVERWRITE in bench/launch/overrides.py)."""
     change = config_change(run, cfg)
     if change is not None:
         return (f"the run directory holds a run of another configuration ({change}); use another sweep=NAME, or "
-                f"{OVERWRITE_HINT} deletes its results")
+                f"launch this run alone with {OVERWRITE_HINT} to delete its results")
     if unrecorded(run):
         return (f"results but neither {CONFIG_FILE} nor run.json's config_hash records their configuration; move "
-                f"the directory away to keep them, or {OVERWRITE_HINT} deletes them")
-    return f"rows but no run.json nor checkpoint; {OVERWRITE_HINT} restarts them"
+                f"the directory away to keep them, or launch this run alone with {OVERWRITE_HINT} to delete them")
+    return f"rows but no run.json nor checkpoint; launch this run alone with {OVERWRITE_HINT} to restart it"
 
 
 def _unreadable(run: RunDir, err: CheckpointError, resume_from: str) -> str:

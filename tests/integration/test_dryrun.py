@@ -32,3 +32,5 @@ def test_dry_run_lists_jobs_and_skips_completed(tmp_path):
     assert [line.split()[0] for line in proc.stdout.splitlines()].count("refuse") == 1
     assert "36 jobs: 35 to launch, 0 already finished, 1 refused" in proc.stderr
     assert "refused (1): the run directory holds a run of another configuration (train.lr: " in proc.stderr
+    # the way on works for a sweep's job: launched alone (a sweep refuses train.overwrite=true)
+    assert "launch this run alone with train.overwrite=true" in proc.stderr
