@@ -23,8 +23,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from bench.launch import sweep_report
-from bench.launch.config import (CONF_DIR, GROUP_REGISTRIES, NAME_KEYS, RENAMED_METHODS, USER_NAMED_MODELS,
-                                 register_configs, validate)
+from bench.launch.config import CONF_DIR, GROUP_REGISTRIES, NAME_KEYS, RENAMED_METHODS, register_configs, validate
+from bench.models.load import USER_NAMED_MODELS
 from bench.grpo import AlgoConfig
 from bench.launch.overrides import SWEEP_OVERWRITE, check_overrides
 from bench.rollout import close_engines

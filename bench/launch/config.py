@@ -35,7 +35,7 @@ from bench.eval_config import EvalConfig
 from bench.grpo import AlgoConfig
 from bench.run.identity import check_path_parts, run_path, run_subdir
 from bench.methods.base import METHODS, arm_precision
-from bench.models.load import ModelConfig
+from bench.models.load import USER_NAMED_MODELS, ModelConfig
 from bench.rollout.base import ENGINES
 from bench.tasks.base import TASKS
 from bench.run.tracking import TrackingConfig, tracking_mode
@@ -45,8 +45,6 @@ from bench.train import TrainConfig
 GROUP_REGISTRIES = {"method": METHODS, "task": TASKS, "rollout": ENGINES}
 #: the key of each group's node that holds the option's name
 NAME_KEYS = {"method": "name", "task": "name", "rollout": "engine", "model": "name"}
-#: model presets whose name the user gives (model=hf model.path=... model.name=short-name)
-USER_NAMED_MODELS = ("hf",)
 #: arms renamed since an earlier release: old name -> the message that names the new one
 RENAMED_METHODS = {
     "fp8": "the uncorrected arm is 'naive' at every precision: method=naive (rollout.precision=fp8_e4m3 by default)",

@@ -24,6 +24,10 @@ from bench.domains import num
 from bench.device import DTYPES
 
 
+#: model presets whose name the user gives (model=hf model.path=... model.name=short-name); they need a path
+USER_NAMED_MODELS = ("hf",)
+
+
 @dataclass
 class ModelConfig:
     """`model.*`. `path: null` = the built-in tiny model (built from this config, warm-started, cached);
@@ -63,6 +67,9 @@ class ModelConfig:
     stop_tokens: List[str] = field(default_factory=list)  # tokens that end a response besides the model's EOS ids
 
     def check(self) -> None:
+        if self.path is None and self.name in USER_NAMED_MODELS:
+            raise ValueError(f"model={self.name} loads a transformers model: give model.path=DIR_OR_HUB_ID (a local "
+                             f"folder or a hub id), and model.name=SHORT_NAME to name its runs")
         if self.dtype not in LOAD_DTYPES:
             raise ValueError(f"model.dtype={self.dtype!r} is not valid; choose one of: {', '.join(LOAD_DTYPES)}")
         if self.path is None and (self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads):
