@@ -121,11 +121,9 @@ def main() -> None:
 
         sys.exit(sync(args[1:]))
     if "--help" in args or "-h" in args:
-        print(help_text())
-        return
+        return page(help_text())
     if "--exit-codes" in args:
-        print(EXIT_CODES.rstrip())
-        return
+        return page(EXIT_CODES.rstrip())
     error = unknown_flag(args)
     if error:
         print(f"qrl-bench: error: {error}", file=sys.stderr)
@@ -139,6 +137,15 @@ def main() -> None:
     from bench.launch import cli
 
     cli.run(args, checked=verdict == PASSED)
+
+
+def page(text: str) -> None:
+    """Print a page of text; a reader that stops early (`qrl-bench --help | head`) ends it quietly, as a pipe should
+    (Python's documented handling of SIGPIPE: stdout pointed at devnull so the exit flush does not fail again)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def quick_check(args: list[str]) -> int | None:

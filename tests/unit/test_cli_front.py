@@ -53,6 +53,20 @@ def test_exit_codes_are_listed_fast():
     assert cpu < CPU_BOUND_S
 
 
+@pytest.mark.parametrize("flag", ["--help", "--exit-codes"])
+def test_a_page_read_by_a_closed_pipe_ends_quietly(flag):
+    """`qrl-bench --help | head -1`: the reader has gone when the page is written (here: the pipe's read end is closed
+    before the process starts, so every write fails); no BrokenPipeError traceback, exit 0."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        cp = subprocess.run([sys.executable, "-m", "bench", flag], cwd=REPO, stdout=write, stderr=subprocess.PIPE,
+                            text=True, timeout=HANG_S)
+    finally:
+        os.close(write)
+    assert cp.returncode == 0 and cp.stderr == "", cp.stderr
+
+
 @pytest.mark.parametrize("args, needles", [
     # an unknown group option: the choices and the close one
     (["method=tiss"], ["method=tiss: unknown method 'tiss'", "(did you mean 'tis'?)", "valid choices: acr, "]),
@@ -63,6 +77,8 @@ def test_exit_codes_are_listed_fast():
     (["-m", "trian.steps=1,2"], ["trian.steps=1: the config has no key 'trian'", "(did you mean 'train'?)"]),
     # a value of the wrong type
     (["seed=abc"], ["seed=abc: 'abc' is not a valid seed"]),
+    # a loaded model without its path: the key to set
+    (["model=hf"], ["model=hf loads a transformers model: give model.path=DIR_OR_HUB_ID"]),
     # a key given twice: the override whose value is bad is named, wherever it stands
     (["train.steps=2", "train.steps=abc"], ["train.steps=abc: 'abc' is not a valid train.steps"]),
     (["train.steps=abc", "train.steps=2"], ["train.steps=abc: 'abc' is not a valid train.steps"]),
