@@ -77,6 +77,11 @@ class Run:
         return self.final.get(RESULT_KEY)
 
     @property
+    def method_name(self) -> str:
+        """The arm's method as configured; `method` carries the sweep variant's label besides it (`<method>[<variant>]`)."""
+        return str(get(self.config, "method.name", self.method))
+
+    @property
     def task_name(self) -> str:
         """The task's name as configured; `task` may carry a variant label besides it (`label_tasks`)."""
         return str(get(self.config, "task.name", self.task))

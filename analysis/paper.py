@@ -17,6 +17,11 @@ one line per (table row, benchmark) with
     config             optional: space-separated `key=value` settings of the run's config (QuRL Table 4's
                        learning rates, P3O's clip ranges)
 
+A recipe's CPU mini variant (NAME `<recipe>_mini`: the recipe's pipeline on a random-init tiny model and fixture
+data) fills the recipe's layout with its own runs, matched on its model (the mini yaml's `override /model`) instead
+of the paper's: the table shows that the pipeline ends in the paper's table, and leaves Δ empty, since a random-init
+tiny model is no comparison with the paper.
+
 Our cell is the metric at the run's last evaluation, averaged over the matching runs (seeds): mean ± std over
 seeds and the number of runs. Method `base` (QuRL Table 3's "Base") is the bf16 runs' evaluation at step 0,
 before any RL. Δ = ours - paper, in the paper's unit (percentage points). Every run directory under RESULTS is
@@ -27,12 +32,14 @@ finish are left out, as in the other tables. No torch import: the analysis runs 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from omegaconf import DictConfig, OmegaConf
 
 from bench.eval_config import eval_setup
 
@@ -44,17 +51,46 @@ PAPER_DIR = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "paper
 REQUIRED = ("method", "bitwidth", "benchmark", "value", "paper_label", "metric", "task", "model")
 
 
+MINI = "_mini"
+
+
+@dataclass(frozen=True)
+class Mini:
+    """What a mini variant changes that its runs are matched on: the model, and the samples per problem (eval.k)."""
+
+    model: str
+    eval_k: int | None
+
+
+def mini_variant(name: str) -> Mini | None:
+    """The mini variant NAME's model (its yaml's `override /model`) and eval.k, or None when NAME is no mini variant."""
+    path = PAPER_DIR / f"{name}.yaml"
+    if not name.endswith(MINI) or not path.exists():
+        return None
+    recipe = OmegaConf.load(path)
+    models = [str(e["override /model"]) for e in recipe.get("defaults", [])
+              if isinstance(e, DictConfig) and "override /model" in e]
+    k = OmegaConf.select(recipe, "eval.k")
+    return Mini(models[0], None if k is None else int(k)) if models else None
+
+
+def mini_metric(metric: str, k: int | None) -> str:
+    """The key a mini evaluating k samples per problem logs for the recipe's `metric`: avg@32 -> avg@k (k < 32)."""
+    return metric if k is None else re.sub(r"@(\d+)", lambda m: f"@{min(int(m[1]), k)}", metric)
+
+
 def reference_path(name: str) -> Path:
-    """NAME (a recipe of conf/experiment/paper/) or a path to a reference CSV."""
+    """NAME (a recipe of conf/experiment/paper/, or its mini variant: the recipe's) or a path to a reference CSV."""
     path = Path(name)
     if path.suffix == ".csv":
         if not path.exists():
             raise FileNotFoundError(f"reference CSV {path} does not exist")
         return path
-    path = PAPER_DIR / f"{name}.reference.csv"
+    path = PAPER_DIR / f"{name.removesuffix(MINI) if mini_variant(name) else name}.reference.csv"
     if not path.exists():
         known = sorted(p.name.removesuffix(".reference.csv") for p in PAPER_DIR.glob("*.reference.csv"))
-        raise FileNotFoundError(f"no reference table for paper {name!r}; known: {', '.join(known)} (or give a .csv path)")
+        raise FileNotFoundError(f"no reference table for paper {name!r}; known: {', '.join(known)}, each also as its "
+                                f"CPU mini variant <name>{MINI} (or give a .csv path)")
     return path
 
 
@@ -101,7 +137,8 @@ def matches(run: Run, method: str, bits: str, task: str, model: str, config: str
     """Whether the run fills a line: its arm at the line's bitwidth, on the paper's task and model, with the line's
     settings. Task and model always count: an empty one matches nothing (load_reference refuses it)."""
     method = BASELINE if method == "base" else method
-    if run.method != method or bitwidth(run.precision, get(run.config, "rollout.act_granularity")) != bits:
+    # the configured method: a recipe's rows of one arm differ in a setting (`config`), which the sweep made variants
+    if run.method_name != method or bitwidth(run.precision, get(run.config, "rollout.act_granularity")) != bits:
         return False
     if run.task_name != task or run.model != model:  # the configured name: a recipe's rows may vary task settings
         return False
@@ -159,6 +196,10 @@ def engines_of(runs: list[Run]) -> str:
 def paper_table(name: str, runs: list[Run]) -> Table:
     """The paper's layout: one row per (paper label, method, bitwidth, config), per benchmark ours | paper | Δ."""
     ref = load_reference(reference_path(name))
+    mini = mini_variant(name)
+    if mini is not None:  # the mini's runs: the recipe's task names, the mini's model and samples per problem
+        ref["model"] = mini.model
+        ref["metric"] = [mini_metric(m, mini.eval_k) for m in ref["metric"]]
     benchmarks = list(dict.fromkeys(ref["benchmark"]))
     rows: list[dict[str, Any]] = []
     data: list[dict[str, Any]] = []
@@ -185,7 +226,7 @@ def paper_table(name: str, runs: list[Run]) -> Table:
                 shown |= {f"{bench} ours": "", f"{bench} paper": "", f"{bench} Δ": ""}
                 continue
             ours, paper = cells[bench], float(line["value"].iloc[0])
-            diff = ours.mean - paper if np.isfinite(ours.mean) and np.isfinite(paper) else np.nan
+            diff = ours.mean - paper if mini is None and np.isfinite(ours.mean) and np.isfinite(paper) else np.nan
             shown |= {f"{bench} ours": fmt_pm(ours.mean, ours.std, 2), f"{bench} paper": fmt_num(paper, 2),
                       f"{bench} Δ": fmt_num(diff, 2, signed=True)}
             data.append({"paper_label": label, "method": method, "bitwidth": bits, "config": config,
@@ -205,6 +246,9 @@ def paper_table(name: str, runs: list[Run]) -> Table:
     caption = (f"{name}: our final-evaluation numbers (%, mean ± std over seeds; Runs = seeds per cell) beside the "
                f"paper's ({sources}); Δ = ours - paper. 'base' = the bf16 run at step 0. {MISSING} = no run or no "
                f"paper number. Rollout engine and evaluation of each row's runs: {'; '.join(engines)}.")
+    if mini is not None:
+        caption = (f"{name}: the pipeline check of {name.removesuffix(MINI)} on a random-init {mini.model} and fixture data, "
+                   f"in the paper's layout; its numbers are no comparison with the paper's (Δ left empty). ") + caption
     if len(evaluations) > 1:
         caption += (f" The rows are evaluated with different engines or precisions ({', '.join(sorted(evaluations))}): "
                     "a difference between two of them is partly the evaluation's.")

@@ -321,17 +321,20 @@ def write_paper_run(
     status: str = "completed",
     model: str = "qwen2.5-0.5b-instruct",
     steps: int | None = None,
+    variant: str = "",
 ) -> Path:
     """A run of a paper recipe with literal evaluations ({step: {metric: value}}) and extra config settings
     (nested dicts merged into the config, e.g. {"train": {"lr": 1.5e-6}}), under root/<precision>/... as the
     recipes write them. Metrics are plain rows: the paper tables read only evaluations. `steps` (train.steps)
-    defaults to the last evaluation's step: a completed run's final evaluation is at step = train.steps."""
+    defaults to the last evaluation's step: a completed run's final evaluation is at step = train.steps. `variant`:
+    the sweep's label of a row that differs from another row of its arm in a setting (bench/launch/sweeper.py)."""
     steps = max(evals) if steps is None else steps
-    run_dir = root / precision / method / task / model / f"seed{seed}"
+    run_dir = root / precision / method / task / model / variant / f"seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = _config(method, task, seed, steps)
     cfg["method"]["precision"] = cfg["rollout"]["precision"] = precision
     cfg["model"]["name"] = model
+    cfg["variant"] = variant
     for section, values in (config or {}).items():
         cfg.setdefault(section, {}).update(values)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))

@@ -76,6 +76,22 @@ def test_qurl_table1_cells_by_hand(tmp_path):
     assert "left out" in err and "status=running" in err
 
 
+
+def test_a_mini_variant_fills_its_recipes_layout_with_its_own_runs_and_no_delta(tmp_path):
+    """`--paper qurl_table1_mini`: the recipe's rows, matched on the mini's model (mini_qwen2, its yaml's override), so
+    the mini's pipeline ends in the paper's table; Δ stays empty (a random-init tiny model is no comparison)."""
+    res = tmp_path / "qurl_table1_mini"
+    for seed, final in ((0, 0.0), (1, 0.5)):
+        write_paper_run(res, "bf16", "bf16", "gsm8k", seed, {0: {"eval/accuracy": 0.0}, 2: {"eval/accuracy": final}},
+                        model="mini_qwen2")
+    rc, out, err = analyze(str(res), "--paper", "qurl_table1_mini", "--out", str(tmp_path / "rep"))
+    assert rc == 0, err
+    rows = md_rows(out)
+    assert rows["BF16 | RL [bf16]"][2:] == ["25.00 ± 35.36", "55.35", "–", "2"]
+    assert len(rows) == 1 + 7 and "pipeline check of qurl_table1 on a random-init mini_qwen2" in out
+    # the recipe's own name does not take the mini's runs (another model), and says so with exit 1
+    assert analyze(str(res), "--paper", "qurl_table1", "--out", str(tmp_path / "rep2"))[0] == 1
+
 def test_qurl_table3_base_row_and_average_column(tmp_path):
     """Base = the bf16 run at step 0; Avg = the mean of the row's five columns."""
     sets = ("aime24", "amc23", "math500", "minerva", "olympiadbench")
@@ -96,14 +112,15 @@ def test_qurl_table3_base_row_and_average_column(tmp_path):
 
 
 def test_qurl_table4_rows_differ_by_config(tmp_path):
-    """Same arm (acr, INT8), three learning rates; acr_uaq at two UAQ scales: each lands in its own row."""
+    """Same arm (acr, INT8), three learning rates; acr_uaq at two UAQ scales: each lands in its own row. As the recipe's
+    sweep writes them: rows of one arm that differ in a setting are its variants (`acr[train.lr=2e-6]` in analysis)."""
     key = "eval/aime24/avg@32"
     for lr, v in ((1e-6, 0.30), (1.5e-6, 0.29), (2e-6, 0.27)):
-        write_paper_run(tmp_path / f"lr{lr}", "acr", "int8", "dapo_math", 0, {200: {key: v}}, model="qwen2.5-math-7b",
-                        config={"train": {"lr": lr}, "method": {"uaq_scale": 1.0}})
+        write_paper_run(tmp_path, "acr", "int8", "dapo_math", 0, {200: {key: v}}, model="qwen2.5-math-7b",
+                        config={"train": {"lr": lr}, "method": {"uaq_scale": 1.0}}, variant=f"train.lr={lr}")
     for s, v in ((1.5, 0.32), (2.0, 0.28)):
-        write_paper_run(tmp_path / f"s{s}", "acr_uaq", "int8", "dapo_math", 0, {200: {key: v}}, model="qwen2.5-math-7b",
-                        config={"train": {"lr": 1e-6}, "method": {"uaq_scale": s}})
+        write_paper_run(tmp_path, "acr_uaq", "int8", "dapo_math", 0, {200: {key: v}}, model="qwen2.5-math-7b",
+                        config={"train": {"lr": 1e-6}, "method": {"uaq_scale": s}}, variant=f"method.uaq_scale={s}")
     rc, out, _ = analyze(str(tmp_path), "--paper", "qurl_table4", "--out", str(tmp_path / "rep"))
     assert rc == 0
     got = {k: r[2:5] for k, r in md_rows(out).items() if k != "header"}

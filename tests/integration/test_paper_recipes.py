@@ -123,9 +123,14 @@ def test_every_mini_variant_runs_to_completion(name, tmp_path, monkeypatch):
         else:
             assert "train/loss" in keys
         assert run.info()["precision"]["name"] == cfg.rollout.precision
-        for name in cfg.eval.sets:  # the recipe's evaluation mode on every eval set
+        for eval_set in cfg.eval.sets:  # the recipe's evaluation mode on every eval set
             metric = {"avg@k": f"avg@{cfg.eval.k}", "pass@k": f"pass@{cfg.eval.k}", "greedy": "accuracy"}[cfg.eval.mode]
-            assert f"eval/{name}/{metric}" in evals[-1], (name, evals[-1])
+            assert f"eval/{eval_set}/{metric}" in evals[-1], (eval_set, evals[-1])
+    # ... and ends in the recipe's table (`qrl-analyze --paper <recipe>_mini`): every row the mini ran is filled
+    from analysis.paper import load_runs, paper_table
+
+    table = paper_table(f"{name}_mini", load_runs([tmp_path]))
+    assert (table.data.groupby(["paper_label", "method", "bitwidth", "config"])["n_runs"].max() > 0).sum() >= 1
 
 
 @pytest.mark.slow
