@@ -191,6 +191,7 @@ class GeneratedTask(Task):
         train = unique_examples(self._make, self.prompt, self.cfg.n_train, rng, seen)
         return {"train": train, "test": test}
 
+
 def schema_object(cfg: Any, schema: type) -> Any:
     """`cfg` (a schema instance, an OmegaConf node or a dict) as an instance of `schema`, for its checks."""
     if isinstance(cfg, schema):
