@@ -4,14 +4,18 @@ agreeing on a stop, leaving together (bench/distributed/__init__.py)."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import threading
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
+
+from bench.run.preempt import die_with_parent, passing_signals_to
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -25,6 +29,12 @@ ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 #: that hangs (a stuck NCCL peer) ends the job in minutes rather than half an hour; verl's default is 10 minutes too.
 TIMEOUT = timedelta(minutes=float(os.environ.get("QRL_DIST_TIMEOUT_MIN", "30")))
 STEP_TIMEOUT = timedelta(minutes=float(os.environ.get("QRL_DIST_STEP_TIMEOUT_MIN", "10")))
+#: A rank that has left the process group waits this long at most for its peers before it exits (`_rank_main`): they
+#: leave within a moment of each other when the run ends together; a failed or vanished peer never comes.
+EXIT_WAIT_S = 60.0
+#: Once a rank of a local launch failed, how long its peers get to end on their own before they are ended (twice: a
+#: SIGTERM, then a SIGKILL), instead of torch's 30 s: a peer blocked in a collective with the dead rank ends only so.
+GRACE_S = 5.0
 
 
 # ------------------------------------------------------------------------------------------- process group
@@ -134,7 +144,12 @@ def ended_together(out: Any) -> bool:
 
 
 def _rank_main(local_rank: int, nproc: int, port: int, fn: Callable[..., Any], args: tuple, results: Any,
-               exits: Any) -> None:
+               exits: Any, own_group: bool) -> None:
+    if own_group:  # the launcher passes each signal on (launch_local): none may reach a rank twice
+        os.setpgid(0, 0)
+        # and when the launcher dies, SIGTERM rather than torch's SIGINT: a rank killed that way saw its SIGINT come
+        # twice (measured; the second of a Ctrl-C pair means "stop now, no checkpoint"), a repeated SIGTERM is one
+        die_with_parent(signal.SIGTERM)
     os.environ.update(local_env(local_rank, nproc, port))
     if local_rank:
         os.environ["WANDB_MODE"] = "disabled"  # rank 0 alone mirrors the run to W&B
@@ -145,24 +160,53 @@ def _rank_main(local_rank: int, nproc: int, port: int, fn: Callable[..., Any], a
         raise
     leave(together=ended_together(out))
     if local_rank == 0:
-        results.put(out)
+        try:
+            results.put(out)
+        except OSError:  # the launcher is gone (killed): nobody reads the outcome, and no peer should wait for us
+            exits.abort()
     # no rank exits (closing its sockets, and rank 0 the rendezvous store) before every rank has left the group
     try:
-        exits.wait(timeout=TIMEOUT.total_seconds())
+        exits.wait(timeout=EXIT_WAIT_S)
     except threading.BrokenBarrierError:
         pass
 
 
-def launch_local(nproc: int, fn: Callable[..., Any], *args: Any) -> Any:
+def launch_local(nproc: int, fn: Callable[..., Any], *args: Any, pass_signals: bool = False) -> Any:
     """Run `fn(*args)` in `nproc` processes on this machine (torch.multiprocessing spawn, torchrun's env
-    contract); returns rank 0's result. A rank that dies (an error, kill -9) ends the others at once."""
+    contract); returns rank 0's result. A rank that dies (an error, kill -9) ends the others within seconds
+    (`_join`). `pass_signals`: each rank is a process group of its own and every signal this process gets is passed
+    on to the ranks, once (a `kill` of this process, or a terminal's Ctrl-C, which reaches only this process
+    group), so that they checkpoint and end as one process would; torch's spawn has each rank get a SIGINT when
+    this process dies (kill -9), here a SIGTERM, which ends them the same way."""
     import torch.multiprocessing as mp
 
+
     ctx = mp.get_context("spawn")
-    results = ctx.SimpleQueue()
-    mp.start_processes(_rank_main, args=(nproc, free_port(), fn, args, results, ctx.Barrier(nproc)), nprocs=nproc,
-                       join=True, start_method="spawn")
+    results, exits = ctx.SimpleQueue(), ctx.Barrier(nproc)
+    ranks = mp.start_processes(_rank_main, args=(nproc, free_port(), fn, args, results, exits, pass_signals),
+                               nprocs=nproc, join=False, start_method="spawn")
+    with passing_signals_to(ranks.pids) if pass_signals else nullcontext():
+        _join(ranks, exits)
     return results.get()
+
+
+def _join(ranks: Any, exits: Any) -> None:
+    """Wait for every rank (a torch ProcessContext). When one fails, the others are released from the exit barrier
+    (they would wait there for it), get GRACE_S to end on their own, and are then ended; torch's join raises naming
+    the failed rank."""
+    from multiprocessing.connection import wait
+
+    running = {p.sentinel: p for p in ranks.processes}
+    while running:
+        for sentinel in wait(list(running)):
+            process = running.pop(sentinel)
+            process.join()
+            if process.exitcode != 0:
+                exits.abort()
+                running.clear()
+                break
+    while not ranks.join(grace_period=GRACE_S):
+        pass
 
 
 # ------------------------------------------------------------------------------------------------- gathers
@@ -189,8 +233,6 @@ def agree(guard: PreemptionGuard) -> bool:
     would checkpoint and stop alone)."""
     if world_size() == 1:
         return guard.requested
-    import signal
-
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     mine = torch.tensor([int(guard._signum or 0)], dtype=torch.long, device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)

@@ -23,6 +23,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from bench.launch import sweep_report
+from bench.launch.sweep_report import SIGNAL_OUTCOMES
 from bench.launch.config import CONF_DIR, GROUP_REGISTRIES, NAME_KEYS, RENAMED_METHODS, register_configs, validate
 from bench.models.load import USER_NAMED_MODELS
 from bench.grpo import AlgoConfig
@@ -37,8 +38,7 @@ if TYPE_CHECKING:
 
 EXIT = {"completed": 0, "skipped": 0, "failed": 1, "bad_config": 2, "diverged": 3, "locked": 4, "refused": 5,
         "incomplete": 6, "preempted": 128 + signal.SIGTERM, "interrupted": 128 + signal.SIGTERM}
-#: outcomes ended by a signal: their exit code is 128 + that signal
-SIGNAL_OUTCOMES = ("preempted", "interrupted")
+#: SIGNAL_OUTCOMES (bench/launch/sweep_report.py), outcomes ended by a signal: their exit code is 128 + that signal
 #: outcomes every rank of a multi-process run reaches on one shared decision (bench.distributed.group.leave)
 TOGETHER = ("completed", "skipped", "diverged", "preempted", "incomplete", "refused", "locked")
 #: errno values that name an environment problem in one line (no traceback)
@@ -105,8 +105,8 @@ def _launch_ranks(cfg: DictConfig, overrides: list[str] | None) -> Outcome:
     finish their step and checkpoint, and submitit's requeue runs after they returned 'preempted'."""
     from bench.distributed.group import launch_local
 
-    if submitit_preempt_signal() is None:
-        return launch_local(cfg.train.nproc_per_node, execute, cfg, overrides)
+    if submitit_preempt_signal() is None:  # a signal to this process is passed on to the ranks
+        return launch_local(cfg.train.nproc_per_node, execute, cfg, overrides, pass_signals=True)
     with PreemptionGuard() as guard:
         outcome = launch_local(cfg.train.nproc_per_node, execute, cfg, overrides)
         if guard.requested and outcome == "preempted":

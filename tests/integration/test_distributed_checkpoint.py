@@ -166,3 +166,57 @@ def test_tensor_states_round_trip_and_an_unstepped_optimizer_stays_unstepped(tmp
     r = run_state(2)
     load_shards(r, {"dcp": str(tmp_path / "a"), "unstepped": ["optimizer"]})
     assert not r.optimizer.state and all(torch.equal(a, b) for a, b in zip(before, r.policy.parameters()))
+
+
+# ----------------------------------------------------------------------- signals to the launcher of a local run
+def _launched(out_root, sweep: str) -> tuple[subprocess.Popen, RunDir, list[int]]:
+    """A 2-rank run of many steps, in a session of its own (so that a test can signal its process group as a
+    terminal's Ctrl-C does), once it has trained 2 steps; with its rank PIDs."""
+    args = [*SMALL, "train.steps=200", "train.checkpoint_every=50", "method=tis", f"sweep={sweep}"]
+    run = RunDir.of(make_cfg(out_root, *args, fast=False))
+    proc = subprocess.Popen([sys.executable, "-m", "bench", *args, "train.nproc_per_node=2", f"out_root={out_root}"],
+                            cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    wait_until("2 rows", lambda: len(run.metrics()) >= 2, proc, every=0.1)
+    ranks = rank_pids(proc.pid)
+    assert len(ranks) == 2, ranks
+    return proc, run, ranks
+
+
+def _gone(pids: list[int]) -> bool:
+    return not any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z" for p in pids)
+
+
+@pytest.mark.parametrize("how", ["kill_launcher", "ctrl_c_to_the_group"])
+def test_a_signal_to_the_launcher_reaches_each_rank_once_and_the_run_checkpoints(tmp_path, how):
+    """SIGTERM to the launcher alone (`kill PID`, a local sweep passing its signal on) and SIGINT to its process group
+    (a terminal's Ctrl-C): the ranks checkpoint after the same step and the launch exits 128 + N with the run
+    'preempted', long before its 200 steps. Before, the launcher alone stopped ("before training started; nothing
+    was written") while its ranks trained to the end, and a Ctrl-C reached each rank twice (stop now, no
+    checkpoint)."""
+    proc, run, ranks = _launched(tmp_path, how)
+    sig = signal.SIGTERM if how == "kill_launcher" else signal.SIGINT
+    if how == "kill_launcher":
+        os.kill(proc.pid, sig)
+    else:
+        os.killpg(proc.pid, sig)
+    _, err = proc.communicate(timeout=HANG_S)
+    assert proc.returncode == 128 + sig, err[-3000:]
+    assert "before training started" not in err and f"stopped by {sig.name} after" in err and ", checkpointed;" in err
+    info, ckpt = run.info(), run.load_checkpoint()
+    assert info["status"] == "preempted" and info["reason"].startswith(f"signal {sig.name} after step")
+    assert 2 <= ckpt["step"] < 200 and len(run.metrics()) == ckpt["step"]
+    wait_until("the ranks end", lambda: _gone(ranks), None, every=0.2)
+
+
+def test_kill_9_of_the_launcher_ends_its_ranks_with_a_checkpoint(tmp_path):
+    """The launcher killed (kill -9): each rank gets the kernel's SIGTERM (PR_SET_PDEATHSIG), checkpoints with the
+    other and ends; none is left training, or waiting for a launcher that is gone. Before, the ranks got torch's
+    SIGINT twice (no checkpoint) and then waited in a collective until its 10-minute timeout."""
+    proc, run, ranks = _launched(tmp_path, "orphans")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=HANG_S)  # the ranks hold the pipes: they must have ended too
+    wait_until("the ranks end", lambda: _gone(ranks), None, every=0.2)
+    info, ckpt = run.info(), run.load_checkpoint()
+    assert info["status"] == "preempted" and info["reason"].startswith("signal SIGTERM after step"), info
+    assert 2 <= ckpt["step"] < 200 and len(run.metrics()) == ckpt["step"]
