@@ -82,12 +82,17 @@ class JobView:
         return min(1.0, self.rows() / max(1, self.steps))
 
 
+#: the outcomes of a job a signal ended (bench/launch/cli.py's Outcome): stopped, to be resumed, not failed
+SIGNAL_OUTCOMES = ("preempted", "interrupted")
+
+
 def counts(jobs: list[JobView]) -> dict[str, int]:
-    out = {"done": 0, "running": 0, "failed": 0, "skipped": 0, "pending": 0}
+    out = {"done": 0, "running": 0, "failed": 0, "stopped": 0, "skipped": 0, "pending": 0}
     for j in jobs:
         if j.state == "done":
             kind = (j.outcome or {}).get("outcome")
-            out["done" if kind == "completed" else "skipped" if kind == "skipped" else "failed"] += 1
+            out["done" if kind == "completed" else "skipped" if kind == "skipped"
+                else "stopped" if kind in SIGNAL_OUTCOMES else "failed"] += 1
         else:
             out[j.state] += 1
     return out
@@ -97,6 +102,8 @@ def status_line(sweep: str, jobs: list[JobView], elapsed: float, extra: str = ""
     c = counts(jobs)
     parts = [f"{c['done']}/{len(jobs)} done", f"{c['running']} running", f"{c['failed']} failed",
              f"{c['skipped']} skipped"]
+    if c["stopped"]:
+        parts.insert(3, f"{c['stopped']} stopped")
     if c["pending"]:
         parts.append(f"{c['pending']} pending")
     if extra:
