@@ -35,6 +35,7 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -493,7 +494,7 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
                 monitor.stop()
         for job, ret, sub in zip(jobs, results, monitor.submitted):
             job.state = "done"
-            job.outcome = sweep_report.outcome_of(ret._return_value, job.name)
+            job.outcome = _as_recorded(sweep_report.outcome_of(ret._return_value, job.name), job, monitor.started)
             job.log = _submitit_log(sub)
         sweep_report.finish(line)
         return _job_returns(jobs, overrides, self.config)
@@ -506,6 +507,20 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
         if self.submit_cwd is not None:
             os.chdir(self.submit_cwd)
         return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+
+
+def _as_recorded(outcome: dict[str, Any], job: JobView, since: float) -> dict[str, Any]:
+    """A job submitit reports lost (its result missing: `scancel`, a node lost) whose run says, in a run.json
+    written by this launch, that it was preempted (it caught SLURM's SIGTERM and checkpointed) is 'preempted' with
+    the run's reason beside SLURM's; any other outcome is as submitit reported it."""
+    info_file = job.run_dir / "run.json"
+    if outcome["outcome"] != "failed" or not info_file.exists() or info_file.stat().st_mtime < since:
+        return outcome
+    info = json.loads(info_file.read_text())
+    if info.get("status") != "preempted":
+        return outcome
+    return {**outcome, "outcome": "preempted", "code": 128 + int(signal.SIGTERM),
+            "reason": f"{info.get('reason')} (SLURM: {outcome['reason']})"}
 
 
 def _submitit_log(job: Any) -> Path | None:
@@ -567,7 +582,7 @@ class SlurmMonitor:
         self.submitted: list[Any] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="qrl-slurm-monitor", daemon=True)
-        self._t0 = time.time()
+        self.started = time.time()  # a run.json written since is this launch's
 
     def start(self) -> None:
         self._thread.start()
@@ -597,7 +612,7 @@ class SlurmMonitor:
 
     def _update(self, view: JobView, queue_state: str | None) -> None:
         info_file = view.run_dir / "run.json"
-        fresh = info_file.exists() and info_file.stat().st_mtime >= self._t0
+        fresh = info_file.exists() and info_file.stat().st_mtime >= self.started
         status = json.loads(info_file.read_text()).get("status") if fresh else None
         if queue_state == "PENDING":
             view.state = "pending"

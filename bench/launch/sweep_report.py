@@ -208,10 +208,10 @@ def outcome_of(value: Any, name: str) -> dict[str, Any]:
     """A job's return value (bench.launch.cli.hydra_main's dict) or the exception it raised, as an outcome dict."""
     if isinstance(value, dict) and "outcome" in value:
         return value
-    if isinstance(value, BaseException):
-        text = str(value).strip().splitlines()
-        return {"name": name, "outcome": "failed", "code": 1,
-                "reason": f"{type(value).__name__}: {text[0] if text else ''}"}
+    if isinstance(value, BaseException):  # its first line, and the line with SLURM's state if there is one
+        text = [line.strip() for line in str(value).strip().splitlines()]
+        shown = [line for i, line in enumerate(text) if i == 0 or "(state:" in line][:2]
+        return {"name": name, "outcome": "failed", "code": 1, "reason": f"{type(value).__name__}: {' '.join(shown)}"}
     return {"name": name, "outcome": "failed", "code": 1, "reason": f"unexpected job result {value!r}"}
 
 

@@ -225,6 +225,30 @@ def preempted_once(cmd: list[str], running: Callable[[], RunDir | None]) -> tupl
     return job_id, proc.returncode, out
 
 
+def test_a_cancelled_job_that_checkpointed_is_summarised_as_preempted(slurm, cleanup, tmp_path):
+    """`scancel` of a running job: SLURM's SIGTERM, the run checkpoints (run.json 'preempted'); submitit has no result
+    for it (state CANCELLED), and the sweep's summary says 'preempted', with SLURM's state, and exits 143 (it said
+    'failed', with only the first line of submitit's error, and exited 1)."""
+    args = [a for a in QUICK if not a.startswith(("train.steps=", "train.checkpoint_every="))]
+    cmd = [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", *args, "train.steps=400",
+           "train.checkpoint_every=100", f"out_root={tmp_path}", "hydra.launcher.timeout_min=30"]
+    run = RunDir(tmp_path / "default" / "bf16@bf16" / "arithmetic" / "tiny" / "seed0")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        job_id = wait_until("a few steps", lambda: len(run.metrics()) >= 3 and run, proc).info()["slurm_job_id"]
+        subprocess.run(["scancel", job_id], check=True, timeout=HANG_S)
+        out, _ = proc.communicate(timeout=HANG_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, out[-4000:]
+    info = run.info()
+    assert info["status"] == "preempted" and 3 <= len(run.metrics()) < 400, info
+    line = next(ln for ln in out.splitlines() if "bf16@bf16-arithmetic-tiny-s0:" in ln and "preempted" in ln)
+    assert "signal SIGTERM after step" in line and "(state: CANCELLED" in line, line
+    assert "0/1 done · 0 running · 0 failed · 1 stopped" in out, out[-3000:]
+
+
 def test_preempted_slurm_job_is_requeued_and_resumes(slurm, cleanup, tmp_path):
     """SIGUSR1 to a running SLURM job: it checkpoints, submitit requeues it, it resumes and completes with
     the metrics of an uninterrupted run. 40 steps: the signal must land before the last step (with 12 a fast

@@ -28,3 +28,32 @@ def test_the_live_line_counts_a_job_a_signal_stopped_as_stopped_not_failed():
     line = status_line("s", jobs, 10.0, eta_text="1m")
     assert "1/4 done · 0 running · 1 failed · 1 stopped · 0 skipped · 1 pending" in line, line
     assert "stopped" not in status_line("s", jobs[:1], 10.0)
+
+
+def test_a_cancelled_slurm_job_whose_run_checkpointed_is_reported_preempted(tmp_path):
+    """`scancel` of a running job: submitit has no result (UncompletedJobError, state CANCELLED), while the run
+    caught SLURM's SIGTERM, checkpointed and wrote run.json 'preempted': the summary says preempted, with both
+    reasons, and keeps SLURM's state line (it kept only the first line, the result file's path)."""
+    import json
+    import os
+    import time
+
+    from bench.launch.launchers import _as_recorded
+    from bench.launch.sweep_report import JobView, outcome_of
+
+    class UncompletedJobError(RuntimeError):
+        pass
+
+    err = UncompletedJobError("Job 13_1 (task: 0) with path /x/13_1_0_result.pkl\nhas not produced any output "
+                              "(state: CANCELLED by 0)\nError stream produced:\n...")
+    outcome = outcome_of(err, "tis")
+    assert outcome["reason"] == ("UncompletedJobError: Job 13_1 (task: 0) with path /x/13_1_0_result.pkl has not "
+                                 "produced any output (state: CANCELLED by 0)")
+    job = JobView(0, "tis", tmp_path, 600)
+    since = time.time()
+    (tmp_path / "run.json").write_text(json.dumps({"status": "preempted", "reason": "signal SIGTERM after step 203"}))
+    recorded = _as_recorded(outcome, job, since - 1)
+    assert recorded["outcome"] == "preempted" and recorded["code"] == 143
+    assert recorded["reason"].startswith("signal SIGTERM after step 203 (SLURM: UncompletedJobError: Job 13_1")
+    os.utime(tmp_path / "run.json", (since - 60, since - 60))  # an earlier launch's run.json says nothing of this one
+    assert _as_recorded(outcome, job, since) == outcome
