@@ -101,13 +101,13 @@ def warn_mixed_evaluations(evals: dict[str, list[str]]) -> None:
           "(qrl-analyze --paper names each row's evaluation in the caption)", file=sys.stderr)
 
 
-def slurm_signal_delay_s(overrides: list[str]) -> float:
-    """The SLURM launcher's signal_delay_s for a job: its override, else conf/hydra/launcher/slurm.yaml's value
-    (QRL_SLURM_SIGNAL_DELAY_S or its default)."""
+def slurm_setting(overrides: list[str], key: str) -> float:
+    """The SLURM launcher's `key` (signal_delay_s, timeout_min) for a job: its override, else
+    conf/hydra/launcher/slurm.yaml's value (its QRL_SLURM_* variable or its default)."""
     for item in overrides:
-        if item.startswith("hydra.launcher.signal_delay_s="):
+        if item.startswith(f"hydra.launcher.{key}="):
             return float(item.split("=", 1)[1])
-    return float(OmegaConf.load(CONF_DIR / "hydra" / "launcher" / "slurm.yaml").signal_delay_s)
+    return float(OmegaConf.load(CONF_DIR / "hydra" / "launcher" / "slurm.yaml")[key])
 
 
 @dataclass
@@ -122,13 +122,14 @@ class Costs:
     slow: list[str] = field(default_factory=list)
     long_steps: dict[str, float] = field(default_factory=dict)  # job -> its step's seconds, over the signal delay
     signal_delay_s: float = 0.0
+    timeout_min: float = 0.0
 
     def add(self, cfg: DictConfig, overrides: list[str]) -> str:
         """One job's cost columns ("" for a config without a budget estimate), added to the totals."""
         est = estimate(cfg, build_method(cfg.method, cfg.algo).needs_recompute)  # an arm's knob may set it
         if est is None:
             return ""
-        self.signal_delay_s = slurm_signal_delay_s(overrides)
+        self.signal_delay_s, self.timeout_min = (slurm_setting(overrides, k) for k in ("signal_delay_s", "timeout_min"))
         if est.step_s > self.signal_delay_s:
             self.long_steps[RunDir.name_of(cfg)] = est.step_s
         self.gpu_hours += est.gpu_hours
@@ -167,11 +168,14 @@ class Costs:
             print(f"WARNING: the embedded engine costs more than {CHEAPER_BY:g}x vLLM's rollout: {line}", file=sys.stderr)
         if self.long_steps:
             longest = max(self.long_steps.values())
+            delay = min(math.ceil(2 * longest / 60) * 60, 65535)  # two steps; SLURM's --signal takes at most 65535 s
+            # submitit counts a signal as the time limit's only in the limit's last max(20 %, 10 min)
+            limit = f" and hydra.launcher.timeout_min>={math.ceil(5 * delay / 60)} (submitit takes a signal for the " \
+                    "time limit's only in the limit's last 20 %)" if delay > max(12 * self.timeout_min, 600) else ""
             print(f"WARNING: {len(self.long_steps)} job(s) take longer for a training step (up to ~{longest / 60:,.0f} min "
                   f"estimated) than the SLURM launcher's signal_delay_s={self.signal_delay_s:g}: at a time limit such a "
                   "run cannot finish its step and checkpoint before SLURM kills it, and the job is not requeued; on "
-                  f"SLURM set hydra.launcher.signal_delay_s={min(math.ceil(2 * longest / 60) * 60, 65535)} (two steps; "
-                  "SLURM's most is 65535) for: "
+                  f"SLURM set hydra.launcher.signal_delay_s={delay} (two steps){limit} for: "
                   f"{', '.join(self.long_steps)}", file=sys.stderr)
 
     def total(self) -> None:

@@ -32,6 +32,7 @@ import copy
 import hashlib
 import json
 import logging
+import math
 import os
 import shlex
 import shutil
@@ -300,6 +301,41 @@ def gpu_blocks(visible: Sequence[str], nproc: int, n_workers: int) -> list[str] 
     return [blocks[i % len(blocks)] for i in range(min(n_workers, len(blocks)))]
 
 
+def check_signal_delay(params: Dict[str, Any]) -> None:
+    """ValueError when the time-limit signal cannot do its work: SLURM sends it `signal_delay_s` before the job's
+    `timeout_min`, and submitit counts a signal as the time limit's (its requeues bounded by max_num_timeout) only
+    after min(80 %, limit - 10 min) of the limit has run; an earlier one is taken for a preemption and requeued
+    without bound, each allocation training little more than one step."""
+    delay, limit_min = params.get("signal_delay_s"), params.get("timeout_min")
+    if delay is None or limit_min is None:
+        return
+    delay, limit = float(delay), 60.0 * float(limit_min)
+    latest = max(0.2 * limit, 600.0)  # submitit's guaranteed walltime: min(0.8 limit, limit - 10 min)
+    way = f"set hydra.launcher.timeout_min>={math.ceil(5 * delay / 60)} or signal_delay_s<={min(latest, limit / 2):g}"
+    if delay >= limit:
+        raise ValueError(f"hydra.launcher.signal_delay_s={delay:g} is not less than the time limit "
+                         f"(timeout_min={float(limit_min):g}, {limit:g} s): the signal would come at the start; {way}")
+    if delay > latest:
+        raise ValueError(f"hydra.launcher.signal_delay_s={delay:g} comes before submitit counts a signal as the time "
+                         f"limit's (the last {latest:g} s of timeout_min={float(limit_min):g}): every time-limit signal "
+                         f"would requeue the job as a preemption, without bound; {way}")
+
+
+def slurm_request_error(launcher: DictConfig, configs: Sequence[DictConfig] = ()) -> str | None:
+    """What the SLURM launcher (hydra.launcher, composed) would refuse of its request, in one line, before anything
+    is submitted (the dry run, the quick check): `check_signal_delay`, `check_gpu_request` against the jobs' ranks.
+    None for another launcher or a good request."""
+    if not str(launcher.get("_target_", "")).endswith(SnapshotSlurmLauncher.__name__):
+        return None
+    params = OmegaConf.to_container(launcher, resolve=True)
+    try:
+        check_signal_delay(params)
+        check_gpu_request(params, ranks_per_node(params, configs) if configs else None)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def check_gpu_blocks(configs: Any, nproc: int) -> None:
     """Every job of a local GPU sweep runs at most `nproc` ranks (its worker's block of GPUs, sized by the sweep's
     base config)."""
@@ -451,6 +487,7 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
     """hydra-submitit-launcher's SlurmLauncher + code/config snapshot + our preemption signal."""
 
     def __init__(self, preempt_signal: str = "USR1", code_dir: str | None = None, **params: Any) -> None:
+        check_signal_delay(params)
         for warning in check_gpu_request(params):
             log.warning(warning)
         super().__init__(**params)

@@ -66,6 +66,10 @@ def check_overrides(args: list[str], check: Callable[[Any], str | None] | None =
             error = writes and unwritable_dir("sweep directory", Path(str(base.hydra.sweep.dir)))  # multirun.yaml
             if error:
                 return error
+            from bench.launch.launchers import slurm_request_error
+
+            if error := slurm_request_error(base.hydra.launcher):  # what the SLURM launcher would refuse
+                return error
             try:
                 trials, _ = expand(overrides, compose, base)
             except HydraException as e:  # a swept value that does not compose: named by the job that holds it

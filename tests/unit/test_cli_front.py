@@ -77,6 +77,12 @@ def test_a_page_read_by_a_closed_pipe_ends_quietly(flag):
     (["-m", "trian.steps=1,2"], ["trian.steps=1: the config has no key 'trian'", "(did you mean 'train'?)"]),
     # a value of the wrong type
     (["seed=abc"], ["seed=abc: 'abc' is not a valid seed"]),
+    # what the SLURM launcher would refuse of its request, before anything is submitted (it was exit 1, in Hydra's
+    # wrapper, and --dry-run passed it)
+    (["-m", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=1", "hydra.launcher.gres=gpu:1", "--dry-run"],
+     ["hydra.launcher: GPUs requested twice"]),
+    (["-m", "hydra/launcher=slurm", "hydra.launcher.signal_delay_s=3540", "--dry-run"],
+     ["hydra.launcher.signal_delay_s=3540 comes before submitit counts", "timeout_min>=295"]),
     # a loaded model without its path: the key to set
     (["model=hf"], ["model=hf loads a transformers model: give model.path=DIR_OR_HUB_ID"]),
     # a key given twice: the override whose value is bad is named, wherever it stands

@@ -192,3 +192,21 @@ def test_every_paper_recipes_slurm_command_is_a_coherent_request(name):
     assert params["gpus_per_node"] == ranks == configs[0].budget.gpus
     warnings = check_gpu_request(params, ranks) + check_gpus_asked(params, configs) + check_host_memory(params, configs)
     assert warnings == []
+
+
+def test_a_time_limit_signal_the_launcher_could_not_use_is_refused_before_submission():
+    """SLURM sends the time-limit signal signal_delay_s before timeout_min: one at or before the start never lets a
+    run checkpoint, and one before submitit's last max(20 %, 10 min) of the limit is taken for a preemption (requeued
+    without bound, each allocation training about one step). The launcher refuses both; the dry run and the quick
+    check too, in one line with exit 2 (tests/unit/test_cli_front.py)."""
+    from bench.launch.launchers import check_signal_delay
+
+    check_signal_delay({"signal_delay_s": 120, "timeout_min": 60})  # the defaults
+    check_signal_delay({"signal_delay_s": 60, "timeout_min": 2})  # a short job: the 10-minute floor
+    check_signal_delay({"signal_delay_s": 720, "timeout_min": 60})  # the last 20 % of an hour
+    with pytest.raises(ValueError, match="signal_delay_s=721 comes before submitit counts .*timeout_min>=61 or "
+                                         "signal_delay_s<=720"):
+        check_signal_delay({"signal_delay_s": 721, "timeout_min": 60})
+    with pytest.raises(ValueError, match="signal_delay_s=100 is not less than the time limit .*timeout_min>=9 or "
+                                         "signal_delay_s<=30"):
+        check_signal_delay({"signal_delay_s": 100, "timeout_min": 1})

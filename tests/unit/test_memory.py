@@ -3,6 +3,8 @@ paper recipe within its GPUs (issue H2: null micro-batches and no checkpointing 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import transformers as tr
 from hydra import compose, initialize_config_dir
@@ -173,8 +175,17 @@ def test_dry_run_warns_where_a_step_outlasts_the_slurm_signal_delay(capsys, tmp_
     assert line.startswith("WARNING: 9 job(s)") and "signal_delay_s=120:" in line
     suggested = int(line.split("hydra.launcher.signal_delay_s=")[1].split()[0])
     assert 600 < suggested <= 65535  # minutes-long steps; SLURM's --signal takes at most 65535 s
+    # ... and the time limit submitit needs to take that signal for the time limit's (the last 20 % of it): with the
+    # default 60 min, such a signal would requeue the job as a preemption, without bound (the launcher refuses it)
+    limit = int(line.split("hydra.launcher.timeout_min>=")[1].split()[0])
+    assert limit == math.ceil(5 * suggested / 60)
+    from bench.launch.launchers import check_signal_delay
+
+    with pytest.raises(ValueError, match=f"timeout_min>={limit} or signal_delay_s<=720"):  # 9300 s > the hour
+        check_signal_delay({"signal_delay_s": suggested, "timeout_min": 60})
+    check_signal_delay({"signal_delay_s": suggested, "timeout_min": limit})
     dry_run(["+experiment=paper/qurl_table2", "hydra/launcher=slurm", f"hydra.launcher.signal_delay_s={suggested}",
-             f"out_root={tmp_path}"])
+             f"hydra.launcher.timeout_min={limit}", f"out_root={tmp_path}"])
     assert "take longer for a training step" not in capsys.readouterr().err
 
 
