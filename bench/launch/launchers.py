@@ -42,7 +42,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, NoReturn, Sequence
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
@@ -164,6 +164,7 @@ class _Snapshotting:
     def _init_snapshotting(self, code_dir: str | None) -> None:
         self.code_dir = code_dir  # None: <sweep_dir>/.code/<timestamp>
         self.code: Path | None = None  # made at the first launch of this process
+        self.code_is_new = False  # made by this process (not an earlier snapshot of the same files)
 
     def _snapshot(self) -> Path:
         if self.code is None:
@@ -173,7 +174,8 @@ class _Snapshotting:
             if code.exists():  # two submissions within one second: keep both
                 code = code.with_name(f"{code.name}-{os.getpid()}")
             self.code = snapshot_code(code)
-            reused = " (unchanged code: an earlier snapshot)" if self.code != code else ""
+            self.code_is_new = self.code == code
+            reused = "" if self.code_is_new else " (unchanged code: an earlier snapshot)"
             log.info(f"Code snapshot for these jobs: {self.code}{reused}")
         return self.code
 
@@ -527,6 +529,10 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
             monitor.start()
             try:
                 results = super().launch(job_overrides, initial_job_idx)
+            except Exception as e:  # noqa: BLE001 -- one kind is ours to report (`_refused_submission`)
+                if monitor.submitted or type(e).__name__ != "FailedJobError":
+                    raise
+                self._refused_submission(e)
             finally:
                 monitor.stop()
         for job, ret, sub in zip(jobs, results, monitor.submitted):
@@ -535,6 +541,26 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
             job.log = _submitit_log(sub)
         sweep_report.finish(line)
         return _job_returns(jobs, overrides, self.config)
+
+    def _refused_submission(self, err: BaseException) -> NoReturn:
+        """sbatch refused the array (a partition, account, QoS or constraint the cluster does not have): nothing
+        was submitted, so nothing of this submission is left behind (its submitit folder, a code snapshot made for
+        it), and the cause is one line, exit 2, as for any request found bad before any work."""
+        folder = Path(str(self.params.get("submitit_folder", ""))).parent  # <sweep>/.submitit/<time>
+        made = [folder] if folder.name and folder.parent.name == ".submitit" else []
+        if self.code is not None and self.code_is_new:
+            made.append(self.code)
+            self.code, self.code_is_new = None, False
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)
+            try:
+                path.parent.rmdir()  # .submitit/ or .code/, when nothing else is there
+            except OSError:
+                pass
+        said = [line.strip() for line in str(err).splitlines() if "error" in line.lower()] or [str(err).strip()]
+        print(f"qrl-bench: error: SLURM refused the sweep's jobs, nothing was submitted: {said[-1]} (check "
+              f"hydra.launcher.partition / account / qos / constraint: sinfo, sacctmgr show assoc)", file=sys.stderr)
+        sys.exit(2)
 
     def __call__(self, sweep_overrides: List[str], job_dir_key: str, job_num: int, job_id: str,
                  singleton_state: Dict[type, Singleton]) -> JobReturn:

@@ -225,6 +225,19 @@ def preempted_once(cmd: list[str], running: Callable[[], RunDir | None]) -> tupl
     return job_id, proc.returncode, out
 
 
+def test_a_request_sbatch_refuses_is_one_line_exit_2_and_leaves_no_snapshot(slurm, cleanup, tmp_path):
+    """A partition the cluster does not have: sbatch refuses the array; the sweep says so in one line, exits 2 (bad
+    configuration), and leaves neither its code snapshot (33 MB) nor its submitit folder (it was a traceback, exit 1)."""
+    cmd = [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", "method=bf16", *QUICK, f"out_root={tmp_path}",
+           "hydra.launcher.partition=nosuch"]
+    proc = subprocess.run(cmd, cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=HANG_S)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("qrl-bench: error:")]
+    assert "SLURM refused the sweep's jobs, nothing was submitted" in line and "partition" in line, line
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "default" / ".code").exists() and not (tmp_path / "default" / ".submitit").exists()
+
+
 def test_a_cancelled_job_that_checkpointed_is_summarised_as_preempted(slurm, cleanup, tmp_path):
     """`scancel` of a running job: SLURM's SIGTERM, the run checkpoints (run.json 'preempted'); submitit has no result
     for it (state CANCELLED), and the sweep's summary says 'preempted', with SLURM's state, and exits 143 (it said
