@@ -543,23 +543,22 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
         return _job_returns(jobs, overrides, self.config)
 
     def _refused_submission(self, err: BaseException) -> NoReturn:
-        """sbatch refused the array (a partition, account, QoS or constraint the cluster does not have): nothing
-        was submitted, so nothing of this submission is left behind (its submitit folder, a code snapshot made for
-        it), and the cause is one line, exit 2, as for any request found bad before any work."""
-        folder = Path(str(self.params.get("submitit_folder", ""))).parent  # <sweep>/.submitit/<time>
-        made = [folder] if folder.name and folder.parent.name == ".submitit" else []
+        """sbatch refused the array (a partition, account, QoS, constraint or GPU request the cluster does not have):
+        nothing was submitted, so the code snapshot made for it goes (33 MB; the script sbatch refused stays, in the
+        submitit folder, to read what was asked), and the cause is one line, exit 2, as for any request found bad
+        before any work."""
         if self.code is not None and self.code_is_new:
-            made.append(self.code)
-            self.code, self.code_is_new = None, False
-        for path in made:
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(self.code, ignore_errors=True)
             try:
-                path.parent.rmdir()  # .submitit/ or .code/, when nothing else is there
+                self.code.parent.rmdir()  # .code/, when no earlier snapshot is there
             except OSError:
                 pass
+            self.code, self.code_is_new = None, False
         said = [line.strip() for line in str(err).splitlines() if "error" in line.lower()] or [str(err).strip()]
-        print(f"qrl-bench: error: SLURM refused the sweep's jobs, nothing was submitted: {said[-1]} (check "
-              f"hydra.launcher.partition / account / qos / constraint: sinfo, sacctmgr show assoc)", file=sys.stderr)
+        scripts = sorted(Path(str(self.params.get("submitit_folder", ""))).parent.glob(".submission_file_*.sh"))
+        where = f"; the script it refused: {scripts[-1]}" if scripts else ""
+        print(f"qrl-bench: error: SLURM refused the sweep's jobs, nothing was submitted: {said[-1]} (check the "
+              f"hydra.launcher request against the cluster: sinfo, sacctmgr show assoc{where})", file=sys.stderr)
         sys.exit(2)
 
     def __call__(self, sweep_overrides: List[str], job_dir_key: str, job_num: int, job_id: str,
