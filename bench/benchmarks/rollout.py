@@ -35,7 +35,8 @@ gives each variant's useful tokens/s over `before` and over vLLM's fp32 row.
 embedded engine's chunk (refilled, or one chunk after another) and vLLM's max_num_seqs. With a batch of several
 times N, it measures continuous batching on a CPU.
 
-Engines and precisions: embedded fp32 | bf16 | fp8_e4m3 | int8 (CPU); vLLM fp32 | bf16 | fp8_e4m3 with the
+Engines and precisions: embedded, every precision registered in bench/quant/ (fp32, bf16, fp16, fp8_e4m3,
+fp8_e5m2, int8, int4, mxfp4, nvfp4; `--precisions` picks some); vLLM fp32 | bf16 | fp8_e4m3 with the
 FP8 schemes of the platform (GPU: per_tensor, per_channel; CPU: per_channel). On a GPU each vLLM
 precision runs in a child process, so one engine's GPU memory is gone before the next starts; on a CPU the vLLM
 engines run in this process, interleaved with the embedded ones. `--hf` adds HF `generate` rows (log-probs from

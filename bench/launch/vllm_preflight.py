@@ -15,8 +15,8 @@ Steps, each one line (ok / skipped with the reason / failed with the setting to 
                      run's arguments (max_model_len, dtype, quantization, gpu_memory_utilization, sleep mode, the
                      external launcher at N > 1: VLLMEngine.engine_args)
   (c) sync           one in-place push of the policy's weights; the FP8 weight scale of layer 0's qkv_proj read
-                     back and compared with the project's quantizer on the same weight; then an 8-token greedy
-                     generation whose log-probs must match a teacher-forced fp32 pass of the policy within the
+                     back and compared with the project's quantizer on the same weight; then a greedy generation
+                     of up to 8 tokens (the policy may end sooner) whose log-probs must match a teacher-forced fp32 pass of the policy within the
                      engine precision's tolerance (LOGPROB_TOLERANCE)
   (d) sleep / wake   with sleep_level > 0: sleep, wake through a sync, the same greedy generation bit for bit
   (e) close / build  the FP8-rollout + vLLM-evaluation path (bench.rollout.vllm_engine.VLLMEvalEngine): the
@@ -199,7 +199,8 @@ def fp8_scale_check(engine: Any, policy: torch.nn.Module) -> str:
 
 
 def greedy_check(engine: Any, policy: torch.nn.Module, prompt: tuple[torch.Tensor, torch.Tensor]) -> tuple[Any, str]:
-    """(c): 8 greedy tokens through the engine, their log-probs against a teacher-forced fp32 pass of the policy."""
+    """(c): up to 8 greedy tokens through the engine (fewer where the policy ends its answer first: the line says how
+    many), their log-probs against a teacher-forced fp32 pass of the policy."""
     from bench.models.logprobs import token_logprobs
 
     rollout = engine.generate(*prompt, 1, SamplingParams(PREFLIGHT_TOKENS, greedy=True))
