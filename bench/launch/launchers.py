@@ -533,6 +533,9 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
                 if monitor.submitted or type(e).__name__ != "FailedJobError":
                     raise
                 self._refused_submission(e)
+            except KeyboardInterrupt:  # Ctrl-C while waiting: the jobs are SLURM's now; say so, and how to end them
+                print(f"\nqrl-bench: {_left_running(monitor.submitted)}", file=sys.stderr)
+                sys.exit(130)
             finally:
                 monitor.stop()
         for job, ret, sub in zip(jobs, results, monitor.submitted):
@@ -583,6 +586,15 @@ def _as_recorded(outcome: dict[str, Any], job: JobView, since: float) -> dict[st
         return outcome
     return {**outcome, "outcome": "preempted", "code": 128 + int(signal.SIGTERM),
             "reason": f"{info.get('reason')} (SLURM: {outcome['reason']})"}
+
+
+def _left_running(submitted: list[Any]) -> str:
+    """What a Ctrl-C of the submitting process leaves: the submitted jobs run on, and how to cancel them."""
+    if not submitted:
+        return "interrupted before any job was submitted"
+    ids = " ".join(sorted({str(j.job_id).split("_")[0] for j in submitted}))
+    return (f"interrupted: the sweep's {len(submitted)} submitted job(s) keep running on SLURM; `scancel {ids}` cancels "
+            "them (each checkpoints first), and relaunching the same command later skips or resumes them")
 
 
 def _submitit_log(job: Any) -> Path | None:

@@ -176,6 +176,7 @@ def test_gpu_request_reaches_the_sbatch_script(slurm, cleanup, tmp_path):
     text = scripts[0].read_text()
     assert "#SBATCH --gpus-per-node=1" in text and "#SBATCH --cpus-per-task=4" in text, text
     assert "#SBATCH --array=0-1" in text  # both runs of the sweep, one GPU each
+    assert "#SBATCH --job-name=qrl-default" in text  # the sweep's name, which squeue shows
     if proc.returncode:
         assert proc.returncode == 2 and "Invalid generic resource (gres) specification" in out, out[-3000:]
 
@@ -236,6 +237,25 @@ def test_a_request_sbatch_refuses_is_one_line_exit_2_and_leaves_no_snapshot(slur
     assert "SLURM refused the sweep's jobs, nothing was submitted" in line and "partition" in line, line
     assert "Traceback" not in proc.stderr and "#SBATCH --partition=nosuch" in Path(line.split()[-1][:-1]).read_text()
     assert not (tmp_path / "default" / ".code").exists()
+
+
+def test_ctrl_c_of_the_submitter_says_the_jobs_run_on_and_how_to_cancel_them(slurm, cleanup, tmp_path):
+    """Ctrl-C while the sweep waits on SLURM: exit 130 with one line saying the submitted jobs keep running and the
+    scancel that ends them (it was a KeyboardInterrupt traceback); the job is still SLURM's."""
+    args = [a for a in QUICK if not a.startswith("train.steps=")]
+    cmd = [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", "method=bf16", *args, "train.steps=100000",
+           f"out_root={tmp_path}", "hydra.launcher.timeout_min=30"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    [submitted] = wait_until("the job submitted", lambda: list(tmp_path.glob("default/.submitit/**/*_submitted.pkl")),
+                             proc)
+    job_id = submitted.name.split("_")[0]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=HANG_S)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and f"keep running on SLURM; `scancel {job_id}` cancels them" in err, err[-3000:]
+    queued = subprocess.run(["squeue", "-h", "-o", "%i", "-j", job_id], capture_output=True, text=True,
+                            timeout=HANG_S).stdout
+    assert job_id in queued  # still SLURM's (the cleanup fixture cancels it)
 
 
 def test_a_cancelled_job_that_checkpointed_is_summarised_as_preempted(slurm, cleanup, tmp_path):
