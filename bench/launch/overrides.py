@@ -66,7 +66,7 @@ def check_overrides(args: list[str], check: Callable[[Any], str | None] | None =
             error = writes and unwritable_dir("sweep directory", Path(str(base.hydra.sweep.dir)))  # multirun.yaml
             if error:
                 return error
-            from bench.launch.launchers import slurm_request_error
+            from bench.launch.requests import slurm_request_error
 
             if error := slurm_request_error(base.hydra.launcher):  # what the SLURM launcher would refuse
                 return error

@@ -182,7 +182,7 @@ class _Worker:
     process: Any
     conn: Connection
     job: JobView | None = None
-    gpus: str | None = None  # its CUDA_VISIBLE_DEVICES (bench.launch.launchers.gpu_blocks); None: inherited
+    gpus: str | None = None  # its CUDA_VISIBLE_DEVICES (bench.launch.requests.gpu_blocks); None: inherited
     retiring: bool = False  # it said it ends after its job (a vLLM job): no further job is sent to it
 
 

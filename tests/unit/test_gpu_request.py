@@ -1,9 +1,9 @@
-"""The SLURM launcher's GPU/CPU request coherence (bench.launch.launchers.check_gpu_request); the sbatch text itself is
+"""The SLURM launcher's GPU/CPU request coherence (bench.launch.requests.check_gpu_request); the sbatch text itself is
 checked against the real cluster in tests/integration/test_slurm.py."""
 
 import pytest
 
-from bench.launch.launchers import check_gpu_request
+from bench.launch.requests import check_gpu_request
 
 
 def test_one_gpu_per_job_is_the_coherent_request():
@@ -45,7 +45,7 @@ def test_a_job_of_several_ranks_gets_a_core_per_rank_at_least():
 def test_ranks_per_node_are_the_tasks_or_the_processes_a_task_spawns():
     from omegaconf import OmegaConf
 
-    from bench.launch.launchers import ranks_per_node
+    from bench.launch.requests import ranks_per_node
 
     jobs = [OmegaConf.create({"train": {"nproc_per_node": n}}) for n in (1, 8)]
     assert ranks_per_node({"tasks_per_node": 1}, jobs) == 8
@@ -63,7 +63,7 @@ def test_local_workers_get_gpu_blocks_of_nproc_per_node():
     """Issue 33 N7: the local launcher gives worker i the i-th block of `train.nproc_per_node` visible GPUs (a run's
     rank r takes GPU r of its block) and runs no more workers than whole blocks; without a GPU nothing changes.
     A pure function of the visible devices: tested with faked device lists, as an 8-GPU node would show them."""
-    from bench.launch.launchers import gpu_blocks
+    from bench.launch.requests import gpu_blocks
 
     eight = [str(i) for i in range(8)]
     assert gpu_blocks(eight, 1, 7) == ["0", "1", "2", "3", "4", "5", "6"]  # qurl_table1: 7 jobs, one GPU each
@@ -78,7 +78,7 @@ def test_local_workers_get_gpu_blocks_of_nproc_per_node():
 
 
 def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
-    from bench.launch.launchers import visible_gpus
+    from bench.launch.requests import visible_gpus
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     assert visible_gpus() == ["2", "3"]
@@ -130,7 +130,7 @@ def test_a_sweep_that_wants_gpus_but_asks_slurm_for_none_is_warned():
     """A recipe launched on SLURM without a GPU request found no GPU (`train.device=auto`) and ran on the node's
     CPUs, silently: a 7B job's first step hours away. The launcher now warns, naming the request to add; a CPU sweep
     (the quickstart, a recipe's CPU mini, `train.device=cpu`) and a request in any of SLURM's spellings stay quiet."""
-    from bench.launch.launchers import asks_for_gpus, check_gpus_asked
+    from bench.launch.requests import asks_for_gpus, check_gpus_asked
 
     recipe = composed("+experiment=paper/qurl_table2", "method=tis", "rollout.precision=int8")
     [warning] = check_gpus_asked({"gpus_per_node": None}, [recipe, composed()])
@@ -157,7 +157,7 @@ def test_a_sweep_that_wants_gpus_but_asks_slurm_for_none_is_warned():
 def test_a_sweep_of_large_models_states_its_host_memory():
     """Every rank builds the whole model on the host before sharding it: 8 ranks x 30 GB for a 7B recipe at start,
     which a partition's default memory per job does not hold (the job dies at start-up, after its queue wait)."""
-    from bench.launch.launchers import check_host_memory
+    from bench.launch.requests import check_host_memory
 
     recipe = composed("+experiment=paper/qurl_table2", "method=tis", "rollout.precision=int8")
     [warning] = check_host_memory({"mem_gb": None}, [recipe, composed()])
@@ -182,7 +182,7 @@ def test_every_paper_recipes_slurm_command_is_a_coherent_request(name):
 
     from bench.launch.config import CONF_DIR
     from bench.launch.dryrun import expand
-    from bench.launch.launchers import check_gpus_asked, check_host_memory, ranks_per_node
+    from bench.launch.requests import check_gpus_asked, check_host_memory, ranks_per_node
 
     text = (CONF_DIR / "experiment" / "paper" / f"{name}.yaml").read_text()
     [command] = [line for line in text.splitlines() if "hydra/launcher=slurm" in line]
@@ -199,7 +199,7 @@ def test_a_time_limit_signal_the_launcher_could_not_use_is_refused_before_submis
     run checkpoint, and one before submitit's last max(20 %, 10 min) of the limit is taken for a preemption (requeued
     without bound, each allocation training about one step). The launcher refuses both; the dry run and the quick
     check too, in one line with exit 2 (tests/unit/test_cli_front.py)."""
-    from bench.launch.launchers import check_signal_delay
+    from bench.launch.requests import check_signal_delay
 
     check_signal_delay({"signal_delay_s": 120, "timeout_min": 60})  # the defaults
     check_signal_delay({"signal_delay_s": 60, "timeout_min": 2})  # a short job: the 10-minute floor

@@ -179,7 +179,7 @@ def test_dry_run_warns_where_a_step_outlasts_the_slurm_signal_delay(capsys, tmp_
     # default 60 min, such a signal would requeue the job as a preemption, without bound (the launcher refuses it)
     limit = int(line.split("hydra.launcher.timeout_min>=")[1].split()[0])
     assert limit == math.ceil(5 * suggested / 60)
-    from bench.launch.launchers import check_signal_delay
+    from bench.launch.requests import check_signal_delay
 
     with pytest.raises(ValueError, match=f"timeout_min>={limit} or signal_delay_s<=720"):  # 9300 s > the hour
         check_signal_delay({"signal_delay_s": suggested, "timeout_min": 60})
