@@ -403,7 +403,9 @@ class FastDecoder(nn.Module):
         column (a refilled cache's window moves to its front, `_shift`, so the graphs captured for it are reused); the
         rows at a compaction. On a CPU nothing is captured and every step runs eagerly (the graphs' CPU twin in the tests)."""
         self.graphs = {}
-        self.graph_pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
+        cuda = self.device.type == "cuda"
+        self.graph_pool = torch.cuda.graph_pool_handle() if cuda else None
+        self.graph_stream = torch.cuda.Stream(self.device) if cuda else None  # warm-ups and captures (`_graph_step`)
 
     def _graph_step(self, tokens: torch.Tensor, keys: int) -> torch.Tensor:
         """One decode step replayed from its graph when one was captured for these (rows, keys); else run eagerly
@@ -418,12 +420,20 @@ class FastDecoder(nn.Module):
             graph, out = self.graphs[keys]
             graph.replay()
             return out.clone()
-        logits = self._decode(st["graph_tok"], 0, keys)
-        if tokens.is_cuda:
+        if not tokens.is_cuda:
+            return self._decode(st["graph_tok"], 0, keys)
+        # The eager step (the warm-up) and the capture run on one side stream, as torch's CUDA-graph docs ask: state
+        # that CUDA libraries make lazily per stream (cuBLAS's workspace) then exists before the capture records.
+        stream, current = self.graph_stream, torch.cuda.current_stream()
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            logits = self._decode(st["graph_tok"], 0, keys)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.graph_pool):
+            with torch.cuda.graph(graph, pool=self.graph_pool, stream=stream):
                 out = self._decode(st["graph_tok"], 0, keys)
-            self.graphs[keys] = (graph, out)
+        current.wait_stream(stream)
+        logits.record_stream(current)  # made on the side stream, read on the current one
+        self.graphs[keys] = (graph, out)
         return logits
 
     def admit(self, slots: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
