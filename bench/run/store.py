@@ -26,6 +26,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from importlib import metadata
@@ -410,6 +411,10 @@ def unwritable(path: Path) -> str | None:
         return f"{existing} is not a directory"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{'read-only file system' if _read_only_fs(existing) else 'permission denied'}: {existing}"
+    try:  # os.access answers yes to root for any directory, /proc and /sys included: make one and remove it
+        os.rmdir(tempfile.mkdtemp(prefix=".qrl-probe-", dir=existing))
+    except OSError as e:
+        return f"{e.strerror.lower() if e.strerror else e}: cannot make a directory in {existing}"
     return None
 
 

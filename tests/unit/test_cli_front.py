@@ -213,3 +213,18 @@ def test_a_sweep_is_checked_job_by_job_as_its_sweeper_expands_it():
     assert check_overrides(["-m", "method=naive,tis", "rollout.precision=int8,fp8_e4m3", "sweep=x"], values) is None
     assert check_overrides(["-m", "method=bf16,naive", "rollout.precision=mxfp4,int8", "seed=0,1"], values) is None
     assert "method=bf16 is the bf16 baseline" in check_overrides(["method=bf16", "rollout.precision=int8"], values)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs a /proc file system (Linux)")
+def test_out_root_in_a_directory_no_one_can_make_folders_in_is_one_line():
+    """os.access tells root that /proc is writable; Hydra then failed making its output directory in a logging
+    traceback (exit 1). The results directory is now probed by making (and removing) a folder in it."""
+    from bench.run.store import unwritable
+
+    cp, _ = run_cli("out_root=/proc/qrl-bench-results", "tracking=disabled")
+    assert cp.returncode == 2, cp.stderr
+    lines = cp.stderr.strip().splitlines()
+    assert len(lines) == 1 and "results directory /proc/qrl-bench-results is not writable" in lines[0], cp.stderr
+    assert "cannot make a directory in /proc" in lines[0]
+    assert unwritable(REPO / "no-such-folder" / "below") is None  # a writable parent: the probe leaves nothing
+    assert not [p for p in REPO.iterdir() if p.name.startswith(".qrl-probe-")]
