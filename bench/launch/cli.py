@@ -408,13 +408,29 @@ def _default_choices() -> dict[str, str]:
     return out
 
 
+def out_root_of(args: list[str]) -> Path | None:
+    """The results directory the command line names (out_root=..., default from conf/config.yaml), absolute;
+    None where it is an interpolation (Hydra resolves it)."""
+    values = [a.split("=", 1)[1] for a in args if a.lstrip("+").startswith("out_root=")]
+    out_root = values[-1] if values else str(OmegaConf.load(CONF_DIR / "config.yaml").out_root)
+    return None if "${" in out_root else Path(out_root).expanduser().absolute()
+
+
+def first_missing(path: Path | None) -> Path | None:
+    """The outermost folder of `path` that does not exist yet (the first one a mkdir -p would make), or None."""
+    if path is None or path.exists():
+        return None
+    while not path.parent.exists():
+        path = path.parent
+    return path
+
+
 def unwritable_out_root(args: list[str]) -> str | None:
     """The error when the results directory (out_root=..., default from conf/config.yaml) cannot be written:
     Hydra would otherwise fail creating its output directory with a long logging traceback."""
-    values = [a.split("=", 1)[1] for a in args if a.lstrip("+").startswith("out_root=")]
-    out_root = Path(values[-1] if values else str(OmegaConf.load(CONF_DIR / "config.yaml").out_root)).expanduser()
-    if "${" in str(out_root):
-        return None  # an interpolation: Hydra resolves it
+    out_root = out_root_of(args)
+    if out_root is None:
+        return None
     why = unwritable(out_root)
     if why:
         return f"results directory {out_root} is not writable ({why}); choose another with out_root=DIR"
@@ -438,7 +454,13 @@ def run(args: list[str], checked: bool = False) -> None:
         from bench.launch.vllm_preflight import preflight_sweep
 
         sys.exit(preflight_sweep([a for a in args if a not in ("--preflight", "-m", "--multirun")]))
-    hydra_main()
+    out_root = out_root_of(args)
+    made = first_missing(out_root)  # a launch refused at build time leaves no empty results folder it made
+    try:
+        hydra_main()
+    finally:
+        if made is not None:
+            remove_empty_dirs(out_root, made.parent)
     code = sweep_report.exit_code()  # a sweep: its launcher recorded the jobs' outcomes (None for one run)
     if code:
         sys.exit(code)
