@@ -281,6 +281,9 @@ class Preflight:
                   skip="no device memory is shared on a CPU" if free_gb is None else
                   f"one process of a {self.ranks}-rank job holds the whole policy: each rank of the run checks it"
                   if self.alone else None)
+        # the steps once more in one line: vLLM's start logs bury theirs on a console
+        done = ", ".join(f"{s.key} {s.status}" for s in self.steps)
+        self.say(f"vLLM preflight: passed ({done}) in {sum(s.seconds for s in self.steps):.1f} s")
         return self.steps
 
     def start(self, engine: Any) -> str:

@@ -31,6 +31,7 @@ def test_preflight_of_a_sweep_runs_the_cpu_steps_of_each_engine_setup(tmp_path):
     lines = re.findall(r"^vLLM preflight \((\w)\) [^:]+: (\w+) \(", proc.stdout + proc.stderr, re.M)
     assert lines == [("a", "ok"), ("b", "ok"), ("c", "ok"), ("d", "skipped"), ("e", "ok"), ("f", "skipped")]
     out = proc.stdout + proc.stderr
+    assert re.search(r"^vLLM preflight: passed \(a ok, b ok, c ok, d skipped, e ok, f skipped\) in [\d.]+ s$", out, re.M)
     assert "2 of 2 jobs use vLLM, 1 distinct engine setup(s)" in out and "every setup passed (1)" in out
     assert "quantization fp8_per_channel" in out and "FP8 per_channel scale of layer 0's qkv_proj = the project's" in out
     assert "no sleep mode on a CPU" in out and "process RSS" in out
