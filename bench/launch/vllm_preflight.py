@@ -155,6 +155,7 @@ START_ERRORS = (
      "rollout.gpu_memory_utilization"),
     (("sleep", "cumem"), "rollout.sleep_level"),
     (("quantiz", "scaledmm", "scaled_mm", "fp8", "kernel"), "rollout.precision / rollout.weight_granularity"),
+    (("local rank", "local_rank"), "the job's GPU binding (each rank's LOCAL_RANK must name a GPU it sees)"),
     (("external_launcher", "distributed", "process group", "world_size"), "train.nproc_per_node"),
     (("dtype", "bfloat16", "float32"), "rollout.precision"),
 )
@@ -188,7 +189,13 @@ def fp8_scale_check(engine: Any, policy: torch.nn.Module) -> str:
     weight = torch.cat([w.detach() for w in parts]).to(torch.bfloat16).float().cpu()  # vLLM quantizes its bf16 copy
     want = Quantizer("fp8_e4m3", gran, "per_token").quantize_weight(weight)[1].flatten()
     got = engine.apply_model(lambda m: m.model.layers[0].self_attn.qkv_proj.weight_scale.detach().float().cpu().clone())
-    got = got.flatten() if gran == "per_channel" else got.max().reshape(1)  # per tensor: the fused layer's one scale
+    if gran == "per_channel":
+        want = want.clamp_min(1 / (448 * 512))  # vLLM's floor of a channel's scale (a row with max |w| < 1/512)
+        got = got.flatten()
+        if got.numel() == -(-want.numel() // 16) * 16:  # CUTLASS pads the scales to a multiple of 16 rows
+            got = got[: want.numel()]
+    else:
+        got = got.max().reshape(1)  # per tensor: the fused layer's one scale
     if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-5, atol=0):
         worst = (got - want).abs().max().item() if got.shape == want.shape else float("nan")
         raise PreflightError(f"vLLM's FP8 {gran} weight scale of layer 0's qkv_proj after a sync differs from the "

@@ -163,7 +163,9 @@ def head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Te
                    else _slice_logprobs(*args))
         logps.append(lp)
         entropies.append(ent)
-    logp = torch.cat(logps).view(rows, T)
+    # a copy, not a view of the cat: this is the model's output, and FSDP2 warns on a root output that is a view
+    # (an in-place op on one would skip its pre-backward all-gather)
+    logp = torch.cat(logps).view(rows, T).clone()
     return logp, (torch.cat(entropies).view(rows, T) if with_entropy else None)
 
 

@@ -73,6 +73,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Optional
@@ -224,6 +225,27 @@ def check_vllm_version(version: str) -> None:
     raise RuntimeError(f"{message}; set {ANY_VERSION_ENV}=1 to try it anyway")
 
 
+@contextmanager
+def local_rank_as(device_index: int | None) -> Iterator[None]:
+    """LOCAL_RANK set to the rank's own CUDA device index while vLLM starts (None: leave it). vLLM's external
+    launcher takes its GPU from LOCAL_RANK and asserts it is below the visible device count; where a SLURM task
+    sees only its own GPU (--gpus-per-task, a site's --gpu-bind) rank 3's LOCAL_RANK names a GPU it cannot see,
+    while the trainer runs on device 0 (bench.distributed.group.rank_gpu). Where every rank sees the node's GPUs
+    the two are equal and nothing changes."""
+    if device_index is None:
+        yield
+        return
+    old = os.environ.get("LOCAL_RANK")
+    os.environ["LOCAL_RANK"] = str(device_index)
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["LOCAL_RANK"]
+        else:
+            os.environ["LOCAL_RANK"] = old
+
+
 #: LLM(...) arguments of one rank of a multi-process run (module docstring)
 EXTERNAL_LAUNCHER = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1}
 
@@ -343,7 +365,9 @@ class VLLMEngine:
         if self._asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self._asleep = self._weights_dropped = False
-        self.llm.reset_prefix_cache()  # KV computed with the old weights must never be reused
+        if self.llm.reset_prefix_cache() is False:  # KV computed with the old weights must never be reused
+            raise RuntimeError("vLLM kept its prefix cache after a weight sync (requests still running hold KV "
+                               "blocks): their KV would be reused with the new weights")
         synchronize()
         self.num_syncs += 1
         self.last_sync_s = time.perf_counter() - t0
@@ -388,8 +412,10 @@ class VLLMEngine:
         self._dir = tempfile.TemporaryDirectory(prefix="qrl-vllm-")
         model.config.save_pretrained(self._dir.name)
         rng = _rng_state()
+        gpu = torch.cuda.current_device() if self.sharded and self.device == "gpu" else None
         try:
-            self.llm = self.vllm.LLM(**self.engine_args(self._dir.name, self.sharded))
+            with local_rank_as(gpu):
+                self.llm = self.vllm.LLM(**self.engine_args(self._dir.name, self.sharded))
         finally:
             _set_rng_state(rng)
         synchronize()

@@ -85,6 +85,13 @@ def test_no_grad_pass_equals_the_grad_pass(model, rollout, dtype, monkeypatch):
     assert torch.equal(old, theta.detach()) and torch.equal(old_ent, ent)
 
 
+def test_the_log_probs_are_a_tensor_of_their_own(model, rollout):
+    """They are the model's output, which FSDP2 hooks for its backward: a view of another tensor (the slices' cat)
+    made it warn on every 2-rank step that an in-place op on it would skip the pre-backward all-gather."""
+    logp, _ = token_logprobs(model, rollout)
+    assert logp.requires_grad and logp._base is None
+
+
 def test_a_model_that_transforms_its_logits_is_refused(rollout):
     """Logit soft-capping after the lm_head (Gemma 2) would not be in the chunked log-probs: refused, not wrong."""
     class Capped(tr.Qwen2ForCausalLM):

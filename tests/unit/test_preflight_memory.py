@@ -45,3 +45,33 @@ def test_an_evaluation_engine_beside_an_embedded_rollout_is_not_counted_as_resid
     monkeypatch.setattr(memory, "estimate_memory", lambda cfg: SimpleNamespace(peak=58.0, parts={"vllm engine": 28.0}))
     with pytest.raises(PreflightError, match=r"needs ~18.0 GB more"):
         Preflight.free_memory(rollout, 5.0, 12.0)
+
+
+def test_a_rank_whose_local_rank_names_a_gpu_it_cannot_see_starts_vllm_on_its_own():
+    """Under SLURM with one GPU bound per task, rank 3 sees its GPU as device 0 while LOCAL_RANK says 3; vLLM's
+    external launcher takes its GPU from LOCAL_RANK (asserting it below the device count), so the engine starts
+    with LOCAL_RANK set to the rank's device for the call, and the variable is restored after it."""
+    import os
+
+    from bench.launch.vllm_preflight import start_error
+    from bench.rollout.vllm_engine import local_rank_as
+
+    saved = os.environ.get("LOCAL_RANK")
+    try:
+        os.environ["LOCAL_RANK"] = "3"
+        with local_rank_as(0):
+            assert os.environ["LOCAL_RANK"] == "0"
+        assert os.environ["LOCAL_RANK"] == "3"
+        with local_rank_as(None):
+            assert os.environ["LOCAL_RANK"] == "3"
+        del os.environ["LOCAL_RANK"]
+        with local_rank_as(1):
+            assert os.environ["LOCAL_RANK"] == "1"
+        assert "LOCAL_RANK" not in os.environ
+    finally:
+        os.environ.pop("LOCAL_RANK", None)
+        if saved is not None:
+            os.environ["LOCAL_RANK"] = saved
+    # vLLM 0.32's words when it happens anyway: the preflight names the binding, not rollout=embedded
+    err = start_error(AssertionError("DP adjusted local rank 3 is out of bounds for 1 devices."))
+    assert "change the job's GPU binding" in str(err)
