@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from bench.domains import num
-from bench.eval_config import as_eval_config, set_config
+from bench.eval_config import as_eval_config, eval_engine_kind, set_config
 
 VERL_QUICKSTART = ("measured: verl quickstart log (docs/start/quickstart.rst), Qwen2.5-0.5B-Instruct PPO on GSM8K, "
                    "one GPU of unstated type, step 0")
@@ -168,6 +168,8 @@ class Estimate:
     rollout_share: float = 0.0  # of a step's GPU-seconds
     vllm_gpu_hours: float | None = None  # the same run on vLLM's rollout (embedded jobs)
     step_s: float = 0.0  # one training step's wall seconds on the job's GPUs (evaluations apart)
+    eval_s: float = 0.0  # one evaluation's wall seconds on the job's GPUs, on the engine that runs it
+    eval_slowdown: float = 1.0  # the evaluation's engine's time over vLLM's (`eval_slowdown`)
 
     @property
     def vllm_would_save(self) -> bool:
@@ -176,8 +178,9 @@ class Estimate:
 
     def line(self, precision: str) -> str:
         """The dry run's cost column: engine, rollout share, GPU-hours (and vLLM's, where it would save)."""
+        slow = f"; evaluations on embedded, {self.eval_slowdown:,.1f}x vLLM's" if self.eval_slowdown > 1 else ""
         text = (f"~{self.gpu_hours:,.1f} GPU-h on {self.engine} (rollout {self.rollout_share:.0%} of a step; "
-                f"{self.generated_per_step:,.0f} generated + {self.trained_per_step:,.0f} trained tokens/step)")
+                f"{self.generated_per_step:,.0f} generated + {self.trained_per_step:,.0f} trained tokens/step{slow})")
         if self.vllm_would_save:
             how = ("set rollout=vllm" if precision in VLLM_PRECISIONS else
                    f"vLLM has no {precision}: no override, the embedded engine is the one that serves it")
@@ -204,7 +207,9 @@ def estimate(cfg: Any, needs_recompute: bool) -> Estimate | None:
     forward = seqs * length * (int(needs_recompute) + int(algo.kl_ref_beta > 0) + int(gae))
     other_s = trained / train_tps + forward / fwd_tps
     evals = math.ceil(train.steps / train.eval_every) + 1 if b.eval_tokens else 0
-    eval_s = evals * b.eval_tokens / gen_tps
+    slowdown = eval_slowdown(cfg)
+    eval_each_s = b.eval_tokens / gen_tps * slowdown  # GPU-seconds of one evaluation, on the engine that runs it
+    eval_s = evals * eval_each_s
 
     def hours(rollout_s: float) -> float:
         return (train.steps * (rollout_s + other_s) + eval_s) / 3600.0
@@ -216,12 +221,27 @@ def estimate(cfg: Any, needs_recompute: bool) -> Estimate | None:
         gpu_hours = hours(vllm_s)
         return Estimate(generated, trained, forward, evals, gpu_hours, gpu_hours / b.gpus,
                         "vllm" if engine == "vllm" else "embedded at vLLM's rate (shape unknown)",
-                        vllm_s / (vllm_s + other_s), step_s=(vllm_s + other_s) / b.gpus)
+                        vllm_s / (vllm_s + other_s), step_s=(vllm_s + other_s) / b.gpus,
+                        eval_s=eval_each_s / b.gpus, eval_slowdown=slowdown)
     # GPU-seconds; never below vLLM's: where the model says otherwise, the stated vLLM rate is the conservative one
     rollout_s = max(b.gpus * embedded_rollout_s(cfg, shape, seqs / b.gpus) * rounds, vllm_s)
     gpu_hours = hours(rollout_s)
     return Estimate(generated, trained, forward, evals, gpu_hours, gpu_hours / b.gpus, "embedded",
-                    rollout_s / (rollout_s + other_s), hours(vllm_s), step_s=(rollout_s + other_s) / b.gpus)
+                    rollout_s / (rollout_s + other_s), hours(vllm_s), step_s=(rollout_s + other_s) / b.gpus,
+                    eval_s=eval_each_s / b.gpus, eval_slowdown=slowdown)
+
+
+def eval_slowdown(cfg: Any) -> float:
+    """How many times vLLM's time the run's evaluations take on the engine that runs them (eval.engine): 1 through
+    vLLM; through the embedded eager decoder its time over vLLM's at the evaluation's own shape (`eval_estimate`),
+    never below 1 (as the rollout's); 1 where the model's shape or a set's size is unknown. The GPU-hours price the
+    budget's evaluation tokens (budget.eval_tokens) at vLLM's rate times this."""
+    if cfg.get("eval") is None or cfg.get("rollout") is None:
+        return 1.0
+    if eval_engine_kind(as_eval_config(cfg.eval).engine, cfg.rollout.engine) != "embedded":
+        return 1.0
+    ev = eval_estimate(cfg)
+    return 1.0 if ev is None or not ev.vllm_s_per_eval else max(1.0, ev.embedded_s_per_eval / ev.vllm_s_per_eval)
 
 
 def describe(cfg: Any) -> str:

@@ -11,7 +11,9 @@ the override (a warning in the summary); the summary gives the total and the ass
 (bench/launch/memory.py; per GPU, with the trainer states divided by the FSDP shard count when the job runs one
 rank per GPU, `train.nproc_per_node`), a job whose estimate exceeds `budget.gpu_memory_gb` gets a warning, and one
 within 10 % of it is named as tight; the line says how many GPUs the job uses and how many it books
-(`budget.gpus`), and a job that leaves booked GPUs idle gets a warning. It also gives the hours of the run's evaluations through the embedded eager
+(`budget.gpus`), and a job that leaves booked GPUs idle gets a warning (with hydra/launcher=slurm, also what the
+launcher will warn about its request: bench/launch/requests.py). Where a job's evaluation and step outlast the SLURM
+signal delay, or its wall time the SLURM allocations its requeues give it, a warning names the settings that fit. It also gives the hours of the run's evaluations through the embedded eager
 decoder and through vLLM (`eval.engine`; bench/launch/budget.py `eval_estimate`, an upper bound: every response at
 its max tokens).
 """
@@ -31,6 +33,7 @@ from bench.launch.budget import CHEAPER_BY, describe, describe_embedded, describ
 from bench.launch.config import CONF_DIR, register_configs
 from bench.launch.memory import estimate_memory
 from bench.launch.power import power_lines
+from bench.launch.requests import request_warnings, slurm_params
 from bench.methods.base import build_method
 from bench.run.identity import RunId
 from bench.run.resume import preview, refusal_reason
@@ -53,13 +56,16 @@ def dry_run(overrides: list[str]) -> int:
     jobs = expand(overrides)
     counts: dict[str, int] = {}
     refusals: dict[str, int] = {}  # why, how many
-    costs = Costs()
     seeds: dict[str, set] = {}  # arm -> its seeds (the power lines below)
     evals: dict[str, list[str]] = {}  # the evaluation's engine and precision -> the jobs evaluating that way
-    cfg = None
+    cfg, configs = None, []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        launcher = compose("config", overrides=jobs[0], return_hydra_config=True).hydra.launcher if jobs else None
+        slurm = slurm_params(launcher)  # None: the sweep does not launch on SLURM
+        costs = Costs(slurm_settings(slurm, overrides))
         for job in jobs:
             cfg = compose("config", overrides=job)
+            configs.append(cfg)
             rid = RunId.of(cfg)
             seeds.setdefault(str(rid.path("").parent), set()).add(rid.seed)  # an arm in a cell: its path sans seed
             run = RunDir.of(cfg)
@@ -70,13 +76,16 @@ def dry_run(overrides: list[str]) -> int:
                 why = refusal_reason(run, cfg)
                 refusals[why] = refusals.get(why, 0) + 1
             evals.setdefault(eval_setup(cfg.eval.engine, cfg.rollout.engine), []).append(RunDir.name_of(cfg))
-            cost = costs.add(cfg, job)
+            cost = costs.add(cfg)
             print(f"{action:7s} {status:10s} {RunDir.name_of(cfg):40s} {run.path}{cost}")
     todo = len(jobs) - counts.get("skip", 0) - counts.get("refuse", 0)
     refused = f", {counts['refuse']} refused" if counts.get("refuse") else ""
     print(f"{len(jobs)} jobs: {todo} to launch, {counts.get('skip', 0)} already finished{refused}", file=sys.stderr)
     for why, n in refusals.items():
         print(f"  refused ({n}): {why}", file=sys.stderr)
+    if slurm is not None:  # what the SLURM launcher will warn about when it submits
+        for line in request_warnings(slurm, configs):
+            print(f"WARNING: {line}", file=sys.stderr)
     costs.warn()
     warn_mixed_evaluations(evals)
     if cfg is not None:  # the seeds the sweep needs for its target effect (bench/launch/power.py)
@@ -101,37 +110,49 @@ def warn_mixed_evaluations(evals: dict[str, list[str]]) -> None:
           "(qrl-analyze --paper names each row's evaluation in the caption)", file=sys.stderr)
 
 
-def slurm_setting(overrides: list[str], key: str) -> float:
-    """The SLURM launcher's `key` (signal_delay_s, timeout_min) for a job: its override, else
+#: SLURM's longest signal delay (--signal takes at most 65535 s)
+SIGNAL_MAX_S = 65535
+#: the SLURM launcher's settings the dry run's time-limit advice reads
+SLURM_TIMING = ("signal_delay_s", "timeout_min", "max_num_timeout")
+
+
+def slurm_settings(slurm: dict | None, overrides: list[str]) -> dict[str, float]:
+    """SLURM_TIMING of the sweep's SLURM launcher (`slurm`: its composed parameters), or, for a sweep launched
+    elsewhere, what hydra/launcher=slurm would give it: the command line's hydra.launcher.* override, else
     conf/hydra/launcher/slurm.yaml's value (its QRL_SLURM_* variable or its default)."""
-    for item in overrides:
-        if item.startswith(f"hydra.launcher.{key}="):
-            return float(item.split("=", 1)[1])
-    return float(OmegaConf.load(CONF_DIR / "hydra" / "launcher" / "slurm.yaml")[key])
+    if slurm is not None:
+        return {key: float(slurm[key]) for key in SLURM_TIMING}
+    given = {item.split("=", 1)[0].removeprefix("hydra.launcher."): item.split("=", 1)[1] for item in overrides
+             if item.startswith("hydra.launcher.") and "=" in item}
+    yaml = OmegaConf.load(CONF_DIR / "hydra" / "launcher" / "slurm.yaml")
+    return {key: float(given[key] if key in given else yaml[key]) for key in SLURM_TIMING}
 
 
 @dataclass
 class Costs:
     """The estimates the dry run prints beside each job, added up over the jobs, and what they warn about."""
 
+    slurm: dict[str, float]  # SLURM_TIMING (slurm_settings)
     gpu_hours: float = 0.0
     assumptions: set[str] = field(default_factory=set)
     too_big: list[str] = field(default_factory=list)
     tight: list[str] = field(default_factory=list)
     idle: list[str] = field(default_factory=list)
     slow: list[str] = field(default_factory=list)
-    long_steps: dict[str, float] = field(default_factory=dict)  # job -> its step's seconds, over the signal delay
-    signal_delay_s: float = 0.0
-    timeout_min: float = 0.0
+    long_steps: dict[str, float] = field(default_factory=dict)  # job -> seconds to end its work at a signal, > delay
+    long_runs: dict[str, float] = field(default_factory=dict)  # job -> its wall seconds, > what its allocations hold
 
-    def add(self, cfg: DictConfig, overrides: list[str]) -> str:
+    def add(self, cfg: DictConfig) -> str:
         """One job's cost columns ("" for a config without a budget estimate), added to the totals."""
         est = estimate(cfg, build_method(cfg.method, cfg.algo).needs_recompute)  # an arm's knob may set it
         if est is None:
             return ""
-        self.signal_delay_s, self.timeout_min = (slurm_setting(overrides, k) for k in ("signal_delay_s", "timeout_min"))
-        if est.step_s > self.signal_delay_s:
-            self.long_steps[RunDir.name_of(cfg)] = est.step_s
+        # a signal may come as an evaluation starts: the run ends its evaluation and its step, then checkpoints
+        to_stop = est.step_s + (est.eval_s if est.evals else 0.0)
+        if to_stop > self.slurm["signal_delay_s"]:
+            self.long_steps[RunDir.name_of(cfg)] = to_stop
+        if est.wall_hours * 3600 > self.allocations_s():
+            self.long_runs[RunDir.name_of(cfg)] = est.wall_hours * 3600
         self.gpu_hours += est.gpu_hours
         self.assumptions.add(describe(cfg))
         if est.engine == "embedded":
@@ -166,17 +187,39 @@ class Costs:
                   f"scripts/gpu_check.sh before a long run): {', '.join(self.tight)}", file=sys.stderr)
         for line in self.slow:
             print(f"WARNING: the embedded engine costs more than {CHEAPER_BY:g}x vLLM's rollout: {line}", file=sys.stderr)
+        delay_s, timeout_min = self.slurm["signal_delay_s"], self.slurm["timeout_min"]
         if self.long_steps:
             longest = max(self.long_steps.values())
-            delay = min(math.ceil(2 * longest / 60) * 60, 65535)  # two steps; SLURM's --signal takes at most 65535 s
+            delay_s = min(math.ceil(2 * longest / 60) * 60, SIGNAL_MAX_S)  # twice the estimate
             # submitit counts a signal as the time limit's only in the limit's last max(20 %, 10 min)
-            limit = f" and hydra.launcher.timeout_min>={math.ceil(5 * delay / 60)} (submitit takes a signal for the " \
-                    "time limit's only in the limit's last 20 %)" if delay > max(12 * self.timeout_min, 600) else ""
-            print(f"WARNING: {len(self.long_steps)} job(s) take longer for a training step (up to ~{longest / 60:,.0f} min "
-                  f"estimated) than the SLURM launcher's signal_delay_s={self.signal_delay_s:g}: at a time limit such a "
-                  "run cannot finish its step and checkpoint before SLURM kills it, and the job is not requeued; on "
-                  f"SLURM set hydra.launcher.signal_delay_s={delay} (two steps){limit} for: "
-                  f"{', '.join(self.long_steps)}", file=sys.stderr)
+            limit = ""
+            if delay_s > max(12 * timeout_min, 600):
+                timeout_min = math.ceil(5 * delay_s / 60)
+                limit = f" and hydra.launcher.timeout_min>={timeout_min} (submitit takes a signal for the time " \
+                        "limit's only in the limit's last 20 %)"
+            beyond = (f"; ~{longest / 60:,.0f} min is beyond SLURM's longest signal delay ({SIGNAL_MAX_S} s): evaluate "
+                      "less often or less at a time (train.eval_every, eval.samples, eval.engine=vllm)"
+                      if 2 * longest > SIGNAL_MAX_S else "")
+            print(f"WARNING: {len(self.long_steps)} job(s) take longer for an evaluation and a training step (up to "
+                  f"~{longest / 60:,.0f} min estimated) than the SLURM launcher's signal_delay_s="
+                  f"{self.slurm['signal_delay_s']:g}: at a time limit such a run cannot finish its step and checkpoint "
+                  f"before SLURM kills it, and the job is not requeued; on SLURM set hydra.launcher.signal_delay_s="
+                  f"{delay_s} (twice that){limit} for: {', '.join(self.long_steps)}{beyond}", file=sys.stderr)
+        if self.long_runs:
+            longest, per = max(self.long_runs.values()), 60 * timeout_min - delay_s
+            at = f" (with timeout_min={timeout_min:g} and signal_delay_s={delay_s:g} as above)" if self.long_steps else ""
+            print(f"WARNING: {len(self.long_runs)} job(s) need more wall time (up to ~{longest / 3600:,.1f} h estimated) "
+                  f"than SLURM's allocations give them: 1 + max_num_timeout={self.slurm['max_num_timeout']:g} requeues "
+                  f"of timeout_min={self.slurm['timeout_min']:g} less signal_delay_s={self.slurm['signal_delay_s']:g} = "
+                  f"~{self.allocations_s() / 3600:,.1f} h; submitit then stops requeueing and the run stays unfinished; "
+                  f"on SLURM set hydra.launcher.max_num_timeout>={math.ceil(longest / per) - 1}{at}, fewer at a longer "
+                  f"timeout_min, for: {', '.join(self.long_runs)}", file=sys.stderr)
+
+    def allocations_s(self) -> float:
+        """The training seconds SLURM's allocations hold for one run: the first and max_num_timeout requeues, each
+        ending signal_delay_s before its time limit (start-up not counted)."""
+        s = self.slurm
+        return (1 + s["max_num_timeout"]) * max(0.0, 60 * s["timeout_min"] - s["signal_delay_s"])
 
     def total(self) -> None:
         """The sweep's GPU-hours and what the estimate assumes."""

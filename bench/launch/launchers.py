@@ -53,8 +53,8 @@ from omegaconf import DictConfig, OmegaConf
 from bench.launch import sweep_report
 from bench.run.identity import RunId
 from bench.run.store import CODE_PATHS, GIT_DIRTY, is_dirty
-from bench.launch.requests import (check_gpu_blocks, check_gpu_request, check_gpus_asked, check_host_memory,
-                                   check_signal_delay, gpu_blocks, ranks_per_node, visible_gpus)
+from bench.launch.requests import (check_gpu_blocks, check_gpu_request, check_signal_delay, gpu_blocks,
+                                   request_warnings, visible_gpus)
 from bench.launch.sweep_report import JobView, LiveLine
 
 log = logging.getLogger(__name__)
@@ -303,9 +303,7 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
         code = shlex.quote(str(self._snapshot()))
         self._freeze_configs(job_overrides)
         configs = list(self.hydra_context.config_loader._configs.values())
-        ranks = ranks_per_node(self.params, configs)
-        for warning in (check_gpu_request(self.params, ranks) + check_gpus_asked(self.params, configs)
-                        + check_host_memory(self.params, configs)):
+        for warning in request_warnings(self.params, configs):
             log.warning(warning)
         self.submit_cwd = os.getcwd()
         self.params["srun_args"] = [*SRUN_ARGS, *self._user_srun]

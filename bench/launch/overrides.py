@@ -77,6 +77,7 @@ def check_overrides(args: list[str], check: Callable[[Any], str | None] | None =
             except Exception as e:  # noqa: BLE001 -- a sweep Hydra's sweeper cannot expand (range() in a list)
                 swept = [o for o in overrides if o not in fixed]
                 return f"{' '.join(swept)}: this sweep cannot be expanded into jobs ({_first_line(e)})"
+        configs = []
         for trial, cfg in _composed(trials, compose):
             if isinstance(cfg, HydraException):
                 return explain(cfg, trial, compose)
@@ -86,6 +87,9 @@ def check_overrides(args: list[str], check: Callable[[Any], str | None] | None =
             if error:
                 swept = [o for o in trial if o not in fixed]
                 return f"{error} (in the sweep's job {' '.join(swept)})" if swept else error
+            configs.append(cfg)
+        if multirun:  # the request against the jobs (GPUs per node against their ranks), as the launcher checks it
+            return slurm_request_error(base.hydra.launcher, configs)
     return None
 
 

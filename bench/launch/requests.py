@@ -62,19 +62,34 @@ def check_signal_delay(params: Dict[str, Any]) -> None:
                          f"would requeue the job as a preemption, without bound; {way}")
 
 
+def slurm_params(launcher: DictConfig | None) -> Dict[str, Any] | None:
+    """The SLURM launcher's parameters (hydra.launcher, composed, resolved), or None for another launcher."""
+    if launcher is None or not str(launcher.get("_target_", "")).endswith(f".{SLURM_LAUNCHER}"):
+        return None
+    return OmegaConf.to_container(launcher, resolve=True)  # type: ignore[return-value]
+
+
 def slurm_request_error(launcher: DictConfig, configs: Sequence[DictConfig] = ()) -> str | None:
     """What the SLURM launcher (hydra.launcher, composed) would refuse of its request, in one line, before anything
     is submitted (the dry run, the quick check): `check_signal_delay`, `check_gpu_request` against the jobs' ranks.
     None for another launcher or a good request."""
-    if not str(launcher.get("_target_", "")).endswith(f".{SLURM_LAUNCHER}"):
+    params = slurm_params(launcher)
+    if params is None:
         return None
-    params = OmegaConf.to_container(launcher, resolve=True)
     try:
         check_signal_delay(params)
         check_gpu_request(params, ranks_per_node(params, configs) if configs else None)
     except ValueError as e:
         return str(e)
     return None
+
+
+def request_warnings(params: Dict[str, Any], configs: Sequence[Any]) -> list[str]:
+    """What the SLURM launcher warns about when it submits (and the dry run before): a request that leaves GPUs
+    idle or gives their ranks too few cores (`check_gpu_request`), no GPU for jobs that want one
+    (`check_gpus_asked`), the partition's default memory for models built whole on the host (`check_host_memory`)."""
+    return (check_gpu_request(params, ranks_per_node(params, configs)) + check_gpus_asked(params, configs)
+            + check_host_memory(params, configs))
 
 
 def check_gpu_blocks(configs: Any, nproc: int) -> None:

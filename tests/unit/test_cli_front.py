@@ -83,6 +83,8 @@ def test_a_page_read_by_a_closed_pipe_ends_quietly(flag):
      ["hydra.launcher: GPUs requested twice"]),
     (["-m", "hydra/launcher=slurm", "hydra.launcher.signal_delay_s=3540", "--dry-run"],
      ["hydra.launcher.signal_delay_s=3540 comes before submitit counts", "timeout_min>=295"]),
+    (["-m", "+experiment=paper/qurl_table2", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=4", "--dry-run"],
+     ["hydra.launcher asks for 4 GPU(s) per node, but a job runs 8 ranks per node", "gpus_per_node=8"]),
     # a loaded model without its path: the key to set
     (["model=hf"], ["model=hf loads a transformers model: give model.path=DIR_OR_HUB_ID"]),
     # a key given twice: the override whose value is bad is named, wherever it stands

@@ -165,13 +165,18 @@ def test_cpu_configs_have_no_gpu_estimate_in_the_dry_run(capsys, tmp_path):
     assert "GB/GPU" not in capsys.readouterr().out
 
 
+LONG_STEP = "take longer for an evaluation and a training step"
+LONG_RUN = "need more wall time"
+
+
 def test_dry_run_warns_where_a_step_outlasts_the_slurm_signal_delay(capsys, tmp_path):
     """SLURM sends the preemption signal hydra.launcher.signal_delay_s (120 s) before a time limit, and the run
-    checkpoints at the end of its step: a 7B recipe's step of many minutes cannot make it, so the job ends TIMEOUT,
-    not requeued. The dry run says so with the value that would (two estimated steps), and not once it is set."""
+    checkpoints at the end of its step (after the step's evaluation, where one is due): a 7B recipe's step of many
+    minutes cannot make it, so the job ends TIMEOUT, not requeued. The dry run says so with the value that would (twice
+    an evaluation and a step), and not once it is set."""
     dry_run(["+experiment=paper/qurl_table2", f"out_root={tmp_path}"])
     err = capsys.readouterr().err
-    [line] = [x for x in err.splitlines() if "take longer for a training step" in x]
+    [line] = [x for x in err.splitlines() if LONG_STEP in x]
     assert line.startswith("WARNING: 9 job(s)") and "signal_delay_s=120:" in line
     suggested = int(line.split("hydra.launcher.signal_delay_s=")[1].split()[0])
     assert 600 < suggested <= 65535  # minutes-long steps; SLURM's --signal takes at most 65535 s
@@ -184,9 +189,47 @@ def test_dry_run_warns_where_a_step_outlasts_the_slurm_signal_delay(capsys, tmp_
     with pytest.raises(ValueError, match=f"timeout_min>={limit} or signal_delay_s<=720"):  # 9300 s > the hour
         check_signal_delay({"signal_delay_s": suggested, "timeout_min": 60})
     check_signal_delay({"signal_delay_s": suggested, "timeout_min": limit})
-    dry_run(["+experiment=paper/qurl_table2", "hydra/launcher=slurm", f"hydra.launcher.signal_delay_s={suggested}",
-             f"hydra.launcher.timeout_min={limit}", f"out_root={tmp_path}"])
-    assert "take longer for a training step" not in capsys.readouterr().err
+    # the run's ~259 h do not fit 1 + 3 requeues of that limit: the dry run says how many it needs at the limit above
+    [line] = [x for x in err.splitlines() if LONG_RUN in x]
+    assert line.startswith("WARNING: 9 job(s)") and "1 + max_num_timeout=3 requeues of timeout_min=60" in line
+    assert f"(with timeout_min={limit} and signal_delay_s={suggested} as above)" in line
+    requeues = int(line.split("hydra.launcher.max_num_timeout>=")[1].split()[0])
+    assert 3 < requeues < 100
+    ok = ["+experiment=paper/qurl_table2", "hydra/launcher=slurm", f"hydra.launcher.signal_delay_s={suggested}",
+          f"hydra.launcher.timeout_min={limit}", f"out_root={tmp_path}"]
+    dry_run([*ok, f"hydra.launcher.max_num_timeout={requeues - 1}"])
+    err = capsys.readouterr().err
+    assert LONG_STEP not in err and LONG_RUN in err  # one allocation short
+    dry_run([*ok, f"hydra.launcher.max_num_timeout={requeues}"])
+    err = capsys.readouterr().err
+    assert LONG_STEP not in err and LONG_RUN not in err
+
+
+def test_the_evaluations_are_priced_on_the_engine_that_runs_them():
+    """p3o_fp8 rolls out on vLLM but evaluates its 16k-token pass@k on the embedded engine (eval.engine=embedded):
+    the GPU-hours priced every evaluation at vLLM's rate (~2.3 GPU-h a job, the evaluations alone ~58 h on the
+    embedded engine by the dry run's own column). Through vLLM the same job costs less by the evaluations' share."""
+    from bench.launch.budget import estimate
+
+    embedded, vllm = (estimate(recipe("p3o_fp8", "method=ess", f"eval.engine={e}"), False) for e in ("embedded", "vllm"))
+    assert embedded.eval_slowdown > 5 and vllm.eval_slowdown == 1
+    assert embedded.gpu_hours > 2 * vllm.gpu_hours
+    assert embedded.step_s == vllm.step_s and embedded.eval_s == pytest.approx(vllm.eval_s * embedded.eval_slowdown)
+    assert "evaluations on embedded" in embedded.line("fp8_e4m3") and "evaluations on" not in vllm.line("fp8_e4m3")
+
+
+def test_the_dry_run_shows_what_the_slurm_launcher_warns_about(capsys, tmp_path):
+    """The dry run ignored hydra.launcher.gpus_per_node: qurl_table1's one-GPU jobs on an 8-GPU request printed
+    'GPUs 1 used / 1 booked' while the launcher would warn of 7 idle GPUs; and a request for fewer GPUs than a job's
+    ranks passed the dry run (exit 0) that the launcher refuses (tests/unit/test_cli_front.py)."""
+    dry_run(["+experiment=paper/qurl_table1", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=8",
+             "hydra.launcher.cpus_per_task=16", "hydra.launcher.mem_gb=200", f"out_root={tmp_path}"])
+    err = capsys.readouterr().err
+    assert "WARNING: hydra.launcher asks for 8 GPUs per node, but a job runs 1 rank(s) per node, one GPU each: 7 idle" \
+        in err
+    dry_run(["+experiment=paper/qurl_table1", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=1",
+             "hydra.launcher.cpus_per_task=16", "hydra.launcher.mem_gb=200", f"out_root={tmp_path}"])
+    assert "hydra.launcher asks" not in capsys.readouterr().err
 
 
 def test_the_scaling_docs_table_states_the_dry_runs_peaks():
