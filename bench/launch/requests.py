@@ -136,7 +136,8 @@ def check_gpu_request(params: Dict[str, Any], ranks_per_node: int | None = None)
     if n_gpus > ranks_per_node:
         spread = several_tasks(params)
         fix = (f"hydra.launcher.tasks_per_node={n_gpus} (a task per GPU)" if spread
-               else f"train.nproc_per_node={n_gpus} (one run over them)")
+               else f"train.nproc_per_node={n_gpus} (one run over them; with rollout=vllm, train.sampling_shards a "
+                    f"multiple of {n_gpus})")
         warnings.append(f"hydra.launcher asks for {n_gpus} GPUs per node, but a job runs {ranks_per_node} rank(s) per "
                         f"node, one GPU each: {n_gpus - ranks_per_node} idle; set {fix} or "
                         f"hydra.launcher.gpus_per_node={ranks_per_node}")
