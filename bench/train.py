@@ -70,6 +70,8 @@ class TrainConfig:
     epochs: int = num(1, "[1, inf)")  # passes over each rollout batch
     lr: float = num(3e-5, "(0, 1]")  # the ~1M model: the default run (arithmetic) learns at 3e-5 and unlearns at 1e-4
     # (README); the chain sweeps learn at 1e-4 and pin it; 3e-4+ destroys a warm start's accuracy
+    # rollout steps over which the learning rate rises linearly from 0 (`scheduled_lr`); 0: constant from step 0
+    lr_warmup_steps: int = num(0, "[0, inf)")
     weight_decay: float = num(0.0, "[0, 1]")  # AdamW's decoupled decay (times lr per step)
     grad_clip: float = num(1.0, "(0, inf)")  # the largest gradient norm an update keeps (negative would train in reverse)
     dtype: str = "bf16"  # compute over fp32 master weights: bf16 | fp16 (+ loss scaling) | fp32 (bench/compute.py)
@@ -223,6 +225,8 @@ def update(p: Parts, rollout: Rollout, batch: Batch, stats: dict, step: int) -> 
     cfg = p.cfg.train
     B, logs = batch.size, defaultdict(list)
     logp_theta0 = torch.zeros_like(batch.logp_mu)
+    for group in p.optimizer.param_groups:
+        group["lr"] = scheduled_lr(cfg, step)
     for epoch in range(cfg.epochs):
         for idx in torch.arange(B).chunk(cfg.minibatches):
             mb, mb_stats = batch.select(idx), select_stats(stats, idx, B)
@@ -239,6 +243,15 @@ def update(p: Parts, rollout: Rollout, batch: Batch, stats: dict, step: int) -> 
             for k, v in metrics.items():
                 logs[k].append(float(v))
     return {k: sum(v) / len(v) for k, v in logs.items() if v} | p.compute.metrics(), logp_theta0
+
+
+def scheduled_lr(cfg: TrainConfig, step: int) -> float:
+    """The policy's learning rate at rollout step `step`: train.lr after a linear warm-up from 0 over
+    train.lr_warmup_steps (verl's constant schedule with warm-up, as its DAPO recipes set it: lr x step / W for step
+    < W, so step 0 moves only the optimizer's moments). A function of the step alone: a resumed run needs no
+    scheduler state to continue it."""
+    warmup = cfg.lr_warmup_steps
+    return cfg.lr * (step / warmup if step < warmup else 1.0)
 
 
 #: bench/compute.py's own metrics, train/* only: the padded share of the forwards' tokens; fp16 loss scaling

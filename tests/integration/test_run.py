@@ -45,6 +45,19 @@ def test_run_writes_a_complete_run_directory(tmp_path):
     assert not run.ckpt_file.exists()  # dropped after completion (train.keep_checkpoint=false)
 
 
+def test_a_warm_up_raises_the_learning_rate_linearly_from_0(tmp_path):
+    """train.lr_warmup_steps=W: step s < W trains at lr x s / W, step 0 at 0 (verl's constant schedule with warm-up,
+    which qurl_table2 follows as verl's DAPO recipe sets it), then lr; the default 0 trains at lr from step 0."""
+    from bench.train import TrainConfig, scheduled_lr
+
+    cfg = make_cfg(tmp_path, "method=bf16", "train.lr_warmup_steps=2", "train.lr=1e-4")
+    assert execute(cfg) == "completed"
+    assert [r["train/lr"] for r in RunDir.of(cfg).metrics()] == pytest.approx([0.0, 5e-5, 1e-4], rel=1e-12)
+    assert [scheduled_lr(TrainConfig(lr=2e-6, lr_warmup_steps=10), s) for s in (0, 5, 9, 10, 200)] == \
+        pytest.approx([0.0, 1e-6, 1.8e-6, 2e-6, 2e-6], rel=1e-12)
+    assert {scheduled_lr(TrainConfig(lr=3e-5), s) for s in range(5)} == {3e-5}
+
+
 def test_same_config_and_seed_give_identical_metrics(tmp_path):
     a, b = make_cfg(tmp_path / "a", "method=tis"), make_cfg(tmp_path / "b", "method=tis")
     assert execute(a) == execute(b) == "completed"
