@@ -290,6 +290,7 @@ ADDED_KEYS: dict[str, AddedKey] = {
     "rollout.refill": AddedKey(False, "846b144", "a batch larger than a chunk decodes a chunk at a time, each in its "
                                              "own cache, as before the key"),
     "rollout.cuda_graphs": AddedKey(False, "8b391be", "every decode step runs eagerly, the only way before the key"),
+    "train.lr_warmup_steps": AddedKey(0, "bbf8aba", "train.lr from step 0, as before the key (bench.train.scheduled_lr)"),
     "rollout.cpu_kernels": AddedKey("plain", "2acf8e1", "every fp32 GEMM is torch's F.linear and every attention "
                                                     "SDPA, the only kernels before the key; auto is not neutral: "
                                                     "oneDNN and the matmul attention sum in another order"),
