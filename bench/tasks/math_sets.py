@@ -9,6 +9,8 @@
 | aime24      | HuggingFaceH4/aime_2024 (train: the 30 problems)     | id, problem, solution, answer, url, year     |
 | aime25      | math-ai/aime25 (test)                                | id, problem, answer                          |
 | amc23       | AI-MO/aimo-validation-amc (train: 83 problems)       | id, problem, answer (float64), url           |
+| minerva     | math-ai/minervamath (test: 272 problems)             | question, answer                             |
+| olympiadbench | math-ai/olympiadbench (test: 674, OlympiadBench's OE_TO_maths_en_COMP) | id, question, final_answer (list), context, is_multiple_answer, unit, answer_type, subfield, ... |
 
 Schemas from the dataset cards (dataset_info in each README) and the hub file listings; how the field loads
 and scores them from verl's preprocessors (examples/data_preprocess/gsm8k.py, math_dataset.py) and reward
@@ -23,7 +25,8 @@ Default prompts (user message; overridable with task.prompt_template, placeholde
   response should be of the form Answer: $Answer ...", which DAPO-Math-17k stores in its own `prompt` column
   (dapo_math sends that message unchanged).
 
-AIME, AMC and MATH-500 are evaluation sets: their train split is empty unless task.train_split names one.
+AIME, AMC, MATH-500, Minerva and OlympiadBench are evaluation sets: their train split is empty unless
+task.train_split names one. Minerva and OlympiadBench complete QuRL Table 3's five (DeepScaleR's evaluation sets).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ DAPO_PROMPT = DAPO_PREFIX + "{problem}" + DAPO_SUFFIX
 
 MATH_TEMPLATES = {"math_verify": BOXED_PROMPT, "dapo": DAPO_PROMPT}
 _CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations, "<<48/2=24>>"
+_MATH_DELIMITER = re.compile(r"(?<!\\)\$")  # an unescaped "$" (OlympiadBench writes its answers in $...$)
 
 
 def _text(value: Any, column: str) -> str:
@@ -71,6 +75,15 @@ class MathTask(HubTask):
         if self.cfg.reward == "math_verify" and last_boxed(solution) is not None:
             return solution.strip()  # MATH-style solutions already end in \boxed{answer}
         return super().target(ex)
+
+
+@dataclass
+class EvalSetConfig(HubTaskConfig):
+    """An evaluation set: a published test split and no training split; responses up to 4,096 tokens."""
+
+    train_split: Optional[str] = None
+    test_split: Optional[str] = "test"
+    max_new_tokens: int = 4096
 
 
 # ---- GSM8K ---------------------------------------------------------------------------------------------
@@ -104,11 +117,8 @@ class Gsm8kTask(MathTask):
 
 
 @dataclass
-class Math500TaskConfig(HubTaskConfig):
+class Math500TaskConfig(EvalSetConfig):
     source: str = "HuggingFaceH4/MATH-500"
-    train_split: Optional[str] = None
-    test_split: Optional[str] = "test"
-    max_new_tokens: int = 4096
 
 
 @TASKS.register("math500", schema=Math500TaskConfig)
@@ -208,27 +218,20 @@ class DeepScaleRTask(MathTask):
 
 
 @dataclass
-class Aime24TaskConfig(HubTaskConfig):
+class Aime24TaskConfig(EvalSetConfig):
     source: str = "HuggingFaceH4/aime_2024"
-    train_split: Optional[str] = None
     test_split: Optional[str] = "train"  # the hub calls its only split "train"
-    max_new_tokens: int = 4096
 
 
 @dataclass
-class Aime25TaskConfig(HubTaskConfig):
+class Aime25TaskConfig(EvalSetConfig):
     source: str = "math-ai/aime25"
-    train_split: Optional[str] = None
-    test_split: Optional[str] = "test"
-    max_new_tokens: int = 4096
 
 
 @dataclass
-class Amc23TaskConfig(HubTaskConfig):
+class Amc23TaskConfig(EvalSetConfig):
     source: str = "AI-MO/aimo-validation-amc"
-    train_split: Optional[str] = None
     test_split: Optional[str] = "train"  # the hub calls its only split "train"
-    max_new_tokens: int = 4096
 
 
 class CompetitionTask(MathTask):
@@ -256,3 +259,56 @@ class Aime25Task(CompetitionTask):
 class Amc23Task(CompetitionTask):
     config_class = Amc23TaskConfig
 
+
+
+# ---- Minerva / OlympiadBench ---------------------------------------------------------------------------
+
+
+@dataclass
+class MinervaTaskConfig(EvalSetConfig):
+    source: str = "math-ai/minervamath"
+
+
+@TASKS.register("minerva", schema=MinervaTaskConfig)
+class MinervaTask(MathTask):
+    """Minerva Math (Lewkowycz et al. 2022's 272 undergraduate STEM problems, OCWCourses): numbers with units
+    stripped, expressions, scientific notation; the hub copy stores the question and its final answer only."""
+
+    config_class = MinervaTaskConfig
+    required_columns = ("question", "answer")
+
+    def adapt(self, row: dict[str, Any], index: int, split: str) -> Example:
+        return {"id": f"{split}-{index}", "problem": _text(row["question"], "question"),
+                "answer": _text(gold_text(row["answer"]), "answer")}
+
+
+@dataclass
+class OlympiadBenchTaskConfig(EvalSetConfig):
+    source: str = "math-ai/olympiadbench"
+
+
+def olympiad_answer(final_answer: Any) -> str:
+    """OlympiadBench's gold: its `final_answer` list (one entry, or several when `is_multiple_answer`), each entry's
+    math delimiters removed ("$\\frac{1}{2}$" -> "\\frac{1}{2}", "$2$, $3$" -> "2, 3"; an escaped "\\$" stays), joined by ", " so that math-verify reads several
+    answers as one set; the scorer boxes the text (bench/rewards.py)."""
+    items = final_answer if isinstance(final_answer, (list, tuple)) else [final_answer]
+    parts = [_MATH_DELIMITER.sub("", gold_text(a)).strip() for a in items if a is not None]
+    return ", ".join(p for p in parts if p)
+
+
+@TASKS.register("olympiadbench", schema=OlympiadBenchTaskConfig)
+class OlympiadBenchTask(MathTask):
+    """OlympiadBench (He et al. 2024), its open-ended, text-only, English competition-math part (OE_TO_maths_en_COMP).
+    A problem that refers to a shared setting has it in `context`, which is put before the question."""
+
+    config_class = OlympiadBenchTaskConfig
+    required_columns = ("question", "final_answer")
+
+    def adapt(self, row: dict[str, Any], index: int, split: str) -> Example:
+        question = _text(row["question"], "question")
+        context = (row.get("context") or "").strip()
+        solution = row.get("solution")
+        return {"id": str(row.get("id", index)), "problem": f"{context}\n\n{question}" if context else question,
+                "answer": _text(olympiad_answer(row["final_answer"]), "final_answer"),
+                "solution": "\n\n".join(solution) if isinstance(solution, list) else solution,
+                "answer_type": row.get("answer_type"), "subfield": row.get("subfield")}

@@ -27,13 +27,16 @@ from bench.tasks.math_sets import (
     DeepScaleRTask,
     Gsm8kTask,
     Math500Task,
+    MinervaTask,
+    OlympiadBenchTask,
+    olympiad_answer,
 )
 from bench.tasks.sources import DataSourceError, HubUnavailableError
 
 FIXTURES = os.path.normpath(os.path.join(os.path.dirname(__file__), os.pardir, "fixtures", "data"))
 ALL_TASKS: dict[str, type[HubTask]] = {
     t.name: t for t in (Gsm8kTask, Math500Task, DapoMathTask, DeepScaleRTask, Aime24Task, Aime25Task, Amc23Task,
-                        CountdownTasksTask)
+                        MinervaTask, OlympiadBenchTask, CountdownTasksTask)
 }
 
 # Per task: the fixture file (file form), overrides that make the fixture a sensible size, train/test sizes.
@@ -45,6 +48,8 @@ CASES = {
     "aime24": ("data/train-00000-of-00001.parquet", {}, 0, 4),
     "aime25": ("test.jsonl", {}, 0, 4),
     "amc23": ("data/train-00000-of-00001.parquet", {}, 0, 4),
+    "minerva": ("test.jsonl", {}, 0, 4),
+    "olympiadbench": ("test.jsonl", {}, 0, 4),
     "countdown_tasks": ("data/train-00000-of-00001.parquet", {"test_size": 8}, 32, 8),
 }
 
@@ -59,7 +64,7 @@ def make(name: str, **overrides) -> HubTask:
 
 def test_every_hub_task_has_a_case():
     assert set(CASES) == set(ALL_TASKS) == {"gsm8k", "math500", "dapo_math", "deepscaler", "aime24", "aime25",
-                                            "amc23", "countdown_tasks"}
+                                            "amc23", "minerva", "olympiadbench", "countdown_tasks"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -198,6 +203,28 @@ def test_amc_float_answers_become_integers():
     task = make("amc23", shuffle=False)
     ex = task.examples("test")[0]
     assert ex["answer"] == "156" and task.reward(ex, "\\boxed{156}") == 1.0
+
+
+def test_olympiadbench_gold_is_its_answer_list_without_math_delimiters():
+    assert olympiad_answer(["$\\frac{1}{2}$"]) == "\\frac{1}{2}"
+    assert olympiad_answer(["$2$, $3$"]) == olympiad_answer(["$2$", "$3$"]) == "2, 3"
+    assert olympiad_answer(["\\$5"]) == "\\$5"  # an escaped dollar is text, not a delimiter
+    task = make("olympiadbench", shuffle=False)
+    one, half, both, shared = task.examples("test")
+    assert (one["answer"], half["answer"], both["answer"]) == ("8", "\\frac{1}{2}", "2, 3")
+    assert task.reward(half, "so $x = \\boxed{0.5}$") == 1.0 and task.reward(half, "\\boxed{2}") == 0.0
+    # several answers are one set: any order counts, one of them does not
+    assert task.reward(both, "\\boxed{3, 2}") == 1.0 and task.reward(both, "\\boxed{2}") == 0.0
+    # a problem's shared setting (`context`) comes before its question, in the prompt too
+    assert shared["problem"].startswith("Let $a_{k+1}") and shared["problem"].endswith("compute $a_3$.")
+    assert task.prompt(shared).startswith(shared["problem"])
+
+
+def test_minerva_reads_question_and_answer_columns():
+    task = make("minerva", shuffle=False)
+    sci = task.examples("test")[3]
+    assert sci["problem"].startswith("Write $0.00042$") and sci["answer"] == "4.2 \\times 10^{-4}"
+    assert task.reward(sci, "\\boxed{0.00042}") == 1.0 and task.reward(sci, "\\boxed{4.2 \\times 10^{-3}}") == 0.0
 
 
 def test_prompt_template_and_system_prompt_override():

@@ -40,6 +40,8 @@ LAYOUTS = [  # (folder, config, split, the file it resolves to, rows, a column)
     ("aime24", None, "train", "data/train-00000-of-00001.parquet", 4, "year"),
     ("aime25", None, "test", "test.jsonl", 4, "id"),
     ("amc23", None, "train", "data/train-00000-of-00001.parquet", 4, "url"),
+    ("minerva", None, "test", "test.jsonl", 4, "question"),
+    ("olympiadbench", None, "test", "test.jsonl", 4, "final_answer"),
     ("countdown_tasks", None, "train", "data/train-00000-of-00001.parquet", 40, "nums"),
 ]
 
