@@ -281,7 +281,8 @@ EVAL_BYTES = 4  # the embedded evaluation engine is fp32 (weights and KV cache)
 #: test rows of the hub sets the recipes evaluate on (the dataset cards), for the split the task reads
 HUB_TEST_ROWS = {"HuggingFaceH4/aime_2024": 30, "math-ai/aime25": 30, "AI-MO/aimo-validation-amc": 83,
                  "HuggingFaceH4/MATH-500": 500, "openai/gsm8k": 1319, "nlile/hendrycks-MATH-benchmark": 5000,
-                 "math-ai/minervamath": 272, "math-ai/olympiadbench": 674}
+                 "math-ai/minervamath": 272, "math-ai/olympiadbench": 674,
+                 "MathArena/aime_2026": 30}
 
 
 def problem_count(task: Any) -> int | None:

@@ -8,6 +8,7 @@
 | deepscaler  | agentica-org/DeepScaleR-Preview-Dataset (train)      | problem, answer, solution                    |
 | aime24      | HuggingFaceH4/aime_2024 (train: the 30 problems)     | id, problem, solution, answer, url, year     |
 | aime25      | math-ai/aime25 (test)                                | id, problem, answer                          |
+| aime26      | MathArena/aime_2026 (train: the 30 problems)         | problem_idx (int64), problem, answer (int64) |
 | amc23       | AI-MO/aimo-validation-amc (train: 83 problems)       | id, problem, answer (float64), url           |
 | minerva     | math-ai/minervamath (test: 272 problems)             | question, answer                             |
 | olympiadbench | math-ai/olympiadbench (test: 674, OlympiadBench's OE_TO_maths_en_COMP) | id, question, final_answer (list), context, is_multiple_answer, unit, answer_type, subfield, ... |
@@ -214,7 +215,7 @@ class DeepScaleRTask(MathTask):
                 "answer": _text(gold_text(row["answer"]), "answer"), "solution": row.get("solution")}
 
 
-# ---- AIME 2024 / AIME 2025 / AMC 2023 ------------------------------------------------------------------
+# ---- AIME 2024 / 2025 / 2026, AMC 2023 ------------------------------------------------------------------
 
 
 @dataclass
@@ -229,18 +230,25 @@ class Aime25TaskConfig(EvalSetConfig):
 
 
 @dataclass
+class Aime26TaskConfig(EvalSetConfig):
+    source: str = "MathArena/aime_2026"
+    test_split: Optional[str] = "train"  # the hub calls its only split "train"
+
+
+@dataclass
 class Amc23TaskConfig(EvalSetConfig):
     source: str = "AI-MO/aimo-validation-amc"
     test_split: Optional[str] = "train"  # the hub calls its only split "train"
 
 
 class CompetitionTask(MathTask):
-    """AIME / AMC problems: an id, the problem, a numeric answer (AMC's is stored as float64: 142.0 -> "142")."""
+    """AIME / AMC problems: an id (MathArena's `problem_idx`), the problem, a numeric answer (AMC's is stored as
+    float64: 142.0 -> "142"; MathArena's as int64)."""
 
     required_columns = ("problem", "answer")
 
     def adapt(self, row: dict[str, Any], index: int, split: str) -> Example:
-        return {"id": str(row.get("id", index)), "problem": _text(row["problem"], "problem"),
+        return {"id": str(row.get("id", row.get("problem_idx", index))), "problem": _text(row["problem"], "problem"),
                 "answer": _text(gold_text(row["answer"]), "answer"), "solution": row.get("solution"),
                 "url": row.get("url")}
 
@@ -253,6 +261,11 @@ class Aime24Task(CompetitionTask):
 @TASKS.register("aime25", schema=Aime25TaskConfig)
 class Aime25Task(CompetitionTask):
     config_class = Aime25TaskConfig
+
+
+@TASKS.register("aime26", schema=Aime26TaskConfig)
+class Aime26Task(CompetitionTask):
+    config_class = Aime26TaskConfig
 
 
 @TASKS.register("amc23", schema=Amc23TaskConfig)

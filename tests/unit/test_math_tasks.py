@@ -22,6 +22,7 @@ from bench.tasks.math_sets import (
     DAPO_PREFIX,
     Aime24Task,
     Aime25Task,
+    Aime26Task,
     Amc23Task,
     DapoMathTask,
     DeepScaleRTask,
@@ -35,7 +36,7 @@ from bench.tasks.sources import DataSourceError, HubUnavailableError
 
 FIXTURES = os.path.normpath(os.path.join(os.path.dirname(__file__), os.pardir, "fixtures", "data"))
 ALL_TASKS: dict[str, type[HubTask]] = {
-    t.name: t for t in (Gsm8kTask, Math500Task, DapoMathTask, DeepScaleRTask, Aime24Task, Aime25Task, Amc23Task,
+    t.name: t for t in (Gsm8kTask, Math500Task, DapoMathTask, DeepScaleRTask, Aime24Task, Aime25Task, Aime26Task, Amc23Task,
                         MinervaTask, OlympiadBenchTask, CountdownTasksTask)
 }
 
@@ -47,6 +48,7 @@ CASES = {
     "deepscaler": ("deepscaler.json", {"test_size": 3}, 9, 3),
     "aime24": ("data/train-00000-of-00001.parquet", {}, 0, 4),
     "aime25": ("test.jsonl", {}, 0, 4),
+    "aime26": ("data/train-00000-of-00001.parquet", {}, 0, 4),
     "amc23": ("data/train-00000-of-00001.parquet", {}, 0, 4),
     "minerva": ("test.jsonl", {}, 0, 4),
     "olympiadbench": ("test.jsonl", {}, 0, 4),
@@ -64,7 +66,7 @@ def make(name: str, **overrides) -> HubTask:
 
 def test_every_hub_task_has_a_case():
     assert set(CASES) == set(ALL_TASKS) == {"gsm8k", "math500", "dapo_math", "deepscaler", "aime24", "aime25",
-                                            "amc23", "minerva", "olympiadbench", "countdown_tasks"}
+                                            "aime26", "amc23", "minerva", "olympiadbench", "countdown_tasks"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -197,6 +199,12 @@ def test_dapo_dedups_and_sends_its_own_prompt():
     assert task.reward(ex, f"...\nAnswer: {ex['answer']}") == 1.0 and task.reward(ex, f"\\boxed{{{ex['answer']}}}") == 1.0
     boxed = make("dapo_math", reward="math_verify")
     assert boxed.prompt(ex) == fill(BOXED_PROMPT, problem=ex["problem"])
+
+
+def test_matharena_ids_and_int_answers():
+    task = make("aime26", shuffle=False)
+    first = task.examples("test")[0]
+    assert (first["id"], first["answer"]) == ("1", "55") and task.reward(first, "\\boxed{55}") == 1.0
 
 
 def test_amc_float_answers_become_integers():

@@ -39,6 +39,7 @@ LAYOUTS = [  # (folder, config, split, the file it resolves to, rows, a column)
     ("deepscaler", None, "train", "deepscaler.json", 12, "solution"),
     ("aime24", None, "train", "data/train-00000-of-00001.parquet", 4, "year"),
     ("aime25", None, "test", "test.jsonl", 4, "id"),
+    ("aime26", None, "train", "data/train-00000-of-00001.parquet", 4, "problem_idx"),
     ("amc23", None, "train", "data/train-00000-of-00001.parquet", 4, "url"),
     ("minerva", None, "test", "test.jsonl", 4, "question"),
     ("olympiadbench", None, "test", "test.jsonl", 4, "final_answer"),
