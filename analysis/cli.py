@@ -135,8 +135,9 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error("give at least one SWEEP_DIR or --wandb ENTITY/PROJECT")
     if (args.group or args.offline) and not args.wandb:
         parser.error("--group/--offline need --wandb ENTITY/PROJECT")
-    if args.smooth < 1 or args.warmup < 0 or args.collapse_k < 1:
-        parser.error("--smooth and --collapse-k must be >= 1 and --warmup >= 0")
+    for flag, value, least in (("--smooth", args.smooth, 1), ("--collapse-k", args.collapse_k, 1), ("--warmup", args.warmup, 0)):
+        if value < least:
+            parser.error(f"{flag} {value}: must be >= {least}")
     formats = [f.strip().lower() for f in args.formats.split(",") if f.strip()]
     if not set(formats) <= FIGURE_FORMATS:
         parser.error(f"--formats {args.formats!r}: choose from {', '.join(sorted(FIGURE_FORMATS))}")

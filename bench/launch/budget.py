@@ -241,7 +241,7 @@ def eval_slowdown(cfg: Any) -> float:
     if eval_engine_kind(as_eval_config(cfg.eval).engine, cfg.rollout.engine) != "embedded":
         return 1.0
     ev = eval_estimate(cfg)
-    return 1.0 if ev is None or not ev.vllm_s_per_eval else max(1.0, ev.embedded_s_per_eval / ev.vllm_s_per_eval)
+    return 1.0 if ev is None or not ev.vllm_s_per_eval else ev.embedded_s_per_eval / ev.vllm_s_per_eval
 
 
 def describe(cfg: Any) -> str:
@@ -336,8 +336,9 @@ class EvalEstimate:
         return self.evals * self.vllm_s_per_eval / 3600.0
 
     def line(self) -> str:
-        return (f"eval ~{self.embedded_hours:,.1f} h embedded / ~{self.vllm_hours:,.1f} h vLLM "
-                f"({self.evals} x <= {self.tokens_per_eval:,.0f} tokens)")
+        """At most, on one GPU: every response at its max tokens (the GPU-hours count budget.eval_tokens instead)."""
+        return (f"eval <= ~{self.embedded_hours:,.1f} h embedded / ~{self.vllm_hours:,.1f} h vLLM on 1 GPU "
+                f"({self.evals} x <= {self.tokens_per_eval:,.0f} tokens, every response at its max)")
 
 
 def eval_estimate(cfg: Any) -> EvalEstimate | None:
@@ -352,7 +353,8 @@ def eval_estimate(cfg: Any) -> EvalEstimate | None:
     eager_s = sum(n * k * t / eager_tokens_per_s(shape, cfg.eval.batch_size, cfg.budget.prompt_tokens, t)
                   for n, k, t in passes)
     evals = math.ceil(cfg.train.steps / cfg.train.eval_every) + 1
-    return EvalEstimate(float(tokens), evals, eager_s, tokens / rates[0])
+    vllm_s = tokens / rates[0]
+    return EvalEstimate(float(tokens), evals, max(eager_s, vllm_s), vllm_s)  # never below vLLM's rate (as a rollout)
 
 
 def describe_embedded() -> str:

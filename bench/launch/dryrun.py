@@ -80,7 +80,8 @@ def dry_run(overrides: list[str]) -> int:
             print(f"{action:7s} {status:10s} {RunDir.name_of(cfg):40s} {run.path}{cost}")
     todo = len(jobs) - counts.get("skip", 0) - counts.get("refuse", 0)
     refused = f", {counts['refuse']} refused" if counts.get("refuse") else ""
-    print(f"{len(jobs)} jobs: {todo} to launch, {counts.get('skip', 0)} already finished{refused}", file=sys.stderr)
+    noun = "job" if len(jobs) == 1 else "jobs"
+    print(f"{len(jobs)} {noun}: {todo} to launch, {counts.get('skip', 0)} already finished{refused}", file=sys.stderr)
     for why, n in refusals.items():
         print(f"  refused ({n}): {why}", file=sys.stderr)
     if slurm is not None:  # what the SLURM launcher will warn about when it submits

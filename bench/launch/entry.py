@@ -40,7 +40,7 @@ Exit codes of a single run (every non-zero one comes with a one-line cause on st
          recompute (their lines were unreadable); also a relaunch of such a run
     128+N  stopped by signal N (SIGINT 130, SIGUSR1 138, SIGTERM 143) after checkpointing: run.json
          `preempted`; the same command resumes it
-A sweep (-m) exits 0 when every job completed or was skipped as completed; otherwise with the code its failed
+A sweep (-m) exits 0 when every job completed or was skipped as completed; otherwise with the code its unfinished
 jobs share, 1 when they differ, 128+N when the sweep itself was stopped by signal N; it lists every job that
 did not complete, with its reason and log.
 """
@@ -51,7 +51,7 @@ HELP = """usage: qrl-bench [-m] [--dry-run | --preflight] [key=value ...]     (p
 One GRPO run, or with -m a sweep, of an arm (a method at a rollout precision) on a task and a model.
 
 examples:
-  qrl-bench                                          one run: bf16 arm, arithmetic, tiny model, CPU (~20 s)
+  qrl-bench                                          one run: bf16 arm, arithmetic, tiny model, CPU (seconds)
   qrl-bench method=tis rollout.precision=int8 seed=1  one arm at another precision -> results/default/tis@int8/...
   qrl-bench -m method=bf16,naive,tis seed=0,1,2      a sweep: every combination, local workers in parallel
   qrl-bench -m method=bf16,naive,tis rollout.precision=int8,mxfp4   arms x precisions: 5 jobs (bf16 runs once,

@@ -120,11 +120,14 @@ def power_lines(cfg: Any, seeds_per_arm: int, report_dir: Path) -> tuple[list[st
     else:
         sd, source = prior_paired_sd(report_dir) or (DEFAULT_PAIRED_SD_PP, "the stated default (quickstart, n = 8)")
     need = seeds_needed(p.effect_pp, sd, p.alpha, p.power, p.sided, p.tests)
-    mde = detectable_effect(max(seeds_per_arm, 2), sd, p.alpha, p.power, p.sided, p.tests)
     level = f"{p.sided}-sided alpha {p.alpha:g}" + (f" / {p.tests} (Holm's first step)" if p.tests > 1 else "")
+    if seeds_per_arm >= 2:
+        mde = detectable_effect(seeds_per_arm, sd, p.alpha, p.power, p.sided, p.tests)
+        reach = f"which detect {mde:.1f} pp"
+    else:  # one pair has no spread to estimate: a paired t-test needs n >= 2
+        reach = "which allow no paired test (it needs 2 or more)"
     lines = [f"power: paired SD {sd:.2f} pp from {source}; {need} seeds give {100 * p.power:.0f} % power to detect "
-             f"{p.effect_pp:g} pp (paired t, {level}); this sweep runs {seeds_per_arm} seed(s) per arm, which detect "
-             f"{mde:.1f} pp"]
+             f"{p.effect_pp:g} pp (paired t, {level}); this sweep runs {seeds_per_arm} seed(s) per arm, {reach}"]
     short = seeds_per_arm < need
     if short:
         lines.append(f"WARNING: {seeds_per_arm} seed(s) per arm is fewer than the {need} needed for "

@@ -12,7 +12,7 @@ the counts, then every job that did not complete with its outcome, reason and lo
 code (`exit_code`, read by bench.launch.cli.main):
 
     0 every job completed or was skipped as completed; 128+N the sweep was stopped by signal N;
-    otherwise the exit code its failed jobs share (bench/launch/cli.py), or 1 when they differ.
+    otherwise the exit code its unfinished jobs share (bench/launch/cli.py), or 1 when they differ.
 """
 
 from __future__ import annotations

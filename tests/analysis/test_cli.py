@@ -145,15 +145,21 @@ def test_figures_without_data_are_skipped_not_drawn_empty(tmp_path: Path):
 
 
 def test_bad_options_are_usage_errors(tmp_path: Path):
-    for argv in (["--group", "g", str(tmp_path)], [str(tmp_path), "--formats", "png,xyz"], [str(tmp_path), "--smooth", "0"]):
+    cases = {("--group", "g", str(tmp_path)): "--group/--offline need --wandb",
+             (str(tmp_path), "--formats", "png,xyz"): "--formats 'png,xyz': choose from",
+             (str(tmp_path), "--smooth", "0"): "--smooth 0: must be >= 1",
+             (str(tmp_path), "--collapse-k", "0"): "--collapse-k 0: must be >= 1",  # the flag and value at fault
+             (str(tmp_path), "--warmup", "-1"): "--warmup -1: must be >= 0"}
+    for argv, message in cases.items():
         err = io.StringIO()
         with redirect_stderr(err):
             try:
-                main(argv)
+                main(list(argv))
             except SystemExit as e:
                 assert e.code == 2, argv
             else:
                 raise AssertionError(f"{argv} accepted")
+        assert message in err.getvalue(), (argv, err.getvalue())
 
 
 def test_an_unknown_baseline_or_naive_is_refused_naming_the_methods_found(tmp_path: Path):

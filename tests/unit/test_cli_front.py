@@ -112,6 +112,11 @@ def test_a_page_read_by_a_closed_pipe_ends_quietly(flag):
     (["-m", "experiment=smoke_short"], ["added with a '+': +experiment=smoke_short", "paper/qurl_table1, "]),
     (["-m", "+experiment=paper/qurl_tabel1"], ["unknown experiment 'paper/qurl_tabel1'",
                                                "(did you mean 'paper/qurl_table1'?)", "smoke_short"]),
+    (["-m", "+experiment=nope"], ["+experiment=nope: unknown experiment 'nope'", "paper/qurl_table1, ", "smoke_short"]),
+    # a nested group (hydra/launcher) lists its own options, Hydra's included, and echoes what was typed
+    (["-m", "method=bf16", "hydra/launcher=slrm", "--dry-run"],
+     ["hydra/launcher=slrm: unknown hydra/launcher 'slrm'", "(did you mean 'slurm'?)", "valid choices: basic, local, "]),
+    (["method=bf16", "method=tiss"], ["method=tiss: unknown method 'tiss'"]),  # the override that names it, not the first
     # a flag neither qrl-bench nor Hydra has: ours, not Hydra's usage screen
     (["--dryrun"], ["unknown option '--dryrun' (did you mean '--dry-run'?)"]),
     (["seed=-1"], ["seed=-1 is out of range; allowed: [0, inf) integer"]),

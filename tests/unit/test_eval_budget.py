@@ -62,7 +62,8 @@ def test_eval_time_per_engine_by_hand():
     assert e.vllm_hours == pytest.approx(2.56, abs=0.01)
     assert e.embedded_hours == pytest.approx(5 * 11_960_320 / eager_tokens_per_s(MATH_7B, 8, 200, 8192) / 3600)
     assert e.embedded_hours == pytest.approx(41.7, abs=0.1)
-    assert e.line() == "eval ~41.7 h embedded / ~2.6 h vLLM (5 x <= 11,960,320 tokens)"
+    assert e.line() == ("eval <= ~41.7 h embedded / ~2.6 h vLLM on 1 GPU (5 x <= 11,960,320 tokens, every response "
+                        "at its max)")
 
 
 def test_no_estimate_without_a_size_a_shape_or_a_throughput():
@@ -75,3 +76,14 @@ def test_no_estimate_without_a_size_a_shape_or_a_throughput():
     cfg = qurl_table2_like()
     cfg.budget.params_b = None
     assert eval_estimate(cfg) is None  # no throughput
+
+
+def test_the_embedded_evaluation_is_never_priced_below_vllm():
+    """A fast-looking eager decoder (a stated vLLM rate far below the memory model's) is shown and priced at vLLM's
+    rate, as the rollout is: the model is a lower bound on the eager decoder's time, not a claim that it wins."""
+    cfg = qurl_table2_like()
+    cfg.budget.gen_tokens_per_s = 10.0  # a vLLM far slower than the eager decoder's 398.6 tokens/s
+    cfg.budget.train_tokens_per_s = 10.0
+    cfg.budget.forward_tokens_per_s = 10.0
+    e = eval_estimate(cfg)
+    assert e.embedded_s_per_eval == e.vllm_s_per_eval == pytest.approx(11_960_320 / 10.0)

@@ -51,3 +51,12 @@ def test_power_lines_warn_when_a_sweep_has_too_few_seeds(tmp_path):
     assert not short and len(lines) == 1
     with pytest.raises(ValueError, match="power.sided=3"):
         PowerConfig(sided=3).check()
+
+
+def test_one_seed_per_arm_allows_no_paired_test(tmp_path):
+    """One pair has no spread to estimate: the line says so instead of n = 2's detectable effect."""
+    cfg = OmegaConf.create({"power": PowerConfig(effect_pp=5.0)})
+    (one, *_), short = power_lines(cfg, 1, tmp_path)
+    assert short and "runs 1 seed(s) per arm, which allow no paired test" in one and "which detect" not in one
+    two = power_lines(cfg, 2, tmp_path)[0][0]
+    assert f"which detect {detectable_effect(2, DEFAULT_PAIRED_SD_PP, 0.05, 0.8, 2, 1):.1f} pp" in two
