@@ -72,6 +72,10 @@ else
   log "packages already installed"
 fi
 
+# Job ids continue from slurmctld's saved state; without it (first start, --purge, a reboot that emptied /tmp)
+# they restart at 1, and the accounting DB (kept in MariaDB's own datadir) must start empty too, or sacct
+# returns an old job's rows for a new job's id and submitit reads that job's state (slurm_down.sh --purge drops both)
+FRESH_STATE=0; [ -e "$SLURM_BASE/state/job_state" ] || FRESH_STATE=1
 mkdir -p "$SLURM_BASE"/{state,spool,log}
 
 # ---------------------------------------------------------------- munge
@@ -162,6 +166,11 @@ if [ "$SLURM_ACCOUNTING" = 1 ]; then
       </dev/null >>"$SLURM_BASE/log/mariadb.log" 2>&1 &
     touch "$SLURM_BASE/mariadb.started-by-slurm_up"
     wait_for 30 mysqladmin ping || die "mariadb did not come up"
+  fi
+  if [ "$FRESH_STATE" = 1 ] && ! alive "$SLURM_BASE/slurmdbd.pid" slurmdbd \
+     && mysql -N -e "SHOW DATABASES LIKE 'slurm_acct_db'" | grep -q .; then
+    log "no saved job state (job ids restart at 1): dropping the old accounting DB"
+    mysql -e "DROP DATABASE slurm_acct_db"
   fi
   mysql -e "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
             CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'slurmci';
