@@ -54,9 +54,28 @@ def override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+def as_hydra_renders(override: str) -> str:
+    """An override with its value as Hydra writes a command line's (`train.lr=1.5e-6` -> `train.lr=1.5e-06`), so that a
+    row and a command line that set one value name one variant folder; an override it cannot parse stays as written
+    (Hydra reports it)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    if "=" not in override:
+        return override
+    try:
+        parsed = OverridesParser.create().parse_override(override)
+    except HydraException:
+        return override
+    if parsed.is_sweep_override():
+        return override
+    return f"{override.split('=', 1)[0]}={parsed.get_value_element_as_str()}"
+
+
 def expand_rows(rows: Iterable[str], jobs: Sequence[Sequence[str]]) -> list[list[str]]:
-    """Every job: each row's overrides followed by each job of the Cartesian part; the job's keys win."""
-    rows = [shlex.split(str(r)) for r in rows]
+    """Every job: each row's overrides (as Hydra renders them) followed by each job of the Cartesian part; the job's
+    keys win."""
+    rows = [[as_hydra_renders(o) for o in shlex.split(str(r))] for r in rows]
     if not rows:
         return [list(j) for j in jobs]
     out = []
@@ -82,7 +101,8 @@ def assign_variants(jobs: Sequence[Sequence[str]], default_of: Callable[[str], A
 
     Jobs are grouped by their identity overrides; within a group, the semantic keys (bench.run.identity.is_semantic)
     whose values are not all equal name the variant, `<key>=<value>` joined by commas, sorted by key. A job that
-    does not set such a key shows the sweep's value for it (`default_of(key)`).
+    does not set such a key shows the sweep's value for it (`default_of(key)`), or 'default' where the sweep's config
+    has no such key (a key of another arm's schema: a row that means a value should name it).
     """
     out = [list(j) for j in jobs]
     settings = [_settings(j) for j in jobs]
@@ -179,5 +199,5 @@ class RowSweeper(BasicSweeper):
         return [list(chunk) for chunk in BasicSweeper.split_overrides_to_chunks(jobs, max_batch_size)]
 
 
-__all__ = ["RowSweeper", "assign_variants", "expand", "expand_rows", "fold_fixed_precisions", "override_key",
+__all__ = ["RowSweeper", "as_hydra_renders", "assign_variants", "expand", "expand_rows", "fold_fixed_precisions", "override_key",
            "sweep_default", "sweep_jobs"]

@@ -13,6 +13,7 @@ from hydra import compose, initialize_config_dir
 from bench.launch.cli import EXIT, check_names, execute
 from bench.launch.config import CONF_DIR, NAME_KEYS, USER_NAMED_MODELS
 from bench.launch.dryrun import expand
+from bench.launch.sweeper import as_hydra_renders
 from bench.run.identity import RunId, config_hash, parse_run_path
 from bench.run.store import RunDir
 from tests.hang import HANG_S
@@ -113,6 +114,13 @@ def test_a_sweep_over_another_setting_gets_a_variant_level(tmp_path):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         paths = [RunDir.of(compose("config", overrides=j)).path for j in jobs]
     assert len(set(paths)) == len(paths) == 5
+    # each folder names the value its row means, spelt as a command line's would be (the rows say 1e-6 and 1.5e-6)
+    assert sorted(p.parent.name for p in paths) == ["method.uaq_scale=1.5", "method.uaq_scale=2.0", "train.lr=1.5e-06",
+                                                     "train.lr=1e-06", "train.lr=2e-06"]
+    swept = expand(["method=tis", "train.lr=1.5e-6,3e-4", f"out_root={tmp_path}"])[0]
+    assert "variant='train.lr=1.5e-06'" in swept  # Hydra's spelling of a command line's value, which rows now share
+    assert [as_hydra_renders(o) for o in ("train.lr=1.5e-6", "+a.b=2e-6", "~a", "eval.sets=[aime24,amc23]", "x=1,2")] == [
+        "train.lr=1.5e-06", "+a.b=2e-06", "~a", "eval.sets=[aime24,amc23]", "x=1,2"]
 
 
 @pytest.mark.slow
