@@ -135,7 +135,8 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error("give at least one SWEEP_DIR or --wandb ENTITY/PROJECT")
     if (args.group or args.offline) and not args.wandb:
         parser.error("--group/--offline need --wandb ENTITY/PROJECT")
-    for flag, value, least in (("--smooth", args.smooth, 1), ("--collapse-k", args.collapse_k, 1), ("--warmup", args.warmup, 0)):
+    bounds = (("--smooth", args.smooth, 1), ("--collapse-k", args.collapse_k, 1), ("--warmup", args.warmup, 0))
+    for flag, value, least in bounds:
         if value < least:
             parser.error(f"{flag} {value}: must be >= {least}")
     formats = [f.strip().lower() for f in args.formats.split(",") if f.strip()]

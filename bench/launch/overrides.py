@@ -173,12 +173,13 @@ def explain(err: Exception, overrides: list[str], compose: Any) -> str:
         path = found["path"] if found else ""
         group, _, value = path.rpartition("/")
         options = [str(o) for o in (getattr(err, "options", None) or [])]
-        named = {a.lstrip("+~").split("=", 1)[0] for a in overrides}
+        keyed = [(a, a.lstrip("+~").split("=", 1)[0]) for a in overrides]
         top = group.split("/", 1)[0]
-        if "/" in group and group not in named and group_options(top):  # a nested option (experiment=paper/x), not a
-            options, value, group = group_options(top), path.split("/", 1)[1], top  # nested group (hydra/launcher=x)
-        options = sorted(set(options) | set(group_options(group)))  # Hydra lists a folder's own files, not its subfolders'
-        given = [a for a in overrides if a.lstrip("+~").split("=", 1)[0] == group]  # the one naming `value` (the last wins)
+        if "/" in group and group not in {k for _, k in keyed} and group_options(top):  # a nested option
+            options, value, group = group_options(top), path.split("/", 1)[1], top  # (experiment=paper/x), not a
+        # nested group (hydra/launcher=x); Hydra lists a folder's own files, not its subfolders'
+        options = sorted(set(options) | set(group_options(group)))
+        given = [a for a, k in keyed if k == group]  # the override naming `value` (else the last: it wins)
         arg = next((a for a in given if a.split("=", 1)[1] == value), given[-1] if given else f"{group}={value}")
         if options:
             return f"{arg}: unknown {group} {value!r}{_did_you_mean(value, options)}; valid choices: {', '.join(options)}"

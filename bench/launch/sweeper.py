@@ -199,5 +199,5 @@ class RowSweeper(BasicSweeper):
         return [list(chunk) for chunk in BasicSweeper.split_overrides_to_chunks(jobs, max_batch_size)]
 
 
-__all__ = ["RowSweeper", "as_hydra_renders", "assign_variants", "expand", "expand_rows", "fold_fixed_precisions", "override_key",
-           "sweep_default", "sweep_jobs"]
+__all__ = ["RowSweeper", "as_hydra_renders", "assign_variants", "expand", "expand_rows", "fold_fixed_precisions",
+           "override_key", "sweep_default", "sweep_jobs"]

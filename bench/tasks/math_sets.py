@@ -11,11 +11,14 @@
 | aime26      | MathArena/aime_2026 (train: the 30 problems)         | problem_idx (int64), problem, answer (int64) |
 | amc23       | AI-MO/aimo-validation-amc (train: 83 problems)       | id, problem, answer (float64), url           |
 | minerva     | math-ai/minervamath (test: 272 problems)             | question, answer                             |
-| olympiadbench | math-ai/olympiadbench (test: 674, OlympiadBench's OE_TO_maths_en_COMP) | id, question, final_answer (list), context, is_multiple_answer, unit, answer_type, subfield, ... |
+| olympiadbench | math-ai/olympiadbench (test: 674)                  | id, question, final_answer (list), context, ... |
+
+(olympiadbench is OlympiadBench's OE_TO_maths_en_COMP part: open-ended, text-only, English competition math.)
 
 Schemas from the dataset cards (dataset_info in each README) and the hub file listings; how the field loads
 and scores them from verl's preprocessors (examples/data_preprocess/gsm8k.py, math_dataset.py) and reward
-functions (verl/utils/reward_score/gsm8k.py, math_dapo.py, math_verify.py).
+functions (verl/utils/reward_score/gsm8k.py, math_dapo.py, math_verify.py). Minerva's and OlympiadBench's columns are
+those that public loaders of those two hub copies read (their cards were not at hand).
 
 Default prompts (user message; overridable with task.prompt_template, placeholder {problem}):
 * math_verify reward: "{problem} Let's think step by step and output the final answer within \\boxed{}."
@@ -273,7 +276,6 @@ class Amc23Task(CompetitionTask):
     config_class = Amc23TaskConfig
 
 
-
 # ---- Minerva / OlympiadBench ---------------------------------------------------------------------------
 
 
@@ -302,8 +304,8 @@ class OlympiadBenchTaskConfig(EvalSetConfig):
 
 def olympiad_answer(final_answer: Any) -> str:
     """OlympiadBench's gold: its `final_answer` list (one entry, or several when `is_multiple_answer`), each entry's
-    math delimiters removed ("$\\frac{1}{2}$" -> "\\frac{1}{2}", "$2$, $3$" -> "2, 3"; an escaped "\\$" stays), joined by ", " so that math-verify reads several
-    answers as one set; the scorer boxes the text (bench/rewards.py)."""
+    math delimiters removed ("$\\frac{1}{2}$" -> "\\frac{1}{2}", "$2$, $3$" -> "2, 3"; an escaped "\\$" stays),
+    joined by ", " so that math-verify reads several answers as one set; the scorer boxes the text (bench/rewards.py)."""
     items = final_answer if isinstance(final_answer, (list, tuple)) else [final_answer]
     parts = [_MATH_DELIMITER.sub("", gold_text(a)).strip() for a in items if a is not None]
     return ", ".join(p for p in parts if p)
