@@ -198,6 +198,9 @@ def explain(err: Exception, overrides: list[str], compose: Any) -> str:
         keys = _keys_of(parent, [a for a in overrides if a != arg], compose)
         listing = f"; its keys: {', '.join(keys)}" if keys else ""
         return f"{arg}: {parent or 'the config'} has no key {key!r}{_did_you_mean(key, keys)}{listing}"
+    if arg is not None and cause is not None and "is not Optional" in str(cause):  # `rollout.precision=null`
+        choices = _choices_of(full_key, [a for a in overrides if a != arg], compose)
+        return f"{arg}: {full_key} needs a value, not null" + (f"; valid choices: {choices}" if choices else "")
     if arg is not None and cause is not None:
         value = arg.split("=", 1)[1] if "=" in arg else ""
         return f"{arg}: {value!r} is not a valid {full_key} ({_first_line(cause)})"
@@ -229,6 +232,25 @@ def _keys_of(parent: str, overrides: list[str], compose: Any) -> list[str]:
         return sorted(str(k) for k in node.keys())
     except Exception:  # noqa: BLE001 -- the listing is a courtesy; the error line stands without it
         return []
+
+
+def _choices_of(key: str, overrides: list[str], compose: Any) -> str:
+    """The valid choices of a string key, as its schema's check lists them ('' where it lists none): the key is
+    set to a value no choice has and the config's checks are run (the choices are written once, in the checks)."""
+    from omegaconf import OmegaConf
+
+    from bench.launch.config import validate
+
+    try:
+        cfg: Any = compose("config", overrides=overrides)
+        OmegaConf.update(cfg, key, "__null__", force_add=False)  # a plain name: the path check passes it
+        validate(cfg)
+    except ValueError as e:
+        listed = str(e).partition("choose one of: ")[2]
+        return listed.splitlines()[0] if listed else ""
+    except Exception:  # noqa: BLE001 -- the listing is a courtesy; the error line stands without it
+        return ""
+    return ""
 
 
 def _did_you_mean(value: str, choices: list[str]) -> str:

@@ -102,6 +102,10 @@ def test_a_page_read_by_a_closed_pipe_ends_quietly(flag):
     (["rollout.temperature=1e30"], ["rollout.temperature=1e30 is out of range; allowed: (0, 10]"]),
     (["method=tis", "method.is_cap_C=inf"], ["method.is_cap_C=inf is out of range; allowed: (0, inf)"]),
     (["method=naive", "rollout.precision=fp9"], ["rollout.precision='fp9' is not valid; choose one of: ", "fp8_e4m3"]),
+    # null for a key that needs a value: its choices where its schema's check lists them (it said "not Optional")
+    (["rollout.precision=null"], ["rollout.precision=null: rollout.precision needs a value, not null; valid choices: ",
+                                  "fp8_e4m3"]),
+    (["train.steps=null"], ["train.steps=null: train.steps needs a value, not null"]),
     # a sweep: each swept value is checked
     (["-m", "method=bf16,tiss"], ["method=tiss: unknown method 'tiss'", "(did you mean 'tis'?)"]),
     # a key added with '+' that no schema has: composed by Hydra, read by nothing (it would train the default job)
