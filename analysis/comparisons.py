@@ -10,7 +10,7 @@ Families (each Holm-corrected on its own, per endpoint; analysis/inference.py):
                     exploratory "vs naive" family
 
 Endpoints: `final` (the last evaluation's accuracy, %) and `auc` (time-averaged eval accuracy, %), per run, paired by
-seed where both arms ran the same seeds (analysis.stats). The table's `sd_diff` (SD of the per-seed differences) is
+seed on the seeds both arms ran (analysis.stats.gap). The table's `sd_diff` (SD of the per-seed differences) is
 what `--dry-run`'s seed calculator reads back (bench/launch/power.py).
 """
 

@@ -33,7 +33,7 @@ from .load import Sweep
 from .runs import SeverityOptions, baseline_group, run_rows, severity_labels
 from .severity import METHOD_MARKERS, NAIVE_BETTER, NO_NAIVE_GAP, OFF_SCALE, _err, _recovered_levels, recovered_drawn
 from .stats import NAN_INTERVAL, Interval, ratio_interval
-from .tables import MISSING, Table, fmt_ci
+from .tables import Table, fmt_ci, fmt_share
 
 NO_MISMATCH_COST = "mismatch cost within noise"
 CONTROL_WORSE = "control worse than naive"
@@ -104,13 +104,6 @@ def decomposition(sweep: Sweep, opts: SeverityOptions = SeverityOptions(), endpo
     return pd.DataFrame(rows)
 
 
-def _share_text(v: float, lo: float, hi: float, n: int, note: str) -> str:
-    if np.isfinite(v):
-        text = fmt_ci(v, lo, hi, digits=0, scale=100, n=n)
-        return text.replace(" [", " % [", 1) if "[" in text else text + " %"
-    return f"n/a ({note})" if note else MISSING
-
-
 def decomposition_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> Table:
     """The costs of each cell (first row of the cell) and each arm's recovered shares of the total gap and of the
     mismatch cost, final accuracy."""
@@ -127,9 +120,9 @@ def decomposition_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions())
             row[f"{title} (pp)"] = fmt_ci(d[f"{k}_cost"], d[f"{k}_cost_lo"], d[f"{k}_cost_hi"], signed=True,
                                           n=d[f"{k}_cost_n"]) if first else ""
         row |= {"Method": r.method,
-                "share of the total gap": _share_text(r.share_total, r.share_total_lo, r.share_total_hi,
+                "share of the total gap": fmt_share(r.share_total, r.share_total_lo, r.share_total_hi,
                                                       r.share_total_n, r.share_total_note),
-                "share of the mismatch cost": _share_text(r.share_mismatch, r.share_mismatch_lo, r.share_mismatch_hi,
+                "share of the mismatch cost": fmt_share(r.share_mismatch, r.share_mismatch_lo, r.share_mismatch_hi,
                                                           r.share_mismatch_n, r.share_mismatch_note)}
         rows.append(row)
         prev = key

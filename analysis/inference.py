@@ -8,8 +8,9 @@ min(1, (m - j + 1) p_(j)); it controls the family-wise error at 0.05 under any d
 it stays the plain 95 % one, with the raw and adjusted p beside it. A pre-registered comparison is tested within its
 own pre-registered family (docs/preregistration.md) and marked so.
 
-The p-value matches the interval: paired t over the per-seed differences when both arms ran the same seeds, Welch's
-t otherwise (analysis.stats.diff_interval); one-sided ("greater") for a directional pre-registered hypothesis.
+The p-value matches the interval (one computation, analysis.stats.gap): paired t over the per-seed differences on the
+seeds both arms ran, Welch's t where they share fewer than 2; the exact permutation p where the differences have no
+spread; one-sided ("greater") for a directional pre-registered hypothesis.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Iterable, Sequence
 import numpy as np
 from scipy.stats import t as student_t
 
-from .stats import Interval, _finite, _pairs, diff_interval
+from .stats import Interval, gap
 
 ALPHA = 0.05
 ALTERNATIVES = ("two-sided", "greater")
@@ -44,29 +45,17 @@ def _p_from_t(tstat: float, df: float, alternative: str) -> float:
 
 def diff_test(a: Iterable[float], b: Iterable[float], seeds_a: Sequence | None = None, seeds_b: Sequence | None = None,
               alternative: str = "two-sided") -> Test:
-    """mean(a) - mean(b): its 95 % interval (diff_interval) and the p-value of H0: no difference (two-sided) or
-    H0: a <= b ("greater"), by the paired t-test when both ran the same seeds, Welch's otherwise. A zero spread gives
-    p = 0 for a nonzero difference and 1 for none; fewer than 2 values, NaN."""
+    """mean(a) - mean(b): its 95 % interval and the p-value of H0: no difference (two-sided) or H0: a <= b
+    ("greater"), from one computation (analysis.stats.gap): the paired t-test on the seeds both ran, Welch's where
+    they do not pair; a zero spread, the exact permutation p; fewer than 2 values, NaN."""
     if alternative not in ALTERNATIVES:
         raise ValueError(f"alternative {alternative!r}: choose one of {', '.join(ALTERNATIVES)}")
-    a, b = list(a), list(b)
-    iv = diff_interval(a, b, seeds_a, seeds_b)
-    paired = _pairs(a, b, seeds_a, seeds_b)
-    if paired is not None and paired[0].size >= 2:
-        d = paired[0] - paired[1]
-        sd = float(d.std(ddof=1))
-        se, df = sd / np.sqrt(d.size), d.size - 1
+    g = gap(a, b, seeds_a, seeds_b)
+    if g.exact_p is not None:
+        p = g.exact_p[1] if alternative == "greater" else g.exact_p[0]
     else:
-        xa, xb = _finite(a), _finite(b)
-        if xa.size < 2 or xb.size < 2:
-            return Test(iv, float("nan"), alternative=alternative)
-        va, vb = xa.var(ddof=1) / xa.size, xb.var(ddof=1) / xb.size
-        sd, se = float("nan"), float(np.sqrt(va + vb))
-        df = (va + vb) ** 2 / (va**2 / (xa.size - 1) + vb**2 / (xb.size - 1)) if se > 0 else 1.0
-    if se == 0:
-        p = (0.0 if (iv.value > 0 or (alternative == "two-sided" and iv.value != 0)) else 1.0)
-        return Test(iv, p, sd, alternative)
-    return Test(iv, _p_from_t(iv.value / se, df, alternative), sd, alternative)
+        p = _p_from_t(g.interval.value / g.se, g.df, alternative) if g.se > 0 else float("nan")
+    return Test(g.interval, p, g.sd_diff, alternative)
 
 
 def holm(pvalues: Sequence[float]) -> np.ndarray:

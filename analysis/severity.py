@@ -34,9 +34,9 @@ collapse        analysis/collapse.py, the one definition: eval accuracy below it
                 (`--collapse-k`, default 3); its collapse step (the time to collapse) is the first of them. A run
                 without a step-0 evaluation cannot be judged and is not counted.
 CIs             95 % Student-t intervals over seeds (analysis.stats): a level (accuracy, AUC, KL) by the t-interval
-                of its seeds; a gap by the paired t-interval of the per-seed differences when both methods ran the
-                same seeds (Welch otherwise); the recovered share by Fieller's interval. Each shows its n (seeds or
-                pairs); 1 seed gives no interval.
+                of its seeds; a gap by the paired t-interval of the per-seed differences on the seeds both methods
+                ran (Welch where they share fewer than 2); the recovered share by Fieller's interval on the seeds all
+                three ran. Each shows its n (seeds or pairs); 1 seed, or differences with no spread, give none.
 eval SE         beside a gap: the binomial standard error the finite test set alone puts on it,
                 sqrt(p_a(1-p_a)/(k_a n_test) + p_b(1-p_b)/(k_b n_test)) with k seeds per method, in pp.
 """
@@ -56,7 +56,7 @@ from .comparisons import family_name, p_columns, paired_comparisons
 from .load import Sweep
 from .runs import SeverityOptions, baseline_group, run_rows, severity_labels
 from .stats import METHOD_SENTENCE, NAN_INTERVAL, Interval, diff_interval, mean_interval, ratio_interval
-from .tables import MISSING, Table, fmt_ci, fmt_se, gap_eval_se
+from .tables import MISSING, Table, fmt_ci, fmt_se, fmt_share, gap_eval_se
 
 #: one marker per method in the severity figure: methods at one severity often measure the same mismatch and
 #: similar accuracies, and colour alone does not tell overlapping points apart
@@ -77,7 +77,7 @@ def _interval_columns(prefix: str, iv: Interval) -> dict[str, Any]:
 
 
 def _gap(a: pd.DataFrame, b: pd.DataFrame, col: str) -> Interval:
-    """mean(a[col]) - mean(b[col]), paired by seed where both ran the same seeds (analysis.stats)."""
+    """mean(a[col]) - mean(b[col]), paired on the seeds both ran (analysis.stats.gap)."""
     return diff_interval(a[col], b[col], list(a["seed"]), list(b["seed"]))
 
 
@@ -161,11 +161,8 @@ def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> T
         key = (r.model, r.task, r.severity)
         if r.method == opts.naive or (r.method == opts.baseline and not np.isfinite(d[gap])):
             recovered = MISSING
-        elif np.isfinite(r.recovered):
-            recovered = fmt_ci(r.recovered, r.recovered_lo, r.recovered_hi, digits=0, scale=100, n=r.recovered_n)
-            recovered = recovered.replace(" [", " % [", 1) if "[" in recovered else recovered + " %"
         else:
-            recovered = f"n/a ({r.recovered_note})" if r.recovered_note else MISSING
+            recovered = fmt_share(r.recovered, r.recovered_lo, r.recovered_hi, r.recovered_n, r.recovered_note)
         collapsed = f"{r.n_collapsed}/{r.n_seeds}" + (f" (step {r.collapse_steps})" if r.n_collapsed else "")
         new_block = prev is None or key[:2] != prev[:2]
         row = {

@@ -8,10 +8,13 @@ The interval method (one for every table and figure; `METHOD_SENTENCE` is what t
   the range at 3: far below its nominal 95 %. Student-t intervals keep their coverage at any n >= 2 when the
   per-seed values are roughly normal (a final accuracy is a mean over hundreds of test problems), so:
 - one arm's level: mean ± t(0.975, n-1) · s / sqrt(n)   (`mean_interval`, figure bands `mean_band`);
-- a gap between two arms (same task and model): **paired** when both arms ran the same seeds (a seed fixes the
-  warm start and the prompt order, so per-seed differences are far steadier than the levels): the t-interval
-  of the per-seed differences, n = the number of pairs; otherwise Welch's t-interval with the
-  Welch-Satterthwaite degrees of freedom (`diff_interval`);
+- a gap between two arms (same task and model): **paired** on the seeds both arms ran (a seed fixes the warm
+  start and the prompt order, so per-seed differences are far steadier than the levels): the t-interval of the
+  per-seed differences, n = the number of pairs; a seed only one arm ran (another still running, failed or not
+  launched) is left out of that gap, never compared unpaired against the rest. Only arms that share fewer than 2
+  seeds are compared unpaired: Welch's t-interval with the Welch-Satterthwaite degrees of freedom (`gap`);
+- a zero spread (every per-seed difference equal: accuracies move in steps of 1/n_test) gives no interval and the
+  exact permutation p (`gap`), not the t-test's p = 0;
 - the recovered share of a gap, (arm - naive) / (base - naive): **Fieller's** interval for a ratio of two means,
   from the per-seed numerator and denominator (paired) or the three groups (unpaired) (`ratio_interval`). Fieller
   propagates the noise of both and is exact under the same normal model as the t-intervals; a bootstrap of the
@@ -27,6 +30,7 @@ std is the *sample* standard deviation over seeds (ddof=1); with a single seed i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import comb
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -35,8 +39,9 @@ from scipy.special import stdtrit
 CI_LEVEL = 0.95
 METHOD_SENTENCE = (
     "Intervals are 95 % Student-t intervals over seeds (n = seeds, or seed pairs): gaps between arms from the "
-    "paired per-seed differences when both arms ran the same seeds (Welch otherwise), recovered shares by "
-    "Fieller's method; 1 seed gives no interval."
+    "paired per-seed differences on the seeds both arms ran (a seed only one ran is left out; Welch where they "
+    "share fewer than 2), recovered shares by Fieller's method on the seeds all three arms ran; 1 seed, or per-seed "
+    "differences with no spread, give no interval."
 )
 
 
@@ -157,51 +162,99 @@ def mean_interval(values: Iterable[float], level: float = CI_LEVEL) -> Interval:
     return Interval(float(x.mean()), float(x.mean() - half), float(x.mean() + half), int(x.size), "t")
 
 
+def aligned(groups: Sequence[tuple[Sequence[float], Sequence | None]]) -> list[np.ndarray] | None:
+    """Each group's finite values on the seeds every group ran, in one seed order, so that position i is one seed
+    in all of them; None when they do not pair: a group without seeds, a seed twice in one group (e.g. two sweeps
+    loaded together), or fewer than 2 common seeds where the groups' seeds differ (then the groups are compared
+    unpaired). A seed that only some groups ran is left out of the pairs (n counts the pairs)."""
+    if any(seeds is None for _, seeds in groups):
+        return None
+    maps = []
+    for values, seeds in groups:
+        finite = [(s, float(v)) for s, v in zip(seeds, values) if np.isfinite(v)]
+        one = dict(finite)
+        if not one or len(one) != len(finite):
+            return None
+        maps.append(one)
+    common = set.intersection(*(set(m) for m in maps))
+    if not common or (len(common) < 2 and any(set(m) != common for m in maps)):
+        return None
+    keys = sorted(common, key=str)
+    return [np.array([m[k] for k in keys]) for m in maps]
+
+
 def _pairs(a: Sequence[float], b: Sequence[float], seeds_a: Sequence | None,
            seeds_b: Sequence | None) -> tuple[np.ndarray, np.ndarray] | None:
-    """(a_i, b_i) over the common seeds when both groups ran exactly the same seeds (finite values), each once;
-    else None (a seed that appears twice in a group, e.g. two sweeps loaded together, does not pair)."""
-    if seeds_a is None or seeds_b is None:
-        return None
-    fa = [(s, float(v)) for s, v in zip(seeds_a, a) if np.isfinite(v)]
-    fb = [(s, float(v)) for s, v in zip(seeds_b, b) if np.isfinite(v)]
-    va, vb = dict(fa), dict(fb)
-    if not va or set(va) != set(vb) or len(va) != len(fa) or len(vb) != len(fb):
-        return None
-    keys = sorted(va, key=str)
-    return np.array([va[k] for k in keys]), np.array([vb[k] for k in keys])
+    """(a_i, b_i) over the seeds both groups ran (`aligned`), or None where they do not pair."""
+    both = aligned([(a, seeds_a), (b, seeds_b)])
+    return None if both is None else (both[0], both[1])
+
+
+@dataclass(frozen=True)
+class Gap:
+    """mean(a) - mean(b) with what its interval and test rest on: the standard error and df of the t statistic
+    (NaN where fewer than 2 values), the SD of the per-seed differences (paired; NaN unpaired), and for a zero
+    spread the exact permutation p of the observed difference (`exact_p`: the t statistic is undefined there)."""
+
+    interval: Interval
+    se: float = float("nan")
+    df: float = float("nan")
+    sd_diff: float = float("nan")
+    exact_p: tuple[float, float] | None = None  # (two-sided, one-sided "greater")
+
+
+def gap(a: Iterable[float], b: Iterable[float], seeds_a: Sequence | None = None, seeds_b: Sequence | None = None,
+        level: float = CI_LEVEL) -> Gap:
+    """The one computation behind every gap between two arms: paired t over the per-seed differences on the seeds
+    both ran (`aligned`), Welch's t otherwise (module docstring).
+
+    A zero spread (every per-seed difference equal, or both groups constant) gives no interval: a t-interval of
+    width 0 would claim certainty from as few as 2 seeds. Its p is the exact permutation test's instead: paired,
+    only the two all-same-sign flips of n equal differences reach |d|, p = 2 / 2^n (2 seeds: 0.5); unpaired with
+    both groups constant, only the observed split (and its mirror with equal groups) of the C(n_a + n_b, n_a)."""
+    a, b = list(a), list(b)
+    paired = _pairs(a, b, seeds_a, seeds_b)
+    if paired is not None:
+        d = paired[0] - paired[1]
+        value = float(d.mean())
+        if d.size < 2:
+            return Gap(Interval(value, n=int(d.size), note="1 seed"))
+        sd = float(d.std(ddof=1))
+        se, df = sd / np.sqrt(d.size), float(d.size - 1)
+        if se == 0:
+            flips = 2.0 ** -d.size
+            exact = (1.0, 1.0) if value == 0 else (2 * flips, flips if value > 0 else 1.0)
+            return Gap(Interval(value, n=int(d.size), method="paired t", note="no spread"), se, df, sd, exact)
+        half = t_quantile(df, level) * se
+        return Gap(Interval(value, value - half, value + half, int(d.size), "paired t"), se, df, sd)
+    xa, xb = _finite(a), _finite(b)
+    if xa.size == 0 or xb.size == 0:
+        return Gap(NAN_INTERVAL)
+    value, n = float(xa.mean() - xb.mean()), int(min(xa.size, xb.size))
+    if xa.size < 2 or xb.size < 2:
+        return Gap(Interval(value, n=n, note="1 seed"))
+    va, vb = xa.var(ddof=1) / xa.size, xb.var(ddof=1) / xb.size
+    se = float(np.sqrt(va + vb))
+    if se == 0:
+        splits = 1.0 / comb(xa.size + xb.size, xa.size)
+        two = splits * (2 if xa.size == xb.size else 1)
+        exact = (1.0, 1.0) if value == 0 else (min(1.0, two), splits if value > 0 else 1.0)
+        return Gap(Interval(value, n=n, method="Welch", note="no spread"), se, 1.0, exact_p=exact)
+    df = float((va + vb) ** 2 / (va**2 / (xa.size - 1) + vb**2 / (xb.size - 1)))
+    half = t_quantile(df, level) * se
+    return Gap(Interval(value, value - half, value + half, n, "Welch"), se, df)
 
 
 def diff_interval(a: Iterable[float], b: Iterable[float], seeds_a: Sequence | None = None,
                   seeds_b: Sequence | None = None, level: float = CI_LEVEL) -> Interval:
-    """mean(a) - mean(b) with its interval: paired t over per-seed differences when both groups ran the same seeds
-    (`seeds_a`/`seeds_b` name each value's seed), Welch's t-interval otherwise.
+    """mean(a) - mean(b) with its interval (`gap`): paired t over the per-seed differences on the seeds both groups
+    ran (`seeds_a`/`seeds_b` name each value's seed), Welch's t-interval where they do not pair.
 
     Paired: a seed shares the warm start and the prompt order between arms, so a_i - b_i removes that common part
     of the spread; n = the number of pairs. Welch: unequal variances, Welch-Satterthwaite df; n = the smaller
     group. Fewer than 2 values in a group (or 2 pairs): the point value only. An empty group: NaN throughout.
     """
-    a, b = list(a), list(b)
-    paired = _pairs(a, b, seeds_a, seeds_b)
-    if paired is not None and paired[0].size:
-        d = paired[0] - paired[1]
-        iv = mean_interval(d, level)
-        if iv.n < 2:
-            return Interval(iv.value, n=int(d.size), note="1 seed")
-        return Interval(iv.value, iv.lo, iv.hi, iv.n, "paired t")
-    xa, xb = _finite(a), _finite(b)
-    if xa.size == 0 or xb.size == 0:
-        return NAN_INTERVAL
-    value = float(xa.mean() - xb.mean())
-    if xa.size < 2 or xb.size < 2:
-        return Interval(value, n=int(min(xa.size, xb.size)), note="1 seed")
-    va, vb = xa.var(ddof=1) / xa.size, xb.var(ddof=1) / xb.size
-    se = np.sqrt(va + vb)
-    if se == 0:
-        return Interval(value, value, value, int(min(xa.size, xb.size)), "Welch")
-    df = (va + vb) ** 2 / (va**2 / (xa.size - 1) + vb**2 / (xb.size - 1))
-    half = t_quantile(df, level) * se
-    return Interval(value, float(value - half), float(value + half), int(min(xa.size, xb.size)), "Welch")
+    return gap(a, b, seeds_a, seeds_b, level).interval
 
 
 def fieller(m1: float, m2: float, v11: float, v22: float, v12: float, df: float,
@@ -227,7 +280,7 @@ def ratio_interval(arm: Iterable[float], naive: Iterable[float], base: Iterable[
     """(mean(arm) - mean(naive)) / (mean(base) - mean(naive)), the share of the naive arm's gap to the baseline
     that `arm` recovers (1 = all, 0 = none, < 0 = worse than naive), with Fieller's interval.
 
-    Paired when the three groups ran the same seeds (`seeds` = each group's seeds, in order): per seed,
+    Paired on the seeds all three groups ran (`aligned`; `seeds` = each group's seeds, in order): per seed,
     num_i = arm_i - naive_i and den_i = base_i - naive_i, their sample covariance over n seeds, df = n - 1.
     Unpaired: independent groups, var(num) = s_a^2/n_a + s_n^2/n_n, var(den) = s_b^2/n_b + s_n^2/n_n,
     cov = s_n^2/n_n, df = Welch-Satterthwaite for num - R den = a - R b - (1 - R) naive at the point estimate R. A zero denominator gives NaN; fewer than 2
@@ -237,12 +290,9 @@ def ratio_interval(arm: Iterable[float], naive: Iterable[float], base: Iterable[
     xa, xn, xb = _finite(arm), _finite(naive), _finite(base)
     if min(xa.size, xn.size, xb.size) == 0:
         return NAN_INTERVAL
-    pa = pb = None
-    if seeds is not None:
-        pa = _pairs(arm, naive, seeds[0], seeds[1])
-        pb = _pairs(base, naive, seeds[2], seeds[1])
-    if pa is not None and pb is not None and pa[0].size:
-        num, den = pa[0] - pa[1], pb[0] - pb[1]
+    three = aligned([(arm, seeds[0]), (naive, seeds[1]), (base, seeds[2])]) if seeds is not None else None
+    if three is not None:
+        num, den = three[0] - three[1], three[2] - three[1]
         n = int(num.size)
         m1, m2 = float(num.mean()), float(den.mean())
         value = m1 / m2 if m2 != 0 else float("nan")

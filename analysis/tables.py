@@ -257,19 +257,35 @@ def fmt_pm(mean: float, std: float, digits: int = 1) -> str:
 
 
 def fmt_ci(value: float, lo: float, hi: float, digits: int = 1, signed: bool = False, scale: float = 1.0,
-           n: Any = None) -> str:
-    """'v [lo, hi] n=k' (n: seeds or seed pairs); 'v (1 seed)' where one seed gives no interval; '–' no value."""
+           n: Any = None, note: str = "") -> str:
+    """'v [lo, hi] n=k' (n: seeds or seed pairs); 'v (1 seed)' where one seed gives no interval, 'v (no interval,
+    n=k)' where k >= 2 give none (differences with no spread, an unbounded ratio: `note` says which); '–' no value.
+
+    A number that rounds to 0 keeps its sign ("-0.0" for -0.04), as the CSV's and the verdict's numbers do: an
+    interval [-0.04, 4.9] printed "[+0.0, +4.9]" would read as excluding 0."""
     if value is None or not np.isfinite(value):
         return MISSING
 
     def f(x: float) -> str:
-        v = round(scale * x, digits) + 0.0  # + 0.0: no "-0"
+        v = round(scale * x, digits)
+        v = v if v != 0 else (-0.0 if scale * x < 0 else 0.0)  # an exact 0 (or -0.0) prints "0.0", a tiny -x "-0.0"
         return f"{v:+.{digits}f}" if signed else f"{v:.{digits}f}"
 
     n_ok = n is not None and np.isfinite(n)
     if lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi):
         return f(value) + f" [{f(lo)}, {f(hi)}]" + (f" n={int(n)}" if n_ok else "")
+    if n_ok and int(n) >= 2:
+        return f(value) + f" ({note or 'no interval'}, n={int(n)})"
     return f(value) + (" (1 seed)" if n_ok and int(n) == 1 else "")
+
+
+def fmt_share(value: float, lo: float, hi: float, n: Any, note: str) -> str:
+    """A recovered share in %: '50 % [33, 71] n=3', '24 % (interval unbounded, n=3)', or 'n/a (why)' where it is not
+    defined (`note`), '–' where nothing says why."""
+    if value is None or not np.isfinite(value):
+        return f"n/a ({note})" if note else MISSING
+    text = fmt_ci(value, lo, hi, digits=0, scale=100, n=n, note=note)
+    return text.replace(" ", " % ", 1) if " " in text else text + " %"
 
 
 def fmt_se(se: float, digits: int = 1) -> str:
@@ -322,7 +338,7 @@ def _baseline_arm(arms: list[tuple[str, str]], baseline: str) -> tuple[str, str]
 
 def accuracy_summary(sweep: Sweep, baseline: str = BASELINE) -> pd.DataFrame:
     """Tidy numbers: per (model, task, arm) mean/std over seeds (percent), n, diverged count, gap to baseline with
-    its interval (analysis.stats: paired by seed where both arms ran the same seeds) and the eval's binomial SE."""
+    its interval (analysis.stats.gap: paired on the seeds both arms ran) and the eval's binomial SE."""
     fa = final_accuracy(sweep)
     g_ = f"gap_to_{baseline}"
     cols = ["model", "task", "method", "precision", "acc_mean", "acc_std", "n_seeds", "n_diverged", g_, f"{g_}_lo",
@@ -406,7 +422,8 @@ def paired_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> Tab
         rows.append(row)
     caption = (
         "Every paired comparison the report states: Δ = mean difference (pp) with its 95 % interval and n (paired t "
-        "over per-seed differences where both arms ran the same seeds, Welch otherwise), the test's raw p (two-sided; "
+        "over per-seed differences on the seeds both arms ran, Welch where they share fewer than 2; the exact "
+        "permutation p where the differences have no spread), the test's raw p (two-sided; "
         "one-sided for a pre-registered directional hypothesis) and its Holm-adjusted p within its family and endpoint: "
         f"'vs {opts.baseline}' (every arm and severity against the baseline), 'vs {opts.naive}' (every other arm at "
         f"the same severity), 'primary (pre-registered)' (arm > {opts.naive}, final accuracy and AUC together: the "

@@ -27,13 +27,15 @@ TASKS = ["arithmetic", "countdown"]
 MODEL = "tiny"
 PRECISION = {"bf16": "bf16", "naive": "fp8_e4m3", "tis": "fp8_e4m3", "acr_uaq": "int8", "ess": "fp8_e4m3", "ais": "fp8_e4m3"}
 METHODS = list(PRECISION)
-# Final eval accuracy per method, task, seed (fractions). Chosen so means/stds are easy by hand.
+# Final eval accuracy per method, task, seed (fractions). Chosen so means/stds are easy by hand, and so that no arm's
+# per-seed differences to bf16 or to naive are all equal (some arms list their values out of order): a gap with no
+# spread has no t-interval (analysis.stats.gap), and a fixture of such gaps would test only that corner.
 FINAL_ACC: dict[str, dict[str, list[float]]] = {
-    "bf16": {"arithmetic": [0.60, 0.70, 0.80], "countdown": [0.30, 0.40, 0.50]},
+    "bf16": {"arithmetic": [0.60, 0.80, 0.70], "countdown": [0.30, 0.50, 0.40]},
     "naive": {"arithmetic": [0.20, 0.30, 0.40], "countdown": [0.10, 0.10, 0.10]},
-    "tis": {"arithmetic": [0.40, 0.50, 0.60], "countdown": [0.25, 0.30, 0.35]},
-    "acr_uaq": {"arithmetic": [0.55, 0.65, 0.75], "countdown": [0.28, 0.38, 0.48]},
-    "ess": {"arithmetic": [0.50, 0.60, 0.70], "countdown": [0.20, 0.30, 0.40]},
+    "tis": {"arithmetic": [0.50, 0.40, 0.60], "countdown": [0.25, 0.30, 0.35]},
+    "acr_uaq": {"arithmetic": [0.65, 0.55, 0.75], "countdown": [0.28, 0.38, 0.48]},
+    "ess": {"arithmetic": [0.60, 0.50, 0.70], "countdown": [0.20, 0.30, 0.40]},
     "ais": {"arithmetic": [0.45, 0.60, 0.75], "countdown": [0.22, 0.32, 0.42]},
 }
 INITIAL_ACC = {"arithmetic": 0.20, "countdown": 0.05}
@@ -287,11 +289,11 @@ def add_broken_runs(root: Path) -> dict[str, str]:
 # for k <= 2, at step 8; its 0.45 at step 4 is within the margin). Both keep their AUC (37.7 and 34.0).
 SEVERITY_TASK = "arithmetic"
 SEVERITY_RUNS: list[tuple[str, str, str, dict[str, Any], list[float], float]] = [
-    ("sev_bf16", "bf16", "bf16", {}, [0.60, 0.62, 0.64], 1e-5),
+    ("sev_bf16", "bf16", "bf16", {}, [0.60, 0.64, 0.62], 1e-5),  # out of order: every gap to it has a spread
     ("sev_fp8", "naive", "fp8_e4m3", {}, [0.60, 0.61, 0.62], 1e-3),
     ("sev_fp8", "tis", "fp8_e4m3", {}, [0.61, 0.62, 0.63], 1.1e-3),
     ("sev_int4", "naive", "int4", {"act_granularity": "none"}, [0.30, 0.32, 0.34], 0.1),
-    ("sev_int4", "tis", "int4", {"act_granularity": "none"}, [0.45, 0.47, 0.49], 0.09),
+    ("sev_int4", "tis", "int4", {"act_granularity": "none"}, [0.47, 0.45, 0.49], 0.09),
     ("sev_int8kv", "naive", "int8", {"weight_granularity": "per_tensor", "kv_cache_dtype": "fp8_e4m3"}, [0.50], 0.01),
     ("sev_int8kv", "tis", "int8", {"weight_granularity": "per_tensor", "kv_cache_dtype": "fp8_e4m3"}, [0.55], 0.01),
     ("sev_fp16", "fp16", "fp16", {}, [0.61, 0.63], 2e-6),

@@ -34,6 +34,36 @@ def test_p_values_are_scipys():
         diff_test(a, b, alternative="less")
 
 
+def test_a_seed_only_one_arm_ran_is_left_out_of_the_pairs():
+    """A seed one arm lacks (a run still running, failed, or not launched) leaves the gap paired on the seeds both
+    ran, with n = those pairs and scipy's paired p; it turned the gap into a Welch test over different seed sets."""
+    a, b = [50.0, 60.0, 70.0, 80.0, 90.0], [45.0, 54.0, 66.0, 75.0]
+    t = diff_test(a, b, [0, 1, 2, 3, 4], [0, 1, 2, 3])
+    ref = sps.ttest_rel(a[:4], b)
+    assert t.interval.method == "paired t" and t.interval.n == 4 and t.p == pytest.approx(ref.pvalue)
+    assert t.p < 0.01 and t.interval.value == pytest.approx(5.0)  # Welch over the two sets: +10 pp, p 0.34
+
+
+def test_no_spread_gives_no_interval_and_the_exact_permutation_p():
+    """Per-seed differences that are all equal (accuracies move in steps of 1/n_test): the t statistic is undefined
+    (scipy: p = 0, a zero-width interval, "differs" from 2 seeds); the exact sign-flip test gives p = 2 / 2^n."""
+    for n in (2, 3, 6):
+        seeds = list(range(n))
+        base = [50.0 + 5 * i for i in range(n)]
+        t = diff_test([x - 12.5 for x in base], base, seeds, seeds)
+        assert t.interval.value == pytest.approx(-12.5) and not t.interval.defined and t.interval.note == "no spread"
+        assert t.interval.n == n and t.p == pytest.approx(2.0 ** (1 - n))
+        flips = [np.mean(np.array(signs) * -12.5) for signs in np.array(np.meshgrid(*[[-1, 1]] * n)).T.reshape(-1, n)]
+        assert t.p == pytest.approx(np.mean(np.abs(flips) >= 12.5 - 1e-9))  # the enumeration agrees
+        up = diff_test(base, [x - 12.5 for x in base], seeds, seeds, "greater")
+        assert up.p == pytest.approx(2.0 ** -n)
+    same = diff_test([1.0, 2.0], [1.0, 2.0], [0, 1], [0, 1])
+    assert same.p == 1.0 and not same.interval.defined
+    # unpaired, both groups constant: only the observed split (and its mirror, equal sizes) of C(4, 2) = 6
+    w = diff_test([3.0, 3.0], [1.0, 1.0])
+    assert w.interval.method == "Welch" and not w.interval.defined and w.p == pytest.approx(2 / 6)
+
+
 def test_holm_controls_the_family_wise_error_where_raw_p_does_not():
     """Six null comparisons against one naive arm (correlated through it), n = 4 seeds, 2000 replicates: some raw
     p <= 0.05 in ~22 % of the families, some Holm-adjusted p <= 0.05 in <= 5 %."""

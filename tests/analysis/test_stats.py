@@ -79,8 +79,14 @@ def test_intervals_match_scipy():
     assert (iv.lo, iv.hi) == pytest.approx((ref.low, ref.high))
     # pairing follows the seed, not the order
     assert diff_interval(a, b[::-1], [0, 1, 2], [2, 1, 0]) == iv
-    # different seeds, or none given: Welch
-    for seeds_b in ([0, 1, 3], None):
+    # a seed only one arm ran (another still running, failed): paired on the seeds both ran, never Welch over
+    # different seed sets (which mixed their means: seeds 0-2 against 0, 1, 3)
+    iv = diff_interval(a, b, [0, 1, 2], [0, 1, 3])
+    ref = sps.ttest_rel(a[:2], b[:2]).confidence_interval(0.95)
+    assert (iv.n, iv.method) == (2, "paired t") and iv.value == pytest.approx(np.mean(a[:2]) - np.mean(b[:2]))
+    assert (iv.lo, iv.hi) == pytest.approx((ref.low, ref.high))
+    # fewer than 2 seeds in common, or none given: Welch
+    for seeds_b in ([2, 3, 4], None):
         iv = diff_interval(a, b, [0, 1, 2], seeds_b)
         ref = sps.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
         assert iv.method == "Welch" and (iv.lo, iv.hi) == pytest.approx((ref.low, ref.high))

@@ -8,11 +8,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.stats as sps
 
 from analysis import arms
 from analysis.load import Run, Sweep, load_sweeps
 from analysis.tables import (
     accuracy_table,
+    fmt_ci,
+    fmt_share,
     latex_escape,
     render,
     results_table,
@@ -37,7 +40,7 @@ def _cell(df: pd.DataFrame, **where) -> pd.Series:
 
 def test_accuracy_cells_are_hand_computed_means_and_stds(sweep: Sweep):
     data = accuracy_table(sweep).data
-    tis = _cell(data, method="tis", task="arithmetic")  # 40, 50, 60 %
+    tis = _cell(data, method="tis", task="arithmetic")  # 50, 40, 60 %
     assert math.isclose(tis.acc_mean, 50.0)
     assert math.isclose(tis.acc_std, 10.0)  # sqrt((10² + 0 + 10²) / 2)
     assert tis.n_seeds == 3 and tis.seeds == "0 1 2"
@@ -61,11 +64,13 @@ def test_accuracy_display_shows_mean_std_and_gap(sweep: Sweep):
     disp = accuracy_table(sweep).display
     row = disp[(disp.Method == "tis")].iloc[0]
     assert row["Accuracy (%)"] == "50.0 ± 10.0"
-    # tis (40, 50, 60) and bf16 (60, 70, 80) ran seeds 0-2: paired differences -20 each, no spread
-    assert row["Δ vs bf16 (pp)"] == "-20.0 [-20.0, -20.0] n=3"
-    # ais (45, 60, 75): differences -15, -10, -5: -10 ± t(0.975, 2) * 5 / sqrt(3) = -10 ± 12.4
+    # tis (50, 40, 60) and bf16 (60, 80, 70) ran seeds 0-2: paired differences -10, -40, -10: -20 ± t(0.975, 2) *
+    # sqrt(300) / sqrt(3) = -20 ± 43.0
+    assert row["Δ vs bf16 (pp)"] == "-20.0 [-63.0, +23.0] n=3"
+    # ais (45, 60, 75): differences -15, -20, +5: -10 ± t(0.975, 2) * sqrt(175) / sqrt(3) = -10 ± 32.9
     ais = disp[(disp.Method == "ais")].iloc[0]
-    assert ais["Δ vs bf16 (pp)"] == "-10.0 [-22.4, +2.4] n=3"
+    ref = sps.ttest_rel([45, 60, 75], [60, 80, 70]).confidence_interval(0.95)
+    assert ais["Δ vs bf16 (pp)"] == f"-10.0 [{ref.low:.1f}, {ref.high:+.1f}] n=3" == "-10.0 [-42.9, +22.9] n=3"
     # beside it, the binomial SE of 200 test problems, 3 seeds per arm, p = 0.6 and 0.7
     assert ais["eval SE (pp)"] == f"±{100 * math.sqrt((0.6 * 0.4 + 0.7 * 0.3) / 600):.1f}" == "±2.7"
     assert "paired per-seed differences" in accuracy_table(sweep).caption
@@ -239,3 +244,15 @@ def test_write_table_writes_csv_markdown_and_latex(sweep: Sweep, tmp_path: Path)
     assert gap["lo"] <= gap["value"] <= gap["hi"] and gap["n"] >= 2 and gap["interval"] in ("paired t", "Welch")
     assert paths["md"].read_text().count("\n| ") == 1 + len(t.display)  # header + one line per row
     assert "\\begin{table}" in paths["tex"].read_text()
+
+
+def test_cells_keep_the_sign_and_the_n_of_what_they_show():
+    # a lower end of -0.04 is "-0.0", as in the CSV and the verdict: "+0.0" read as an interval that excludes 0
+    assert fmt_ci(2.4, -0.04, 4.9, signed=True, n=3) == "+2.4 [-0.0, +4.9] n=3"
+    assert fmt_ci(0.0, -0.0, 0.0, n=2) == "0.0 [0.0, 0.0] n=2"  # an exact zero has no sign
+    # no interval from n >= 2 (differences with no spread; an unbounded ratio): the n is still given, and why
+    assert fmt_ci(-12.5, float("nan"), float("nan"), signed=True, n=2) == "-12.5 (no interval, n=2)"
+    assert fmt_ci(0.5, float("nan"), float("nan"), n=1) == "0.5 (1 seed)"
+    assert fmt_share(0.24, float("nan"), float("nan"), 3, "interval unbounded") == "24 % (interval unbounded, n=3)"
+    assert fmt_share(0.5, 0.334, 0.713, 3, "") == "50 % [33, 71] n=3"
+    assert fmt_share(float("nan"), float("nan"), float("nan"), 0, "naive gap within noise") == "n/a (naive gap within noise)"
