@@ -20,11 +20,11 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from .arms import BASELINE, arm_labels, bitwidth, is_emulated, rollout_label, sorted_arms
+from .arms import BASELINE, arm_labels, arm_sort_key, bitwidth, is_emulated, rollout_label, sorted_arms
 from .comparisons import differs, family_name, is_primary, p_columns, paired_comparisons
 from .inference import ALPHA, fmt_p
 from .load import Run, Sweep, get
-from .runs import SeverityOptions, eval_curve, n_test, sampler_accuracy0
+from .runs import SeverityOptions, baseline_group, eval_curve, n_test, sampler_accuracy0, severity_labels
 from .stats import METHOD_SENTENCE, diff_interval, gap_binomial_se, summarize
 
 MISSING = "–"
@@ -317,8 +317,8 @@ def final_accuracy(sweep: Sweep) -> pd.DataFrame:
             continue
         rows.append(
             {
-                "method": r.method, "precision": r.precision, "task": r.task, "model": r.model, "seed": r.seed,
-                "status": r.status, "final_step": r.final_step, "accuracy": r.final_accuracy,
+                "method": r.method, "precision": r.precision, "severity": r.severity, "task": r.task, "model": r.model,
+                "seed": r.seed, "status": r.status, "final_step": r.final_step, "accuracy": r.final_accuracy,
                 "initial_accuracy": float(e["eval/accuracy"].iloc[0]) if int(e["step"].iloc[0]) == 0 else np.nan,
                 "act_granularity": get(r.config, "rollout.act_granularity"), "n_test": n_test(r),
                 "sampler_accuracy0": sampler_accuracy0(r),
@@ -326,8 +326,8 @@ def final_accuracy(sweep: Sweep) -> pd.DataFrame:
         )
     return pd.DataFrame(
         rows,
-        columns=["method", "precision", "task", "model", "seed", "status", "final_step", "accuracy", "initial_accuracy",
-                 "act_granularity", "n_test", "sampler_accuracy0"],
+        columns=["method", "precision", "severity", "task", "model", "seed", "status", "final_step", "accuracy",
+                 "initial_accuracy", "act_granularity", "n_test", "sampler_accuracy0"],
     )
 
 
@@ -336,28 +336,45 @@ def _baseline_arm(arms: list[tuple[str, str]], baseline: str) -> tuple[str, str]
     return matches[0] if matches else None
 
 
+def arm_severities(fa: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(method, precision, severity) of a cell's runs in the report's order: an arm that ran at two rollout settings
+    of one precision (int8 per tensor and per channel) is two rows, never one row pooling both (its seeds twice)."""
+    keys = fa[["method", "precision", "severity"]].drop_duplicates().itertuples(index=False, name=None)
+    return sorted(keys, key=lambda k: (arm_sort_key((k[0], k[1])), k[2]))
+
+
+def rollout_names(fa: pd.DataFrame, labels: dict[str, str]) -> dict[tuple[str, str, str], str]:
+    """(method, precision, severity) -> what the table calls its rollout: the precision, or the severity's label
+    ("int8 (w=per_tensor)") where the arm ran at more than one severity of that precision."""
+    keys = arm_severities(fa)
+    count = pd.Series([(m, p) for m, p, _ in keys]).value_counts().to_dict() if keys else {}
+    return {(m, p, sev): (labels.get(sev, sev) if count[(m, p)] > 1 else p) for m, p, sev in keys}
+
+
 def accuracy_summary(sweep: Sweep, baseline: str = BASELINE) -> pd.DataFrame:
-    """Tidy numbers: per (model, task, arm) mean/std over seeds (percent), n, diverged count, gap to baseline with
-    its interval (analysis.stats.gap: paired on the seeds both arms ran) and the eval's binomial SE."""
+    """Tidy numbers: per (model, task, arm, rollout severity) mean/std over seeds (percent), n, diverged count, gap
+    to baseline with its interval (analysis.stats.gap: paired on the seeds both arms ran) and the eval's binomial
+    SE. The baseline is its runs at the row's severity, else at its only one (runs.baseline_group)."""
     fa = final_accuracy(sweep)
     g_ = f"gap_to_{baseline}"
-    cols = ["model", "task", "method", "precision", "acc_mean", "acc_std", "n_seeds", "n_diverged", g_, f"{g_}_lo",
-            f"{g_}_hi", f"{g_}_n", f"{g_}_ci", f"{g_}_eval_se", "seeds"]
+    cols = ["model", "task", "method", "precision", "severity", "rollout", "acc_mean", "acc_std", "n_seeds",
+            "n_diverged", g_, f"{g_}_lo", f"{g_}_hi", f"{g_}_n", f"{g_}_ci", f"{g_}_eval_se", "seeds"]
     if fa.empty:
         return pd.DataFrame(columns=cols)
+    labels = severity_labels(sweep.runs)
     rows = []
     for (model, task), g in fa.groupby(["model", "task"], sort=True):
-        arms = list(zip(g["method"], g["precision"]))
-        base = _baseline_arm(arms, baseline)
-        b = g[(g.method == base[0]) & (g.precision == base[1])] if base is not None else g.iloc[0:0]
-        for method, precision in sorted_arms(arms):
-            a = g[(g.method == method) & (g.precision == precision)]
+        names = rollout_names(g, labels)
+        for method, precision, severity in arm_severities(g):
+            a = g[(g.method == method) & (g.severity == severity)]
+            b, _ = baseline_group(g, severity, baseline)
             s = summarize(100 * a["accuracy"])
             gap = diff_interval(100 * a["accuracy"], 100 * b["accuracy"], list(a["seed"]), list(b["seed"]))
             se = gap_eval_se(100 * a["accuracy"], 100 * b["accuracy"], pd.concat([a["n_test"], b["n_test"]]))
             rows.append(
                 {
-                    "model": model, "task": task, "method": method, "precision": precision,
+                    "model": model, "task": task, "method": method, "precision": precision, "severity": severity,
+                    "rollout": names[(method, precision, severity)],
                     "acc_mean": s.mean, "acc_std": s.std, "n_seeds": s.n,
                     "n_diverged": int((a["status"] == "diverged").sum()),
                     g_: gap.value, f"{g_}_lo": gap.lo, f"{g_}_hi": gap.hi, f"{g_}_n": gap.n, f"{g_}_ci": gap.method,
@@ -374,7 +391,7 @@ def accuracy_table(sweep: Sweep, baseline: str = BASELINE) -> Table:
     labels = arm_labels(zip(data["method"], data["precision"]))
     multi_model = data["model"].nunique() > 1
     opts = SeverityOptions(baseline=baseline)
-    p_final = p_columns(paired_comparisons(sweep, opts), family_name("base", opts), "final", ("model", "task", "precision"))
+    p_final = p_columns(paired_comparisons(sweep, opts), family_name("base", opts), "final", ("model", "task", "severity"))
     rows = []
     prev: tuple | None = None
     for r in data.itertuples(index=False):
@@ -384,13 +401,13 @@ def accuracy_table(sweep: Sweep, baseline: str = BASELINE) -> Table:
             "Task": r.task if key != prev else "",
             "Model": r.model if key != prev else "",
             "Method": labels[(r.method, r.precision)],
-            "Rollout": r.precision,
+            "Rollout": r.rollout,
             "Accuracy (%)": fmt_pm(r.acc_mean, r.acc_std),
             "Seeds": n,
             f"Δ vs {baseline} (pp)": MISSING if r.method == baseline else fmt_ci(
                 getattr(r, f"gap_to_{baseline}"), getattr(r, f"gap_to_{baseline}_lo"), getattr(r, f"gap_to_{baseline}_hi"),
                 signed=True, n=getattr(r, f"gap_to_{baseline}_n")),
-            "p / Holm": p_final.get((r.model, r.task, r.precision, r.method), MISSING),
+            "p / Holm": p_final.get((r.model, r.task, r.severity, r.method), MISSING),
             "eval SE (pp)": MISSING if r.method == baseline else fmt_se(getattr(r, f"gap_to_{baseline}_eval_se")),
         }
         if not multi_model:
@@ -487,21 +504,26 @@ def _model_results(dm: pd.DataFrame, fm: pd.DataFrame, model: str, tasks: list[s
             s = summarize(100 * init[init.task == t]["initial_accuracy"])
             num[f"{t}_mean"], num[f"{t}_std"] = s.mean, s.std
         block_num.append(num)
-    for precision in dict.fromkeys(a[1] for a in arms):
-        runs = fm[fm.precision == precision]  # every arm's runs at this precision: mu is the same sampler
+    rows = arm_severities(dm)
+    rollout = {(m, sev): _rollout_of(dm[(dm.method == m) & (dm.severity == sev)], p) for m, p, sev in rows}
+    for precision, severity in dict.fromkeys((p, sev) for _, p, sev in rows):
+        runs = fm[fm.severity == severity]  # every arm's runs at this rollout setting: mu is the same sampler
         if not np.isfinite(runs["sampler_accuracy0"]).any():
             continue  # no run logged its step-0 training batch
-        num = {"model": model, "method": "μ @ step 0", "precision": precision, "bitwidth": bitwidth(precision)}
+        named = next((r for (_, sev), r in rollout.items() if sev == severity and r != precision), None)
+        num = {"model": model, "method": "μ @ step 0" + (f", {named}" if named else ""), "precision": precision,
+               "bitwidth": bitwidth(precision)}
         for t in tasks:
             s = summarize(runs[runs.task == t]["sampler_accuracy0"].dropna())
             num[f"{t}_mean"], num[f"{t}_std"] = s.mean, s.std
         block_num.append(num)
-    for arm in arms:
-        d = dm[(dm.method == arm[0]) & (dm.precision == arm[1])]
-        act = fm[(fm.method == arm[0]) & (fm.precision == arm[1])]["act_granularity"]
+    for method, precision, severity in rows:
+        d = dm[(dm.method == method) & (dm.severity == severity)]
+        act = fm[(fm.method == method) & (fm.severity == severity)]["act_granularity"]
+        named = rollout[(method, severity)]
         num = {
-            "model": model, "method": labels[arm], "precision": arm[1],
-            "bitwidth": bitwidth(arm[1], act.mode().iloc[0] if act.notna().any() else None),
+            "model": model, "method": labels[(method, precision)] + (f", {named}" if named != precision else ""),
+            "precision": precision, "bitwidth": bitwidth(precision, act.mode().iloc[0] if act.notna().any() else None),
         }
         for t in tasks:
             cell = d[d.task == t]
@@ -513,6 +535,12 @@ def _model_results(dm: pd.DataFrame, fm: pd.DataFrame, model: str, tasks: list[s
         means = [num[f"{t}_mean"] for t in tasks]
         num["avg"] = float(np.mean(means)) if tasks and all(np.isfinite(means)) else np.nan
     return block_num
+
+
+def _rollout_of(d: pd.DataFrame, precision: str) -> str:
+    """An arm-severity's rollout name over the tasks it ran: its severity's label wherever a task needed one
+    (the arm ran at two settings of one precision there), else the precision."""
+    return next((r for r in d["rollout"] if r != precision), precision)
 
 
 def results_display(model: str, block_num: list[dict[str, Any]], tasks: list[str],

@@ -23,6 +23,8 @@ from analysis.tables import (
     write_table,
 )
 
+from .synth import write_run
+
 
 @pytest.fixture
 def sweep(broken_sweep: Path) -> Sweep:
@@ -256,3 +258,26 @@ def test_cells_keep_the_sign_and_the_n_of_what_they_show():
     assert fmt_share(0.24, float("nan"), float("nan"), 3, "interval unbounded") == "24 % (interval unbounded, n=3)"
     assert fmt_share(0.5, 0.334, 0.713, 3, "") == "50 % [33, 71] n=3"
     assert fmt_share(float("nan"), float("nan"), float("nan"), 0, "naive gap within noise") == "n/a (naive gap within noise)"
+
+
+def test_an_arm_at_two_settings_of_one_precision_is_two_rows(tmp_path):
+    """naive at int8 per tensor and per channel: two rows, each with its own gap and p (they were one row pooling
+    both, seeds "0 0 1 1 2 2", a Welch interval crossing 0 beside the per-tensor row's p < 0.001)."""
+    for seed, acc in enumerate((0.50, 0.60, 0.70)):
+        write_run(tmp_path / "bf", "bf16", "arithmetic", seed, final_acc=acc)
+    for sub, granularity, finals in (("pt", "per_tensor", (0.30, 0.41, 0.49)), ("pc", "per_channel", (0.48, 0.585, 0.69))):
+        for seed, acc in enumerate(finals):
+            write_run(tmp_path / sub, "naive", "arithmetic", seed, final_acc=acc, precision="int8",
+                      rollout={"weight_granularity": granularity})
+    arms.forget()
+    sweep = load_sweeps([tmp_path])
+    disp = accuracy_table(sweep).display.set_index("Rollout")
+    for granularity, finals in (("per_tensor", [30, 41, 49]), ("per_channel", [48, 58.5, 69])):
+        row = disp.loc[next(r for r in disp.index if f"w={granularity}" in r)]
+        ref = sps.ttest_rel(finals, [50, 60, 70])
+        ci = ref.confidence_interval(0.95)
+        assert row["Seeds"] == "3" and row["Δ vs bf16 (pp)"] == f"{np.mean(finals) - 60:+.1f} [{ci.low:+.1f}, {ci.high:+.1f}] n=3"
+        assert row["p / Holm"].startswith(f"{ref.pvalue:.3f} /" if ref.pvalue >= 0.001 else "<0.001 /")
+    assert disp.loc["bf16", "Seeds"] == "3"  # the baseline keeps its own row
+    results = results_table(sweep).display["Method"].tolist()
+    assert sum(m.startswith("naive, int8 (w=per_") for m in results) == 2, results
