@@ -27,6 +27,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -581,6 +582,12 @@ def _read_rows(run_dir: Path, warnings: list[str]) -> tuple[pd.DataFrame, pd.Dat
     evals = _frame(eval_records, "eval.jsonl", warnings)
     if evals.empty:
         warnings.append("no eval.jsonl records: left out of the accuracy tables")
+    elif "eval/accuracy" in evals:
+        bad = evals.loc[~np.isfinite(pd.to_numeric(evals["eval/accuracy"], errors="coerce")), "step"].astype(int).tolist()
+        if bad:  # the AUC and the curves skip them: say so, as for every other row dropped
+            warnings.append(f"eval.jsonl: {len(bad)} evaluation(s) without a finite eval/accuracy (step "
+                            f"{', '.join(map(str, bad[:10]))}{', ...' if len(bad) > 10 else ''}): left out of the "
+                            "AUC and the curves")
     return metrics, evals, eval_records
 
 

@@ -113,9 +113,14 @@ def verdict(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> list[str
 def _comparison(d: pd.DataFrame, verb: str, multi_task: bool, labels: dict, none: str) -> str:
     """Those of one family (final accuracy) that differ after Holm, largest first; else the smallest adjusted p."""
     d = d[np.isfinite(d["gap"].astype(float))].copy()  # an empty family has an object column
-    family = f"Holm over its {len(d)} comparison{'s' if len(d) != 1 else ''}"
     if d.empty:
         return f"{none} (no comparison)."
+    untested = int((~np.isfinite(d["p_holm"].astype(float))).sum())  # 1 seed: a gap, no test, not in the family
+    d = d[np.isfinite(d["p_holm"].astype(float))].copy()
+    without = f" ({untested} more with no test: fewer than 2 seeds)" if untested else ""
+    if d.empty:
+        return f"{none}: no comparison could be tested{without}."
+    family = f"Holm over its {len(d)} comparison{'s' if len(d) != 1 else ''}{without}"
     d["size"] = d["gap"].abs()
     hits = d[[differs(r) for r in d.itertuples(index=False)]].sort_values("size", ascending=False)
     if hits.empty:
@@ -154,8 +159,8 @@ def _decomposition(sweep: Sweep, opts: SeverityOptions, final: pd.DataFrame, mul
         here = final[(final["model"] == c.model) & (final["task"] == c.task) & (final["severity"] == c.severity)]
         ctrl_base = here[(here["a"] == opts.control) & (here["b"] == opts.baseline)]
         ctrl_naive = here[(here["a"] == opts.control) & (here["b"] == opts.naive)]
-        p_sampler = f"; Holm {fmt_p(ctrl_base['p_holm'].iloc[0])}" if not ctrl_base.empty else ""
-        p_mismatch = f"; Holm {fmt_p(ctrl_naive['p_holm'].iloc[0])}" if not ctrl_naive.empty else ""
+        p_sampler = _cost_p(ctrl_base, -c.sampler_cost, int(c.sampler_cost_n), c.sampler_cost_p)
+        p_mismatch = _cost_p(ctrl_naive, c.mismatch_cost, int(c.mismatch_cost_n), c.mismatch_cost_p)
         where = f"{c.severity_label}" + (f" on {c.task}" if multi_task else "")
         parts.append(f"at {where} the total gap {opts.baseline} − {opts.naive} "
                      f"{_pp(c.total_cost, c.total_cost_lo, c.total_cost_hi, int(c.total_cost_n))} is a sampler-and-"
@@ -166,6 +171,15 @@ def _decomposition(sweep: Sweep, opts: SeverityOptions, final: pd.DataFrame, mul
                      f"{p_mismatch}")
     return (f"The on-policy control ({opts.control}: the trainer at the rollout's precision, π_old = μ) splits the "
             f"naive gap: " + "; ".join(parts) + ".")
+
+
+def _cost_p(row: pd.DataFrame, gap: float, n: int, p: float) -> str:
+    """'; Holm 0.012' beside a cost of the decomposition when its family's test (the paired comparisons' row) rests on
+    the same pairs; else the cost's own p, said so: the decomposition pairs on the seeds all three arms ran, the
+    family's test on those its two arms ran, and a Holm p beside another test's interval would contradict it."""
+    if not row.empty and int(row["gap_n"].iloc[0]) == n and np.isclose(float(row["gap"].iloc[0]), gap):
+        return f"; Holm {fmt_p(row['p_holm'].iloc[0])}"
+    return f"; p {fmt_p(p)}, not Holm-adjusted (on the seeds all three ran)" if np.isfinite(p) else ""
 
 
 def _recovered(sweep: Sweep, opts: SeverityOptions, multi_task: bool, labels: dict) -> str:
@@ -188,7 +202,8 @@ def _recovered(sweep: Sweep, opts: SeverityOptions, multi_task: bool, labels: di
             base, _ = baseline_group(g, r.severity, opts.baseline)
             iv = ratio_interval(a["final_acc"], naive["final_acc"], base["final_acc"],
                                 (list(a["seed"]), list(naive["seed"]), list(base["seed"])), level=level)
-            text = (f" [{100 * iv.lo:.0f}, {100 * iv.hi:.0f}] %" if iv.defined else " (interval unbounded)")
+            text = (f" [{100 * iv.lo:.0f}, {100 * iv.hi:.0f}] % (n={iv.n})" if iv.defined
+                    else f" (interval unbounded, n={iv.n})")
             where = f" on {r.task}" if multi_task else ""
             parts.append(f"{r.method} {100 * r.recovered:.0f} %{text} at {r.severity_label}{where}")
         undefined = len(cells) - len(defined)

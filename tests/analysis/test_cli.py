@@ -217,8 +217,8 @@ def test_the_verdict_lists_every_recovered_share_and_says_which_are_missing(cli_
     -3 % and ess -241 % were missing)."""
     opening = (cli_run.out / "report.md").read_text().split("\n\n")[1]
     sentence = next(s for s in opening.split(". ") if s.startswith("Share of the naive arm's gap"))
-    listed = re.findall(r"(?:: |; )(\w+) (-?\d+) % (?:\[|\(interval unbounded\))", sentence)
-    assert len(listed) == 6  # the six corrections x tasks with a defined share (the table's cells)
+    listed = re.findall(r"(?:: |; )(\w+) (-?\d+) % (?:\[-?\d+, -?\d+\] % \(n=3\)|\(interval unbounded, n=3\))", sentence)
+    assert len(listed) == 6  # the six corrections x tasks with a defined share (the table's cells), each with its n
     # issue 35 item 5: the shares' intervals are simultaneous over the six (Bonferroni), so some are unbounded
     assert "Fieller intervals simultaneous over its 6 shares, each at 99.2 %" in sentence
     shares = [int(v) for _, v in listed]

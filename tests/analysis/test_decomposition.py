@@ -72,6 +72,32 @@ def test_costs_use_the_seeds_all_three_share(tmp_path):
     assert r.total_cost == pytest.approx(np.mean([(FINAL["bf16"][s] - FINAL["naive"][s]) * 100 for s in on]))
 
 
+def _write(root, skip=(), finals=FINAL):
+    for method, values in finals.items():
+        for seed, f in zip(SEEDS, values):
+            if (method, seed) not in skip:
+                write_run(root, method, "arithmetic", seed, precision="bf16" if method == "bf16" else "fp8_e4m3",
+                          eval_values=[0.2 + (f - 0.2) * i / 3 for i in range(len(EVAL_STEPS))])
+    return load_sweeps([root])
+
+
+def test_the_verdict_puts_beside_a_cost_only_the_p_of_its_own_test(tmp_path):
+    """A cost's Holm p comes from the paired comparisons' row only when that test rests on the cost's pairs: with a
+    control seed missing, both pair on seeds 0-2 (it printed Holm 0.325 of a Welch test beside a paired interval
+    whose p is 0.006); with a bf16 seed missing, the cost pairs on 3 seeds and the family's test on 4: the cost's own
+    p, said to be unadjusted."""
+    text = " ".join(verdict(_write(tmp_path / "a", skip={("matched", 3)}), SeverityOptions()))
+    mism = np.subtract(FINAL["matched"][:3], FINAL["naive"][:3]) * 100
+    ctrl_naive = paired_comparisons(load_sweeps([tmp_path / "a"]), SeverityOptions())
+    row = ctrl_naive[(ctrl_naive["a"] == "matched") & (ctrl_naive["b"] == "naive") & (ctrl_naive["endpoint"] == "final")]
+    assert row["gap_n"].iloc[0] == 3 and row["p_raw"].iloc[0] == pytest.approx(sps.ttest_1samp(mism, 0).pvalue)
+    assert f"mismatch cost matched − naive +{mism.mean():.1f} pp" in text
+    assert f"n=3; Holm {row['p_holm'].iloc[0]:.3f}" in text
+    text = " ".join(verdict(_write(tmp_path / "b", skip={("bf16", 3)}), SeverityOptions()))
+    p = sps.ttest_1samp(mism, 0).pvalue
+    assert f"n=3; p {p:.3f}, not Holm-adjusted (on the seeds all three ran)" in text
+
+
 def test_families_holm_and_the_primary_comparisons(sweep):
     c = paired_comparisons(sweep, SeverityOptions(primary=("matched", "tis")))
     assert set(c["family"]) == {"vs bf16", "primary"}  # every other arm is primary here: no exploratory vs naive left
@@ -134,3 +160,19 @@ def test_the_primary_family_drops_seeds_some_of_its_arms_lack(tmp_path):
     d = np.subtract(FINAL["tis"], FINAL["naive"]) * 100
     assert (tis.gap_ci, tis.gap_n) == ("paired t", 4) and tis.gap == pytest.approx(d.mean())
     assert tis.p_raw == pytest.approx(sps.ttest_1samp(d, 0, alternative="greater").pvalue)
+
+
+def test_the_verdict_counts_in_a_holm_family_only_the_tested_comparisons(tmp_path):
+    """An arm with 1 seed has a gap but no test: it is not in the family Holm adjusts over, and the sentence says so
+    (it said "over its 3 comparisons" of a family adjusted over 2)."""
+    finals = {"bf16": [0.60, 0.70, 0.65], "naive": [0.30, 0.36, 0.33], "ess": [0.50, 0.62, 0.55], "tis": [0.50]}
+    for method, values in finals.items():
+        for seed, f in enumerate(values):
+            write_run(tmp_path, method, "arithmetic", seed, precision="bf16" if method == "bf16" else "fp8_e4m3",
+                      final_acc=f)
+    sweep = load_sweeps([tmp_path])
+    c = paired_comparisons(sweep, SeverityOptions())
+    base = c[(c["family"] == "vs bf16") & (c["endpoint"] == "final")]
+    assert np.isfinite(base["p_holm"]).sum() == 2 and len(base) == 3
+    text = " ".join(verdict(sweep, SeverityOptions()))
+    assert "Holm over its 2 comparisons (1 more with no test: fewer than 2 seeds)" in text

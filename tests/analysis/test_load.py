@@ -212,3 +212,14 @@ def test_an_unfinished_runs_reason_says_how_far_it_got_never_none(tmp_path: Path
     reasons = sorted(s.reason for s in load_sweeps([tmp_path / "s"]).skipped)
     assert reasons == ["status=failed (OSError: test) after 3 logged step(s)",
                        "status=running before its first logged step"], reasons
+
+
+def test_an_evaluation_without_an_accuracy_is_named_in_the_warnings(clean_sweep: Path):
+    """A null accuracy at an intermediate step is left out of the AUC; it was dropped without a word."""
+    path = clean_sweep / "tis" / "countdown" / "tiny" / "seed1" / "eval.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    lines[1]["eval/accuracy"] = None
+    path.write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    run = next(r for r in load_sweeps([clean_sweep]).runs if (r.method, r.task, r.seed) == ("tis", "countdown", 1))
+    step = lines[1]["step"]
+    assert any(w.startswith(f"eval.jsonl: 1 evaluation(s) without a finite eval/accuracy (step {step})") for w in run.warnings)
