@@ -165,7 +165,7 @@ def write_analysis(sweep: Sweep, args: argparse.Namespace, out: Path, formats: l
     sev = SeverityOptions(naive=args.naive, baseline=args.baseline, collapse_k=args.collapse_k, control=args.control,
                           primary=primary)
     # the report's tables, in the order it shows them; a severity ladder's table leads, the decomposition before it
-    built = [results_table(sweep, args.baseline), accuracy_table(sweep, args.baseline), paired_table(sweep, sev),
+    built = [results_table(sweep, args.baseline, args.naive), accuracy_table(sweep, args.baseline), paired_table(sweep, sev),
              aggregate_table(sweep, sev), benchmark_table(sweep), throughput_table(sweep, args.baseline, args.warmup),
              ranges_table(sweep)]
     if has_severity_axis(sweep):

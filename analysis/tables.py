@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from .arms import BASELINE, arm_labels, arm_sort_key, bitwidth, is_emulated, rollout_label, sorted_arms
+from .arms import BASELINE, NAIVE, arm_labels, arm_sort_key, bitwidth, is_emulated, rollout_label, sorted_arms
 from .comparisons import differs, family_name, is_primary, p_columns, paired_comparisons
 from .inference import ALPHA, fmt_p
 from .load import Run, Sweep, get
@@ -368,6 +368,8 @@ def accuracy_summary(sweep: Sweep, baseline: str = BASELINE) -> pd.DataFrame:
         for method, precision, severity in arm_severities(g):
             a = g[(g.method == method) & (g.severity == severity)]
             b, _ = baseline_group(g, severity, baseline)
+            if method == baseline and severity in set(b["severity"]):
+                b = b.iloc[0:0]  # the baseline's row has no gap to itself (its CSV said 0.0 [0.0, 0.0] with an SE)
             s = summarize(100 * a["accuracy"])
             gap = diff_interval(100 * a["accuracy"], 100 * b["accuracy"], list(a["seed"]), list(b["seed"]))
             se = gap_eval_se(100 * a["accuracy"], 100 * b["accuracy"], pd.concat([a["n_test"], b["n_test"]]))
@@ -450,14 +452,14 @@ def paired_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> Tab
     return Table("paired", data, display.fillna(MISSING), caption)
 
 
-def results_table(sweep: Sweep, baseline: str = BASELINE) -> Table:
+def results_table(sweep: Sweep, baseline: str = BASELINE, naive: str = NAIVE) -> Table:
     """Paper layout: one row per arm (method, bitwidth), one column per task, and their average.
 
     The average is the mean over tasks of the per-task means, shown only for arms that ran every task (an
     average over a different task set would not be comparable). The best mean of each column is bold. A
     first row gives the baseline's accuracy before RL (eval at step 0), the reference the gains are read against.
     """
-    blocks, tasks = results_numbers(sweep, baseline)
+    blocks, tasks = results_numbers(sweep, baseline, naive)
     rows_num: list[dict[str, Any]] = []
     rows_disp: list[dict[str, Any]] = []
     bold_rows: list[dict[str, bool]] = []
@@ -472,26 +474,28 @@ def results_table(sweep: Sweep, baseline: str = BASELINE) -> Table:
     caption = (
         "Final eval accuracy (%) per task, mean ± std over seeds; Avg. = mean over tasks of the per-task means; "
         f"best arm per column in bold; '{baseline} @ step 0' = accuracy before RL; 'μ @ step 0' = the rollout policy's "
-        "own accuracy at that bitwidth on the step-0 training batch (sampled, before any update; all arms' runs); "
+        f"own accuracy at that bitwidth on the step-0 training batch (sampled, before any update), from the {naive} "
+        f"arm's runs there (the {baseline} arm's at its own precision): the uncorrected sampler, one batch per seed "
+        "(an arm such as acr_uaq rescales the policy before sampling); "
         "'div.' = seeds that diverged "
         "(their last eval before diverging is used; such a cell, and the Avg. of its arm, is never bold)."
     )
     return Table("results", data_out, display, caption, bold, wide=tuple(tasks))
 
 
-def results_numbers(sweep: Sweep, baseline: str) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+def results_numbers(sweep: Sweep, baseline: str, naive: str = NAIVE) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
     """The results table's frame: {model: its rows of numbers (the step-0 references, then one per arm)}, and the
     tasks (its columns)."""
     fa = final_accuracy(sweep)
     data = accuracy_summary(sweep, baseline)
     tasks = sorted(data["task"].unique()) if not data.empty else []
     models = sorted(data["model"].unique()) if not data.empty else []
-    return {model: _model_results(data[data.model == model], fa[fa.model == model], model, tasks, baseline)
+    return {model: _model_results(data[data.model == model], fa[fa.model == model], model, tasks, baseline, naive)
             for model in models}, tasks
 
 
 def _model_results(dm: pd.DataFrame, fm: pd.DataFrame, model: str, tasks: list[str],
-                   baseline: str) -> list[dict[str, Any]]:
+                   baseline: str, naive: str) -> list[dict[str, Any]]:
     """One model's rows of the results table: `dm` its accuracy summary, `fm` its runs' final accuracy."""
     arms = sorted_arms(zip(dm["method"], dm["precision"]))
     labels = arm_labels(arms)
@@ -507,7 +511,10 @@ def _model_results(dm: pd.DataFrame, fm: pd.DataFrame, model: str, tasks: list[s
     rows = arm_severities(dm)
     rollout = {(m, sev): _rollout_of(dm[(dm.method == m) & (dm.severity == sev)], p) for m, p, sev in rows}
     for precision, severity in dict.fromkeys((p, sev) for _, p, sev in rows):
-        runs = fm[fm.severity == severity]  # every arm's runs at this rollout setting: mu is the same sampler
+        here = fm[fm.severity == severity]
+        # the uncorrected sampler's own runs, one batch per seed: pooling every arm's counted each seed once per arm
+        # and took in arms whose sampler differs (acr_uaq rescales the weights it quantizes)
+        runs = next((r for r in (here[here.method == m] for m in (naive, baseline)) if not r.empty), here.iloc[0:0])
         if not np.isfinite(runs["sampler_accuracy0"]).any():
             continue  # no run logged its step-0 training batch
         named = next((r for (_, sev), r in rollout.items() if sev == severity and r != precision), None)

@@ -60,6 +60,7 @@ def test_accuracy_cells_are_hand_computed_means_and_stds(sweep: Sweep):
     assert math.isclose(fp8.acc_mean, 30.0)
     bf16 = _cell(data, method="bf16", task="countdown")
     assert bf16.n_seeds == 3 and math.isclose(bf16.acc_mean, 40.0)  # the incomplete seed 3 (99 %) is out
+    assert math.isnan(bf16.gap_to_bf16) and math.isnan(bf16.gap_to_bf16_eval_se)  # no gap to itself in the CSV
 
 
 def test_accuracy_display_shows_mean_std_and_gap(sweep: Sweep):
@@ -82,13 +83,17 @@ def test_accuracy_display_shows_mean_std_and_gap(sweep: Sweep):
 def test_results_table_is_laid_out_like_the_papers(sweep: Sweep):
     t = results_table(sweep)
     assert list(t.display.columns) == ["Method", "Bitwidth", "arithmetic", "countdown", "Avg."]
-    assert t.display["Method"].tolist() == ["bf16 @ step 0", "μ @ step 0", "μ @ step 0", "μ @ step 0", "bf16", "naive",
+    assert t.display["Method"].tolist() == ["bf16 @ step 0", "μ @ step 0", "μ @ step 0", "bf16", "naive",
                                             "tis", "acr_uaq", "ess", "ais"]
-    # mu's own accuracy at each bitwidth: the step-0 training batch's reward/accuracy, over every arm's runs there
+    # mu's own accuracy at each bitwidth: the step-0 training batch's reward/accuracy of the uncorrected sampler,
+    # naive's runs (bf16's at bf16), one batch per seed; none at int8, where only acr_uaq ran (it rescales the policy
+    # it quantizes: it was pooled in, and at fp8 every arm's copy of a seed's batch counted once per arm)
     mu = t.data[t.data.method == "μ @ step 0"].set_index("precision")
+    assert set(mu.index) == {"bf16", "fp8_e4m3"}
     step0 = [100 * float(r.metrics.loc[r.metrics["step"] == 0, "reward/accuracy"].iloc[0]) for r in sweep.runs
-             if r.precision == "int8" and r.task == "arithmetic" and r.evals is not None and not r.evals.empty]
-    assert step0 and math.isclose(mu.loc["int8", "arithmetic_mean"], float(np.mean(step0)))
+             if r.method == "naive" and r.task == "arithmetic" and r.evals is not None and not r.evals.empty]
+    assert len(step0) == 3 and math.isclose(mu.loc["fp8_e4m3", "arithmetic_mean"], float(np.mean(step0)))
+    assert math.isclose(mu.loc["fp8_e4m3", "arithmetic_std"], float(np.std(step0, ddof=1)))
     tis = _cell(t.data, method="tis")
     assert math.isclose(tis.avg, (50.0 + 30.0) / 2)
     assert _cell(t.data, method="acr_uaq").bitwidth == "INT8 W8A8"
