@@ -177,19 +177,16 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
 def _before_any_work(cfg: DictConfig, run: RunDir, name: str) -> Outcome | None:
     """The refusals and the cheap skip a run gets before it builds anything (each decided again under the lock);
     None when the run goes on."""
-    from bench.run.resume import config_mismatch, unrecorded
+    from bench.run.resume import settled
 
-    mismatch = None if cfg.train.overwrite else config_mismatch(run, cfg)
-    if mismatch:  # before any work; decided again under the lock
-        print(f"qrl-bench: error: {name}: {mismatch}", file=sys.stderr, flush=True)
-        return Outcome("bad_config", mismatch, run.path)
-    unknown = None if cfg.train.overwrite else unrecorded(run)
-    if unknown:  # likewise
-        print(f"qrl-bench: error: {name}: {unknown}", file=sys.stderr, flush=True)
-        return Outcome("refused", unknown, run.path)
-    if run.status == "completed" and not cfg.train.overwrite:  # cheap early exit; decided again under the lock
-        say(name, f"already completed in {run.path}, skipping")
-        return Outcome("skipped", "already completed", run.path)
+    found = settled(run, cfg)  # before any work; decided again under the lock
+    if found is not None:
+        outcome, reason = found
+        if outcome == "skipped":
+            say(name, f"already completed in {run.path}, skipping")
+        else:
+            print(f"qrl-bench: error: {name}: {reason}", file=sys.stderr, flush=True)
+        return Outcome(outcome, reason, run.path)
     why = unwritable(run.path)
     if why:  # before the warm start and the lock (RunDir.lock would fail in a traceback)
         return _bad_input(cfg, name, ValueError(f"run directory {run.path} is not writable ({why}); "

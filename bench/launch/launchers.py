@@ -321,11 +321,18 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
         assert self.config is not None and self.hydra_context is not None
         jobs, overrides = job_views(self.hydra_context.config_loader, self.config, job_overrides, initial_job_idx)
         line = LiveLine(Path(str(self.config.hydra.sweep.dir)).name, jobs)
-        monitor = SlurmMonitor(jobs, line)
+        todo = [j for j in jobs if not _settled(j, self.hydra_context.config_loader._configs[tuple(overrides[j.idx])])]
+        if len(todo) < len(jobs):
+            log.info(f"Not submitting {len(jobs) - len(todo)} of {len(jobs)} jobs: already completed, or refused "
+                     "before any work (the summary says which); no allocation is spent on them")
+        if not todo:
+            sweep_report.finish(line)
+            return _job_returns(jobs, overrides, self.config)
+        monitor = SlurmMonitor(todo, line)
         with _submitted_jobs(monitor.submitted):
             monitor.start()
             try:
-                results = super().launch(job_overrides, initial_job_idx)
+                results = super().launch([overrides[j.idx] for j in todo], initial_job_idx)
             except Exception as e:  # noqa: BLE001 -- one kind is ours to report (`_refused_submission`)
                 if monitor.submitted or type(e).__name__ != "FailedJobError":
                     raise
@@ -335,7 +342,7 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
                 sys.exit(130)
             finally:
                 monitor.stop()
-        for job, ret, sub in zip(jobs, results, monitor.submitted):
+        for job, ret, sub in zip(todo, results, monitor.submitted):
             job.state = "done"
             job.outcome = _as_recorded(sweep_report.outcome_of(ret._return_value, job.name), job, monitor.started)
             job.log = _submitit_log(sub)
@@ -369,6 +376,26 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
         if self.submit_cwd is not None:
             os.chdir(self.submit_cwd)
         return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+
+
+def _settled(job: JobView, cfg: DictConfig) -> bool:
+    """Whether the job's outcome is known before it runs (bench.run.resume.settled: completed, or refused before
+    any work); then it is recorded as the job itself would report it and not submitted: on SLURM each job costs
+    a queue wait and an allocation (8 GPUs for some recipes) only to say so."""
+    from bench.launch.cli import Outcome
+    from bench.run.resume import settled
+    from bench.run.store import RunDir
+
+    if not job.own_dir:
+        return False
+    try:
+        found = settled(RunDir.of(cfg), cfg)
+    except Exception:  # noqa: BLE001 -- undecided here: the job decides, as it always does
+        return False
+    if found is None:
+        return False
+    job.state, job.outcome = "done", Outcome(found[0], found[1], job.run_dir).as_dict(job.name)
+    return True
 
 
 def _as_recorded(outcome: dict[str, Any], job: JobView, since: float) -> dict[str, Any]:
@@ -489,7 +516,7 @@ class SlurmMonitor:
             view.state = "pending"
         elif queue_state is not None:
             view.state = "running"
-        elif status in ("completed", "diverged", "failed", "incomplete"):
-            view.state = "done"
+        elif status in ("completed", "diverged", "failed", "incomplete", "preempted"):  # out of the queue: ended
+            view.state = "done"  # (a preempted job SLURM requeues is back in the queue; one `scancel`led is not)
             view.outcome = {"outcome": status, "reason": None}
 

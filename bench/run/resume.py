@@ -242,6 +242,24 @@ def relaunch_effect(run: RunDir) -> str:
     return "restart it from step 0 (no checkpoint was written yet; its rows are recomputed identically)"
 
 
+def settled(run: RunDir, cfg: Any) -> tuple[str, str] | None:
+    """(outcome, reason) that a launch of `cfg` reaches before any work, read without the run's lock: a changed
+    configuration (bad_config), results nothing records (refused), a completed run (skipped); None when the run
+    goes on. The job says it before building anything (bench.launch.cli) and decides again under the lock
+    (`decide`); the SLURM launcher says it before submitting, so that no allocation is spent on a job that would
+    only say it (bench/launch/launchers.py)."""
+    overwrite = bool(cfg.train.get("overwrite", False))
+    mismatch = None if overwrite else config_mismatch(run, cfg)
+    if mismatch:
+        return "bad_config", mismatch
+    unknown = None if overwrite else unrecorded(run)
+    if unknown:
+        return "refused", unknown
+    if run.status == "completed" and not overwrite:
+        return "skipped", "already completed"
+    return None
+
+
 def preview(run: RunDir, cfg: Any) -> str:
     """What `decide` would do, without touching anything (for --dry-run): run | resume | skip | refuse | restart.
 

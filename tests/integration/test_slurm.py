@@ -210,6 +210,18 @@ def test_small_sweep_through_slurm_completes_every_run(slurm, cleanup, tmp_path)
     [snapshot] = list((tmp_path / "default" / ".code").iterdir())
     assert (snapshot / "bench" / "train.py").is_file()
     print(f"sweep of 2 runs through SLURM: {wall:.1f} s")
+    # a relaunch submits nothing: both runs completed (each job was queued and allocated only to skip)
+    submitted = sorted(tmp_path.rglob("*_submitted.pkl"))
+    again = subprocess.run(cmd, cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=HANG_S)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Not submitting 2 of 2 jobs" in again.stdout and "0/2 done · 0 running · 0 failed · 2 skipped" in again.stderr
+    # a changed configuration is refused before submission too: exit 2, its reason, nothing queued
+    changed = subprocess.run([*cmd, "train.lr=0.001"], cwd=REPO, env=job_env(), capture_output=True, text=True,
+                             timeout=HANG_S)
+    assert changed.returncode == 2, changed.stderr[-3000:]
+    assert "bad_config" in changed.stderr and "holds a run of another configuration (train.lr" in changed.stderr, \
+        changed.stderr
+    assert sorted(tmp_path.rglob("*_submitted.pkl")) == submitted
 
 
 def preempted_once(cmd: list[str], running: Callable[[], RunDir | None]) -> tuple[str, int, str]:
