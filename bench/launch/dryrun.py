@@ -191,7 +191,9 @@ class Costs:
         delay_s, timeout_min = self.slurm["signal_delay_s"], self.slurm["timeout_min"]
         if self.long_steps:
             longest = max(self.long_steps.values())
-            delay_s = min(math.ceil(2 * longest / 60) * 60, SIGNAL_MAX_S)  # twice the estimate
+            twice = math.ceil(2 * longest / 60) * 60
+            delay_s = min(twice, SIGNAL_MAX_S)  # twice the estimate, at most what --signal takes
+            how = "twice that" if delay_s == twice else f"SLURM's longest; twice that would be {twice}"
             # submitit counts a signal as the time limit's only in the limit's last max(20 %, 10 min)
             limit = ""
             if delay_s > max(12 * timeout_min, 600):
@@ -205,16 +207,19 @@ class Costs:
                   f"~{longest / 60:,.0f} min estimated) than the SLURM launcher's signal_delay_s="
                   f"{self.slurm['signal_delay_s']:g}: at a time limit such a run cannot finish its step and checkpoint "
                   f"before SLURM kills it, and the job is not requeued; on SLURM set hydra.launcher.signal_delay_s="
-                  f"{delay_s} (twice that){limit} for: {', '.join(self.long_steps)}{beyond}", file=sys.stderr)
+                  f"{delay_s} ({how}){limit} for: {', '.join(self.long_steps)}{beyond}", file=sys.stderr)
         if self.long_runs:
             longest, per = max(self.long_runs.values()), 60 * timeout_min - delay_s
+            needed, have = math.ceil(longest / per) - 1, self.slurm["max_num_timeout"]
             at = f" (with timeout_min={timeout_min:g} and signal_delay_s={delay_s:g} as above)" if self.long_steps else ""
+            way = (f"the settings above are enough: with them max_num_timeout={have:g} gives {1 + have:g} allocations "
+                   f"of ~{per / 3600:,.1f} h" if needed <= have else
+                   f"on SLURM set hydra.launcher.max_num_timeout>={needed}{at}, fewer at a longer timeout_min")
             print(f"WARNING: {len(self.long_runs)} job(s) need more wall time (up to ~{longest / 3600:,.1f} h estimated) "
-                  f"than SLURM's allocations give them: 1 + max_num_timeout={self.slurm['max_num_timeout']:g} requeues "
+                  f"than SLURM's allocations give them: 1 + max_num_timeout={have:g} requeues "
                   f"of timeout_min={self.slurm['timeout_min']:g} less signal_delay_s={self.slurm['signal_delay_s']:g} = "
                   f"~{self.allocations_s() / 3600:,.1f} h; submitit then stops requeueing and the run stays unfinished; "
-                  f"on SLURM set hydra.launcher.max_num_timeout>={math.ceil(longest / per) - 1}{at}, fewer at a longer "
-                  f"timeout_min, for: {', '.join(self.long_runs)}", file=sys.stderr)
+                  f"{way}, for: {', '.join(self.long_runs)}", file=sys.stderr)
 
     def allocations_s(self) -> float:
         """The training seconds SLURM's allocations hold for one run: the first and max_num_timeout requeues, each

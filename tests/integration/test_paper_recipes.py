@@ -53,6 +53,30 @@ def test_every_recipe_dry_runs_with_a_gpu_hours_estimate(name, tmp_path, capsys)
 
 
 @pytest.mark.slow  # composing a job takes ~1 s
+def documented_slurm_commands() -> list[tuple[str, list[str]]]:
+    """(where, overrides) of every paper recipe's SLURM command in a code block of the README or docs/, with its
+    continuation lines joined and its comment dropped (placeholders such as <p> are skipped)."""
+    out = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = re.sub(r"\\\n\s*", " ", page.read_text(encoding="utf-8"))
+        for n, line in enumerate(text.splitlines(), 1):
+            command = line.split(" #", 1)[0].strip()
+            if command.startswith("qrl-bench -m +experiment=paper/") and "hydra/launcher=slurm" in command \
+                    and "<" not in command:
+                out.append((f"{page.name}:{n}", command.split()[2:]))
+    return out
+
+
+@pytest.mark.slow  # composing a job takes ~1 s
+@pytest.mark.parametrize("where, overrides", documented_slurm_commands(), ids=lambda v: v if isinstance(v, str) else "")
+def test_the_documented_slurm_commands_give_their_runs_the_time_they_need(where, overrides, tmp_path, capsys):
+    """A command the docs give for a recipe on SLURM is one its dry run does not warn about: its time limits let a
+    run checkpoint at a signal and finish within its requeues (qurl_table1's and qurl_table2's asked for more)."""
+    assert dry_run([*overrides, f"out_root={tmp_path}"]) == 0
+    err = capsys.readouterr().err
+    assert "take longer for an evaluation" not in err and "need more wall time" not in err, (where, err)
+
+
 @pytest.mark.parametrize("name", RECIPES)
 def test_the_reference_csv_names_the_recipes_tasks_and_model(name, tmp_path):
     """`qrl-analyze --paper` matches a run to a line only on the line's task and model: they must be the recipe's,
