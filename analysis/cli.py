@@ -23,8 +23,16 @@ from .wandb_source import WandbUnavailable, default_cache, load_wandb
 FIGURE_FORMATS = {"png", "pdf", "svg", "eps"}
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line naming the bad option and value, exit 2, as qrl-bench's are (argparse prints the
+    whole usage above it); `-h` still shows the usage."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} -h: usage)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="qrl-analyze",
         description="Turn qrl-bench run directories (and/or a W&B group) into figures, tables and report.md.",
     )

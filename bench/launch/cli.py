@@ -446,7 +446,11 @@ def run(args: list[str], checked: bool = False) -> None:
     if "--dry-run" in args:
         from bench.launch.dryrun import dry_run
 
-        sys.exit(dry_run([a for a in args if a not in ("--dry-run", "-m", "--multirun")]))
+        try:
+            sys.exit(dry_run([a for a in args if a not in ("--dry-run", "-m", "--multirun")]))
+        except ValueError as e:  # a setting only the dry run reads (a QRL_SLURM_* variable for its SLURM advice)
+            print(f"qrl-bench: error: {e}", file=sys.stderr)
+            sys.exit(EXIT["bad_config"])
     if "--preflight" in args:  # the vLLM preflight of every engine setup of the sweep, here, before queueing it
         from bench.launch.vllm_preflight import preflight_sweep
 

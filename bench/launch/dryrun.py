@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
@@ -33,7 +34,7 @@ from bench.launch.budget import CHEAPER_BY, describe, describe_embedded, describ
 from bench.launch.config import CONF_DIR, register_configs
 from bench.launch.memory import estimate_memory
 from bench.launch.power import power_lines
-from bench.launch.requests import request_warnings, slurm_params
+from bench.launch.requests import SIGNAL_MAX_S, check_launcher_values, request_warnings, slurm_params
 from bench.methods.base import build_method
 from bench.run.identity import RunId
 from bench.run.resume import preview, refusal_reason
@@ -111,8 +112,6 @@ def warn_mixed_evaluations(evals: dict[str, list[str]]) -> None:
           "(qrl-analyze --paper names each row's evaluation in the caption)", file=sys.stderr)
 
 
-#: SLURM's longest signal delay (--signal takes at most 65535 s)
-SIGNAL_MAX_S = 65535
 #: the SLURM launcher's settings the dry run's time-limit advice reads
 SLURM_TIMING = ("signal_delay_s", "timeout_min", "max_num_timeout")
 
@@ -125,8 +124,10 @@ def slurm_settings(slurm: dict | None, overrides: list[str]) -> dict[str, float]
         return {key: float(slurm[key]) for key in SLURM_TIMING}
     given = {item.split("=", 1)[0].removeprefix("hydra.launcher."): item.split("=", 1)[1] for item in overrides
              if item.startswith("hydra.launcher.") and "=" in item}
-    yaml = OmegaConf.load(CONF_DIR / "hydra" / "launcher" / "slurm.yaml")
-    return {key: float(given[key] if key in given else yaml[key]) for key in SLURM_TIMING}
+    defaults = OmegaConf.load(CONF_DIR / "hydra" / "launcher" / "slurm.yaml")
+    values = {key: yaml.safe_load(given[key]) if key in given else defaults[key] for key in SLURM_TIMING}
+    check_launcher_values(values)  # a QRL_SLURM_* variable that is not a number: named, not a float() traceback
+    return {key: float(v) for key, v in values.items()}
 
 
 @dataclass

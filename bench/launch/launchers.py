@@ -53,8 +53,8 @@ from omegaconf import DictConfig, OmegaConf
 from bench.launch import sweep_report
 from bench.run.identity import RunId
 from bench.run.store import CODE_PATHS, GIT_DIRTY, is_dirty
-from bench.launch.requests import (check_gpu_blocks, check_gpu_request, check_signal_delay, gpu_blocks,
-                                   request_warnings, visible_gpus)
+from bench.launch.requests import (check_gpu_blocks, check_gpu_request, check_launcher_values, check_signal_delay,
+                                   gpu_blocks, request_warnings, visible_gpus)
 from bench.launch.sweep_report import JobView, LiveLine
 
 log = logging.getLogger(__name__)
@@ -288,6 +288,7 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
     """hydra-submitit-launcher's SlurmLauncher + code/config snapshot + our preemption signal."""
 
     def __init__(self, preempt_signal: str = "USR1", code_dir: str | None = None, **params: Any) -> None:
+        check_launcher_values(params)
         check_signal_delay(params)
         for warning in check_gpu_request(params):
             log.warning(warning)

@@ -23,6 +23,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+#: config groups whose name has a slash (conf/hydra/<group>/): `hydra.launcher=slurm` is this one misspelt
+NESTED_GROUPS = ("hydra/launcher", "hydra/sweeper")
 #: Hydra flags that take a value or change what runs: with any of them, Hydra parses the command line itself
 HYDRA_FLAGS = ("-m", "--multirun")
 #: why a sweep refuses train.overwrite=true (bench/run/resume.py: it deletes a run's results, completed ones too)
@@ -68,6 +70,8 @@ def check_overrides(args: list[str], check: Callable[[Any], str | None] | None =
                 return error
             from bench.launch.requests import slurm_request_error
 
+            if error := added_launcher_key(fixed, compose, base):
+                return error
             if error := slurm_request_error(base.hydra.launcher):  # what the SLURM launcher would refuse
                 return error
             try:
@@ -154,6 +158,12 @@ def _parse(overrides: list[str]) -> None:
         except HydraException as e:
             raise ValueError(f"{arg}: not a valid override ({_first_line(e)}); write key=value, group=option "
                              "or +key=value") from None
+        key, _, value = arg.lstrip("+~").partition("=")
+        group = key.replace(".", "/")
+        if "." in key and group in NESTED_GROUPS:  # `hydra.launcher=slurm`: a group chosen with a dot
+            options = group_options(group)
+            listing = f"; valid choices: {', '.join(options)}" if options else ""
+            raise ValueError(f"{arg}: {group} is a config group, chosen with a slash: {group}={value}{listing}")
 
 
 def explain(err: Exception, overrides: list[str], compose: Any) -> str:
@@ -207,6 +217,22 @@ def explain(err: Exception, overrides: list[str], compose: Any) -> str:
     return f"{' '.join(overrides)}: {_first_line(err)}" + (f" ({_first_line(cause)})" if cause is not None else "")
 
 
+def added_launcher_key(overrides: list[str], compose: Callable[..., Any], base: Any) -> str | None:
+    """A key added to the launcher (`+hydra.launcher.partiton=gpu`) that it does not have: Hydra composes it, and
+    submitit refuses it at submission in a 26-line traceback. None when every added key is the launcher's own."""
+    added = [a for a in overrides if a.startswith("+hydra.launcher.") and "=" in a]
+    if not added:
+        return None
+    plain = compose("config", overrides=[a for a in overrides if a not in added], return_hydra_config=True)
+    keys = sorted(str(k) for k in plain.hydra.launcher.keys() if not str(k).startswith("_"))
+    for arg in added:
+        key = arg.split("=", 1)[0].removeprefix("+hydra.launcher.").split(".")[0]
+        if key not in keys:
+            return f"{arg.split('=', 1)[0]}: hydra.launcher has no key {key!r}{_did_you_mean(key, keys)}; its keys: " \
+                   f"{', '.join(keys)}"
+    return None
+
+
 def _quoted(candidates: list[str], err: BaseException) -> str | None:
     """Of the overrides an error may be about, the last whose value the error quotes, else the last (a key given
     twice: Hydra applies both in order, and the error is the bad value's)."""
@@ -225,11 +251,11 @@ def group_options(group: str) -> list[str]:
 
 def _keys_of(parent: str, overrides: list[str], compose: Any) -> list[str]:
     """The keys of config node `parent` (dotted; '' = the root) once the other overrides are applied."""
-    try:
-        node: Any = compose("config", overrides=overrides)
+    try:  # hydra.launcher's keys are in the Hydra config, which a plain compose leaves out
+        node: Any = compose("config", overrides=overrides, return_hydra_config=parent.split(".")[0] == "hydra")
         for part in [p for p in parent.split(".") if p]:
             node = node[part]
-        return sorted(str(k) for k in node.keys())
+        return sorted(str(k) for k in node.keys() if not str(k).startswith("_"))  # not a launcher's _target_
     except Exception:  # noqa: BLE001 -- the listing is a courtesy; the error line stands without it
         return []
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Any, Dict, Sequence
 
 from omegaconf import DictConfig, OmegaConf
@@ -42,6 +43,46 @@ def gpu_blocks(visible: Sequence[str], nproc: int, n_workers: int) -> list[str] 
     return [blocks[i % len(blocks)] for i in range(min(n_workers, len(blocks)))]
 
 
+#: the SLURM launcher's numeric settings: (the least value, whether it must be whole); None is SLURM's default
+LAUNCHER_NUMBERS = {"timeout_min": (1, False), "signal_delay_s": (0, True), "max_num_timeout": (0, True),
+                    "nodes": (1, True), "tasks_per_node": (1, True), "cpus_per_task": (1, True),
+                    "array_parallelism": (1, True), "gpus_per_node": (0, True), "gpus_per_task": (1, True),
+                    "cpus_per_gpu": (1, True), "mem_gb": (1, False), "mem_per_gpu": (1, False),
+                    "mem_per_cpu": (1, False)}
+#: SLURM's longest signal delay (sbatch --signal takes at most 65535 s)
+SIGNAL_MAX_S = 65535
+
+
+def check_launcher_values(params: Dict[str, Any]) -> None:
+    """ValueError naming the first hydra.launcher setting SLURM or submitit would refuse at submission (an sbatch
+    error that names no setting, or a traceback) or take silently (array_parallelism=0): a number out of range
+    or not a number, a signal that does not exist. A value from the environment names its variable."""
+    import signal
+
+    for key, (least, whole) in LAUNCHER_NUMBERS.items():
+        value = params.get(key)
+        if value is None:
+            continue
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or value < least or (whole and value != int(value)) or (key == "signal_delay_s" and value > SIGNAL_MAX_S):
+            kind = "a whole number" if whole else "a number"
+            most = f" and <= {SIGNAL_MAX_S}" if key == "signal_delay_s" else ""
+            raise ValueError(f"hydra.launcher.{key}={value!r}{_from_env(key)} is not valid: {kind} >= {least}{most}")
+    name = str(params.get("preempt_signal", "USR1")).upper().removeprefix("SIG")
+    if f"SIG{name}" not in signal.Signals.__members__:
+        raise ValueError(f"hydra.launcher.preempt_signal={params.get('preempt_signal')!r}{_from_env('preempt_signal')} "
+                         "is not a signal; use USR1 (the default), USR2 or TERM")
+
+
+def _from_env(key: str) -> str:
+    """' (from QRL_SLURM_X)' when the setting's environment variable is set (conf/hydra/launcher/slurm.yaml)."""
+    from bench import CONF_DIR
+
+    raw = (CONF_DIR / "hydra" / "launcher" / "slurm.yaml").read_text()
+    found = re.search(rf"^{key}:.*?oc\.env:(\w+)", raw, flags=re.M)
+    return f" (from {found[1]})" if found and found[1] in os.environ else ""
+
+
 def check_signal_delay(params: Dict[str, Any]) -> None:
     """ValueError when the time-limit signal cannot do its work: SLURM sends it `signal_delay_s` before the job's
     `timeout_min`, and submitit counts a signal as the time limit's (its requeues bounded by max_num_timeout) only
@@ -62,9 +103,32 @@ def check_signal_delay(params: Dict[str, Any]) -> None:
                          f"would requeue the job as a preemption, without bound; {way}")
 
 
+def check_partition(params: Dict[str, Any]) -> None:
+    """ValueError when hydra.launcher.partition names none of the cluster's partitions, listing them (sbatch says
+    only "Invalid partition name specified"); nothing where sinfo is not here to ask (a machine outside the
+    cluster) or does not answer."""
+    import shutil
+    import subprocess
+
+    wanted = params.get("partition")
+    if not wanted or shutil.which("sinfo") is None:
+        return
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    names = sorted(set(out.stdout.split()))
+    if out.returncode != 0 or not names:
+        return
+    for name in str(wanted).split(","):
+        if name not in names:
+            raise ValueError(f"hydra.launcher.partition={wanted}{_from_env('partition')}: this cluster has no partition "
+                             f"{name!r}; its partitions (sinfo): {', '.join(names)}")
+
+
 def slurm_params(launcher: DictConfig | None) -> Dict[str, Any] | None:
     """The SLURM launcher's parameters (hydra.launcher, composed, resolved), or None for another launcher."""
-    if launcher is None or not str(launcher.get("_target_", "")).endswith(f".{SLURM_LAUNCHER}"):
+    if not isinstance(launcher, DictConfig) or not str(launcher.get("_target_", "")).endswith(f".{SLURM_LAUNCHER}"):
         return None
     return OmegaConf.to_container(launcher, resolve=True)  # type: ignore[return-value]
 
@@ -77,8 +141,10 @@ def slurm_request_error(launcher: DictConfig, configs: Sequence[DictConfig] = ()
     if params is None:
         return None
     try:
+        check_launcher_values(params)
         check_signal_delay(params)
         check_gpu_request(params, ranks_per_node(params, configs) if configs else None)
+        check_partition(params)
     except ValueError as e:
         return str(e)
     return None

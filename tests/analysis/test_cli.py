@@ -160,6 +160,7 @@ def test_bad_options_are_usage_errors(tmp_path: Path):
             else:
                 raise AssertionError(f"{argv} accepted")
         assert message in err.getvalue(), (argv, err.getvalue())
+        assert len(err.getvalue().splitlines()) == 1, err.getvalue()  # one line, not argparse's usage above it
 
 
 def test_an_unknown_baseline_or_naive_is_refused_naming_the_methods_found(tmp_path: Path):

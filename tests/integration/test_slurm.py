@@ -239,16 +239,25 @@ def preempted_once(cmd: list[str], running: Callable[[], RunDir | None]) -> tupl
 
 
 def test_a_request_sbatch_refuses_is_one_line_exit_2_and_leaves_no_snapshot(slurm, cleanup, tmp_path):
-    """A partition the cluster does not have: sbatch refuses the array; the sweep says so in one line, naming the script
-    it refused, exits 2 (bad configuration), and leaves no code snapshot (33 MB) behind (it was a traceback, exit 1)."""
-    cmd = [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", "method=bf16", *QUICK, f"out_root={tmp_path}",
-           "hydra.launcher.partition=nosuch"]
-    proc = subprocess.run(cmd, cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=HANG_S)
+    """A node feature the cluster does not have: sbatch refuses the array; the sweep says so in one line, naming the
+    script it refused, exits 2 (bad configuration), and leaves no code snapshot (33 MB) behind (it was a traceback,
+    exit 1). A partition it does not have is refused before anything is made, listing the cluster's (sinfo)."""
+    cmd = [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", "method=bf16", *QUICK, f"out_root={tmp_path}"]
+    proc = subprocess.run([*cmd, "hydra.launcher.constraint=nosuchfeature"], cwd=REPO, env=job_env(),
+                          capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("qrl-bench: error:")]
-    assert "SLURM refused the sweep's jobs, nothing was submitted" in line and "partition" in line, line
-    assert "Traceback" not in proc.stderr and "#SBATCH --partition=nosuch" in Path(line.split()[-1][:-1]).read_text()
+    assert "SLURM refused the sweep's jobs, nothing was submitted" in line and "feature" in line, line
+    script = Path(line.split()[-1][:-1]).read_text()
+    assert "Traceback" not in proc.stderr and "#SBATCH --constraint=nosuchfeature" in script
     assert not (tmp_path / "default" / ".code").exists()
+    proc = subprocess.run([*cmd, "hydra.launcher.partition=nosuch", f"out_root={tmp_path / 'p'}"], cwd=REPO,
+                          env=job_env(), capture_output=True, text=True, timeout=HANG_S)
+    partitions = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=HANG_S).stdout.split()
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"qrl-bench: error: hydra.launcher.partition=nosuch: this cluster has no partition 'nosuch'; its partitions "
+        f"(sinfo): {', '.join(sorted(set(partitions)))}"], proc.stderr
+    assert not (tmp_path / "p").exists()
 
 
 def test_ctrl_c_of_the_submitter_says_the_jobs_run_on_and_how_to_cancel_them(slurm, cleanup, tmp_path):

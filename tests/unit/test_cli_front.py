@@ -121,6 +121,21 @@ def test_a_page_read_by_a_closed_pipe_ends_quietly(flag):
     (["-m", "method=bf16", "hydra/launcher=slrm", "--dry-run"],
      ["hydra/launcher=slrm: unknown hydra/launcher 'slrm'", "(did you mean 'slurm'?)", "valid choices: basic, local, "]),
     (["method=bf16", "method=tiss"], ["method=tiss: unknown method 'tiss'"]),  # the override that names it, not the first
+    # the SLURM launcher's settings, before anything is submitted (a traceback, an sbatch error naming no setting, or
+    # nothing: array_parallelism=0 was launched)
+    (["-m", "method=bf16", "hydra.launcher=slurm", "--dry-run"],
+     ["hydra.launcher=slurm: hydra/launcher is a config group, chosen with a slash: hydra/launcher=slurm",
+      "valid choices: local, slurm"]),
+    (["-m", "hydra/launcher=slurm", "hydra.launcher.partiton=gpu", "--dry-run"],
+     ["hydra.launcher has no key 'partiton' (did you mean 'partition'?); its keys: account, "]),
+    (["-m", "hydra/launcher=slurm", "+hydra.launcher.partiton=gpu", "--dry-run"],
+     ["+hydra.launcher.partiton: hydra.launcher has no key 'partiton' (did you mean 'partition'?); its keys: "]),
+    (["-m", "hydra/launcher=slurm", "hydra.launcher.timeout_min=-5", "--dry-run"],
+     ["hydra.launcher.timeout_min=-5 is not valid: a number >= 1"]),
+    (["-m", "hydra/launcher=slurm", "hydra.launcher.preempt_signal=FOO", "--dry-run"],
+     ["hydra.launcher.preempt_signal='FOO' is not a signal; use USR1"]),
+    (["-m", "hydra/launcher=slurm", "hydra.launcher.array_parallelism=0", "--dry-run"],
+     ["hydra.launcher.array_parallelism=0 is not valid: a whole number >= 1"]),
     # a flag neither qrl-bench nor Hydra has: ours, not Hydra's usage screen
     (["--dryrun"], ["unknown option '--dryrun' (did you mean '--dry-run'?)"]),
     (["seed=-1"], ["seed=-1 is out of range; allowed: [0, inf) integer"]),
