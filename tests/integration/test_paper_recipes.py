@@ -77,6 +77,27 @@ def test_the_documented_slurm_commands_give_their_runs_the_time_they_need(where,
     assert "take longer for an evaluation" not in err and "need more wall time" not in err, (where, err)
 
 
+@pytest.mark.slow  # composing a job takes ~1 s
+def test_the_gpu_page_gives_each_recipes_memory_estimate():
+    """docs/gpu.md's per-recipe table: the largest estimate of the recipe's bf16 rows and of its other rows, GB per
+    GPU, as the dry run prints them (it had drifted to other engines' numbers: qurl_table2 74 where the dry run said
+    54 and 79)."""
+    from bench.launch.memory import estimate_memory
+
+    table = {m[1]: (m[2], m[3]) for m in re.finditer(r"^\| `(\w+)` \|[^|]*\|[^|]*\|[^|]*\| (\S+) / (\S+)",
+                                                      (REPO / "docs" / "gpu.md").read_text(), flags=re.M)}
+    assert set(table) == set(RECIPES)
+    jobs = {name: expand([f"+experiment=paper/{name}"]) for name in RECIPES}
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for name in RECIPES:
+            peaks: dict[bool, list[float]] = {True: [], False: []}
+            for job in jobs[name]:
+                cfg = compose("config", overrides=job)
+                peaks[cfg.rollout.precision == "bf16"].append(estimate_memory(cfg).peak)
+            shown = tuple(f"{max(p):,.0f}" if p else "-" for p in (peaks[True], peaks[False]))
+            assert table[name] == shown, (name, table[name], shown)
+
+
 @pytest.mark.parametrize("name", RECIPES)
 def test_the_reference_csv_names_the_recipes_tasks_and_model(name, tmp_path):
     """`qrl-analyze --paper` matches a run to a line only on the line's task and model: they must be the recipe's,
