@@ -273,6 +273,27 @@ def check_across(cfg: DictConfig) -> None:
     if algo.overlong_penalty and algo.overlong_buffer_len > cfg.task.max_new_tokens:
         raise ValueError(f"algo.overlong_buffer_len={algo.overlong_buffer_len} must be <= task.max_new_tokens="
                          f"{cfg.task.max_new_tokens} (the penalty ramps over the last buffer_len tokens of the limit)")
+    check_engines_across_ranks(cfg)
+
+
+#: the precisions a vLLM evaluation may run in on each train.device (auto: either), bench/eval_config.py
+EVAL_PRECISIONS_ON = {"cpu": ("fp32",), "cuda": ("bf16",), "auto": ("bf16", "fp32")}
+
+
+def check_engines_across_ranks(cfg: DictConfig) -> None:
+    """The engines a run of train.nproc_per_node ranks can use (bench/distributed/engines.py `check_engine`), before
+    the job is queued: on SLURM the run would refuse them only after its GPUs were allocated."""
+    world = int(cfg.train.get("nproc_per_node") or 1)
+    if world == 1:
+        return
+    from bench.distributed.engines import check_engine
+    from bench.eval_config import eval_engine_kind
+
+    shared = None  # the evaluation is not vLLM's
+    if eval_engine_kind(cfg.eval.engine, cfg.rollout.engine) == "vllm":
+        precisions = EVAL_PRECISIONS_ON.get(str(cfg.train.get("device", "auto")), ("bf16", "fp32"))
+        shared = cfg.rollout.engine == "vllm" and cfg.rollout.precision in precisions
+    check_engine(cfg.rollout.engine, world, int(cfg.train.get("sampling_shards") or world), shared)
 
 
 if __name__ == "__main__":  # python -m bench.launch.config: the configuration page's table of allowed values

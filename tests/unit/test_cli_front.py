@@ -136,6 +136,9 @@ def test_a_page_read_by_a_closed_pipe_ends_quietly(flag):
      ["hydra.launcher.preempt_signal='FOO' is not a signal; use USR1"]),
     (["-m", "hydra/launcher=slurm", "hydra.launcher.array_parallelism=0", "--dry-run"],
      ["hydra.launcher.array_parallelism=0 is not valid: a whole number >= 1"]),
+    # an engine a run of several ranks cannot use, before its GPUs are allocated (it was refused at run start)
+    (["-m", "+experiment=paper/qurl_table3", "eval.engine=vllm", "--dry-run"],
+     ["eval.engine=vllm with 8 processes evaluates in the rollout engine only", "(in the sweep's job method=naive"]),
     # a flag neither qrl-bench nor Hydra has: ours, not Hydra's usage screen
     (["--dryrun"], ["unknown option '--dryrun' (did you mean '--dry-run'?)"]),
     (["seed=-1"], ["seed=-1 is out of range; allowed: [0, inf) integer"]),
