@@ -199,6 +199,7 @@ def paper_table(name: str, runs: list[Run]) -> Table:
     mini = mini_variant(name)
     if mini is not None:  # the mini's runs: the recipe's task names, the mini's model and samples per problem
         ref["model"] = mini.model
+        ref["paper_metric"] = ref["metric"]
         ref["metric"] = [mini_metric(m, mini.eval_k) for m in ref["metric"]]
     benchmarks = list(dict.fromkeys(ref["benchmark"]))
     rows: list[dict[str, Any]] = []
@@ -227,8 +228,11 @@ def paper_table(name: str, runs: list[Run]) -> Table:
                 continue
             ours, paper = cells[bench], float(line["value"].iloc[0])
             diff = ours.mean - paper if mini is None and np.isfinite(ours.mean) and np.isfinite(paper) else np.nan
-            shown |= {f"{bench} ours": fmt_pm(ours.mean, ours.std, 2), f"{bench} paper": fmt_num(paper, 2),
-                      f"{bench} Δ": fmt_num(diff, 2, signed=True)}
+            measured = line["metric"].iloc[0]
+            changed = mini is not None and measured != line["paper_metric"].iloc[0]
+            shown |= {f"{bench} ours" + (f" ({measured.rsplit('/', 1)[-1]})" if changed else ""):
+                      fmt_pm(ours.mean, ours.std, 2),
+                      f"{bench} paper": fmt_num(paper, 2), f"{bench} Δ": fmt_num(diff, 2, signed=True)}
             data.append({"paper_label": label, "method": method, "bitwidth": bits, "config": config,
                          "task": line["task"].iloc[0], "model": line["model"].iloc[0], "benchmark": bench,
                          "metric": line["metric"].iloc[0],

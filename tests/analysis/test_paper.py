@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from analysis.cli import main
-from analysis.paper import load_reference
+from analysis.paper import load_reference, paper_table
 from tests.hang import HANG_S
 
 from .synth import write_paper_run
@@ -193,3 +193,10 @@ def test_the_paper_table_never_imports_torch(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| BF16 | RL [bf16] | 50.00 | 55.35 | -5.35 | 1 |" in proc.stdout
+
+
+def test_a_mini_that_measures_fewer_samples_says_so_in_its_column():
+    """qurl_table4_mini evaluates avg@2 where the paper's column is avg@32: our column says which it holds (it read
+    'AIME24 avg@32 ours' over avg@2 numbers); the recipe itself keeps the paper's header."""
+    assert [c for c in paper_table("qurl_table4_mini", []).display.columns if "ours" in c] == ["AIME24 avg@32 ours (avg@2)"]
+    assert [c for c in paper_table("qurl_table4", []).display.columns if "ours" in c] == ["AIME24 avg@32 ours"]
