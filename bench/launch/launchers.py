@@ -28,6 +28,7 @@ Hydra only instantiates launchers from the `hydra_plugins` namespace: the classe
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -41,7 +42,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, NoReturn, Sequence
+from typing import Any, Dict, Iterator, List, NoReturn, Sequence
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
@@ -330,7 +331,7 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
             sweep_report.finish(line)
             return _job_returns(jobs, overrides, self.config)
         monitor = SlurmMonitor(todo, line)
-        with _submitted_jobs(monitor.submitted):
+        with _submitted_jobs(monitor.submitted), _terminate_as_interrupt() as stopped_by:
             monitor.start()
             try:
                 results = super().launch([overrides[j.idx] for j in todo], initial_job_idx)
@@ -338,9 +339,9 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
                 if monitor.submitted or type(e).__name__ != "FailedJobError":
                     raise
                 self._refused_submission(e)
-            except KeyboardInterrupt:  # Ctrl-C while waiting: the jobs are SLURM's now; say so, and how to end them
-                print(f"\nqrl-bench: {_left_running(monitor.submitted)}", file=sys.stderr)
-                sys.exit(130)
+            except KeyboardInterrupt:  # Ctrl-C (or a kill) while waiting: the jobs are SLURM's now; say so, and how
+                print(f"\nqrl-bench: {_left_running(monitor.submitted)}", file=sys.stderr)  # to end them
+                sys.exit(128 + (stopped_by[0] or signal.SIGINT))
             finally:
                 monitor.stop()
         for job, ret, sub in zip(todo, results, monitor.submitted):
@@ -411,6 +412,25 @@ def _as_recorded(outcome: dict[str, Any], job: JobView, since: float) -> dict[st
         return outcome
     return {**outcome, "outcome": "preempted", "code": 128 + int(signal.SIGTERM),
             "reason": f"{info.get('reason')} (SLURM: {outcome['reason']})"}
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[list[int]]:
+    """While the launcher waits on SLURM, SIGTERM (a `kill`, a closed session's hang-up) interrupts the wait as
+    Ctrl-C does, so that it too says the submitted jobs run on and how to cancel them (it ended silently). Yields
+    [the signal's number], 0 until one came."""
+    came = [0]
+
+    def interrupt(signum: int, frame: Any) -> None:
+        came[0] = signum
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield came
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 def _left_running(submitted: list[Any]) -> str:

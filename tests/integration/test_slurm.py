@@ -260,9 +260,11 @@ def test_a_request_sbatch_refuses_is_one_line_exit_2_and_leaves_no_snapshot(slur
     assert not (tmp_path / "p").exists()
 
 
-def test_ctrl_c_of_the_submitter_says_the_jobs_run_on_and_how_to_cancel_them(slurm, cleanup, tmp_path):
-    """Ctrl-C while the sweep waits on SLURM: exit 130 with one line saying the submitted jobs keep running and the
-    scancel that ends them (it was a KeyboardInterrupt traceback); the job is still SLURM's."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "kill"])
+def test_ctrl_c_of_the_submitter_says_the_jobs_run_on_and_how_to_cancel_them(slurm, cleanup, tmp_path, sig):
+    """Ctrl-C (or a kill) while the sweep waits on SLURM: exit 128 + the signal with one line saying the submitted
+    jobs keep running and the scancel that ends them (Ctrl-C was a KeyboardInterrupt traceback, a kill said
+    nothing); the job is still SLURM's."""
     args = [a for a in QUICK if not a.startswith("train.steps=")]
     cmd = [sys.executable, "-m", "bench", "-m", "hydra/launcher=slurm", "method=bf16", *args, "train.steps=100000",
            f"out_root={tmp_path}", "hydra.launcher.timeout_min=30"]
@@ -270,9 +272,9 @@ def test_ctrl_c_of_the_submitter_says_the_jobs_run_on_and_how_to_cancel_them(slu
     [submitted] = wait_until("the job submitted", lambda: list(tmp_path.glob("default/.submitit/**/*_submitted.pkl")),
                              proc)
     job_id = submitted.name.split("_")[0]
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=HANG_S)
-    assert proc.returncode == 130, err[-3000:]
+    assert proc.returncode == 128 + sig, err[-3000:]
     assert "Traceback" not in err and f"keep running on SLURM; `scancel {job_id}` cancels them" in err, err[-3000:]
     queued = subprocess.run(["squeue", "-h", "-o", "%i", "-j", job_id], capture_output=True, text=True,
                             timeout=HANG_S).stdout
