@@ -403,9 +403,15 @@ def _settled(job: JobView, cfg: DictConfig) -> bool:
 def _as_recorded(outcome: dict[str, Any], job: JobView, since: float) -> dict[str, Any]:
     """A job submitit reports lost (its result missing: `scancel`, a node lost) whose run says, in a run.json
     written by this launch, that it was preempted (it caught SLURM's SIGTERM and checkpointed) is 'preempted' with
-    the run's reason beside SLURM's; any other outcome is as submitit reported it."""
+    the run's reason beside SLURM's; one cancelled before its run wrote anything says so in words (it showed
+    submitit's UncompletedJobError and result file); any other outcome is as submitit reported it."""
     info_file = job.run_dir / "run.json"
-    if outcome["outcome"] != "failed" or not info_file.exists() or info_file.stat().st_mtime < since:
+    fresh = info_file.exists() and info_file.stat().st_mtime >= since
+    if outcome["outcome"] == "failed" and "(state: CANCELLED" in str(outcome.get("reason")) and not fresh:
+        state = str(outcome["reason"]).split("(state: ", 1)[1].split(")", 1)[0]
+        return {**outcome, "reason": f"cancelled on SLURM before the run started ({state}); relaunching the same "
+                                     "command runs it"}
+    if outcome["outcome"] != "failed" or not fresh:
         return outcome
     info = json.loads(info_file.read_text())
     if info.get("status") != "preempted":

@@ -56,4 +56,10 @@ def test_a_cancelled_slurm_job_whose_run_checkpointed_is_reported_preempted(tmp_
     assert recorded["outcome"] == "preempted" and recorded["code"] == 143
     assert recorded["reason"].startswith("signal SIGTERM after step 203 (SLURM: UncompletedJobError: Job 13_1")
     os.utime(tmp_path / "run.json", (since - 60, since - 60))  # an earlier launch's run.json says nothing of this one
-    assert _as_recorded(outcome, job, since) == outcome
+    # cancelled before its run wrote anything (queued, or starting): said in words, not submitit's internals
+    recorded = _as_recorded(outcome, job, since)
+    assert (recorded["outcome"], recorded["code"]) == ("failed", 1)
+    assert recorded["reason"] == ("cancelled on SLURM before the run started (CANCELLED by 0); relaunching the same "
+                                  "command runs it")
+    other = outcome_of(RuntimeError("node lost"), "tis")
+    assert _as_recorded(other, job, since) == other
