@@ -193,6 +193,19 @@ def engines_of(runs: list[Run]) -> str:
     return f"{rollout}, evaluated on {'/'.join(sorted({evaluation_of(r) for r in runs}))}"
 
 
+def row_cells(runs: list[Run], lines: pd.DataFrame) -> dict[str, Cell]:
+    """Our cell of each benchmark of one row of the reference (`lines`), in %; a `mean` column is the row's average
+    over its other columns (computed, not matched to a metric)."""
+    cells = {line["benchmark"]: our_cell(runs, line, 100.0) for _, line in lines.iterrows() if line["metric"] != "mean"}
+    for _, line in lines.iterrows():
+        if line["metric"] == "mean":
+            others = [c.mean for c in cells.values()]
+            n = min((c.n for c in cells.values()), default=0)
+            cells[line["benchmark"]] = Cell(float(np.mean(others)) if others and all(np.isfinite(others)) else np.nan,
+                                            np.nan, n)
+    return cells
+
+
 def paper_table(name: str, runs: list[Run]) -> Table:
     """The paper's layout: one row per (paper label, method, bitwidth, config), per benchmark ours | paper | Δ."""
     ref = load_reference(reference_path(name))
@@ -210,17 +223,7 @@ def paper_table(name: str, runs: list[Run]) -> Table:
     for label, method, bits, config in order:
         lines = ref[(ref.paper_label == label) & (ref.method == method) & (ref.bitwidth == bits) & (ref.config == config)]
         shown = {"Bitwidth": bits, "Method": f"{label} [{method}]"}
-        cells: dict[str, Cell] = {}
-        for _, line in lines.iterrows():
-            if line["metric"] == "mean":
-                continue
-            cells[line["benchmark"]] = our_cell(runs, line, 100.0)
-        for _, line in lines.iterrows():
-            if line["metric"] == "mean":  # the row's average over its other columns (computed, not matched)
-                others = [c.mean for b, c in cells.items()]
-                n = min((c.n for c in cells.values()), default=0)
-                cells[line["benchmark"]] = Cell(float(np.mean(others)) if others and all(np.isfinite(others)) else np.nan,
-                                                np.nan, n)
+        cells = row_cells(runs, lines)
         for bench in benchmarks:
             line = lines[lines.benchmark == bench]
             if line.empty:
