@@ -23,6 +23,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+#: Hydra's submitit launchers, and ours that wrap them (bench/launch/launchers.py)
+HYDRA_SUBMITIT = {"submitit_slurm": "slurm", "submitit_local": "local"}
 #: config groups whose name has a slash (conf/hydra/<group>/): `hydra.launcher=slurm` is this one misspelt
 NESTED_GROUPS = ("hydra/launcher", "hydra/sweeper")
 #: Hydra flags that take a value or change what runs: with any of them, Hydra parses the command line itself
@@ -159,6 +161,9 @@ def _parse(overrides: list[str]) -> None:
             raise ValueError(f"{arg}: not a valid override ({_first_line(e)}); write key=value, group=option "
                              "or +key=value") from None
         key, _, value = arg.lstrip("+~").partition("=")
+        if key == "hydra/launcher" and value in HYDRA_SUBMITIT:  # Hydra's own, without our snapshot and checks
+            raise ValueError(f"{arg} is Hydra's own launcher, without the suite's code snapshot, request checks and "
+                             f"progress line; use hydra/launcher={HYDRA_SUBMITIT[value]}")
         group = key.replace(".", "/")
         if "." in key and group in NESTED_GROUPS:  # `hydra.launcher=slurm`: a group chosen with a dot
             options = group_options(group)

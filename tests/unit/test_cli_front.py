@@ -130,6 +130,8 @@ def test_a_page_read_by_a_closed_pipe_ends_quietly(flag):
      ["hydra.launcher has no key 'partiton' (did you mean 'partition'?); its keys: account, "]),
     (["-m", "hydra/launcher=slurm", "+hydra.launcher.partiton=gpu", "--dry-run"],
      ["+hydra.launcher.partiton: hydra.launcher has no key 'partiton' (did you mean 'partition'?); its keys: "]),
+    (["-m", "method=bf16", "hydra/launcher=submitit_slurm", "--dry-run"],
+     ["hydra/launcher=submitit_slurm is Hydra's own launcher", "use hydra/launcher=slurm"]),
     (["-m", "hydra/launcher=slurm", "hydra.launcher.timeout_min=-5", "--dry-run"],
      ["hydra.launcher.timeout_min=-5 is not valid: a number >= 1"]),
     (["-m", "hydra/launcher=slurm", "hydra.launcher.preempt_signal=FOO", "--dry-run"],
