@@ -183,13 +183,6 @@ def aligned(groups: Sequence[tuple[Sequence[float], Sequence | None]]) -> list[n
     return [np.array([m[k] for k in keys]) for m in maps]
 
 
-def _pairs(a: Sequence[float], b: Sequence[float], seeds_a: Sequence | None,
-           seeds_b: Sequence | None) -> tuple[np.ndarray, np.ndarray] | None:
-    """(a_i, b_i) over the seeds both groups ran (`aligned`), or None where they do not pair."""
-    both = aligned([(a, seeds_a), (b, seeds_b)])
-    return None if both is None else (both[0], both[1])
-
-
 @dataclass(frozen=True)
 class Gap:
     """mean(a) - mean(b) with what its interval and test rest on: the standard error and df of the t statistic
@@ -213,7 +206,7 @@ def gap(a: Iterable[float], b: Iterable[float], seeds_a: Sequence | None = None,
     only the two all-same-sign flips of n equal differences reach |d|, p = 2 / 2^n (2 seeds: 0.5); unpaired with
     both groups constant, only the observed split (and its mirror with equal groups) of the C(n_a + n_b, n_a)."""
     a, b = list(a), list(b)
-    paired = _pairs(a, b, seeds_a, seeds_b)
+    paired = aligned([(a, seeds_a), (b, seeds_b)])
     if paired is not None:
         d = paired[0] - paired[1]
         value = float(d.mean())

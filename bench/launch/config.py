@@ -276,10 +276,6 @@ def check_across(cfg: DictConfig) -> None:
     check_engines_across_ranks(cfg)
 
 
-#: the precisions a vLLM evaluation may run in on each train.device (auto: either), bench/eval_config.py
-EVAL_PRECISIONS_ON = {"cpu": ("fp32",), "cuda": ("bf16",), "auto": ("bf16", "fp32")}
-
-
 def check_engines_across_ranks(cfg: DictConfig) -> None:
     """The engines a run of train.nproc_per_node ranks can use (bench/distributed/engines.py `check_engine`), before
     the job is queued: on SLURM the run would refuse them only after its GPUs were allocated."""
@@ -287,11 +283,12 @@ def check_engines_across_ranks(cfg: DictConfig) -> None:
     if world == 1:
         return
     from bench.distributed.engines import check_engine
-    from bench.eval_config import eval_engine_kind
+    from bench.eval_config import VLLM_EVAL_PRECISION, eval_engine_kind
 
     shared = None  # the evaluation is not vLLM's
-    if eval_engine_kind(cfg.eval.engine, cfg.rollout.engine) == "vllm":
-        precisions = EVAL_PRECISIONS_ON.get(str(cfg.train.get("device", "auto")), ("bf16", "fp32"))
+    if eval_engine_kind(cfg.eval.engine, cfg.rollout.engine) == "vllm":  # its precision: the device's (auto: either)
+        device = {"cuda": "gpu", "cpu": "cpu"}.get(str(cfg.train.get("device", "auto")))
+        precisions = [VLLM_EVAL_PRECISION[device]] if device else list(VLLM_EVAL_PRECISION.values())
         shared = cfg.rollout.engine == "vllm" and cfg.rollout.precision in precisions
     check_engine(cfg.rollout.engine, world, int(cfg.train.get("sampling_shards") or world), shared)
 

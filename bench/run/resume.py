@@ -146,17 +146,14 @@ def unrecorded(run: RunDir) -> str | None:
             f"restore its {CONFIG_FILE}) and relaunch; to discard them, relaunch with {OVERWRITE_HINT}")
 
 
-# 71 lines: the module docstring's decision list, case by case in its order, so each case reads beside its rule
+# 68 lines: the module docstring's decision list, case by case in its order, so each case reads beside its rule
 def decide(run: RunDir, cfg: Any) -> Plan:
     """Decide what this launch does with `run` (see the module docstring). Call it holding the run's lock."""
     notes = [f"removed stale temporary {p.relative_to(run.path)}" for p in run.clean_temporaries()]
     overwrite = bool(cfg.train.get("overwrite", False))
-    mismatch = None if overwrite else config_mismatch(run, cfg)
-    if mismatch:
-        return Plan("refuse", mismatch, outcome="bad_config", notes=notes)
-    unknown = None if overwrite else unrecorded(run)
-    if unknown:
-        return Plan("refuse", unknown, outcome="refused", notes=notes)
+    found = settled(run, cfg)
+    if found is not None and found[0] != "skipped":  # a completed run's skip is decided below, with its reason
+        return Plan("refuse", found[1], outcome=found[0], notes=notes)
     resume_from = str(cfg.train.get("resume_from", "last"))
     if overwrite:
         had = run.has_rows() or run.info_file.exists()
@@ -267,7 +264,8 @@ def preview(run: RunDir, cfg: Any) -> str:
     """
     if bool(cfg.train.get("overwrite", False)):
         return "restart" if run.has_rows() or run.info_file.exists() else "run"
-    if config_mismatch(run, cfg) or unrecorded(run):
+    found = settled(run, cfg)
+    if found is not None and found[0] != "skipped":
         return "refuse"
     if run.status in FINAL_STATUSES:
         return "skip"
