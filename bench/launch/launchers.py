@@ -52,7 +52,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import DictConfig, OmegaConf
 
 from bench.launch import sweep_report
-from bench.run.identity import RunId
+from bench.run.identity import STATUSES, RunId
 from bench.run.store import CODE_PATHS, GIT_DIRTY, is_dirty
 from bench.launch.requests import (check_gpu_blocks, check_gpu_request, check_launcher_values, check_signal_delay,
                                    gpu_blocks, request_warnings, visible_gpus)
@@ -498,6 +498,10 @@ class _submitted_jobs:
         submitit.AutoExecutor.map_array = self._original
 
 
+#: a run's statuses once its process has ended (run.json)
+ENDED = tuple(s for s in STATUSES if s != "running")
+
+
 class SlurmMonitor:
     """A thread that redraws the sweep's line while the submitit launcher waits: the array's queue state
     (`squeue`) and each run's own state (its run.json, rows of metrics.jsonl)."""
@@ -505,6 +509,7 @@ class SlurmMonitor:
     def __init__(self, jobs: list[JobView], line: LiveLine, every: float = 5.0) -> None:
         self.jobs, self.line, self.every = jobs, line, every
         self.submitted: list[Any] = []
+        self.seen: set[int] = set()  # the jobs (JobView.idx) seen in the queue
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="qrl-slurm-monitor", daemon=True)
         self.started = time.time()  # a run.json written since is this launch's
@@ -533,17 +538,22 @@ class SlurmMonitor:
             return {}
         out = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T", "-j", ",".join(ids)], capture_output=True,
                              text=True, timeout=30)
+        if out.returncode != 0 and "Invalid job id" not in out.stderr:  # (every job gone from slurmctld: empty)
+            raise RuntimeError(f"squeue: {out.stderr.strip()}")  # not an empty queue: this round shows nothing
         return dict(line.split(None, 1) for line in out.stdout.splitlines() if " " in line)
 
     def _update(self, view: JobView, queue_state: str | None) -> None:
         info_file = view.run_dir / "run.json"
         fresh = info_file.exists() and info_file.stat().st_mtime >= self.started
         status = json.loads(info_file.read_text()).get("status") if fresh else None
-        if queue_state == "PENDING":
-            view.state = "pending"
-        elif queue_state is not None:
-            view.state = "running"
-        elif status in ("completed", "diverged", "failed", "incomplete", "preempted"):  # out of the queue: ended
+        if queue_state is not None:  # back in the queue (a requeue) undoes an end seen before
+            view.state, view.outcome = ("pending" if queue_state == "PENDING" else "running"), None
+            self.seen.add(view.idx)
+        elif status in ENDED:  # out of the queue: ended
             view.state = "done"  # (a preempted job SLURM requeues is back in the queue; one `scancel`led is not)
             view.outcome = {"outcome": status, "reason": None}
+        elif view.idx in self.seen and view.state != "done":  # left the queue without ending its run
+            view.state = "done"
+            view.outcome = {"outcome": "failed", "reason": "left the SLURM queue without ending its run (scancel, "
+                                                            "or the job died before its run could record it)"}
 

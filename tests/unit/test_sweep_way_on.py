@@ -63,3 +63,32 @@ def test_a_cancelled_slurm_job_whose_run_checkpointed_is_reported_preempted(tmp_
                                   "command runs it")
     other = outcome_of(RuntimeError("node lost"), "tis")
     assert _as_recorded(other, job, since) == other
+
+
+def test_the_slurm_line_ends_a_job_that_left_the_queue_without_ending_its_run(tmp_path):
+    """A job `scancel`led while pending (or one that died before its run wrote run.json) leaves squeue with no
+    run record: the live line used to show it pending until the whole launch returned. A job never seen in the
+    queue stays as it is (squeue may not list it yet), and one SLURM requeues is back in the queue: not ended."""
+    import json
+    import time
+
+    from bench.launch.launchers import SlurmMonitor
+    from bench.launch.sweep_report import JobView, LiveLine, counts
+
+    views = [JobView(i, f"job{i}", tmp_path / f"run{i}", steps=4) for i in range(3)]
+    for v in views:
+        v.run_dir.mkdir()
+    monitor = SlurmMonitor(views, LiveLine("s", views))
+    monitor.started = time.time() - 1
+    for v, state in zip(views, ("PENDING", "RUNNING", None)):
+        monitor._update(v, state)
+    assert [v.state for v in views] == ["pending", "running", "pending"]
+    (views[1].run_dir / "run.json").write_text(json.dumps({"status": "completed"}))
+    for v in views:  # all three out of the queue now
+        monitor._update(v, None)
+    assert [v.state for v in views] == ["done", "done", "pending"]
+    assert views[0].outcome["outcome"] == "failed" and "left the SLURM queue" in views[0].outcome["reason"]
+    assert views[1].outcome == {"outcome": "completed", "reason": None}
+    assert counts(views) == {"done": 1, "running": 0, "failed": 1, "stopped": 0, "skipped": 0, "pending": 1}
+    monitor._update(views[0], "PENDING")  # requeued: in the queue again
+    assert views[0].state == "pending" and views[0].outcome is None
