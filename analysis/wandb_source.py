@@ -146,6 +146,7 @@ def cache_run(run: Any, dest: Path) -> None:
         **{k: v for k, v in declared.items() if k in ("method", "arm", "precision", "runtime")},  # "arm": runs before 2026-11-28
         "status": status,
         "reason": reason,
+        "diverged_step": dict(getattr(run, "summary", {}) or {}).get("run/diverged_step"),
         "step": max((m["step"] for m in metrics), default=-1),
         "run_name": run.name,
         "git_sha": (meta.get("git") or {}).get("commit"),

@@ -21,6 +21,10 @@ from bench.run.store import RunDir
 from bench.run.tracking import Tracker, start_tracking
 
 
+#: run.json fields the W&B summary carries as run/<field> when the run ends
+MIRRORED_INFO = ("status", "reason", "diverged_step")
+
+
 @dataclass
 class RunLog:
     """A run directory's metrics and eval rows, mirrored by `tracker` (a no-op Tracker: no mirror)."""
@@ -55,7 +59,13 @@ class RunLog:
         self.tracker.log(row, row["step"])
 
     def close(self, exit_code: int = 0, preempting: bool = False) -> None:
-        """End the mirror; `preempting` tells W&B the process exits for a requeue (shown 'preempted', not 'crashed')."""
+        """End the mirror; `preempting` tells W&B the process exits for a requeue (shown 'preempted', not 'crashed').
+
+        The run's own status goes into the mirror's summary (`run/status`, `run/reason`, `run/diverged_step`, from
+        run.json): W&B's state calls a divergence 'failed', and an analysis from W&B would leave the run out where
+        one from the run directory keeps it as a result (analysis/wandb_source.py reads them back)."""
         if preempting:
             self.tracker.mark_preempting()
-        self.tracker.finish(exit_code=exit_code)
+        info = self.run.info()
+        summary = {f"run/{k}": info[k] for k in MIRRORED_INFO if info.get(k) is not None}
+        self.tracker.finish(exit_code=exit_code, summary=summary)

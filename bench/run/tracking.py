@@ -85,7 +85,7 @@ class Tracker:
     def mark_preempting(self) -> None:
         pass
 
-    def finish(self, exit_code: int = 0) -> None:
+    def finish(self, exit_code: int = 0, summary: dict[str, Any] | None = None) -> None:
         pass
 
 
@@ -143,11 +143,15 @@ class WandbTracker(Tracker):
         except Exception as err:  # noqa: BLE001
             self._fail("mark_preempting", err)
 
-    def finish(self, exit_code: int = 0) -> None:
+    def finish(self, exit_code: int = 0, summary: dict[str, Any] | None = None) -> None:
+        """End the run; `summary`: what W&B's state cannot say (a run that diverged and one that crashed are both
+        'failed' there), written to the run's summary first."""
         if self._run is None:
             return
         run, self._run = self._run, None
         try:
+            if summary:
+                run.summary.update(summary)
             run.finish(exit_code=exit_code)
         except Exception as err:  # noqa: BLE001
             warnings.warn(f"W&B finish failed ({type(err).__name__}: {err}); the run directory is complete",

@@ -235,3 +235,37 @@ def test_real_run_survives_a_failing_wandb(tmp_path, monkeypatch):
     run = RunDir.of(cfg)
     assert [r["step"] for r in run.metrics()] == list(range(cfg.train.steps))
     assert run.info()["wandb_id"] is None and not (run.path / "wandb").exists()
+
+
+def test_a_diverged_runs_mirror_says_diverged_and_analysis_from_wandb_keeps_it(tmp_path, offline):
+    """W&B's state of a diverged run is 'failed' (exit code 1), the same as a crash; read from W&B, analysis left
+    it out ("status=failed") where the run directory keeps it as a result: survivor bias for the arms that
+    collapse. The mirror's summary carries run.json's status, reason and diverged step, and the W&B reader
+    (analysis/wandb_source.py) takes them."""
+    from types import SimpleNamespace
+
+    from analysis.wandb_source import cache_run
+    from bench.run.runlog import RunLog
+    from bench.run.store import RunDir
+
+    cfg = make_cfg(tmp_path, "tracking=offline")
+    run = RunDir(tmp_path / "run")
+    run.start("seed: 0\n", "x")
+    log = RunLog.open(run, cfg, "x", start=0)
+    log.log_eval({"step": 0, "eval/accuracy": 0.25})
+    log.log({"step": 0, "train/loss": 1.0})
+    run.finish("diverged", reason="non-finite loss at step 1", diverged_step=1)
+    log.close(exit_code=1)
+    [mirror] = offline_runs(run.path)
+    summary: dict[str, Any] = {}
+    for rec in inspect_records(mirror):
+        if rec.get("type") == "summary":
+            summary |= rec["summary"].get("update", {})
+    assert summary.get("run/status") == "diverged" and summary.get("run/diverged_step") == 1, summary
+    # what the W&B API gives back for that run (state 'failed'), through the reader that fills analysis' cache
+    api_run = SimpleNamespace(state="failed", summary={"run/status": "diverged", "run/reason": "non-finite loss",
+                                                       "run/diverged_step": 1}, config={}, name="x", id="abc",
+                              metadata={}, scan_history=lambda page_size: iter([{"_step": 0, "eval/accuracy": 0.25}]))
+    cache_run(api_run, tmp_path / "cache" / "abc")
+    info = (tmp_path / "cache" / "abc" / "run.json").read_text()
+    assert '"status": "diverged"' in info and '"diverged_step": 1' in info
