@@ -99,6 +99,23 @@ def unknown_method(sweep: Sweep, option: str, value: str | None) -> str | None:
     return f"{option} {value!r} names no method of the loaded runs; choose from: {', '.join(methods)}"
 
 
+def untestable_primary(sweep: Sweep, primary: tuple[str, ...], naive: str) -> str | None:
+    """The error message when a `--primary` arm can have no test: each is tested > naive at a rollout setting (task,
+    model, severity) where both ran, so the naive arm itself, or an arm never run beside it (bf16 runs at its own
+    precision), would leave a pre-registered hypothesis silently untested in a report that names it."""
+    cells: dict[str, set] = {}
+    for r in sweep.runs:
+        cells.setdefault(r.method, set()).add((r.model, r.task, r.severity))
+    testable = sorted((m for m in cells if m != naive and cells[m] & cells.get(naive, set())), key=method_sort_key)
+    for arm in primary:
+        if arm not in testable:
+            why = "is the arm each primary one is tested against" if arm == naive else \
+                f"never ran at a rollout setting where {naive!r} ran, so it has no test"
+            return (f"--primary {arm!r} {why}; arms with a test against {naive!r}: "
+                    f"{', '.join(testable) or 'none'}")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -123,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"qrl-analyze: error: {error}", file=sys.stderr)
             return 2
     args.baseline, args.naive, args.control = args.baseline or BASELINE, args.naive or NAIVE, args.control or CONTROL
+    if (error := untestable_primary(sweep, primary, args.naive)) is not None:
+        print(f"qrl-analyze: error: {error}", file=sys.stderr)
+        return 2
 
     log(f"{len(sweep.runs)} run(s) used, {len(sweep.skipped)} left out")
     for s in sweep.skipped:

@@ -4,7 +4,8 @@ Families (each Holm-corrected on its own, per endpoint; analysis/inference.py):
 
     vs <baseline>   every arm at every severity against the baseline (bf16) of its task and model
     vs <naive>      every other arm against the naive arm at the same severity (the control's row is the mismatch
-                    cost, analysis/decomposition.py); two-sided
+                    cost, analysis/decomposition.py); two-sided; none where the naive arm is the baseline
+                    (`--baseline naive`): those comparisons are the baseline family's, counted once
     primary         the pre-registered arms (`--primary`), each > naive, one-sided, final accuracy and AUC together:
                     the pre-registered family (docs/preregistration.md). These rows are marked and left out of the
                     exploratory "vs naive" family
@@ -71,6 +72,8 @@ def paired_comparisons(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) 
                         rows.append(_row(cell, family_name("base", opts), endpoint, method, opts.baseline, a, base))
                     if method in (opts.naive, opts.baseline) or naive.empty:
                         continue
+                    if opts.naive == opts.baseline and method not in opts.primary:
+                        continue  # "vs naive" would be "vs baseline" again: one family, each comparison once
                     if method in opts.primary:
                         rows.append(_row(cell, PRIMARY, endpoint, method, opts.naive, a[a["seed"].isin(common)],
                                          naive[naive["seed"].isin(common)], "greater", True))

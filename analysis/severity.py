@@ -35,7 +35,7 @@ collapse        analysis/collapse.py, the one definition: eval accuracy below it
                 without a step-0 evaluation cannot be judged and is not counted.
 CIs             95 % Student-t intervals over seeds (analysis.stats): a level (accuracy, AUC, KL) by the t-interval
                 of its seeds; a gap by the paired t-interval of the per-seed differences on the seeds both methods
-                ran (Welch where they share fewer than 2); the recovered share by Fieller's interval on the seeds all
+                ran (Welch, marked, where they share none); the recovered share by Fieller's interval on the seeds all
                 three ran. Each shows its n (seeds or pairs); 1 seed, or differences with no spread, give none.
 eval SE         beside a gap: the binomial standard error the finite test set alone puts on it,
                 sqrt(p_a(1-p_a)/(k_a n_test) + p_b(1-p_b)/(k_b n_test)) with k seeds per method, in pp.
@@ -119,7 +119,7 @@ def severity_summary(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) ->
                     f"gap_to_{opts.baseline}_eval_se": np.nan if is_base or base.empty else _eval_se(a, base),
                     **_interval_columns(f"auc_gap_to_{opts.baseline}", auc_gap),
                     **_interval_columns("recovered", rec), "recovered_note": note,
-                    "naive_gap": naive_gap.value, "naive_gap_lo": naive_gap.lo, "naive_gap_hi": naive_gap.hi,
+                    **_interval_columns("naive_gap", naive_gap),
                     "n_collapsed": int(a["collapsed"].sum()), "collapse_steps": " ".join(map(str, steps)),
                 })
     return pd.DataFrame(rows)
@@ -174,11 +174,12 @@ def severity_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> T
             "KL(μ‖π_old)": f"{r.kl:.2e}" if np.isfinite(r.kl) else MISSING,
             "Accuracy (%)": fmt_ci(r.acc, r.acc_lo, r.acc_hi, n=r.acc_n),
             "AUC (%)": fmt_ci(r.auc, r.auc_lo, r.auc_hi, n=r.auc_n),
-            f"Δ vs {opts.baseline} (pp)": fmt_ci(d[gap], d[f"{gap}_lo"], d[f"{gap}_hi"], signed=True, n=d[f"{gap}_n"]),
+            f"Δ vs {opts.baseline} (pp)": fmt_ci(d[gap], d[f"{gap}_lo"], d[f"{gap}_hi"], signed=True, n=d[f"{gap}_n"],
+                                                  method=d[f"{gap}_ci"]),
             "p / Holm": p_final.get(key + (r.method,), MISSING),
             "eval SE (pp)": fmt_se(d[f"{gap}_eval_se"]),
             f"AUC Δ vs {opts.baseline} (pp)": fmt_ci(d[f"auc_{gap}"], d[f"auc_{gap}_lo"], d[f"auc_{gap}_hi"], signed=True,
-                                                      n=d[f"auc_{gap}_n"]),
+                                                      n=d[f"auc_{gap}_n"], method=d[f"auc_{gap}_ci"]),
             "AUC p / Holm": p_auc.get(key + (r.method,), MISSING),
             f"Recovered ({opts.naive} gap)": recovered,
             "Collapsed": collapsed,

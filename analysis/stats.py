@@ -11,8 +11,9 @@ The interval method (one for every table and figure; `METHOD_SENTENCE` is what t
 - a gap between two arms (same task and model): **paired** on the seeds both arms ran (a seed fixes the warm
   start and the prompt order, so per-seed differences are far steadier than the levels): the t-interval of the
   per-seed differences, n = the number of pairs; a seed only one arm ran (another still running, failed or not
-  launched) is left out of that gap, never compared unpaired against the rest. Only arms that share fewer than 2
-  seeds are compared unpaired: Welch's t-interval with the Welch-Satterthwaite degrees of freedom (`gap`);
+  launched) is left out of that gap, never compared unpaired against the rest (one shared seed: that seed's
+  difference, no interval). Only arms that share no seed are compared unpaired: Welch's t-interval with the
+  Welch-Satterthwaite degrees of freedom (`gap`), marked "Welch" wherever it is printed;
 - a zero spread (every per-seed difference equal: accuracies move in steps of 1/n_test) gives no interval and the
   exact permutation p (`gap`), not the t-test's p = 0;
 - the recovered share of a gap, (arm - naive) / (base - naive): **Fieller's** interval for a ratio of two means,
@@ -39,8 +40,8 @@ from scipy.special import stdtrit
 CI_LEVEL = 0.95
 METHOD_SENTENCE = (
     "Intervals are 95 % Student-t intervals over seeds (n = seeds, or seed pairs): gaps between arms from the "
-    "paired per-seed differences on the seeds both arms ran (a seed only one ran is left out; Welch where they "
-    "share fewer than 2), recovered shares by Fieller's method on the seeds all three arms ran; 1 seed, or per-seed "
+    "paired per-seed differences on the seeds both arms ran (a seed only one ran is left out; Welch, marked so, "
+    "where they share none), recovered shares by Fieller's method on the seeds all three arms ran; 1 seed, or per-seed "
     "differences with no spread, give no interval."
 )
 
@@ -165,8 +166,9 @@ def mean_interval(values: Iterable[float], level: float = CI_LEVEL) -> Interval:
 def aligned(groups: Sequence[tuple[Sequence[float], Sequence | None]]) -> list[np.ndarray] | None:
     """Each group's finite values on the seeds every group ran, in one seed order, so that position i is one seed
     in all of them; None when they do not pair: a group without seeds, a seed twice in one group (e.g. two sweeps
-    loaded together), or fewer than 2 common seeds where the groups' seeds differ (then the groups are compared
-    unpaired). A seed that only some groups ran is left out of the pairs (n counts the pairs)."""
+    loaded together), or no seed in common (then the groups are compared unpaired). A seed that only some groups
+    ran is left out of the pairs (n counts the pairs): one common seed is one pair, a point value with no interval,
+    not a Welch interval over different seed sets that would read as paired."""
     if any(seeds is None for _, seeds in groups):
         return None
     maps = []
@@ -177,7 +179,7 @@ def aligned(groups: Sequence[tuple[Sequence[float], Sequence | None]]) -> list[n
             return None
         maps.append(one)
     common = set.intersection(*(set(m) for m in maps))
-    if not common or (len(common) < 2 and any(set(m) != common for m in maps)):
+    if not common:
         return None
     keys = sorted(common, key=str)
     return [np.array([m[k] for k in keys]) for m in maps]

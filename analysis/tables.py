@@ -257,14 +257,18 @@ def fmt_pm(mean: float, std: float, digits: int = 1) -> str:
 
 
 def fmt_ci(value: float, lo: float, hi: float, digits: int = 1, signed: bool = False, scale: float = 1.0,
-           n: Any = None, note: str = "") -> str:
+           n: Any = None, note: str = "", method: Any = "") -> str:
     """'v [lo, hi] n=k' (n: seeds or seed pairs); 'v (1 seed)' where one seed gives no interval, 'v (no interval,
     n=k)' where k >= 2 give none (differences with no spread, an unbounded ratio: `note` says which); '–' no value.
+    A gap between arms that share no seed (`method` "Welch", analysis.stats.gap) says so: 'v [lo, hi] n=k, Welch'
+    (n the smaller arm), where the same text would otherwise read as paired.
 
     A number that rounds to 0 keeps its sign ("-0.0" for -0.04), as the CSV's and the verdict's numbers do: an
     interval [-0.04, 4.9] printed "[+0.0, +4.9]" would read as excluding 0."""
     if value is None or not np.isfinite(value):
         return MISSING
+    if method == "Welch":
+        return _with_welch(fmt_ci(value, lo, hi, digits, signed, scale, n, note))
 
     def f(x: float) -> str:
         v = round(scale * x, digits)
@@ -277,6 +281,10 @@ def fmt_ci(value: float, lo: float, hi: float, digits: int = 1, signed: bool = F
     if n_ok and int(n) >= 2:
         return f(value) + f" ({note or 'no interval'}, n={int(n)})"
     return f(value) + (" (1 seed)" if n_ok and int(n) == 1 else "")
+
+
+def _with_welch(text: str) -> str:
+    return text[:-1] + ", Welch)" if text.endswith(")") else text + ", Welch"
 
 
 def fmt_share(value: float, lo: float, hi: float, n: Any, note: str) -> str:
@@ -408,7 +416,7 @@ def accuracy_table(sweep: Sweep, baseline: str = BASELINE) -> Table:
             "Seeds": n,
             f"Δ vs {baseline} (pp)": MISSING if r.method == baseline else fmt_ci(
                 getattr(r, f"gap_to_{baseline}"), getattr(r, f"gap_to_{baseline}_lo"), getattr(r, f"gap_to_{baseline}_hi"),
-                signed=True, n=getattr(r, f"gap_to_{baseline}_n")),
+                signed=True, n=getattr(r, f"gap_to_{baseline}_n"), method=getattr(r, f"gap_to_{baseline}_ci")),
             "p / Holm": p_final.get((r.model, r.task, r.severity, r.method), MISSING),
             "eval SE (pp)": MISSING if r.method == baseline else fmt_se(getattr(r, f"gap_to_{baseline}_eval_se")),
         }
@@ -435,13 +443,13 @@ def paired_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> Tab
         row = {"Task / model": f"{r.task} / {r.model}"} if multi else {}
         row |= {"Family": ("primary (pre-registered)" if is_primary(r) else r.family), "Severity": r.severity_label,
                 "Comparison": r.comparison, "Endpoint": "final accuracy" if r.endpoint == "final" else "AUC",
-                "Δ (pp)": fmt_ci(r.gap, r.gap_lo, r.gap_hi, signed=True, n=r.gap_n),
+                "Δ (pp)": fmt_ci(r.gap, r.gap_lo, r.gap_hi, signed=True, n=r.gap_n, method=r.gap_ci),
                 "p": fmt_p(r.p_raw) + (" (1-sided)" if r.alternative == "greater" else ""),
                 "p (Holm)": fmt_p(r.p_holm), "differs": "yes" if differs(r) else ("–" if not np.isfinite(r.p_holm) else "no")}
         rows.append(row)
     caption = (
         "Every paired comparison the report states: Δ = mean difference (pp) with its 95 % interval and n (paired t "
-        "over per-seed differences on the seeds both arms ran, Welch where they share fewer than 2; the exact "
+        "over per-seed differences on the seeds both arms ran, Welch (marked) where they share none; the exact "
         "permutation p where the differences have no spread), the test's raw p (two-sided; "
         "one-sided for a pre-registered directional hypothesis) and its Holm-adjusted p within its family and endpoint: "
         f"'vs {opts.baseline}' (every arm and severity against the baseline), 'vs {opts.naive}' (every other arm at "

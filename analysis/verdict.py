@@ -39,12 +39,14 @@ from .stats import ratio_interval
 MAX_LISTED = 3
 
 
-def _pp(value: float, lo: float, hi: float, n: int) -> str:
-    """'−5.2 pp [−9.1, −1.3], n=3' (a gap), or '−5.2 pp (no interval)'."""
+def _pp(value: float, lo: float, hi: float, n: int, method: Any = "") -> str:
+    """'−5.2 pp [−9.1, −1.3], n=3' (a gap), or '−5.2 pp (no interval, n=3)'; ', Welch' after n where the arms share
+    no seed (analysis.stats.gap)."""
     head = f"{value:+.1f} pp"
+    welch = ", Welch" if method == "Welch" else ""
     if np.isfinite(lo) and np.isfinite(hi):
-        return f"{head} [{lo:+.1f}, {hi:+.1f}], n={n}"
-    return f"{head} (no interval, n={n})"
+        return f"{head} [{lo:+.1f}, {hi:+.1f}], n={n}{welch}"
+    return f"{head} (no interval, n={n}{welch})"
 
 
 def _ps(r: Any) -> str:
@@ -53,7 +55,7 @@ def _ps(r: Any) -> str:
 
 
 def _gap(r: Any) -> str:
-    return f"{_pp(r.gap, r.gap_lo, r.gap_hi, int(r.gap_n))}; {_ps(r)}"
+    return f"{_pp(r.gap, r.gap_lo, r.gap_hi, int(r.gap_n), r.gap_ci)}; {_ps(r)}"
 
 
 def _seeds_phrase(counts: list[int]) -> str:
@@ -134,13 +136,13 @@ def _comparison(d: pd.DataFrame, verb: str, multi_task: bool, labels: dict, none
 
 def _primary(d: pd.DataFrame, opts: SeverityOptions, multi_task: bool, labels: dict) -> str:
     """The pre-registered test: each arm > naive on both endpoints, one-sided, Holm over the pre-registered family."""
-    parts = []
-    for arm, g in d.groupby("a", sort=False):
+    parts = []  # one hypothesis per arm and cell (model, task, rollout setting): its two endpoints, its own decision
+    for (arm, *_), g in d.groupby(["a", "model", "task", "severity"], sort=False):
         ends = []
         for r in g.itertuples(index=False):
             name = "final" if r.endpoint == "final" else "AUC"
-            ends.append(f"{name} {_pp(r.gap, r.gap_lo, r.gap_hi, int(r.gap_n))}, one-sided p {fmt_p(r.p_raw)}, "
-                        f"Holm {fmt_p(r.p_holm)}")
+            ends.append(f"{name} {_pp(r.gap, r.gap_lo, r.gap_hi, int(r.gap_n), r.gap_ci)}, one-sided p "
+                        f"{fmt_p(r.p_raw)}, Holm {fmt_p(r.p_holm)}")
         supported = any(differs(r) for r in g.itertuples(index=False))
         where = f" at {g['severity_label'].iloc[0]}" + (f" on {g['task'].iloc[0]}" if multi_task else "")
         parts.append(f"{arm} > {opts.naive}{where}: {'; '.join(ends)}: **{'supported' if supported else 'not supported'}**")

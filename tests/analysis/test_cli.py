@@ -247,3 +247,19 @@ def test_the_verdict_names_the_baseline_it_compared_with_or_says_there_is_none(t
     with_naive_as_baseline = " ".join(verdict(sweep, SeverityOptions(baseline="naive")))
     assert "compared with a baseline" not in with_naive_as_baseline
     assert "from naive" in with_naive_as_baseline  # the baseline that is present is named
+
+
+def test_a_primary_arm_that_can_have_no_test_is_refused(tmp_path: Path):
+    """`--primary naive` (the arm every primary one is tested against) and `--primary bf16` (never run at a precision
+    where naive ran) used to exit 0 with no pre-registered row, while the report's settings named them."""
+    root = tmp_path / "sweep"
+    for method in ("bf16", "naive", "tis"):
+        write_run(root, method, "arithmetic", 0)
+    for arm, why in (("naive", "is the arm each primary one is tested against"),
+                     ("bf16", "never ran at a rollout setting where 'naive' ran")):
+        err = io.StringIO()
+        with redirect_stderr(err):
+            rc = main([str(root), "--out", str(tmp_path / "rep"), "--primary", f"tis,{arm}"])
+        assert rc == 2 and f"--primary '{arm}' {why}" in err.getvalue(), err.getvalue()
+        assert "arms with a test against 'naive': tis" in err.getvalue()
+        assert not (tmp_path / "rep").exists()

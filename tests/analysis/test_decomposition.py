@@ -4,6 +4,8 @@ the collapse definition (analysis/collapse.py), on synthetic runs whose per-seed
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import scipy.stats as sps
@@ -176,3 +178,32 @@ def test_the_verdict_counts_in_a_holm_family_only_the_tested_comparisons(tmp_pat
     assert np.isfinite(base["p_holm"]).sum() == 2 and len(base) == 3
     text = " ".join(verdict(sweep, SeverityOptions()))
     assert "Holm over its 2 comparisons (1 more with no test: fewer than 2 seeds)" in text
+
+
+def test_the_preregistered_test_is_one_hypothesis_per_rollout_setting(tmp_path):
+    """tis at two precisions: each is its own hypothesis with its own numbers and decision. The verdict put both
+    severities' endpoints under the first one's label ("tis > naive at int8: final ...; final ...") and decided
+    "supported" for all of them together."""
+    better = {"naive": FINAL["naive"], "tis": [v + d for v, d in zip(FINAL["naive"], (0.05, 0.06, 0.03, 0.06))]}
+    same = {"naive": FINAL["naive"], "tis": [v + d for v, d in zip(FINAL["naive"], (0.01, -0.02, 0.0, -0.01))]}
+    for precision, finals in (("fp8_e4m3", better), ("int8", same)):
+        for method, values in finals.items():
+            for seed, f in zip(SEEDS, values):
+                write_run(tmp_path / precision, method, "arithmetic", seed, precision=precision,
+                          eval_values=[0.2 + (f - 0.2) * i / 3 for i in range(len(EVAL_STEPS))])
+    text = " ".join(verdict(load_sweeps([tmp_path / "fp8_e4m3", tmp_path / "int8"]), SeverityOptions(primary=("tis",))))
+    found = {at: (ends, decision) for at, ends, decision in
+             re.findall(r"tis > naive at (\S+)[^:]*: (.*?): \*\*(supported|not supported)\*\*", text)}
+    assert set(found) == {"fp8_e4m3", "int8"}, text
+    (fp8, fp8_decision), (int8, int8_decision) = found["fp8_e4m3"], found["int8"]
+    assert fp8.count("final ") == 1 and fp8.startswith("final +5.0 pp") and fp8_decision == "supported"
+    assert int8.count("final ") == 1 and int8.startswith("final -0.5 pp") and int8_decision == "not supported"
+
+
+def test_naive_as_the_baseline_counts_each_comparison_once(sweep):
+    """`--baseline naive`: "vs naive" is the baseline family itself; each comparison was listed twice and Holm
+    counted 5 where there are 3."""
+    c = paired_comparisons(sweep, SeverityOptions(baseline="naive"))
+    final = c[c["endpoint"] == "final"]
+    assert set(final["family"]) == {"vs naive"} and sorted(final["a"]) == ["bf16", "matched", "tis"]
+    np.testing.assert_allclose(final["p_holm"], holm(final["p_raw"].to_numpy()))

@@ -85,8 +85,13 @@ def test_intervals_match_scipy():
     ref = sps.ttest_rel(a[:2], b[:2]).confidence_interval(0.95)
     assert (iv.n, iv.method) == (2, "paired t") and iv.value == pytest.approx(np.mean(a[:2]) - np.mean(b[:2]))
     assert (iv.lo, iv.hi) == pytest.approx((ref.low, ref.high))
-    # fewer than 2 seeds in common, or none given: Welch
-    for seeds_b in ([2, 3, 4], None):
+    # one seed in common: that seed's difference, no interval (a Welch interval over different seed sets read as
+    # paired in every table)
+    one_pair = diff_interval(a, b, [0, 1, 2], [2, 3, 4])
+    assert (one_pair.n, one_pair.note) == (1, "1 seed") and one_pair.value == pytest.approx(a[2] - b[0])
+    assert not one_pair.defined
+    # no seed in common, or none given: Welch
+    for seeds_b in ([3, 4, 5], None):
         iv = diff_interval(a, b, [0, 1, 2], seeds_b)
         ref = sps.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
         assert iv.method == "Welch" and (iv.lo, iv.hi) == pytest.approx((ref.low, ref.high))

@@ -260,6 +260,11 @@ def test_cells_keep_the_sign_and_the_n_of_what_they_show():
     # no interval from n >= 2 (differences with no spread; an unbounded ratio): the n is still given, and why
     assert fmt_ci(-12.5, float("nan"), float("nan"), signed=True, n=2) == "-12.5 (no interval, n=2)"
     assert fmt_ci(0.5, float("nan"), float("nan"), n=1) == "0.5 (1 seed)"
+    # arms that share no seed: Welch, said so (the same text read as a paired interval)
+    assert fmt_ci(-7.8, -20.0, 4.4, signed=True, n=2, method="Welch") == "-7.8 [-20.0, +4.4] n=2, Welch"
+    assert fmt_ci(-3.0, float("nan"), float("nan"), signed=True, n=2, note="no spread", method="Welch") == \
+        "-3.0 (no spread, n=2, Welch)"
+    assert fmt_ci(-3.0, -5.0, -1.0, signed=True, n=3, method="paired t") == "-3.0 [-5.0, -1.0] n=3"
     assert fmt_share(0.24, float("nan"), float("nan"), 3, "interval unbounded") == "24 % (interval unbounded, n=3)"
     assert fmt_share(0.5, 0.334, 0.713, 3, "") == "50 % [33, 71] n=3"
     assert fmt_share(float("nan"), float("nan"), float("nan"), 0, "naive gap within noise") == "n/a (naive gap within noise)"
