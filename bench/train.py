@@ -352,7 +352,7 @@ def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | N
                 if (step + 1) % every.checkpoint_every == 0 or stop:
                     checkpoint.save(p, run, step + 1)
                 if stop and step + 1 < every.steps:
-                    run.finish("preempted", reason=f"signal {guard.signal_name} after step {step}")
+                    run.finish("preempted", reason=f"signal {guard.signal_name} after {step + 1} of {every.steps} steps")
                     log.close(exit_code=1, preempting=True)
                     guard.exit_after_checkpoint()
         except Diverged as e:  # diverged_step: analysis keeps a divergence as a result only after step 0

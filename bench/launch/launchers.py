@@ -168,6 +168,18 @@ class _Snapshotting:
         self.code: Path | None = None  # made at the first launch of this process
         self.code_is_new = False  # made by this process (not an earlier snapshot of the same files)
 
+    def _unsettled(self, jobs: list[JobView], overrides: dict[int, list[str]]) -> list[JobView]:
+        """The jobs that have work; the rest (completed, or refused before any work: a changed configuration) are
+        recorded as the job itself would report them (`_settled`) and never handed out: on SLURM each costs a queue
+        wait and an allocation, locally a worker's start and a job header in a finished run's run.log."""
+        assert self.hydra_context is not None
+        configs = self.hydra_context.config_loader._configs
+        todo = [j for j in jobs if not _settled(j, configs[tuple(overrides[j.idx])])]
+        if len(todo) < len(jobs):
+            log.info(f"Not starting {len(jobs) - len(todo)} of {len(jobs)} jobs: already completed, or refused "
+                     "before any work (the summary says which)")
+        return todo
+
     def _snapshot(self) -> Path:
         if self.code is None:
             assert self.config is not None
@@ -268,10 +280,12 @@ class SnapshotLocalLauncher(_Snapshotting, Launcher):
                 jobs, overrides = job_views(self.hydra_context.config_loader, self.config, job_overrides,
                                             initial_job_idx)
                 line = LiveLine(sweep_dir.name, jobs)
-                log.info(f"Launching {len(jobs)} jobs on {n_workers} local worker processes; sweep output dir: "
+                todo = self._unsettled(jobs, overrides)
+                log.info(f"Launching {len(todo)} jobs on {n_workers} local worker processes; sweep output dir: "
                          f"{sweep_dir}; each run's output goes to <run dir>/run.log")
                 payload = cloudpickle.dumps((self.hydra_context, self.config, self.task_function, Singleton.get_state()))
-                self._stopped_by = pool.run(payload, jobs, overrides, line, sweep_dir)
+                if todo:
+                    self._stopped_by = pool.run(payload, todo, overrides, line, sweep_dir)
             finally:
                 pool.close()
         finally:
@@ -323,10 +337,7 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
         assert self.config is not None and self.hydra_context is not None
         jobs, overrides = job_views(self.hydra_context.config_loader, self.config, job_overrides, initial_job_idx)
         line = LiveLine(Path(str(self.config.hydra.sweep.dir)).name, jobs)
-        todo = [j for j in jobs if not _settled(j, self.hydra_context.config_loader._configs[tuple(overrides[j.idx])])]
-        if len(todo) < len(jobs):
-            log.info(f"Not submitting {len(jobs) - len(todo)} of {len(jobs)} jobs: already completed, or refused "
-                     "before any work (the summary says which); no allocation is spent on them")
+        todo = self._unsettled(jobs, overrides)
         if not todo:
             sweep_report.finish(line)
             return _job_returns(jobs, overrides, self.config)

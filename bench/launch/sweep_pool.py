@@ -165,8 +165,14 @@ def worker_main(conn: Connection, parent_pid: int) -> None:
             setup = cloudpickle.loads(msg)
             continue
         job = msg
+        try:
+            conn.send(("started", job["idx"], None, False))  # from now on a death of this process is the job's
+        except (BrokenPipeError, OSError):
+            break
         outcome = _run_one(state, setup, job)
-        retire = "vllm" in sys.modules  # the next job gets a fresh process (the docstring says why)
+        # the next job gets a fresh process: after a vLLM job (the docstring says why), and after a signal, which
+        # ends this worker (the parent must not hand it a job it would never start)
+        retire = "vllm" in sys.modules or state.stop is not None
         try:
             conn.send(("result", job["idx"], outcome, retire))
         except (BrokenPipeError, OSError):
@@ -183,7 +189,9 @@ class _Worker:
     conn: Connection
     job: JobView | None = None
     gpus: str | None = None  # its CUDA_VISIBLE_DEVICES (bench.launch.requests.gpu_blocks); None: inherited
-    retiring: bool = False  # it said it ends after its job (a vLLM job): no further job is sent to it
+    retiring: bool = False  # it said it ends after its job (a vLLM job, a signal): no further job is sent to it
+    started: bool = False  # it said it started `job`: a death before that leaves the job to another worker
+    ran: bool = False  # it was ever given a job (one that never was can be ended at once: it holds no run)
 
 
 def next_job(pending: list[JobView], jobs: list[JobView], t0: float) -> JobView:
@@ -248,9 +256,9 @@ class WorkerPool:
         with _environment(CUDA_VISIBLE_DEVICES=gpus):  # a spawned child starts with this process's environment
             proc.start()
         child_conn.close()
+        self.workers.append(w := _Worker(proc, parent_conn, gpus=gpus))
         if self.payload is not None:
-            parent_conn.send(self.payload)
-        self.workers.append(_Worker(proc, parent_conn, gpus=gpus))
+            _send(w, self.payload)
 
     def run(self, payload: bytes, jobs: list[JobView], overrides: dict[int, list[str]], line: LiveLine,
             sweep_dir: Path) -> int | None:
@@ -259,27 +267,31 @@ class WorkerPool:
         self.payload = payload
         line.eta.slots = self.n_workers  # the ETA schedules the jobs left on this many workers
         for w in self.workers:
-            w.conn.send(payload)
+            _send(w, payload)  # (a worker a signal has ended already: its death is seen below)
         pending = list(jobs)
         t0 = time.time()
         announced = 0
         try:
             while True:
-                if len(self.stopping) > announced:
-                    announced = len(self.stopping)
-                    name = signal.Signals(self.stopping[-1]).name
-                    again = " (again: they stop without waiting for the current step)" if announced == 1 else ""
-                    line.message(f"[sweep {line.sweep}] caught {name}: passed to {self.reached[announced - 1]} "
-                                 f"running job(s); waiting for their checkpoints{again}")
+                while len(self.stopping) > announced:  # each signal once, in order (two can come between looks)
+                    name = signal.Signals(self.stopping[announced]).name
+                    line.message(f"[sweep {line.sweep}] caught {name}: " + (
+                        f"passed to {self.reached[announced]} running job(s); waiting for their checkpoints (again: "
+                        "they stop without waiting for the current step)" if announced == 0 else
+                        f"passed to {self.reached[announced]} running job(s); they stop without waiting for the "
+                        "current step"))
+                    announced += 1
+                    line.stopping = True
                 if not self.stopping:
                     for w in self.workers:
                         if w.job is None and not w.retiring and pending and w.process.is_alive():
                             job = next_job(pending, jobs, t0)
+                            message = {"idx": job.idx, "overrides": overrides[job.idx], "run_dir": str(job.run_dir),
+                                       "name": job.name, "sweep_dir": str(sweep_dir), "own_dir": job.own_dir}
+                            if not _send(w, message):
+                                continue  # it is ending: the job stays pending
                             pending.remove(job)
-                            w.conn.send({"idx": job.idx, "overrides": overrides[job.idx], "run_dir": str(job.run_dir),
-                                         "name": job.name, "sweep_dir": str(sweep_dir),
-                                         "own_dir": job.own_dir})
-                            job.state, job.started, w.job = "running", time.monotonic(), job
+                            job.state, job.started, w.job, w.started, w.ran = "running", time.monotonic(), job, False, True
                 if not any(w.job for w in self.workers) and (self.stopping or not pending):
                     if len(self.stopping) == announced:
                         break
@@ -292,9 +304,13 @@ class WorkerPool:
                         if w.process.exitcode is None:
                             continue
                         _drain(w)
-                        if w.job is not None:  # died inside a job
+                        if w.job is not None and not w.started:  # died before it took the job: another worker will
+                            w.job.state, w.job.started = "pending", None
+                            pending.insert(0, w.job)
+                        elif w.job is not None:  # died inside a job
                             w.job.state = "done"
                             w.job.outcome = _death_outcome(w)
+                            _record_death(w.job, w.job.outcome["reason"])
                         self.workers.remove(w)
                         if not self.stopping and pending and len(self.workers) < self.n_workers:
                             self._spawn(w.gpus)  # the replacement takes over its GPUs
@@ -304,12 +320,13 @@ class WorkerPool:
         return self.stopping[0] if self.stopping else None
 
     def close(self) -> None:
-        """Tell idle workers to exit, wait for all of them, and give the signals back."""
+        """Tell idle workers to exit, wait for all of them, and give the signals back. A worker never given a job
+        (every job was settled before the pool started: a finished sweep relaunched) is ended at once rather than
+        waited for through its imports."""
         for w in self.workers:
-            try:
-                w.conn.send(None)
-            except (BrokenPipeError, OSError):
-                pass
+            if not w.ran and w.process.is_alive():
+                w.process.kill()
+            _send(w, None)
         for w in self.workers:
             w.process.join(timeout=30)
             if w.process.is_alive():
@@ -336,15 +353,44 @@ def _environment(**values: str | None) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def _send(w: _Worker, message: Any) -> bool:
+    """Send to a worker; False when it has gone (a signal can end a worker before the parent looks)."""
+    try:
+        w.conn.send(message)
+        return True
+    except (BrokenPipeError, ConnectionResetError, OSError):
+        return False
+
+
 def _drain(w: _Worker) -> None:
     """Read every message a worker has sent (a result can arrive just before the worker exits)."""
     try:
         while w.conn.poll():
             kind, idx, outcome, retire = w.conn.recv()
-            if kind == "result" and w.job is not None and w.job.idx == idx:
+            if w.job is None or w.job.idx != idx:
+                continue
+            if kind == "started":
+                w.started = True
+            elif kind == "result":
                 w.job.state, w.job.outcome, w.job = "done", outcome, None
                 w.retiring = retire
     except (EOFError, OSError):
+        pass
+
+
+def _record_death(job: JobView, reason: str) -> None:
+    """A run whose worker died (kill -9, out of memory) still says 'running' in its run.json, and a report or a
+    dry run could not tell it from a live one: it is marked failed with the reason (a relaunch resumes it as
+    before: a failed run is resumed from its last checkpoint)."""
+    if not job.own_dir:
+        return
+    from bench.run.store import RunDir
+
+    try:
+        run = RunDir(job.run_dir)
+        if run.info().get("status") == "running":
+            run.finish("failed", reason=reason)
+    except Exception:  # noqa: BLE001 -- a view of the death, never a reason to stop the sweep
         pass
 
 

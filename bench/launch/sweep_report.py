@@ -84,32 +84,43 @@ class JobView:
 
 #: the outcomes of a job a signal ended (bench/launch/cli.py's Outcome): stopped, to be resumed, not failed
 SIGNAL_OUTCOMES = ("preempted", "interrupted")
+#: outcomes a relaunch of the same command meets again (a changed configuration, a run directory it will not touch)
+REFUSALS = ("bad_config", "refused")
 
 
 def counts(jobs: list[JobView]) -> dict[str, int]:
-    out = {"done": 0, "running": 0, "failed": 0, "stopped": 0, "skipped": 0, "pending": 0}
+    """Jobs by what the line says of them; a refused one (a changed configuration: it did no work, and a relaunch
+    meets it again) is not counted as failed."""
+    out = {"done": 0, "running": 0, "failed": 0, "stopped": 0, "refused": 0, "skipped": 0, "pending": 0}
     for j in jobs:
         if j.state == "done":
             kind = (j.outcome or {}).get("outcome")
             out["done" if kind == "completed" else "skipped" if kind == "skipped"
-                else "stopped" if kind in SIGNAL_OUTCOMES else "failed"] += 1
+                else "stopped" if kind in SIGNAL_OUTCOMES else "refused" if kind in REFUSALS else "failed"] += 1
         else:
             out[j.state] += 1
     return out
 
 
-def status_line(sweep: str, jobs: list[JobView], elapsed: float, extra: str = "", eta_text: str = "?") -> str:
+def status_line(sweep: str, jobs: list[JobView], elapsed: float, extra: str = "", eta_text: str = "?",
+                stopping: bool = False) -> str:
+    """The sweep's line; `stopping` (a signal came): the pending jobs will not start, so there is no ETA."""
     c = counts(jobs)
     parts = [f"{c['done']}/{len(jobs)} done", f"{c['running']} running", f"{c['failed']} failed",
              f"{c['skipped']} skipped"]
     if c["stopped"]:
         parts.insert(3, f"{c['stopped']} stopped")
+    if c["refused"]:
+        parts.insert(3, f"{c['refused']} refused")
     if c["pending"]:
-        parts.append(f"{c['pending']} pending")
+        parts.append(f"{c['pending']} {'not started' if stopping else 'pending'}")
     if extra:
         parts.append(extra)
-    remaining = c["running"] + c["pending"]
-    parts.append(f"ETA {eta_text}" if remaining else f"took {fmt_duration(elapsed)}")
+    remaining = c["running"] + (0 if stopping else c["pending"])
+    if stopping and remaining:
+        parts.append("stopping: waiting for the running jobs")
+    else:
+        parts.append(f"ETA {eta_text}" if remaining else f"took {fmt_duration(elapsed)}")
     return f"[sweep {sweep}] " + " · ".join(parts)
 
 
@@ -125,6 +136,7 @@ class LiveLine:
     _last_t: float = 0.0
     _width: int = 0
     eta: Eta = field(default_factory=Eta)  # its `slots`: the local pool's workers (None: SLURM, as seen running)
+    stopping: bool = False  # a signal came: no further job starts (sweep_pool.WorkerPool sets it)
 
     @property
     def tty(self) -> bool:
@@ -133,7 +145,8 @@ class LiveLine:
     def refresh(self, extra: str = "", force: bool = False) -> None:
         now = time.monotonic()
         left = self.eta.update(now, self.jobs)
-        line = status_line(self.sweep, self.jobs, now - self.t0, extra, "?" if left is None else fmt_duration(left))
+        line = status_line(self.sweep, self.jobs, now - self.t0, extra, "?" if left is None else fmt_duration(left),
+                           self.stopping)
         changed = _without_eta(line) != _without_eta(self._last)
         if self.tty:
             if force or changed or now - self._last_t >= 1.0:
@@ -187,10 +200,6 @@ def finish(line: LiveLine, stopped_by: int | None = None) -> int:
                      f"(exit code {code}); {_way_on(bad, stopped_by)}")
     set_exit_code(code)
     return code
-
-
-#: outcomes a relaunch of the same command meets again (a changed configuration, a run directory it will not touch)
-REFUSALS = ("bad_config", "refused")
 
 
 def _way_on(bad: list[Any], stopped_by: int | None) -> str:

@@ -301,7 +301,7 @@ def test_a_cancelled_job_that_checkpointed_is_summarised_as_preempted(slurm, cle
     info = run.info()
     assert info["status"] == "preempted" and 3 <= len(run.metrics()) < 400, info
     line = next(ln for ln in out.splitlines() if "bf16@bf16-arithmetic-tiny-s0:" in ln and "preempted" in ln)
-    assert "signal SIGTERM after step" in line and "(state: CANCELLED" in line, line
+    assert "signal SIGTERM after " in line and " steps" in line and "(state: CANCELLED" in line, line
     assert "0/1 done · 0 running · 0 failed · 1 stopped" in out, out[-3000:]
 
 

@@ -119,10 +119,12 @@ def test_sigterm_to_the_sweep_preempts_every_run_and_leaves_no_process(tmp_path)
 
 
 def test_sigterm_to_a_worker_preempts_its_run_and_the_worker_exits(tmp_path):
-    proc = _start_sweep(tmp_path, "method=bf16,tis", "train.steps=40")
-    bf16, tis = run_dir(tmp_path, "bf16"), run_dir(tmp_path, "tis")
+    """The worker's run checkpoints and its worker ends; the jobs still pending run on a new worker. (The ending
+    worker used to be handed the next job, which it never started: reported "failed ... died during the job".)"""
+    proc = _start_sweep(tmp_path, "method=bf16,tis", "seed=0,1", "train.steps=40")
+    runs = [run_dir(tmp_path, m, s) for m in ("bf16", "tis") for s in (0, 1)]
     try:
-        _wait_rows(proc, [bf16, tis])
+        wait_until("2 runs with 2 rows", lambda: sum(len(r.metrics()) >= 2 for r in runs) >= 2, proc, every=0.2)
         workers = [p for p in descendants(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
         assert len(workers) == 2
         victim = next(w for w in workers if os.getpgid(w) == w)  # each worker leads its own process group
@@ -132,10 +134,11 @@ def test_sigterm_to_a_worker_preempts_its_run_and_the_worker_exits(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    statuses = sorted(r.status for r in (bf16, tis))
-    assert statuses == ["completed", "preempted"], err[-4000:]
+    statuses = sorted(r.status for r in runs)
+    assert statuses == ["completed", "completed", "completed", "preempted"], err[-4000:]
     assert proc.returncode == 128 + signal.SIGTERM  # the code of its one job that did not complete
-    assert "preempted" in err[err.index("did not complete") - 1500:]
+    summary = err[err.index("did not complete") - 1500:]
+    assert "preempted" in summary and "died" not in summary, summary
 
 
 def test_kill_9_of_the_sweep_process_leaves_no_worker_training(tmp_path):
@@ -168,3 +171,22 @@ def test_a_sweep_over_arms_and_precisions_runs_every_valid_combination(tmp_path)
     assert all(RunDir(tmp_path / "default" / a / "arithmetic" / "tiny" / "seed0").status == "completed" for a in arms)
     note = "method=bf16 rolls out in bf16 only: it runs once at rollout.precision=bf16 instead of at rollout.precision=int8,mxfp4"
     assert note in proc.stderr and "5/5 done" in proc.stderr
+
+
+def test_a_relaunch_with_a_changed_setting_starts_no_job_and_leaves_the_finished_runs_alone(tmp_path):
+    """As on SLURM: a job whose outcome is known before any work (completed; refused: a changed configuration) is
+    not handed to a worker. It was: each refusal appended a job header and the error to a finished run's run.log,
+    and the line counted it as failed."""
+    args = [*SHORT, "seed=0,1", f"out_root={tmp_path}"]
+    first = subprocess.run(sweep_cmd(*args), cwd=REPO, env=env(QRL_LOCAL_JOBS="2"), capture_output=True, text=True,
+                           timeout=HANG_S)
+    assert first.returncode == 0, first.stderr[-3000:]
+    runs = [run_dir(tmp_path, seed=s) for s in (0, 1)]
+    logs = [(r.path / "run.log").read_bytes() for r in runs]
+    changed = subprocess.run(sweep_cmd(*args, "train.lr=0.0005"), cwd=REPO, env=env(QRL_LOCAL_JOBS="2"),
+                             capture_output=True, text=True, timeout=HANG_S)
+    assert changed.returncode == 2, changed.stderr[-3000:]
+    assert "0/2 done · 0 running · 0 failed · 2 refused" in changed.stderr, changed.stderr[-3000:]
+    assert "train.lr" in changed.stderr
+    assert [(r.path / "run.log").read_bytes() for r in runs] == logs
+    assert [r.status for r in runs] == ["completed", "completed"]

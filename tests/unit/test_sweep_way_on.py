@@ -28,6 +28,12 @@ def test_the_live_line_counts_a_job_a_signal_stopped_as_stopped_not_failed():
     line = status_line("s", jobs, 10.0, eta_text="1m")
     assert "1/4 done · 0 running · 1 failed · 1 stopped · 0 skipped · 1 pending" in line, line
     assert "stopped" not in status_line("s", jobs[:1], 10.0)
+    # a signal came: the pending job will not start, so no ETA for it
+    jobs.append(SimpleNamespace(state="running", outcome=None))
+    stopping = status_line("s", jobs, 10.0, eta_text="1m", stopping=True)
+    assert stopping.endswith("1 not started · stopping: waiting for the running jobs"), stopping
+    refused = [SimpleNamespace(state="done", outcome={"outcome": o}) for o in ("completed", "bad_config")]
+    assert "1/2 done · 0 running · 0 failed · 1 refused · 0 skipped" in status_line("s", refused, 10.0)
 
 
 def test_a_cancelled_slurm_job_whose_run_checkpointed_is_reported_preempted(tmp_path):
@@ -51,10 +57,10 @@ def test_a_cancelled_slurm_job_whose_run_checkpointed_is_reported_preempted(tmp_
                                  "produced any output (state: CANCELLED by 0)")
     job = JobView(0, "tis", tmp_path, 600)
     since = time.time()
-    (tmp_path / "run.json").write_text(json.dumps({"status": "preempted", "reason": "signal SIGTERM after step 203"}))
+    (tmp_path / "run.json").write_text(json.dumps({"status": "preempted", "reason": "signal SIGTERM after 204 of 500 steps"}))
     recorded = _as_recorded(outcome, job, since - 1)
     assert recorded["outcome"] == "preempted" and recorded["code"] == 143
-    assert recorded["reason"].startswith("signal SIGTERM after step 203 (SLURM: UncompletedJobError: Job 13_1")
+    assert recorded["reason"].startswith("signal SIGTERM after 204 of 500 steps (SLURM: UncompletedJobError: Job 13_1")
     os.utime(tmp_path / "run.json", (since - 60, since - 60))  # an earlier launch's run.json says nothing of this one
     # cancelled before its run wrote anything (queued, or starting): said in words, not submitit's internals
     recorded = _as_recorded(outcome, job, since)
@@ -89,6 +95,6 @@ def test_the_slurm_line_ends_a_job_that_left_the_queue_without_ending_its_run(tm
     assert [v.state for v in views] == ["done", "done", "pending"]
     assert views[0].outcome["outcome"] == "failed" and "left the SLURM queue" in views[0].outcome["reason"]
     assert views[1].outcome == {"outcome": "completed", "reason": None}
-    assert counts(views) == {"done": 1, "running": 0, "failed": 1, "stopped": 0, "skipped": 0, "pending": 1}
+    assert counts(views) == {"done": 1, "running": 0, "failed": 1, "stopped": 0, "refused": 0, "skipped": 0, "pending": 1}
     monitor._update(views[0], "PENDING")  # requeued: in the queue again
     assert views[0].state == "pending" and views[0].outcome is None
