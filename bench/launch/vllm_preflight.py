@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from omegaconf import OmegaConf
 
 from bench.eval_config import as_eval_config, eval_engine_kind
 from bench.rollout.base import SamplingParams
@@ -161,13 +162,22 @@ START_ERRORS = (
 )
 
 
-def start_error(err: BaseException) -> PreflightError:
-    """(b)'s one line for an engine that did not start: vLLM's message and the setting it points at."""
-    text = " ".join(str(err).split()) or type(err).__name__
+def clip(text: str, limit: int = 300) -> str:
+    """vLLM's message on one line, cut at a word with an ellipsis where it is longer than `limit` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " …"
+
+
+def start_error(err: BaseException, device: str = "gpu") -> PreflightError:
+    """(b)'s one line for an engine that did not start: vLLM's message and the setting it points at (on a CPU the
+    KV cache's size is VLLM_CPU_KVCACHE_SPACE, GiB: vLLM's advice of gpu_memory_utilization does nothing there)."""
+    text = clip(str(err)) or type(err).__name__
     lower = text.lower()
     setting = next((s for words, s in START_ERRORS if any(w in lower for w in words)),
                    "rollout=embedded (to run without vLLM)")
-    return PreflightError(f"vLLM did not start with this run's arguments ({type(err).__name__}: {text[:300]}); "
+    if device == "cpu" and setting == "rollout.gpu_memory_utilization":
+        setting = "the KV cache's size (on a CPU: the environment variable VLLM_CPU_KVCACHE_SPACE, in GiB)"
+    return PreflightError(f"vLLM did not start with this run's arguments ({type(err).__name__}: {text}); "
                           f"change {setting}")
 
 
@@ -261,6 +271,10 @@ class Preflight:
                 result = Step(key, title, "ok", fn() or "")
             except PreflightError as e:
                 result = Step(key, title, "failed", str(e))
+            except Exception as e:  # noqa: BLE001 -- vLLM raises many types (an unsupported attention shape at the
+                # first forward pass, out of memory): the step fails in one line, the run exits 2 with nothing written
+                result = Step(key, title, "failed", f"{type(e).__name__}: {clip(str(e))} (vLLM cannot run this model "
+                                                    "with these settings here; rollout=embedded runs without vLLM)")
         result.seconds = time.perf_counter() - t0
         self.steps.append(result)
         self.say(result.line())
@@ -310,7 +324,7 @@ class Preflight:
         try:
             engine.start(self.policy)
         except Exception as e:  # noqa: BLE001 -- vLLM raises many types; the message names the setting
-            raise start_error(e) from None
+            raise start_error(e, engine.device) from None
         alone = f" (one process: the run's {self.ranks} ranks start theirs with the external launcher)" if self.alone else ""
         return f"{time.perf_counter() - t0:.1f} s: {describe_args(engine)}; {model_runner(engine)}{alone}"
 
@@ -353,9 +367,8 @@ class Preflight:
             try:
                 self.rollout.load_weights(self.policy)
             except Exception as e:  # noqa: BLE001 -- vLLM raises many types; the message names the setting
-                cause = " ".join(str(e).split())[:300]
                 raise PreflightError(f"the rollout engine did not start again after the evaluation's engine closed "
-                                     f"({type(e).__name__}: {cause}); set eval.engine=embedded, or evaluate in the "
+                                     f"({type(e).__name__}: {clip(str(e))}); set eval.engine=embedded, or evaluate in the "
                                      "rollout engine (a rollout.precision the evaluation shares)") from None
             rebuilt = f"; the rollout engine started again in {time.perf_counter() - t0:.1f} s"
         return (f"{what} {before:.2f} GB before the engine, {during:.2f} GB with the evaluation's engine, "
@@ -395,19 +408,30 @@ def preflight(parts: Parts, say: Callable[[str], None] = print) -> list[Step]:
     return Preflight(parts, say).run()
 
 
-#: the config groups a job's engine setup depends on: jobs equal in these share one preflight (`preflight_sweep`)
+#: the config groups a job's engine setup depends on: jobs equal in these, and in the memory estimate step (f)
+#: checks (bench/launch/memory.py: algo.advantage's critic, a reference policy), share one preflight
 SETUP_KEYS = ("model", "rollout", "eval", "task", "train", "budget")
+
+
+def setup_key(cfg: Any) -> str:
+    """What makes two jobs' preflights the same (`SETUP_KEYS` and the memory estimate's parts and phases)."""
+    import json
+
+    from bench.launch.memory import estimate_memory
+
+    est = estimate_memory(cfg)
+    memory = None if est is None else {"parts": est.parts, "phases": est.phases}
+    return json.dumps({**{k: OmegaConf.to_container(cfg[k], resolve=True) for k in SETUP_KEYS}, "memory": memory},
+                      sort_keys=True, default=str)
 
 
 def preflight_sweep(overrides: list[str]) -> int:
     """`qrl-bench -m ... --preflight`: the preflight of every distinct engine setup among the sweep's jobs that use
     vLLM, each in its own child process (an engine's memory and vLLM's process-wide state go with it), here and now;
     0 when every one passed, 2 when one failed (its lines say which setting to change)."""
-    import json
     import subprocess
 
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     from bench.launch.config import CONF_DIR
     from bench.launch.dryrun import expand
@@ -419,9 +443,7 @@ def preflight_sweep(overrides: list[str]) -> int:
         for job in jobs:
             cfg = compose("config", overrides=job)
             if applies(cfg):
-                key = json.dumps({k: OmegaConf.to_container(cfg[k], resolve=True) for k in SETUP_KEYS}, sort_keys=True,
-                                 default=str)
-                setups.setdefault(key, []).append((RunDir.name_of(cfg), job))
+                setups.setdefault(setup_key(cfg), []).append((RunDir.name_of(cfg), job))
     users = sum(len(v) for v in setups.values())
     print(f"vLLM preflight: {users} of {len(jobs)} jobs use vLLM, {len(setups)} distinct engine setup(s)", file=sys.stderr)
     failed = []

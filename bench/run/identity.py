@@ -319,18 +319,28 @@ def config_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[st
     return [(k, x, y) for k, x, y in diff if x != y and not is_neutral_absence(k, x, y)]
 
 
+#: keys that choose a component: when one differs, the keys the two components do not share differ with it
+CHOOSERS = ("engine", "name")
+
+
 def describe_diff(diff: Iterable[tuple[str, Any, Any]], limit: int = 6) -> str:
-    """`key: old -> new; ...`; a key one side lacks says whether ADDED_KEYS declares it (and its neutral value)."""
+    """`key: old -> new; ...`, the values both records set first (a changed `rollout.engine` is named, not hidden
+    in "and 8 more" behind the keys only one engine has); a key one side lacks says why: the other component's
+    key where its chooser changed, else whether ADDED_KEYS declares it (and its neutral value)."""
+    diff = sorted(diff, key=lambda d: (UNSET in d[1:], d[0].rsplit(".", 1)[-1] not in CHOOSERS, d[0]))
+    switched = {k.rsplit(".", 1)[0]: k for k, a, b in diff if k.rsplit(".", 1)[-1] in CHOOSERS and UNSET not in (a, b)}
+
     def one(k: str, a: Any, b: Any) -> str:
         text = f"{k}: {a!r} -> {b!r}"
         if UNSET not in (a, b):
             return text
+        if k.rsplit(".", 1)[0] in switched:
+            return text + f" (only one of the two {switched[k.rsplit('.', 1)[0]]} values has this key)"
         added = ADDED_KEYS.get(k)
         if added is None:
             return text + " (a key one record lacks and bench.run.identity.ADDED_KEYS does not declare)"
         return text + f" (added in {added.commit}; only {k}={json.dumps(added.neutral)} computes as before it)"
 
-    diff = list(diff)
     shown = "; ".join(one(*d) for d in diff[:limit])
     return shown + (f"; and {len(diff) - limit} more" if len(diff) > limit else "")
 

