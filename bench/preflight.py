@@ -108,6 +108,10 @@ def check_prompt_lengths(task: Any, tokenizer: Any, examples: list, split: str, 
     """ValueError naming how many prompts of `split` do not fit `context` with `max_new_tokens` (None: an eval
     set, whose response budget is cut to the room left: one token must fit), and the longest."""
     budget = context - (1 if max_new_tokens is None else max_new_tokens)
+    if budget < 1:  # not a prompt's fault: the response alone fills the context ("at most -72 fit")
+        raise ValueError(f"{label or f'task {task.name!r}'}: task.max_new_tokens={max_new_tokens} leaves no room for a "
+                         f"prompt in the model's context of {context} tokens: lower task.max_new_tokens or use a "
+                         "model with a longer context")
     lengths = [prompt_length(tokenizer, task, ex, fmt, budget) for ex in examples]
     too_long = [i for i, (n, _) in enumerate(lengths) if n > budget]
     if not too_long:

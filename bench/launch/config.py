@@ -290,7 +290,7 @@ def check_engines_across_ranks(cfg: DictConfig) -> None:
         device = {"cuda": "gpu", "cpu": "cpu"}.get(str(cfg.train.get("device", "auto")))
         precisions = [VLLM_EVAL_PRECISION[device]] if device else list(VLLM_EVAL_PRECISION.values())
         shared = cfg.rollout.engine == "vllm" and cfg.rollout.precision in precisions
-    check_engine(cfg.rollout.engine, world, int(cfg.train.get("sampling_shards") or world), shared)
+    check_engine(cfg.rollout.engine, world, int(cfg.train.get("sampling_shards") or world), shared, str(cfg.eval.engine))
 
 
 if __name__ == "__main__":  # python -m bench.launch.config: the configuration page's table of allowed values

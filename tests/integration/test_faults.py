@@ -278,7 +278,8 @@ def _jsonl(path: Path, content: bytes) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("case", ["empty_jsonl", "no_answer_column", "not_utf8", "empty_model_dir", "prompt_too_long"])
+@pytest.mark.parametrize("case", ["empty_jsonl", "no_answer_column", "not_utf8", "empty_model_dir", "prompt_too_long",
+                                  "response_fills_the_context"])
 def test_bad_input_is_exit_2_naming_the_culprit_before_step_0(tmp_path, warm_model, case):
     good = _jsonl(tmp_path / "good.jsonl", b'{"question": "1+1", "answer": "2"}\n{"question": "2+3", "answer": "5"}\n')
     empty = _jsonl(tmp_path / "empty.jsonl", b"")
@@ -292,6 +293,10 @@ def test_bad_input_is_exit_2_naming_the_culprit_before_step_0(tmp_path, warm_mod
         "empty_model_dir": (["model=hf", f"model.path={tmp_path / 'model'}"], f"model directory {tmp_path / 'model'} is empty"),
         "prompt_too_long": (["model=hf", f"model.path={warm_model}", "task.max_new_tokens=125"],
                             "prompts do not fit the model's context of 128 tokens with task.max_new_tokens=125"),
+        # it said "(... at most -72 fit)"
+        "response_fills_the_context": (["model=hf", f"model.path={warm_model}", "task.max_new_tokens=200"],
+                                       "task.max_new_tokens=200 leaves no room for a prompt in the model's context of "
+                                       "128 tokens"),
     }[case]
     (tmp_path / "model").mkdir()
     out = tmp_path / "results"

@@ -110,6 +110,12 @@ def test_engines_a_multi_process_run_can_use(engine, world, blocks, eval_shares,
             engines.check_engine(engine, world, blocks, eval_shares)
 
 
+def test_an_evaluation_engine_the_user_left_at_auto_is_named_as_such():
+    """The refusal said "eval.engine=vllm" to a user who never set it (auto chose vLLM beside rollout=vllm)."""
+    with pytest.raises(ValueError, match=r"^eval.engine=auto \(vLLM, as rollout=vllm\) with 2 proc"):
+        engines.check_engine("vllm", 2, 2, False, "auto")
+
+
 def test_a_rank_takes_its_local_rank_gpu_or_the_one_slurm_bound_to_its_task():
     """torch.cuda.set_device(LOCAL_RANK) failed with 'invalid device ordinal' for every rank but 0 of a SLURM job that
     binds one GPU to each task (--gpus-per-task=1, or a site's --gpu-bind): each task sees its GPU as device 0."""
