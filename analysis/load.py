@@ -434,11 +434,16 @@ SEVERITY_OPTIONS = {
     "kv": ("rollout.kv_cache_dtype", None),
     "lm_head": ("rollout.quantize_lm_head", None),
     "embed": ("rollout.quantize_embeddings", None),
+    # another engine at the same precision is another rollout policy (vLLM: a bf16 engine with FP8 matrix
+    # multiplies); the embedded engine is left out of the key, so that runs before the option keep theirs
+    "engine": ("rollout.engine", None),
 }
+#: option values a severity key leaves out (a run that does not name them: the default engine)
+IMPLICIT_OPTIONS = {"engine": (None, "embedded")}
 
 
 def severity_key(config: dict[str, Any], info: dict[str, Any], precision: str) -> str:
-    """How severe a run's rollout is, as data: `precision;w=..;a=..;act=..;kv=..;lm_head=..;embed=..`.
+    """How severe a run's rollout is, as data: `precision;w=..;a=..;act=..;kv=..;lm_head=..;embed=..[;engine=..]`.
 
     Granularities are read as the run resolved them (run.json `precision`, written by the trainer), so a
     default left implicit and the same default written out are one severity; the rest come from the config
@@ -450,7 +455,8 @@ def severity_key(config: dict[str, Any], info: dict[str, Any], precision: str) -
         value = declared.get(info_key) if info_key and info_key in declared else get(config, key)
         if isinstance(value, str) and "${" in value:
             value = None
-        parts.append(f"{short}={value}")
+        if value not in IMPLICIT_OPTIONS.get(short, ()):
+            parts.append(f"{short}={value}")
     return ";".join(parts)
 
 

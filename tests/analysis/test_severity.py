@@ -362,3 +362,17 @@ def test_arms_at_one_severity_are_drawn_apart_in_the_severity_figure(tmp_path, m
     assert np.diff(xs) == pytest.approx([DODGE_PT * drawn["px_per_pt"]] * 2, rel=0.01)  # in the legend's order
     assert dodge_offsets([["bf16"], ["naive", "tis", "ais"]], ["bf16", "naive", "tis", "ais"]) == {
         "bf16": 0.0, "naive": -DODGE_PT, "tis": 0.0, "ais": DODGE_PT}
+
+
+def test_one_arm_on_two_engines_is_two_rollout_settings_named_by_the_engine(tmp_path):
+    """naive@fp8_e4m3 on the embedded engine and on vLLM: two rollout policies. The rows differed only by
+    'lm_head=False;embed=False' against 'lm_head=None;embed=None'; the engine is named, and the embedded runs keep
+    the severity key they had before the option."""
+    write_run(tmp_path / "emb", "naive", "arithmetic", 0, precision="fp8_e4m3",
+              rollout={"engine": "embedded", "quantize_lm_head": False})
+    write_run(tmp_path / "vl", "naive", "arithmetic", 0, precision="fp8_e4m3", rollout={"engine": "vllm"})
+    sweep = load_sweeps([tmp_path / "emb", tmp_path / "vl"])
+    assert len(sweep.runs) == 2 and not sweep.skipped
+    keys = {r.severity for r in sweep.runs}
+    assert not any("engine=" in k for k in keys if "vllm" not in k) and any(k.endswith(";engine=vllm") for k in keys)
+    assert sorted(severity_labels(sweep.runs).values()) == ["fp8_e4m3 (a=per_token)", "fp8_e4m3 (a=per_token, engine=vllm)"]
