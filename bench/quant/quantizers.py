@@ -1,8 +1,8 @@
 """Rollout precisions: the `Format` contract, its registry, and the amax-scaled quantizers (docs/arms.md §3).
 
 A precision (`rollout.precision=<name>`) is one `Format` subclass registered under its name in a module of
-bench/quant/ (plain.py: fp32, bf16; fp8.py: fp8_e4m3, fp8_e5m2; int8.py: int8; int4.py; mxfp4.py; nvfp4.py).
-The format owns its whole vocabulary:
+bench/quant/ (plain.py holds the unquantized ones, fp8.py both FP8s, the others a module each; `qrl-bench --help`
+lists them). The format owns its whole vocabulary:
 how a tensor is rounded (`quantize`), which weight / activation granularities it supports, its label and bit
 widths for tables, the activation dtype an engine should run around it, and the linear layer that computes
 with it. Nothing outside bench/quant/ branches on a precision's name.

@@ -142,3 +142,19 @@ def test_the_configuration_page_names_every_option_of_the_groups(group: str):
     named = {word for span in re.findall(r"`([^`]+)`", row) for word in span.split()}
     options = {p.stem for p in (ROOT / "conf" / group).glob("*.yaml")}
     assert options <= named, f"docs/configuration.md's {group}/ row lacks {sorted(options - named)}"
+
+
+def test_every_list_of_the_precisions_names_each_registered_one():
+    """README, docs/arms.md and docs/configuration.md each list the precisions by hand (`fp32 bf16 ...`): a new
+    precision module (bench/quant/<format>.py, `@FORMATS.register`) left them stale with nothing to say so."""
+    registered = {name for path in (ROOT / "bench" / "quant").glob("*.py")
+                  for name in re.findall(r'@FORMATS\.register\("([a-z0-9_]+)"\)', path.read_text())}
+    assert {"fp32", "bf16", "fp8_e4m3", "int8"} <= registered
+    lists = [(page.name, set(span.split())) for page in (README, ROOT / "docs" / "arms.md", ROOT / "docs" / "configuration.md")
+             for span in re.findall(r"`(fp32 bf16 [^`]+)`", " ".join(page.read_text().split()))]
+    for page, named in lists:
+        assert named <= registered, f"{page} names precisions that do not exist: {sorted(named - registered)}"
+    full = [(page, named) for page, named in lists if len(named) > len(registered) / 2]  # not a subset's (vLLM's 3)
+    assert len(full) >= 3, lists
+    for page, named in full:
+        assert named == registered, f"{page}'s list of the precisions lacks {sorted(registered - named)}"
