@@ -104,7 +104,7 @@ def verdict(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> list[str
                                none=f"No other arm differs from {opts.naive} at the same precision"))
     if (sentence := _decomposition(sweep, opts, final, multi_task)) is not None:
         out.append(sentence)
-    out.append(_recovered(sweep, opts, multi_task, labels))
+    out.append(_recovered(sweep, opts, multi_task, labels, final))
     ts = ", ".join(f"{student_t.ppf(0.975, n - 1):.1f} at {n} seeds" for n in sorted(set(counts)) if n >= 2)
     if max(counts) < 5 and ts:
         out.append(f"With {_seeds_phrase(counts)} an interval is wide (t = {ts}; 2.0 at 60): a difference "
@@ -184,8 +184,10 @@ def _cost_p(row: pd.DataFrame, gap: float, n: int, p: float) -> str:
     return f"; p {fmt_p(p)}, not Holm-adjusted (on the seeds all three ran)" if np.isfinite(p) else ""
 
 
-def _recovered(sweep: Sweep, opts: SeverityOptions, multi_task: bool, labels: dict) -> str:
-    """Every defined recovered share of the naive gap, highest first, with Fieller intervals simultaneous over them."""
+def _recovered(sweep: Sweep, opts: SeverityOptions, multi_task: bool, labels: dict, final: pd.DataFrame) -> str:
+    """Every defined recovered share of the naive gap, highest first, with Fieller intervals simultaneous over them;
+    a share whose naive gap does not differ from the baseline after Holm (the share is defined on its raw interval)
+    says so, beside the sentence that found no arm differing."""
     s = severity_summary(sweep, opts)
     if s.empty:
         return "No recovered share: no evaluation to compare."
@@ -207,7 +209,11 @@ def _recovered(sweep: Sweep, opts: SeverityOptions, multi_task: bool, labels: di
             text = (f" [{100 * iv.lo:.0f}, {100 * iv.hi:.0f}] % (n={iv.n})" if iv.defined
                     else f" (interval unbounded, n={iv.n})")
             where = f" on {r.task}" if multi_task else ""
-            parts.append(f"{r.method} {100 * r.recovered:.0f} %{text} at {r.severity_label}{where}")
+            gap = final[(final["family"] == family_name("base", opts)) & (final["a"] == opts.naive)
+                        & (final["model"] == r.model) & (final["task"] == r.task) & (final["severity"] == r.severity)]
+            unresolved = "" if gap.empty or differs(gap.iloc[0]) else \
+                f", of a {opts.naive} gap that does not differ after Holm ({fmt_p(gap['p_holm'].iloc[0])})"
+            parts.append(f"{r.method} {100 * r.recovered:.0f} %{text} at {r.severity_label}{where}{unresolved}")
         undefined = len(cells) - len(defined)
         rest = (f" (none in the other {undefined} arm-severity cell{'s' if undefined > 1 else ''}: {'; '.join(notes)}; "
                 "the severity table says which)" if undefined else "")

@@ -207,3 +207,17 @@ def test_naive_as_the_baseline_counts_each_comparison_once(sweep):
     final = c[c["endpoint"] == "final"]
     assert set(final["family"]) == {"vs naive"} and sorted(final["a"]) == ["bf16", "matched", "tis"]
     np.testing.assert_allclose(final["p_holm"], holm(final["p_raw"].to_numpy()))
+
+
+def test_a_share_of_a_naive_gap_that_holm_does_not_resolve_says_so(tmp_path):
+    """A share is defined where the naive gap's raw interval excludes 0; the verdict's previous sentence said no arm
+    differs after Holm, then gave the share of that gap as if it were a finding."""
+    finals = {"bf16": [0.60, 0.62, 0.58, 0.64], "naive": [0.57, 0.56, 0.57, 0.59], "tis": [0.59, 0.58, 0.58, 0.61]}
+    sweep = _write(tmp_path, finals=finals)
+    c = paired_comparisons(sweep, SeverityOptions())
+    naive = c[(c["family"] == "vs bf16") & (c["a"] == "naive") & (c["endpoint"] == "final")].iloc[0]
+    assert naive.gap_hi < 0 and naive.p_holm > 0.05, naive  # the case: resolved raw, not after Holm
+    text = " ".join(verdict(sweep, SeverityOptions()))
+    assert "No arm differs from bf16 after Holm" in text
+    assert f"of a naive gap that does not differ after Holm ({naive.p_holm:.3f})" in text, text
+    assert "does not differ after Holm (" not in " ".join(verdict(_write(tmp_path / "strong"), SeverityOptions()))
