@@ -40,7 +40,7 @@ SKIPPED_DIRS = {"ckpt", WANDB_DIR, "__pycache__"}
 CHUNK = 200
 #: seconds to wait for the W&B server to accept a connection before saying it is unreachable
 CONNECT_TIMEOUT_S = 10.0
-USAGE = "usage: qrl-bench sync SWEEP_DIR [SWEEP_DIR ...] [--dry-run]"
+USAGE = "qrl-bench sync SWEEP_DIR [SWEEP_DIR ...] [--dry-run]"
 
 
 @dataclass
@@ -123,6 +123,7 @@ def base_url() -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="qrl-bench sync", usage=USAGE, description=__doc__.split("\n\n")[0])
+    parser.error = lambda message: parser.exit(2, f"qrl-bench sync: error: {message} (usage: {USAGE})\n")  # one line
     parser.add_argument("sweeps", nargs="+", type=Path, metavar="SWEEP_DIR")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and the wandb sync command; upload nothing")
     args = parser.parse_args(argv)

@@ -99,3 +99,12 @@ def test_an_unreachable_server_is_one_line_and_exit_1(sweep: Path, capsys, monke
     err = capsys.readouterr().err
     assert err.startswith(f"qrl-bench sync: cannot reach the W&B server http://127.0.0.1:{port} (127.0.0.1:{port}: ")
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_usage_error_is_one_line(capsys):
+    """It printed argparse's usage ("usage: usage: qrl-bench sync ...", the word twice) above the error."""
+    with pytest.raises(SystemExit) as e:
+        main(["results/x", "--dryrun"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and err.count("usage") == 1, err
+    assert "unrecognized arguments: --dryrun" in err
