@@ -117,7 +117,7 @@ def aggregate_table(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> 
             return MISSING if not np.isfinite(v) else f"{fmt_ci(v, lo, hi, digits=2)} ({n} cell{'s' if n != 1 else ''})"
         rows.append({"Method": r.method, "Cells": str(r.n_cells), "Runs": str(r.n_runs),
                      f"P(> {opts.naive})": poi("naive"), f"P(> {opts.baseline})": poi("base"),
-                     "IQM final accuracy (%)": (fmt_ci(r.iqm, r.iqm_lo, r.iqm_hi) if np.isfinite(r.iqm) else
+                     "IQM final accuracy (%)": (fmt_ci(r.iqm, r.iqm_lo, r.iqm_hi, n=r.n_runs) if np.isfinite(r.iqm) else
                                                 f"– (needs ≥ {MIN_IQM_CELLS} cells)")})
     caption = (
         f"rliable's aggregates over the cells (task, model, rollout severity) each method ran in, final eval accuracy: "

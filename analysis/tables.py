@@ -468,11 +468,12 @@ def results_table(sweep: Sweep, baseline: str = BASELINE, naive: str = NAIVE) ->
     first row gives the baseline's accuracy before RL (eval at step 0), the reference the gains are read against.
     """
     blocks, tasks = results_numbers(sweep, baseline, naive)
+    n = seeds_per_cell([r for rows in blocks.values() for r in rows], tasks)
     rows_num: list[dict[str, Any]] = []
     rows_disp: list[dict[str, Any]] = []
     bold_rows: list[dict[str, bool]] = []
     for model, block_num in blocks.items():
-        disp, flags = results_display(model, block_num, tasks, multi_model=len(blocks) > 1)
+        disp, flags = results_display(model, block_num, tasks, multi_model=len(blocks) > 1, show_n=n is None)
         rows_num += block_num
         rows_disp += disp
         bold_rows += flags
@@ -480,7 +481,9 @@ def results_table(sweep: Sweep, baseline: str = BASELINE, naive: str = NAIVE) ->
     display = pd.DataFrame(rows_disp)
     bold = pd.DataFrame(bold_rows, columns=display.columns) if rows_disp else None
     caption = (
-        "Final eval accuracy (%) per task, mean ± std over seeds; Avg. = mean over tasks of the per-task means; "
+        "Final eval accuracy (%) per task, mean ± std over "
+        + (f"n = {n} seeds per cell" if n is not None else "seeds (n beside each cell)")
+        + "; Avg. = mean over tasks of the per-task means; "
         f"best arm per column in bold; '{baseline} @ step 0' = accuracy before RL; 'μ @ step 0' = the rollout policy's "
         f"own accuracy at that bitwidth on the step-0 training batch (sampled, before any update), from the {naive} "
         f"arm's runs there (the {baseline} arm's at its own precision): the uncorrected sampler, one batch per seed "
@@ -514,7 +517,7 @@ def _model_results(dm: pd.DataFrame, fm: pd.DataFrame, model: str, tasks: list[s
         num = {"model": model, "method": f"{baseline} @ step 0", "precision": base[1], "bitwidth": bitwidth(base[1])}
         for t in tasks:
             s = summarize(100 * init[init.task == t]["initial_accuracy"])
-            num[f"{t}_mean"], num[f"{t}_std"] = s.mean, s.std
+            num[f"{t}_mean"], num[f"{t}_std"], num[f"{t}_n"] = s.mean, s.std, s.n
         block_num.append(num)
     rows = arm_severities(dm)
     rollout = {(m, sev): _rollout_of(dm[(dm.method == m) & (dm.severity == sev)], p) for m, p, sev in rows}
@@ -530,7 +533,7 @@ def _model_results(dm: pd.DataFrame, fm: pd.DataFrame, model: str, tasks: list[s
                "bitwidth": bitwidth(precision)}
         for t in tasks:
             s = summarize(runs[runs.task == t]["sampler_accuracy0"].dropna())
-            num[f"{t}_mean"], num[f"{t}_std"] = s.mean, s.std
+            num[f"{t}_mean"], num[f"{t}_std"], num[f"{t}_n"] = s.mean, s.std, s.n
         block_num.append(num)
     for method, precision, severity in rows:
         d = dm[(dm.method == method) & (dm.severity == severity)]
@@ -544,6 +547,7 @@ def _model_results(dm: pd.DataFrame, fm: pd.DataFrame, model: str, tasks: list[s
             cell = d[d.task == t]
             num[f"{t}_mean"] = float(cell["acc_mean"].iloc[0]) if len(cell) else np.nan
             num[f"{t}_std"] = float(cell["acc_std"].iloc[0]) if len(cell) else np.nan
+            num[f"{t}_n"] = int(cell["n_seeds"].iloc[0]) if len(cell) else 0
             num[f"{t}_n_diverged"] = int(cell["n_diverged"].iloc[0]) if len(cell) else 0
         block_num.append(num)
     for num in block_num:
@@ -558,9 +562,17 @@ def _rollout_of(d: pd.DataFrame, precision: str) -> str:
     return next((r for r in d["rollout"] if r != precision), precision)
 
 
+def seeds_per_cell(rows: list[dict[str, Any]], tasks: list[str]) -> int | None:
+    """The results table's one number of seeds per cell, said once in its caption; None where cells differ (then
+    each cell shows its own n)."""
+    ns = {int(r[f"{t}_n"]) for r in rows for t in tasks if np.isfinite(r[f"{t}_mean"]) and f"{t}_n" in r}
+    return ns.pop() if len(ns) == 1 else None
+
+
 def results_display(model: str, block_num: list[dict[str, Any]], tasks: list[str],
-                    multi_model: bool) -> tuple[list[dict[str, Any]], list[dict[str, bool]]]:
-    """The results table's rendering of one model's rows: the cells as shown, and which are bold."""
+                    multi_model: bool, show_n: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, bool]]]:
+    """The results table's rendering of one model's rows: the cells as shown (with their n where `show_n`: the
+    table's cells rest on different numbers of seeds), and which are bold."""
     # Bold the best arm per column among its contenders (contends, below); a winner needs a contest: at
     # least two contenders with a value in the column.
     columns = [f"{t}_mean" for t in tasks] + ["avg"]
@@ -575,7 +587,8 @@ def results_display(model: str, block_num: list[dict[str, Any]], tasks: list[str
         flags = {"Model": False, "Method": False, "Bitwidth": False}
         for t in tasks:
             n_div = num.get(f"{t}_n_diverged", 0)
-            disp[t] = fmt_pm(num[f"{t}_mean"], num[f"{t}_std"]) + (f" ({n_div} div.)" if n_div else "")
+            n = f" n={num[f'{t}_n']}" if show_n and np.isfinite(num[f"{t}_mean"]) else ""
+            disp[t] = fmt_pm(num[f"{t}_mean"], num[f"{t}_std"]) + n + (f" ({n_div} div.)" if n_div else "")
             flags[t] = bool(contends(num, f"{t}_mean", tasks) and num[f"{t}_mean"] == best[f"{t}_mean"])
         if len(tasks) > 1:  # with one task the average would repeat its column
             disp["Avg."] = fmt_num(num["avg"])
@@ -696,7 +709,8 @@ def throughput_table(sweep: Sweep, baseline: str = BASELINE, warmup: int = 1) ->
             "Method": labels[(r.method, r.precision)],
             "Rollout": rollout_label(r.precision, r.device),
             "Engine": f"{r.engine} ({r.device})",
-            "Rollout tok/s": fmt_pm(r.tokens_per_s_mean, r.tokens_per_s_std, 0),
+            "Rollout tok/s": fmt_pm(r.tokens_per_s_mean, r.tokens_per_s_std, 0)
+                             + (f" n={r.n_runs}" if np.isfinite(r.tokens_per_s_mean) else ""),
             "Rollout speed-up": MISSING if not np.isfinite(r.rollout_speedup) else f"{r.rollout_speedup:.2f}×",
             **{f"{PART_LABELS[p]} s": fmt_num(getattr(r, p), 3) for p in TIME_PARTS},
             "step s": fmt_num(r.step_s, 3),

@@ -291,3 +291,17 @@ def test_an_arm_at_two_settings_of_one_precision_is_two_rows(tmp_path):
     assert disp.loc["bf16", "Seeds"] == "3"  # the baseline keeps its own row
     results = results_table(sweep).display["Method"].tolist()
     assert sum(m.startswith("naive, int8 (w=per_") for m in results) == 2, results
+
+
+def test_the_results_table_gives_the_seeds_each_cell_rests_on(sweep: Sweep, tmp_path):
+    """mean ± std with no n: the n is said once in the caption where every cell has the same, else in each cell."""
+    t = results_table(sweep)  # 3 seeds in every cell
+    assert "mean ± std over n = 3 seeds per cell" in t.caption
+    assert not any(" n=" in str(v) for v in t.display["arithmetic"])
+    for method, seeds in (("bf16", (0, 1)), ("naive", (0,))):
+        for seed in seeds:
+            write_run(tmp_path / "uneven", method, "arithmetic", seed)
+    uneven = results_table(load_sweeps([tmp_path / "uneven"]))
+    assert "seeds (n beside each cell)" in uneven.caption
+    cells = dict(zip(uneven.display["Method"], uneven.display["arithmetic"]))
+    assert cells["bf16"].endswith(" n=2") and cells["naive"].endswith(" n=1"), cells
