@@ -161,6 +161,10 @@ _NUMERIC = re.compile(r"^\s*(?:[+\-−]?\d+(?:\.\d+)?(?:\s*±\s*\d+(?:\.\d+)?)?\
 LATEX_NEEDS = ("% requires \\usepackage{booktabs} (\\toprule, \\midrule, \\bottomrule) and \\usepackage{graphicx} "
                "(\\resizebox)",
                "% TeX Live: texlive-latex-recommended (booktabs; texlive-latex-base lacks it) and texlive-latex-base")
+#: Rows per float: a table of more rows continues in further floats ("Table n, continued"), each scaled to the line
+#: width as any table: a float taller than the page is placed nowhere ("Float too large for page"; a 56-row
+#: mismatch-ranges table did that), and a longtable cannot be scaled to the line width
+LONG_ROWS = 35
 #: Every table fits its page: a tabular wider than the line is scaled down to it, a narrower one keeps its size
 #: (graphicx's \\width is the tabular's natural width; the closing brace follows \\end{tabular}).
 FIT_WIDTH = "\\resizebox{\\ifdim\\width>\\linewidth\\linewidth\\else\\width\\fi}{!}{%\n"
@@ -183,7 +187,7 @@ def render(
     bold: pd.DataFrame | None = None,
 ) -> str:
     """Render a DataFrame of display strings as Markdown ("md") or LaTeX ("tex": booktabs, scaled down to the line
-    width when wider, its header saying which packages it needs: LATEX_NEEDS, FIT_WIDTH).
+    width when wider, its header saying which packages it needs: LATEX_NEEDS, FIT_WIDTH; LONG_ROWS rows a float).
 
     The single entry point for both formats: cells, order and emphasis come from the same frame.
     """
@@ -211,17 +215,19 @@ def render(
         s = latex_escape(s)
         return f"\\textbf{{{s}}}" if strong and s else s
 
-    lines = [*LATEX_NEEDS, "\\begin{table}[t]", "\\centering"]
-    if caption:
-        lines.append(f"\\caption{{{latex_escape(caption)}}}")
-    if label:
-        lines.append(f"\\label{{{label}}}")
-    lines += [FIT_WIDTH + f"\\begin{{tabular}}{{{''.join(align)}}}", "\\toprule"]
-    lines.append(" & ".join(tcell(str(c), False) for c in df.columns) + r" \\")
-    lines.append("\\midrule")
-    for i, row in enumerate(cells):
-        lines.append(" & ".join(tcell(s, emph[i, j]) for j, s in enumerate(row)) + r" \\")
-    lines += ["\\bottomrule", "\\end{tabular}}", "\\end{table}"]
+    header = " & ".join(tcell(str(c), False) for c in df.columns) + r" \\"
+    body = [" & ".join(tcell(s, emph[i, j]) for j, s in enumerate(row)) + r" \\" for i, row in enumerate(cells)]
+    lines = list(LATEX_NEEDS)
+    for start in range(0, max(1, len(body)), LONG_ROWS):  # a float no taller than a page: more rows, more floats
+        lines += ["\\begin{table}[t]" if start == 0 else "\\begin{table}[p]", "\\centering"]
+        if start == 0 and caption:
+            lines.append(f"\\caption{{{latex_escape(caption)}}}")
+        if start == 0 and label:
+            lines.append(f"\\label{{{label}}}")
+        if start > 0:
+            lines.append("\\textit{" + (f"Table~\\ref{{{label}}}" if label else "The table") + ", continued}\\par\\medskip")
+        lines += [FIT_WIDTH + f"\\begin{{tabular}}{{{''.join(align)}}}", "\\toprule", header, "\\midrule",
+                  *body[start:start + LONG_ROWS], "\\bottomrule", "\\end{tabular}}", "\\end{table}"]
     return "\n".join(lines) + "\n"
 
 
