@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from .arms import BASELINE, CONTROL, NAIVE, method_sort_key
-from .load import Sweep, load_sweeps, log, merge
+from .load import Sweep, compared_apart, load_sweeps, log, merge
 from .wandb_source import WandbUnavailable, default_cache, load_wandb
 
 FIGURE_FORMATS = {"png", "pdf", "svg", "eps"}
@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in sweep.runs:
         for w in r.warnings:
             log(f"  warning {r.run_id}: {w}")
+    for line in compared_apart(sweep):
+        log(f"  warning: runs compared with each other differ in {line}")
     report = write_analysis(sweep, args, out, formats, primary, command)
     log(f"report: {report}")
     print(report)

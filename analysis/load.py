@@ -22,6 +22,7 @@ import math
 import os
 import re
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -667,6 +668,37 @@ def unique_runs(runs: Iterable[Run], skipped: list[Skipped]) -> list[Run]:
             f"configuration, so they are neither seeds of one cell nor duplicates: {shown}. Analyse each "
             "configuration on its own, or launch them as variants of one sweep (bench/launch/sweeper.py)")
     return kept
+
+
+#: settings an arm sets for itself (its method, its rollout, and the trainer precision fp16 and matched choose)
+ARM_SETTINGS = ("method.", "rollout.", "train.dtype")
+
+
+def compared_apart(sweep: Sweep) -> list[str]:
+    """The settings, besides an arm's own (`ARM_SETTINGS`) and the seed, on which runs compared with each other (one
+    task and model) differ: 'train.steps: 20 (bf16@bf16 ×3), 10 (naive@mxfp4 ×1)'. Their gaps include those
+    differences (a run of 10 steps against one of 20, another learning rate). A sweep variant's own keys
+    (`variant=<key>=<value>`, bench/launch/sweeper.py) are intended differences and not listed."""
+    axes = set(identity.AXIS_KEYS.values())
+    groups: dict[tuple, list] = {}
+    for r in sweep.runs:
+        groups.setdefault((r.model, r.task_name, r.task_key), []).append(r)
+    out = []
+    for (model, task, _), runs in groups.items():
+        named = {part.split("=", 1)[0] for r in runs for part in str(get(r.config, "variant") or "").split(",")}
+        flat = {r.run_id: {k: v for k, v in identity.semantic_config(r.config).items()
+                           if not k.startswith(ARM_SETTINGS) and k not in axes and k not in named}
+                for r in runs}
+        for key in sorted({k for f in flat.values() for k in f}):
+            values: dict[str, Counter] = {}
+            for r in runs:
+                values.setdefault(json.dumps(flat[r.run_id].get(key), default=str)[:60], Counter())[r.arm] += 1
+            if len(values) > 1:
+                where = f" on {task} / {model}" if len(groups) > 1 else ""
+                out.append(f"{key}{where}: " + ", ".join(
+                    f"{v} ({', '.join(f'{arm} ×{n}' for arm, n in sorted(arms.items()))})"
+                    for v, arms in sorted(values.items())))
+    return out
 
 
 def load_dirs(run_dirs: Iterable[tuple[Path, Path | None]], sources: list[str] | None = None) -> Sweep:

@@ -22,7 +22,7 @@ import pandas as pd
 
 from .arms import BASELINE, arm_labels, sorted_arms
 from .lockfile import LOCK_FILE, drift, lock_sha256, read_lock
-from .load import Sweep, flatten, get
+from .load import Sweep, compared_apart, flatten, get
 from .plots import FigureFile
 from .runs import SeverityOptions
 from .tables import Table, accuracy_summary, render
@@ -279,6 +279,10 @@ def summary_lines(sweep: Sweep, prov: dict[str, Any], settings: dict[str, Any] |
         if diverged:
             L.append("- **Diverged runs** (kept; their last eval counts as final): "
                      + ", ".join(f"`{r.run_id}` ({r.reason or 'no reason given'})" for r in diverged))
+        apart = compared_apart(sweep)
+        if apart:
+            L.append("- **Warning**: runs compared with each other differ in settings other than their arm's own "
+                     f"(method, rollout) and the seed; their gaps include these differences: {'; '.join(apart)}.")
         warned = sum(len(r.warnings) for r in sweep.runs)
         if warned:
             L.append(f"- **Warnings on runs used**: {warned} (listed in the appendix)")

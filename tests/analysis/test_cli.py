@@ -263,3 +263,31 @@ def test_a_primary_arm_that_can_have_no_test_is_refused(tmp_path: Path):
         assert rc == 2 and f"--primary '{arm}' {why}" in err.getvalue(), err.getvalue()
         assert "arms with a test against 'naive': tis" in err.getvalue()
         assert not (tmp_path / "rep").exists()
+
+
+def test_arms_compared_with_each_other_on_other_settings_are_named(tmp_path: Path):
+    """naive trained with another learning rate than bf16 was compared with no word (a gap of another lr is not the
+    precision's); the report and the log name the setting and which arms hold each value. A sweep's own runs
+    (one config but the arm) give no such warning."""
+    import yaml
+
+    root = tmp_path / "sweep"
+    for method in ("bf16", "naive"):
+        for seed in (0, 1):
+            write_run(root, method, "arithmetic", seed)
+    clean = load_sweeps([root])
+    from analysis.load import compared_apart
+
+    assert compared_apart(clean) == []
+    for seed in (0, 1):
+        cfg_file = root / "naive" / "arithmetic" / "tiny" / f"seed{seed}" / "config.yaml"
+        cfg = yaml.safe_load(cfg_file.read_text())
+        cfg["train"]["lr"] = 3e-5
+        cfg_file.write_text(yaml.safe_dump(cfg))
+    [line] = compared_apart(load_sweeps([root]))
+    assert line.startswith("train.lr: ") and "(naive@fp8_e4m3 ×2)" in line and "(bf16@bf16 ×2)" in line, line
+    err = io.StringIO()
+    with redirect_stderr(err), redirect_stdout(io.StringIO()):
+        assert main([str(root), "--out", str(tmp_path / "rep"), "--formats", "png"]) == 0
+    assert "warning: runs compared with each other differ in train.lr" in err.getvalue()
+    assert "**Warning**: runs compared with each other differ in settings" in (tmp_path / "rep" / "report.md").read_text()
