@@ -41,8 +41,8 @@ CI_LEVEL = 0.95
 METHOD_SENTENCE = (
     "Intervals are 95 % Student-t intervals over seeds (n = seeds, or seed pairs): gaps between arms from the "
     "paired per-seed differences on the seeds both arms ran (a seed only one ran is left out; Welch, marked so, "
-    "where they share none), recovered shares by Fieller's method on the seeds all three arms ran; 1 seed, or per-seed "
-    "differences with no spread, give no interval."
+    "where they share none), recovered shares by Fieller's method on the seeds all three arms ran; 1 seed, or values (or per-seed "
+    "differences) with no spread, give no interval."
 )
 
 
@@ -153,12 +153,15 @@ NAN_INTERVAL = Interval(float("nan"))
 
 
 def mean_interval(values: Iterable[float], level: float = CI_LEVEL) -> Interval:
-    """The mean of the finite values with its t-interval, n = their number (no interval with fewer than 2)."""
+    """The mean of the finite values with its t-interval, n = their number (no interval with fewer than 2, nor
+    where every value is equal: [31.2, 31.2] from 2 seeds would claim certainty, as a gap with no spread would)."""
     x = _finite(values)
     if x.size == 0:
         return NAN_INTERVAL
     if x.size < 2:
         return Interval(float(x.mean()), n=1, note="1 seed")
+    if np.all(x == x[0]):
+        return Interval(float(x[0]), n=int(x.size), method="t", note="no spread")
     half = t_quantile(x.size - 1, level) * x.std(ddof=1) / np.sqrt(x.size)
     return Interval(float(x.mean()), float(x.mean() - half), float(x.mean() + half), int(x.size), "t")
 

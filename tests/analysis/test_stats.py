@@ -100,6 +100,9 @@ def test_intervals_match_scipy():
     one = diff_interval([0.5], [0.1, 0.2])
     assert one.value == pytest.approx(0.35) and not one.defined and one.note == "1 seed" and one.contains(0.0)
     assert not mean_interval([3.0]).defined and mean_interval([3.0]).note == "1 seed"
+    # seeds that all give the same value (accuracies move in steps of 1/n_test): no zero-width interval
+    same = mean_interval([31.25, 31.25])
+    assert not same.defined and (same.value, same.n, same.note) == (31.25, 2, "no spread")
     assert math.isnan(diff_interval([], [1.0, 2.0]).value)
 
 
