@@ -92,6 +92,7 @@ def execute(cfg: DictConfig, overrides: list[str] | None = None) -> Outcome:
             return _execute(cfg, name, overrides)
         except Stopped as e:  # before the run directory was taken: nothing was written
             sig = signal.Signals(e.signum).name
+            _remove_run_dir(cfg)  # Hydra made it (hydra.run.dir) before the job started
             say(name, f"stopped by {sig} before training started; nothing was written")
             return Outcome("interrupted", f"stopped by {sig} before training started", signum=e.signum)
 
@@ -132,12 +133,17 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
     from bench.run.resume import decide
     from bench.train import build, train
 
+    parts = None
     try:
         parts = build(cfg)  # before touching the run dir: bad input leaves nothing behind (bench.train.check_startup)
         if applies(cfg):  # before any evaluation or training: a vLLM that cannot serve the run fails in seconds
             preflight(parts, say=lambda line: say(name, line))
     except (ValueError, OSError, ImportError) as e:  # ImportError: an optional engine's package is missing
         return _bad_input(cfg, name, e)
+    except Stopped:  # a signal during the build or the preflight: its engines end here, not in vLLM's atexit
+        if parts is not None:
+            close_engines(parts.eval_engine, parts.engine)
+        raise
     from bench.distributed.group import broadcast_object, is_follower, world_size
 
     try:
@@ -252,13 +258,18 @@ def _follow(parts: Parts, run: RunDir, name: str, overrides: list[str] | None) -
 def _bad_input(cfg: DictConfig, name: str, err: BaseException) -> Outcome:
     """Bad configuration or input: one line, and no (empty) run directory left behind."""
     print(f"qrl-bench: error: {err}", file=sys.stderr, flush=True)
+    _remove_run_dir(cfg)
+    return Outcome("bad_config", str(err))
+
+
+def _remove_run_dir(cfg: DictConfig) -> None:
+    """The run's directory and its parents, while empty (Hydra makes hydra.run.dir before the job starts)."""
     try:
         from hydra.utils import to_absolute_path
 
         remove_empty_dirs(RunDir.of(cfg).path, Path(to_absolute_path(cfg.out_root)))
     except Exception:  # noqa: BLE001 -- the config may be too broken to name its directory
         pass
-    return Outcome("bad_config", str(err))
 
 
 def remove_empty_dirs(path: Path, stop: Path) -> None:

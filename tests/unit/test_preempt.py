@@ -132,3 +132,31 @@ def test_stop_on_signals_leaves_handlers_someone_installed():
         assert signal.getsignal(signal.SIGUSR1) is mine
     finally:
         signal.signal(signal.SIGUSR1, old)
+
+
+def test_a_signal_during_the_build_or_the_preflight_closes_the_engines_and_leaves_no_directory(tmp_path, monkeypatch):
+    """SIGTERM while a vLLM run was in its preflight: 'nothing was written', yet Hydra's empty run directory stayed,
+    and the engine was left to vLLM's atexit shutdown (a traceback, "Invalid process group specified")."""
+    from types import SimpleNamespace
+
+    import bench.launch.vllm_preflight as vllm_preflight
+    import bench.train
+    from bench.launch.cli import execute
+    from bench.run.store import RunDir
+    from tests.helpers import make_cfg
+
+    cfg = make_cfg(tmp_path, "tracking=disabled")
+    RunDir.of(cfg).path.mkdir(parents=True)  # as Hydra makes hydra.run.dir before the job starts
+    closed: list[str] = []
+    engine = SimpleNamespace(close=lambda: closed.append("engine"))
+    monkeypatch.setattr(bench.train, "build", lambda cfg: SimpleNamespace(engine=engine, eval_engine=engine))
+    monkeypatch.setattr(vllm_preflight, "applies", lambda cfg: True)
+
+    def preflight(parts, say):
+        raise Stopped(signal.SIGTERM)
+
+    monkeypatch.setattr(vllm_preflight, "preflight", preflight)
+    outcome = execute(cfg)
+    assert outcome == "interrupted" and outcome.code == 128 + signal.SIGTERM
+    assert closed == ["engine"]  # once: the evaluation engine is the rollout engine here
+    assert not (tmp_path / "default").exists()
