@@ -15,18 +15,16 @@ from __future__ import annotations
 import zlib
 from typing import Any, Iterable
 
-from bench.run.identity import Arm
+from bench.run.identity import BASELINE, NAIVE, Arm
 
 # Okabe-Ito-like palette for methods that declare no colour: chosen by a hash of the name, so it does not
 # depend on which other methods are in the sweep.
 FALLBACK_COLORS = ["#7F7F7F", "#9467BD", "#BCBD22", "#17BECF", "#8C564B", "#E377C2", "#1F77B4", "#2CA02C"]
 PRECISION_LINESTYLES = ["-", "--", ":", "-."]
 UNDECLARED_ORDER = 1000
-#: The default `--baseline` (the method every gap is measured against) and `--naive` (the uncorrected low-precision
-#: method whose gap to the baseline the corrections recover), written once: the CLI's help, SeverityOptions and every
-#: table's and figure's default read them.
-BASELINE = "bf16"
-NAIVE = "naive"
+#: BASELINE and NAIVE, the default `--baseline` and `--naive`, are written once in bench/run/identity.py (the dry
+#: run's seed planner counts the comparisons with naive too): the CLI's help, SeverityOptions and every table's and
+#: figure's default read them from here.
 #: The default `--control`: the on-policy quantized control (the trainer at the rollout's precision, so pi_old = mu),
 #: which splits a naive gap into the sampler-and-capacity cost and the mismatch cost (analysis/decomposition.py).
 CONTROL = "matched"

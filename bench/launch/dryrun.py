@@ -33,7 +33,7 @@ from bench.eval_config import eval_setup
 from bench.launch.budget import CHEAPER_BY, describe, describe_embedded, describe_eval, estimate, eval_estimate
 from bench.launch.config import CONF_DIR, register_configs
 from bench.launch.memory import estimate_memory
-from bench.launch.power import power_lines
+from bench.launch.power import naive_family, power_lines
 from bench.launch.requests import SIGNAL_MAX_S, check_launcher_values, request_warnings, slurm_params
 from bench.methods.base import build_method
 from bench.run.identity import RunId
@@ -91,7 +91,8 @@ def dry_run(overrides: list[str]) -> int:
     costs.warn()
     warn_mixed_evaluations(evals)
     if cfg is not None:  # the seeds the sweep needs for its target effect (bench/launch/power.py)
-        lines, _ = power_lines(cfg, min(len(s) for s in seeds.values()), Path(cfg.out_root) / str(cfg.sweep) / "report")
+        lines, _ = power_lines(cfg, min(len(s) for s in seeds.values()), Path(cfg.out_root) / str(cfg.sweep) / "report",
+                               naive_family(configs))
         for line in lines:
             print(line, file=sys.stderr)
     costs.total()

@@ -64,6 +64,12 @@ NON_SEMANTIC_KEYS = (
 )
 
 
+#: The method every gap is measured against (a report's `--baseline`) and the uncorrected low-precision method whose
+#: gap to it the corrections recover (`--naive`): analysis/arms.py and the dry run's seed planner read them here.
+BASELINE = "bf16"
+NAIVE = "naive"
+
+
 class Arm(NamedTuple):
     """An arm: a method (`method.name`, e.g. tis) at a rollout precision; the same method at two precisions is two
     arms. Its one spelling is `<method>@<precision>` (`str(arm)`); a method alone is a method, never an arm. A
