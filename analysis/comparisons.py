@@ -60,10 +60,7 @@ def paired_comparisons(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) 
             here = g[g["severity"] == severity]
             base, _ = baseline_group(g, severity, opts.baseline)
             naive = here[here["method"] == opts.naive]
-            # the pre-registered family pairs by seed: a seed some of its arms lack is dropped from all of its tests
-            # (docs/preregistration.md), never compared unpaired against the arms that ran more seeds
-            family = here[here["method"].isin([opts.naive, *opts.primary])]
-            common = set.intersection(*(set(s) for _, s in family.groupby("method")["seed"])) if len(family) else set()
+            common = primary_seeds(here, base, opts)
             for method in sorted(here["method"].unique(), key=method_sort_key):
                 a = here[here["method"] == method]
                 is_base = method == opts.baseline and not base.empty and severity in set(base["severity"])
@@ -91,6 +88,15 @@ def paired_comparisons(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) 
     return df[COLUMNS]
 
 
+def primary_seeds(here: pd.DataFrame, base: pd.DataFrame, opts: SeverityOptions) -> set:
+    """The seeds of the pre-registered family at one rollout setting: a seed missing in any of its arms (naive, the
+    primary ones, and the baseline, docs/preregistration.md's five) is dropped from all of its tests, never compared
+    unpaired against the arms that ran more seeds."""
+    arms = [here[here["method"] == m]["seed"] for m in (opts.naive, *opts.primary)] + [base["seed"]]
+    arms = [set(s) for s in arms if len(s)]
+    return set.intersection(*arms) if arms else set()
+
+
 def p_columns(cmp: pd.DataFrame, family: str, endpoint: str, key: tuple[str, ...]) -> dict[tuple, str]:
     """'p / Holm' text of one family and endpoint's comparisons, keyed by the columns `key` (and `a`, the arm): what
     the other tables print beside their paired intervals."""
@@ -108,4 +114,5 @@ def is_primary(row: Any) -> bool:
     return str(row.primary) == "True"
 
 
-__all__ = ["ENDPOINTS", "PRIMARY", "differs", "family_name", "is_primary", "p_columns", "paired_comparisons"]
+__all__ = ["ENDPOINTS", "PRIMARY", "differs", "family_name", "is_primary", "p_columns", "paired_comparisons",
+           "primary_seeds"]

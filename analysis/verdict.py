@@ -28,7 +28,7 @@ import pandas as pd
 from scipy.stats import t as student_t
 
 from .arms import arm_labels
-from .comparisons import differs, family_name, is_primary, paired_comparisons
+from .comparisons import differs, family_name, is_primary, paired_comparisons, primary_seeds
 from .decomposition import decomposition
 from .inference import ALPHA, fmt_p
 from .load import Sweep, get
@@ -91,7 +91,7 @@ def verdict(sweep: Sweep, opts: SeverityOptions = SeverityOptions()) -> list[str
              f"Holm-adjusted p over the family named is ≤ {ALPHA}."]
     primary = cmp[[is_primary(r) for r in cmp.itertuples(index=False)]]
     if not primary.empty:
-        out.append(_primary(primary, opts, multi_task, labels))
+        out.append(_primary(primary, opts, multi_task, labels, runs))
     if (runs["method"] == opts.baseline).any():
         out.append(_comparison(final[final["family"] == family_name("base", opts)], f"differ from {opts.baseline}",
                                multi_task, labels, none=f"No arm differs from {opts.baseline}"))
@@ -134,9 +134,19 @@ def _comparison(d: pd.DataFrame, verb: str, multi_task: bool, labels: dict, none
     return f"After {family}, {len(hits)} of {len(d)} arm-task cells {verb}: {'; '.join(listed)}{more}."
 
 
-def _primary(d: pd.DataFrame, opts: SeverityOptions, multi_task: bool, labels: dict) -> str:
-    """The pre-registered test: each arm > naive on both endpoints, one-sided, Holm over the pre-registered family."""
+def _primary(d: pd.DataFrame, opts: SeverityOptions, multi_task: bool, labels: dict, runs: pd.DataFrame) -> str:
+    """The pre-registered test: each arm > naive on both endpoints, one-sided, Holm over the pre-registered family;
+    the seeds a cell's tests dropped (missing in one of its arms) are named, as the protocol says."""
     parts = []  # one hypothesis per arm and cell (model, task, rollout setting): its two endpoints, its own decision
+    for (model, task, severity), cell in d.groupby(["model", "task", "severity"], sort=False):
+        g = runs[(runs["model"] == model) & (runs["task"] == task)]
+        here, (base, _) = g[g["severity"] == severity], baseline_group(g, severity, opts.baseline)
+        five = pd.concat([here[here["method"].isin([opts.naive, *opts.primary])], base])
+        dropped = sorted(set(five["seed"]) - primary_seeds(here, base, opts))
+        if dropped:
+            parts.append(f"at {cell['severity_label'].iloc[0]}" + (f" on {task}" if multi_task else "")
+                         + f" seed{'s' if len(dropped) > 1 else ''} {', '.join(map(str, dropped))} dropped from every "
+                         "test (missing in one of the family's arms)")
     for (arm, *_), g in d.groupby(["a", "model", "task", "severity"], sort=False):
         ends = []
         for r in g.itertuples(index=False):

@@ -221,3 +221,18 @@ def test_a_share_of_a_naive_gap_that_holm_does_not_resolve_says_so(tmp_path):
     assert "No arm differs from bf16 after Holm" in text
     assert f"of a naive gap that does not differ after Holm ({naive.p_holm:.3f})" in text, text
     assert "does not differ after Holm (" not in " ".join(verdict(_write(tmp_path / "strong"), SeverityOptions()))
+
+
+def test_the_preregistered_family_drops_a_seed_any_of_its_five_arms_lacks_and_says_so(tmp_path):
+    """docs/preregistration.md: a seed missing in any of bf16, naive and the primary arms is dropped from every test,
+    and the result says so. bf16's missing seed was kept (n = 4 where the protocol gives 3), and nothing was said."""
+    sweep = _write(tmp_path, skip={("bf16", 2)})
+    c = paired_comparisons(sweep, SeverityOptions(primary=("matched", "tis")))
+    prim = c[c["family"] == "primary"]
+    assert set(prim["gap_n"]) == {3}
+    d = (np.subtract(FINAL["tis"], FINAL["naive"]) * 100)[[0, 1, 3]]
+    tis = prim[(prim["a"] == "tis") & (prim["endpoint"] == "final")].iloc[0]
+    assert tis.p_raw == pytest.approx(sps.ttest_1samp(d, 0, alternative="greater").pvalue)
+    text = " ".join(verdict(sweep, SeverityOptions(primary=("matched", "tis"))))
+    assert "seed 2 dropped from every test (missing in one of the family's arms)" in text, text
+    assert "dropped from every test" not in " ".join(verdict(_write(tmp_path / "all"), SeverityOptions(primary=("tis",))))
