@@ -168,7 +168,7 @@ def power_lines(cfg: Any, seeds_per_arm: int, report_dir: Path, family: int = 1)
         reach = f"which detect {mde:.1f} pp"
     else:  # one pair has no spread to estimate: a paired t-test needs n >= 2
         reach = "which allow no paired test (it needs 2 or more)"
-    lines = [f"power: paired SD {sd:.2f} pp from {source}; {need} seeds give {100 * p.power:.3g} % power to detect "
+    lines = [f"power: paired SD {sd:.2f} pp from {source}; {need} seeds give {100 * p.power:g} % power to detect "
              f"{p.effect_pp:g} pp (paired t, {level}); this sweep runs {seeds_per_arm} seed(s) per arm, {reach}"]
     if p.alpha != 0.05:  # qrl-analyze tests at 0.05 (analysis/inference.py ALPHA)
         lines.append(f"WARNING: power.alpha={p.alpha:g} plans a test the report does not make: qrl-analyze's "
