@@ -168,7 +168,8 @@ class _Snapshotting:
         self.code: Path | None = None  # made at the first launch of this process
         self.code_is_new = False  # made by this process (not an earlier snapshot of the same files)
 
-    def _unsettled(self, jobs: list[JobView], overrides: dict[int, list[str]]) -> list[JobView]:
+    def _unsettled(self, jobs: list[JobView], overrides: dict[int, list[str]],
+                   not_done: str = "Not starting") -> list[JobView]:
         """The jobs that have work; the rest (completed, or refused before any work: a changed configuration) are
         recorded as the job itself would report them (`_settled`) and never handed out: on SLURM each costs a queue
         wait and an allocation, locally a worker's start and a job header in a finished run's run.log."""
@@ -176,7 +177,7 @@ class _Snapshotting:
         configs = self.hydra_context.config_loader._configs
         todo = [j for j in jobs if not _settled(j, configs[tuple(overrides[j.idx])])]
         if len(todo) < len(jobs):
-            log.info(f"Not starting {len(jobs) - len(todo)} of {len(jobs)} jobs: already completed, or refused "
+            log.info(f"{not_done} {len(jobs) - len(todo)} of {len(jobs)} jobs: already completed, or refused "
                      "before any work (the summary says which)")
         return todo
 
@@ -337,7 +338,7 @@ class SnapshotSlurmLauncher(_Snapshotting, SlurmLauncher):
         assert self.config is not None and self.hydra_context is not None
         jobs, overrides = job_views(self.hydra_context.config_loader, self.config, job_overrides, initial_job_idx)
         line = LiveLine(Path(str(self.config.hydra.sweep.dir)).name, jobs)
-        todo = self._unsettled(jobs, overrides)
+        todo = self._unsettled(jobs, overrides, "Not submitting")  # (no allocation is spent on them)
         if not todo:
             sweep_report.finish(line)
             return _job_returns(jobs, overrides, self.config)
