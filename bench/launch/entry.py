@@ -51,7 +51,7 @@ HELP = """usage: qrl-bench [-m] [--dry-run | --preflight] [key=value ...]     (p
 One GRPO run, or with -m a sweep, of an arm (a method at a rollout precision) on a task and a model.
 
 examples:
-  qrl-bench                                          one run: bf16 arm, arithmetic, tiny model, CPU (seconds)
+  qrl-bench                                          one run: bf16 arm, arithmetic, tiny model, CPU (100 steps, ~4 min)
   qrl-bench method=tis rollout.precision=int8 seed=1  one arm at another precision -> results/default/tis@int8/...
   qrl-bench -m method=bf16,naive,tis seed=0,1,2      a sweep: every combination, local workers in parallel
   qrl-bench -m method=bf16,naive,tis rollout.precision=int8,mxfp4   arms x precisions: 5 jobs (bf16 runs once,
@@ -181,7 +181,7 @@ def _check(args: list[str]) -> int:
     with stubbed():
         from bench.launch.config import GROUP_REGISTRIES, checks
         from bench.launch import cli
-        from bench.launch.overrides import check_overrides
+        from bench.launch.overrides import without_printing_flags, check_overrides
         from bench.quant.quantizers import FORMATS
 
         for registry in (*GROUP_REGISTRIES.values(), FORMATS):  # their modules, imported now rather than in a check
@@ -198,7 +198,7 @@ def _check(args: list[str]) -> int:
                     return str(e)
             return None
 
-        plain = [a for a in args if not a.startswith("-")]
+        plain = [a for a in without_printing_flags(args) if not a.startswith("-")]  # (not --cfg's `job`)
         error = cli.config_error(args, plain) or check_overrides(args, values)
     if error:
         print(f"qrl-bench: error: {error}", file=sys.stderr)

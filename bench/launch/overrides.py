@@ -37,12 +37,32 @@ _MISSING = re.compile(r"Could not find '(?P<path>[^']+)'")
 _NOT_IN_DEFAULTS = re.compile(r"Could not override '(?P<group>[^']+)'\. No match in the defaults list")
 
 
+#: Hydra's flags that print the composed config instead of running it (`--cfg job`): its overrides are checked
+#: all the same (a typo gave Hydra's 7-line error and exit 1), the flags' own values (job, hydra, all; a package)
+#: taken out first
+PRINTING_FLAGS = ("--cfg", "-c", "--package", "-p", "--resolve")
+_VALUED = ("--cfg", "-c", "--package", "-p")
+
+
+def without_printing_flags(args: list[str]) -> list[str]:
+    """`args` with the values of PRINTING_FLAGS that take one dropped (the flags stay, to be seen)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        out.append(a)
+        skip = a in _VALUED
+    return out
+
+
 def check_overrides(args: list[str], check: Callable[[Any], str | None] | None = None) -> str | None:
     """The one-line error for the first override Hydra cannot compose, or None (see the module docstring);
     `check(cfg)` (bench.launch.entry: the value checks) is asked about each composed config too."""
+    args = without_printing_flags(args)
     flags = [a for a in args if a.startswith("-")]
-    if any(f not in HYDRA_FLAGS + ("--dry-run", "--preflight") for f in flags):
-        return None  # --cfg, --config-name, ...: Hydra's own command line
+    if any(f not in HYDRA_FLAGS + ("--dry-run", "--preflight", *PRINTING_FLAGS) for f in flags):
+        return None  # --config-name, --info, ...: Hydra's own command line
     overrides = [a for a in args if not a.startswith("-")]
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -51,7 +71,8 @@ def check_overrides(args: list[str], check: Callable[[Any], str | None] | None =
     from bench.launch.config import CONF_DIR
 
     multirun = bool(set(flags) & set(HYDRA_FLAGS))
-    writes = "--dry-run" not in flags  # a dry run writes nothing: a read-only copy of the results may be listed
+    # a dry run (or a printed config) writes nothing: a read-only copy of the results may be listed
+    writes = "--dry-run" not in flags and not set(flags) & set(PRINTING_FLAGS)
     try:
         _parse(overrides)
     except ValueError as e:

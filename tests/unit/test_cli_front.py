@@ -143,6 +143,8 @@ def test_a_page_read_by_a_closed_pipe_ends_quietly(flag):
      ["eval.engine=vllm with 8 processes evaluates in the rollout engine only", "(in the sweep's job method=naive"]),
     # a flag neither qrl-bench nor Hydra has: ours, not Hydra's usage screen
     (["--dryrun"], ["unknown option '--dryrun' (did you mean '--dry-run'?)"]),
+    # a config printed with Hydra's --cfg is checked as a run's (it was Hydra's 7-line error, exit 1)
+    (["--cfg", "job", "train.stpes=3"], ["train.stpes=3: train has no key 'stpes' (did you mean 'steps'?)"]),
     (["seed=-1"], ["seed=-1 is out of range; allowed: [0, inf) integer"]),
     # issue 32 F6: what is wrong with batch size 0 (it was "not divisible")
     (["train.batch_size=0"], ["train.batch_size=0 is out of range; allowed: [1, inf)"]),
