@@ -136,8 +136,9 @@ def main(argv: list[str]) -> int:
     mirrored = [r for r in runs if r.attempts]
     where = ", ".join(map(str, args.sweeps))
     if not mirrored:
-        why = "no run directory (run.json)" if not runs else \
-            f"{len(runs)} run(s), none with an offline W&B mirror (tracking=disabled or online)"
+        why = "no run directory (run.json)" if not runs else (
+            f"{len(runs)} run(s), none with an offline W&B mirror (tracking=disabled or online, or WANDB_MODE=disabled: "
+            "scripts/quickstart.sh sets it unless WANDB_MODE=offline is given)")
         print(f"qrl-bench sync: nothing to upload under {where}: {why}", file=sys.stderr)
         return 2
     for r in mirrored:

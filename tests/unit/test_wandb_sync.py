@@ -85,7 +85,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys):
     fake_run(empty, "bf16@bf16/arithmetic/tiny/seed0", "bf16@bf16-arithmetic-tiny-s0", None, [])
     assert main([str(empty)]) == 2
     assert capsys.readouterr().err.strip() == (f"qrl-bench sync: nothing to upload under {empty}: 1 run(s), none with "
-                                               "an offline W&B mirror (tracking=disabled or online)")
+                                               "an offline W&B mirror (tracking=disabled or online, or "
+                                               "WANDB_MODE=disabled: scripts/quickstart.sh sets it unless "
+                                               "WANDB_MODE=offline is given)")
 
 
 def test_an_unreachable_server_is_one_line_and_exit_1(sweep: Path, capsys, monkeypatch):
