@@ -736,7 +736,7 @@ def load_sweeps(roots: Iterable[Path], exclude: Iterable[Path] = ()) -> Sweep:
     for root in roots:
         root = Path(root)
         if not root.is_dir():
-            raise FileNotFoundError(f"sweep directory {root} does not exist")
+            raise FileNotFoundError(f"sweep directory {root} does not exist{_nearby(root)}")
         sources.append(str(root))
         found = discover(root, exclude)
         if not found:
@@ -745,6 +745,19 @@ def load_sweeps(roots: Iterable[Path], exclude: Iterable[Path] = ()) -> Sweep:
                 f"seed<N>): run the sweep first (qrl-bench -m ...), or name the directory its runs are in")
         pairs += [(d, root) for d in found]
     return load_dirs(pairs, sources)
+
+
+def _nearby(root: Path) -> str:
+    """'; did you mean results/smoke_short? (sweeps there: ...)' for a sweep directory that does not exist."""
+    import difflib
+
+    parent = root.parent if str(root.parent) else Path(".")
+    names = sorted(p.name for p in parent.iterdir() if p.is_dir()) if parent.is_dir() else []
+    if not names:
+        return ""
+    close = difflib.get_close_matches(root.name, names, n=1, cutoff=0.6)
+    shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+    return (f"; did you mean {parent / close[0]}?" if close else "") + f" (directories in {parent}: {shown})"
 
 
 def merge(sweeps: Iterable[Sweep]) -> Sweep:

@@ -110,6 +110,11 @@ def test_missing_sweep_dir_is_a_usage_error(tmp_path: Path):
     with redirect_stderr(err):
         assert main([str(tmp_path / "missing")]) == 2
     assert "does not exist" in err.getvalue()
+    (tmp_path / "smoke_short").mkdir()  # a misspelt sweep: the close name and the directories there
+    err = io.StringIO()
+    with redirect_stderr(err):
+        assert main([str(tmp_path / "smoke_shor")]) == 2
+    assert f"does not exist; did you mean {tmp_path / 'smoke_short'}? (directories in {tmp_path}: " in err.getvalue()
 
 
 def test_a_sweep_dir_without_runs_is_a_usage_error_and_leaves_its_report_alone(tmp_path: Path):
