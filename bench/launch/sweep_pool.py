@@ -269,6 +269,7 @@ class WorkerPool:
         for w in self.workers:
             _send(w, payload)  # (a worker a signal has ended already: its death is seen below)
         pending = list(jobs)
+        requeued: set[int] = set()  # jobs given back once by a worker that died before taking them
         t0 = time.time()
         announced = 0
         try:
@@ -304,7 +305,10 @@ class WorkerPool:
                         if w.process.exitcode is None:
                             continue
                         _drain(w)
-                        if w.job is not None and not w.started:  # died before it took the job: another worker will
+                        # died before it took the job: another worker will; once, so that workers that die at
+                        # start-up every time fail the job instead of being replaced without end
+                        if w.job is not None and not w.started and w.job.idx not in requeued:
+                            requeued.add(w.job.idx)
                             w.job.state, w.job.started = "pending", None
                             pending.insert(0, w.job)
                         elif w.job is not None:  # died inside a job
