@@ -19,7 +19,7 @@ from bench.methods.base import Batch, make_method
 from bench.models.logprobs import emulated_weights, token_logprobs
 from bench.rollout import SamplingParams
 from bench.rollout.embedded import EmbeddedEngine
-from bench.train import TrainConfig
+from bench.train_config import TrainConfig
 from bench.domains import check_schema
 
 CPU = torch.device("cpu")
@@ -138,8 +138,10 @@ def test_micro_batches_give_the_big_batch_loss_and_gradient(model, rollout, name
     for k in metrics:
         assert abs(metrics_m[k] - metrics[k]) <= 1e-6 * max(1.0, abs(metrics[k])), k
     valid = rollout.response_mask  # past a micro-batch's cut the outputs are 0, not the padded pass's garbage
-    torch.testing.assert_close(logp_m[valid], logp[valid], rtol=0, atol=1e-6)
-    torch.testing.assert_close(ent_m[valid], ent[valid], rtol=0, atol=1e-6)
+    # to 1e-6 relative beyond magnitude 1, as the loss: an entropy near log 128 = 4.85 differs by 2-4 fp32 ulps
+    # (1.9e-6) between the two batchings on a 2-core AVX2 AMD EPYC, whose kernels split the sums differently
+    torch.testing.assert_close(logp_m[valid], logp[valid], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ent_m[valid], ent[valid], rtol=1e-6, atol=1e-6)
     _assert_grads_close(grads, grads_m)
 
 
