@@ -22,12 +22,10 @@ import torch
 from bench.critic import Critic
 from bench.gae import gae_from_outcome
 from bench.grpo import group_advantages
-from bench.registry import Registry
+from bench.registry import ESTIMATORS
 from bench.rollout.base import Rollout
 
 
-#: name (`algo.advantage`) -> estimator class
-ESTIMATORS: Registry[type] = Registry("advantage estimator", "bench.advantages")
 
 class AdvantageEstimator(Protocol):
     def estimate(
@@ -109,4 +107,4 @@ def build_estimator(cfg: Any, policy: torch.nn.Module) -> AdvantageEstimator:
     return ESTIMATORS.get(cfg.algo.advantage)(cfg.algo, cfg.train, policy)
 
 
-__all__ = ["ESTIMATORS", "AdvantageEstimator", "GAEAdvantage", "GRPOAdvantage", "build_estimator"]
+__all__ = ["AdvantageEstimator", "GAEAdvantage", "GRPOAdvantage", "build_estimator"]

@@ -15,7 +15,8 @@ from typing import Any, Dict, List, Optional
 from omegaconf import OmegaConf
 
 from bench.domains import check_schema, num
-from bench.tasks.base import TASKS, config_to_dict
+from bench.tasks.base import config_to_dict
+from bench.registry import TASKS
 
 EVAL_MODES = ("greedy", "avg@k", "pass@k")
 EVAL_ENGINES = ("auto", "embedded", "vllm")  # auto: the rollout engine's kind

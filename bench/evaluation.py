@@ -45,7 +45,8 @@ from bench.rewards import scorer_metrics
 from bench.rollout import build_engine
 from bench.rollout.base import RolloutEngine, SamplingParams, response_budget, sampling_device
 from bench.rollout.embedded import EmbeddedRolloutConfig
-from bench.tasks.base import TASKS, Example, Task, stable_seed
+from bench.tasks.base import Example, Task, stable_seed
+from bench.registry import TASKS
 
 
 def build_eval_engine(eval_cfg: Any, rollout_cfg: Any, rollout_engine: RolloutEngine, ids: dict[str, Any],

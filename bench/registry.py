@@ -115,3 +115,26 @@ def check_choice(what: str, value: object, valid: tuple | list) -> None:
 
 def _qualname(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+# The extension points, declared here rather than beside their components so that naming one (the configuration's
+# registration and checks, `qrl-bench --help`, the analysis) imports no torch: a registry's components, which do,
+# are imported only when a name is first looked up. The type of each is the component's, named in its comment.
+
+#: `method=<arm>`: `Method` subclasses (bench/methods/)
+METHODS: Registry[type] = Registry("method", "bench.methods")
+#: `task=<name>`: `Task` subclasses (bench/tasks/)
+TASKS: Registry[type] = Registry("task", "bench.tasks", name_attr="name")
+#: `rollout=<engine>`: rollout engine classes (bench/rollout/)
+ENGINES: Registry[Any] = Registry("rollout engine", "bench.rollout")
+#: `rollout.precision=<name>`: number `Format` classes (bench/quant/)
+FORMATS: Registry[type] = Registry("precision", "bench.quant")
+#: `algo.advantage=<name>`: advantage estimator classes, built as `cls(algo, train, policy)` (bench/advantages.py)
+ESTIMATORS: Registry[type] = Registry("advantage estimator", "bench.advantages")
+#: `task.reward=<name>`: scorers (completion, gold) -> reward; each declares `answer_format` (the ANSWER_FORMATS
+#: name its answers come in) and, where it has one-off work to keep out of the time limit, `setup` (bench/rewards.py)
+SCORERS: Registry[Callable[[str, Any], float]] = Registry("reward scorer", "bench.rewards")
+#: answer format name -> whether a completion has that format (the format reward's check; bench/rewards.py)
+ANSWER_FORMATS: Registry[Callable[[str], bool]] = Registry("answer format", "bench.rewards")
+#: every extension point (the quick check imports all their components before it answers: bench/launch/entry.py)
+REGISTRIES = (METHODS, TASKS, ENGINES, FORMATS, ESTIMATORS, SCORERS, ANSWER_FORMATS)

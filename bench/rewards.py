@@ -45,15 +45,10 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Callable
 
-from bench.registry import Registry
+from bench.registry import ANSWER_FORMATS, SCORERS
 from bench.run.timelimit import MODES, ScoreTimeout, TimeLimitUnavailable, call_with_time_limit
 
 Scorer = Callable[[str, Any], float]
-#: name -> scorer; each declares `answer_format` (the ANSWER_FORMATS name its answers come in) and, where it has
-#: one-off work to keep out of the time limit, `setup`
-SCORERS: Registry[Scorer] = Registry("reward scorer", "bench.rewards")
-#: name -> whether a completion has that answer format (the format reward's check)
-ANSWER_FORMATS: Registry[Callable[[str], bool]] = Registry("answer format", "bench.rewards")
 
 DAPO_TAIL_CHARS = 300  # DAPO / verl: the answer line is at the end
 BOXED_TAIL_CHARS = 100  # verl's strict-box fallback looks at the last 100 characters

@@ -29,7 +29,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from bench.dapo import apply_soft_overlong_penalty, dynamic_sample, overlong_filter_mask, truncated_responses
-from bench.grpo import AlgoConfig
+from bench.algo_config import AlgoConfig
 from bench.models.tokenizer import PromptFormat, decode_responses, encode_prompts, pad_id
 from bench.rollout.base import Rollout, RolloutEngine, SamplingParams, response_budget, token_ids
 from bench.tasks.base import Task, stable_seed

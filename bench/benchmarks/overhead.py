@@ -17,7 +17,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from bench.launch.cli import CONF_DIR
-from bench.methods.base import METHODS, method_info
+from bench.methods.base import method_info
+from bench.registry import METHODS
 from bench.train import build, train_step
 
 

@@ -25,8 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 from bench.launch import sweep_report
 from bench.launch.sweep_report import SIGNAL_OUTCOMES
 from bench.launch.config import CONF_DIR, GROUP_REGISTRIES, NAME_KEYS, RENAMED_METHODS, register_configs, validate
-from bench.models.load import USER_NAMED_MODELS
-from bench.grpo import AlgoConfig
+from bench.models.config import USER_NAMED_MODELS
+from bench.algo_config import AlgoConfig
 from bench.launch.overrides import SWEEP_OVERWRITE, check_overrides
 from bench.rollout import close_engines
 from bench.run.preempt import PreemptionGuard, Stopped, stop_on_signals, submitit_preempt_signal

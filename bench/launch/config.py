@@ -1,8 +1,10 @@
 """The root of the Hydra config tree (conf/), its registration, and the value checks run before any work.
 
 Each component's schema lives beside it (lingua's `OptimArgs` beside `optim.py`): `MethodConfig` and every
-arm's schema in bench/methods/, `AlgoConfig` in bench/grpo.py, task schemas in bench/tasks/, engine schemas in
-bench/rollout/, `ModelConfig` in bench/models/load.py, `TrainConfig` in bench/train.py, `EvalConfig` in
+arm's schema in bench/methods/, task schemas in bench/tasks/, engine schemas in bench/rollout/. The sections every
+run has are torch-free modules of their own, so that importing this module imports no torch (the registries import
+their components, and torch with them, only when a name is first looked up): `AlgoConfig` in bench/algo_config.py,
+`TrainConfig` in bench/train_config.py, `ModelConfig` in bench/models/config.py, `EvalConfig` in
 bench/eval_config.py, `TrackingConfig` in bench/run/tracking.py. This module composes them into `Config` and hands
 them to Hydra's ConfigStore, so that a misspelt key or a value of the wrong type fails at start-up naming it;
 `validate` runs every schema's `check()` (ranges and choices a type cannot express) before any work starts.
@@ -27,19 +29,17 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from bench import CONF_DIR, CONFIG_GROUPS  # defined where `qrl-bench --help` reads them without this module's imports
-from bench.advantages import ESTIMATORS
+from bench.algo_config import AlgoConfig
 from bench.domains import check_schema, domains, num, numeric_kind
+from bench.eval_config import EvalConfig
 from bench.launch.budget import BudgetConfig
 from bench.launch.power import PowerConfig
-from bench.eval_config import EvalConfig
-from bench.grpo import AlgoConfig
+from bench.methods import arm_precision
+from bench.models.config import USER_NAMED_MODELS, ModelConfig
+from bench.registry import ENGINES, ESTIMATORS, METHODS, TASKS
 from bench.run.identity import check_path_parts, run_path, run_subdir
-from bench.methods.base import METHODS, arm_precision
-from bench.models.load import USER_NAMED_MODELS, ModelConfig
-from bench.rollout.base import ENGINES
-from bench.tasks.base import TASKS
 from bench.run.tracking import TrackingConfig, tracking_mode
-from bench.train import TrainConfig
+from bench.train_config import TrainConfig
 
 #: group name -> the registry whose names are its choices (the other groups are plain data: model/, tracking/)
 GROUP_REGISTRIES = {"method": METHODS, "task": TASKS, "rollout": ENGINES}

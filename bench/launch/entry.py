@@ -179,12 +179,12 @@ def _check(args: list[str]) -> int:
     from bench.launch.stubs import NeedsTorch, strict, stubbed
 
     with stubbed():
-        from bench.launch.config import GROUP_REGISTRIES, checks
+        from bench.launch.config import checks
         from bench.launch import cli
         from bench.launch.overrides import without_printing_flags, check_overrides
-        from bench.quant.quantizers import FORMATS
+        from bench.registry import REGISTRIES
 
-        for registry in (*GROUP_REGISTRIES.values(), FORMATS):  # their modules, imported now rather than in a check
+        for registry in REGISTRIES:  # their modules, imported now rather than in a check
             registry.discover()
         strict()  # from here, a check that asks torch anything is left to the run
 

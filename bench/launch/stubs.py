@@ -1,7 +1,8 @@
 """Import the suite's modules without torch and transformers, to check a command line in a fraction of a second.
 
-Every config schema (`TrainConfig`, each arm's, each task's) lives beside the code it configures, in modules that
-import torch and transformers: ~10 s of CPU before a typo could be reported. `stubbed()` puts stand-ins for those
+The schemas of the arms and the engines live beside the code they configure, in modules that import torch and
+transformers; the registries import those modules when a name is first looked up, and checking a config looks up
+every chosen name: ~10 s of CPU before a typo could be reported. `stubbed()` puts stand-ins for those
 packages in front of the import system (Sphinx autodoc's `autodoc_mock_imports` does the same to document code
 whose dependencies are absent), so that the modules import in well under a second and Hydra can compose and
 `bench.launch.config.validate` can check the config.

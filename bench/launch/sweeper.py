@@ -149,7 +149,7 @@ def fold_fixed_precisions(jobs: Sequence[Sequence[str]], default_of: Callable[[s
 def arm_fixed_precision(method: str) -> str | None:
     """The precision an arm is fixed to (`@METHODS.register(..., precision=...)`), None for the others and for a
     name that is no arm (Hydra reports that one)."""
-    from bench.methods.base import METHODS
+    from bench.registry import METHODS
 
     return METHODS.entry(method).meta.get("precision") if method in METHODS else None
 

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from bench.domains import num
-from bench.methods.base import METHODS, Batch, MethodConfig, is_cap_c
+from bench.methods.base import Batch, MethodConfig, is_cap_c
+from bench.registry import METHODS
 from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio, weight_stats
 from bench.quant.uaq import apply_uaq, check_targets
 

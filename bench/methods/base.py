@@ -22,7 +22,7 @@ matched-precision baseline, which declares its precision (`precision="bf16"`) an
 known arms); the class attribute `diagnostics` names the `method/<arm>/*` metrics worth a panel in the
 report. Both are written into every run's run.json, so the analysis never imports this package.
 The GRPO knobs every arm shares (clip range, aggregation, reference KL, ...) are not here: `algo.*`
-(bench.grpo.AlgoConfig) reaches every method as `self.algo`.
+(bench.algo_config.AlgoConfig) reaches every method as `self.algo`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import torch
 from omegaconf import MISSING, OmegaConf
 
 from bench.domains import num
-from bench.grpo import AlgoConfig
-from bench.registry import Registry
+from bench.algo_config import AlgoConfig
+from bench.registry import METHODS
 
 
 @dataclass
@@ -73,16 +73,6 @@ def is_cap_c(default: float = 2.0) -> Any:
     """The field `is_cap_C`: the cap C on pi_old/mu of every arm that truncates or bands it (TIS, Seq-MIS, ACR,
     AIS, Geo-RS's token TIS), its domain declared once here."""
     return num(default, "(0, inf)")
-
-
-METHODS: Registry[type["Method"]] = Registry("method", "bench.methods")
-#: the rollout precision of an arm that does not declare one (`rollout.precision=...` overrides it)
-DEFAULT_LOW_PRECISION = "fp8_e4m3"
-
-
-def arm_precision(name: str) -> str:
-    """The rollout precision `method=<name>` runs at unless `rollout.precision` says otherwise."""
-    return str(METHODS.entry(name).meta.get("precision") or DEFAULT_LOW_PRECISION)
 
 
 @dataclass
@@ -235,5 +225,5 @@ def make_method(name: str, **knobs: Any) -> Method:
     return build_method(cfg, algo)
 
 
-__all__ = ["Batch", "DEFAULT_LOW_PRECISION", "DENOMINATORS", "METHODS", "MaskingConfig", "arm_precision", "Method", "MethodConfig", "method_info", "build_method", "make_method", "select_stats",
-           "token_advantages"]
+__all__ = ["Batch", "DENOMINATORS", "MaskingConfig", "Method", "MethodConfig", "method_info", "build_method", "make_method",
+           "select_stats", "token_advantages"]

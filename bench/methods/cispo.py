@@ -40,7 +40,8 @@ import torch
 
 from bench.domains import num
 from bench.grpo import agg_loss, compute_dtype, masked_mean, safe_log_ratio
-from bench.methods.base import METHODS, Batch, Method, MethodConfig, token_advantages
+from bench.methods.base import Batch, Method, MethodConfig, token_advantages
+from bench.registry import METHODS
 from bench.methods.ppo_clip import add_kl_ref
 
 ANCHORS = ("old", "rollout")

@@ -25,7 +25,8 @@ actor_rollout_ref.ref.fsdp_config.dtype=float16 actor_rollout_ref.rollout.dtype=
 
 from __future__ import annotations
 
-from bench.methods.base import METHODS, MethodConfig
+from bench.methods.base import MethodConfig
+from bench.registry import METHODS
 from bench.methods.naive import Naive
 
 

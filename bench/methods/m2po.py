@@ -36,7 +36,8 @@ from typing import Any
 import torch
 
 from bench.domains import num
-from bench.methods.base import METHODS, Batch, MaskingConfig
+from bench.methods.base import Batch, MaskingConfig
+from bench.registry import METHODS
 from bench.methods.importance import ConstantWeightMethod, behaviour_log_ratio
 
 

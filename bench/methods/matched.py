@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from bench.device import DTYPES
-from bench.methods.base import METHODS, MethodConfig
+from bench.methods.base import MethodConfig
+from bench.registry import METHODS
 from bench.methods.naive import Naive
 from bench.quant.fp8 import choose_fp8_kernel
 from bench.rollout.qat import quantize_trainer, unsupported

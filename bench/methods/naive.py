@@ -9,7 +9,8 @@ precision is data, never code.
 
 from __future__ import annotations
 
-from bench.methods.base import METHODS, MethodConfig
+from bench.methods.base import MethodConfig
+from bench.registry import METHODS
 from bench.methods.ppo_clip import PPOClipMethod
 
 

@@ -40,7 +40,8 @@ import torch
 
 from bench.domains import num
 from bench.grpo import safe_log_ratio
-from bench.methods.base import METHODS, Batch, MaskingConfig
+from bench.methods.base import Batch, MaskingConfig
+from bench.registry import METHODS
 from bench.methods.ppo_clip import PPOClipMethod
 
 BEHAVIOURS = ("rollout", "recompute")

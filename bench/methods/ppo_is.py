@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from bench.methods.base import METHODS, Batch, MethodConfig
+from bench.methods.base import Batch, MethodConfig
+from bench.registry import METHODS
 from bench.methods.ppo_clip import PPOClipMethod
 
 

@@ -40,7 +40,8 @@ from typing import Any, Optional
 import torch
 
 from bench.domains import num
-from bench.methods.base import METHODS, Batch, MaskingConfig, is_cap_c
+from bench.methods.base import Batch, MaskingConfig, is_cap_c
+from bench.registry import METHODS
 from bench.methods.importance import (
     IS_MODES,
     ConstantWeightMethod,

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import torch
 
 from bench.domains import num
-from bench.methods.base import METHODS, Batch, MaskingConfig
+from bench.methods.base import Batch, MaskingConfig
+from bench.registry import METHODS
 from bench.methods.rejection import SequenceRejection, k2, k3, row_max
 
 DIVERGENCES = {"k2": k2, "k3": k3}

@@ -34,7 +34,8 @@ from typing import Any, Optional
 import torch
 
 from bench.domains import num
-from bench.methods.base import METHODS, Batch, MaskingConfig
+from bench.methods.base import Batch, MaskingConfig
+from bench.registry import METHODS
 from bench.methods.importance import behaviour_log_ratio
 from bench.methods.rejection import SequenceRejection, row_max
 

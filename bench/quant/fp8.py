@@ -25,8 +25,8 @@ from torch import nn
 
 from bench.quant.linear import FakeQuantLinear, QuantLinear, cuda_capability, pad_rows
 from bench.quant.minifloat import E4M3, E5M2, MiniFloat, round_to_minifloat, work_dtype
-from bench.quant.quantizers import FORMATS, Format, Quantizer, amax_scale
-from bench.registry import check_choice
+from bench.quant.quantizers import Format, Quantizer, amax_scale
+from bench.registry import FORMATS, check_choice
 
 FP8_KERNELS = ("auto", "scaled_mm", "emulated")
 #: torch._scaled_mm needs K and N to be multiples of 16 (CUDA: ScaledBlas.cpp checks).

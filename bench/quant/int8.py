@@ -32,8 +32,8 @@ from torch import nn
 
 from bench.quant.linear import QuantLinear, fast_int_mm, pad_rows
 from bench.quant.minifloat import work_dtype
-from bench.quant.quantizers import FORMATS, Format, Quantizer, amax_scale, quantize
-from bench.registry import check_choice
+from bench.quant.quantizers import Format, Quantizer, amax_scale, quantize
+from bench.registry import FORMATS, check_choice
 
 INT8_QMAX = 127.0
 INT8_KERNELS = ("auto", "int_mm", "emulated")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bench.quant.blockscale import quantize_nvfp4
 from bench.quant.linear import BlockFormat
-from bench.quant.quantizers import FORMATS
+from bench.registry import FORMATS
 
 
 @FORMATS.register("nvfp4")

@@ -27,7 +27,8 @@ from torch import nn
 
 from bench.quant.linear import QuantLinear, native_bf16_matmul
 from bench.quant.minifloat import MiniFloat, round_to_minifloat, work_dtype
-from bench.quant.quantizers import FORMATS, Format, Quantizer
+from bench.quant.quantizers import Format, Quantizer
+from bench.registry import FORMATS
 
 
 class Fp32Linear(QuantLinear):

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from bench.registry import Registry, check_choice
+from bench.registry import FORMATS, check_choice
 
 #: Every granularity `quantize` accepts; each format declares which it supports for weights and activations.
 GRANULARITIES = ("per_tensor", "per_channel", "per_token", "per_group", "per_block")
@@ -98,7 +98,6 @@ class Format(ABC):
         """The engine's linear layer for a weight [out, in] in this format (quantized once, here)."""
 
 
-FORMATS: Registry[type[Format]] = Registry("precision", "bench.quant")
 _INSTANCES: dict[str, Format] = {}
 
 

@@ -11,9 +11,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from bench.rollout.base import ENGINES, Rollout, RolloutConfig, RolloutEngine, SamplingParams, token_ids
+from bench.rollout.base import Rollout, RolloutConfig, RolloutEngine, SamplingParams, token_ids
+from bench.registry import ENGINES
 
-__all__ = ["ENGINES", "Rollout", "RolloutConfig", "RolloutEngine", "SamplingParams", "build_engine", "close_engines"]
+__all__ = ["Rollout", "RolloutConfig", "RolloutEngine", "SamplingParams", "build_engine", "close_engines"]
 
 
 def build_engine(

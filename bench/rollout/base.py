@@ -16,8 +16,8 @@ import torch
 from omegaconf import MISSING
 
 from bench.domains import num
-from bench.quant.quantizers import FORMATS, Quantizer
-from bench.registry import Registry
+from bench.quant.quantizers import Quantizer
+from bench.registry import FORMATS
 
 
 def rollout_quantizer(rollout: Any) -> Quantizer:
@@ -51,8 +51,6 @@ class RolloutConfig:
             raise ValueError(f"rollout.precision={self.precision}: {e}") from None
 
 
-#: `rollout=<name>`: every engine registers itself here with its schema (bench/rollout/<engine>.py).
-ENGINES: Registry[Any] = Registry("rollout engine", "bench.rollout")
 
 
 @dataclass

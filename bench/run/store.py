@@ -33,7 +33,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
-import torch
 import yaml
 from filelock import FileLock, Timeout
 
@@ -339,6 +338,8 @@ class RunDir:
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         """Write ckpt/last.pt atomically; the checkpoint it replaces becomes ckpt/prev.pt (the last two are
         kept, so a damaged last.pt still leaves one to resume from). A failed write leaves no temporary."""
+        import torch  # here, not at the top: reading a run directory (the configuration, the analysis) needs no torch
+
         self.ckpt_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.ckpt_file.with_name(f"last.pt.tmp{os.getpid()}")
         try:
@@ -375,6 +376,8 @@ class RunDir:
         """The checkpoint at `path` (default ckpt/last.*), None when there is none; CheckpointError when it
         exists but cannot be read. A DCP directory gives its extra.pt with `dcp` = its path: the tensor states
         are read by every rank into its own shards when the run is restored (bench/checkpoint.py)."""
+        import torch  # as in save_checkpoint
+
         path = path or self.ckpt_file
         if not path.exists():
             return None

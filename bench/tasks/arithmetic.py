@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.domains import num
-from bench.tasks.base import TASKS, Example, GeneratedTask, GeneratedTaskConfig
+from bench.tasks.base import Example, GeneratedTask, GeneratedTaskConfig
+from bench.registry import TASKS
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 

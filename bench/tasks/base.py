@@ -21,7 +21,7 @@ from typing import Any, Callable
 from omegaconf import MISSING, OmegaConf
 
 from bench.domains import check_schema, num
-from bench.registry import Registry
+from bench.registry import TASKS
 
 SPLITS = ("train", "test")
 Example = dict[str, Any]
@@ -47,8 +47,6 @@ class GeneratedTaskConfig(TaskConfig):
     n_test: int = num(200, "[1, inf)")
 
 
-#: `task=<name>`: every task registers itself here with its schema.
-TASKS: Registry[type["Task"]] = Registry("task", "bench.tasks", name_attr="name")
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

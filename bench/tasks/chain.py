@@ -48,7 +48,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.domains import num
-from bench.tasks.base import TASKS, Example, GeneratedTask, GeneratedTaskConfig
+from bench.tasks.base import Example, GeneratedTask, GeneratedTaskConfig
+from bench.registry import TASKS
 
 LABELS = string.ascii_lowercase + string.ascii_uppercase  # step labels, in order: at most 52 steps
 REWARD_MODES = ("exact", "final", "prefix")

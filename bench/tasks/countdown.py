@@ -20,7 +20,8 @@ from typing import Any, Union
 
 from bench.domains import num
 from bench.rewards import countdown_check
-from bench.tasks.base import TASKS, Example, GeneratedTask, GeneratedTaskConfig
+from bench.tasks.base import Example, GeneratedTask, GeneratedTaskConfig
+from bench.registry import TASKS
 
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}  # the generator's printer: operator precedence
 

@@ -22,7 +22,8 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Optional
 
-from bench.tasks.base import TASKS, Example
+from bench.tasks.base import Example
+from bench.registry import TASKS
 from bench.tasks.hub_task import HubTask, HubTaskConfig
 
 COUNTDOWN_SYSTEM = ("You are a helpful assistant. You first think about the reasoning process in the mind and then "

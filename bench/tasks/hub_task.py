@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from bench.domains import num
-from bench.rewards import SCORERS, Reward
+from bench.rewards import Reward
+from bench.registry import SCORERS, TASKS
 from bench.tasks import sources
-from bench.tasks.base import TASKS, Example, Task, TaskConfig, stable_seed
+from bench.tasks.base import Example, Task, TaskConfig, stable_seed
 
 
 @dataclass
@@ -47,7 +48,7 @@ class HubTaskConfig(TaskConfig):
     prompt_template: Optional[str] = None  # null: the task's default for its reward
     system_prompt: Optional[str] = None
     chat_template: Optional[bool] = None  # null: the model's setting (model.chat_template); false: plain text
-    reward: str = "math_verify"  # a bench.rewards.SCORERS name
+    reward: str = "math_verify"  # a SCORERS name (bench/registry.py, scorers in bench/rewards.py)
     format_weight: float = num(0.0, "[0, 1]")  # reward of a wrong but well-formatted answer (bench/rewards.py)
     reward_time_limit_s: float = num(5.0, "(0, 3600]")  # per completion; bench/run/timelimit.py
     max_new_tokens: int = 1024

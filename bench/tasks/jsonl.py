@@ -22,7 +22,8 @@ from typing import Any
 from omegaconf import MISSING
 
 from bench.rewards import gsm8k_gold
-from bench.tasks.base import TASKS, Example, Task, GeneratedTaskConfig, stable_seed
+from bench.tasks.base import Example, Task, GeneratedTaskConfig, stable_seed
+from bench.registry import TASKS
 
 _NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
 

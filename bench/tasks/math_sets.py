@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from bench.rewards import gold_text, gsm8k_gold, last_boxed
-from bench.tasks.base import TASKS, Example
+from bench.tasks.base import Example
+from bench.registry import TASKS
 from bench.tasks.hub_task import HubTask, HubTaskConfig
 
 BOXED_PROMPT = "{problem} Let's think step by step and output the final answer within \\boxed{}."

@@ -22,8 +22,10 @@ import pytest
 import torch
 
 from bench.advantages import GRPOAdvantage
-from bench.grpo import AlgoConfig, group_advantages
-from bench.methods.base import METHODS, Batch, make_method
+from bench.grpo import group_advantages
+from bench.algo_config import AlgoConfig
+from bench.methods.base import Batch, make_method
+from bench.registry import METHODS
 from bench.mismatch import mismatch_metrics, sanitize
 from bench.train import rebaseline
 

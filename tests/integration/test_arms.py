@@ -9,7 +9,7 @@ import pytest
 
 from bench.launch.cli import execute
 from bench.run.store import RunDir
-from bench.methods.base import METHODS
+from bench.registry import METHODS
 from bench.mismatch import MISMATCH_KEYS
 from bench.train import TRAIN_KEYS
 from tests.helpers import make_cfg

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from bench.launch.cli import execute
-from bench.methods.base import METHODS
+from bench.registry import METHODS
 from bench.run.store import RunDir
 from tests.helpers import make_cfg, strip_times
 

@@ -8,9 +8,8 @@ import copy
 
 import pytest
 
-from bench.advantages import ESTIMATORS
+from bench.registry import ESTIMATORS, METHODS
 from bench.launch.cli import execute
-from bench.methods.base import METHODS
 from bench.run.store import RunDir
 from tests.helpers import make_cfg
 

@@ -10,8 +10,8 @@ import torch
 
 from bench.launch.cli import EXIT, execute
 from bench.run.store import RunDir
-from bench.methods.base import METHODS, Method, MethodConfig
-from bench.registry import Entry
+from bench.methods.base import Method, MethodConfig
+from bench.registry import METHODS, Entry
 from tests.helpers import cli, make_cfg, strip_times
 
 pytestmark = pytest.mark.slow
@@ -48,7 +48,8 @@ def test_run_writes_a_complete_run_directory(tmp_path):
 def test_a_warm_up_raises_the_learning_rate_linearly_from_0(tmp_path):
     """train.lr_warmup_steps=W: step s < W trains at lr x s / W, step 0 at 0 (verl's constant schedule with warm-up,
     which qurl_table2 follows as verl's DAPO recipe sets it), then lr; the default 0 trains at lr from step 0."""
-    from bench.train import TrainConfig, scheduled_lr
+    from bench.train import scheduled_lr
+    from bench.train_config import TrainConfig
 
     cfg = make_cfg(tmp_path, "method=bf16", "train.lr_warmup_steps=2", "train.lr=1e-4")
     assert execute(cfg) == "completed"

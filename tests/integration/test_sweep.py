@@ -19,7 +19,7 @@ import pytest
 from filelock import FileLock
 
 from bench.run.store import RunDir
-from bench.methods.base import arm_precision
+from bench.methods import arm_precision
 from tests.hang import HANG_S, wait_until
 from tests.helpers import FAST, REPO
 from tests.integration.signals import alive, descendants

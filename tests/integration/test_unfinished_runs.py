@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bench.run.store import RunDir
-from bench.methods.base import arm_precision
+from bench.methods import arm_precision
 from tests.hang import HANG_S, wait_until
 from tests.helpers import FAST, REPO, strip_times
 from tests.integration.signals import alive, descendants

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import bench.warmstart as ws
-from bench.models.load import ModelConfig
+from bench.models.config import ModelConfig
 from bench.tasks.arithmetic import ArithmeticTaskConfig
 from bench.tasks.countdown import CountdownTaskConfig
 from bench.models.load import load_policy

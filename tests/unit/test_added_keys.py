@@ -316,7 +316,8 @@ def test_cuda_graphs_false_decodes_every_step_eagerly(model, monkeypatch):
 def test_lr_warmup_0_trains_at_lr_from_step_0():
     """train.lr_warmup_steps=0 (by construction): every step's learning rate is train.lr, the constant the optimizer
     was built with before the key."""
-    from bench.train import TrainConfig, scheduled_lr
+    from bench.train import scheduled_lr
+    from bench.train_config import TrainConfig
 
     for lr in (3e-5, 1e-6, 1.0):
         cfg = TrainConfig(lr=lr, lr_warmup_steps=neutral("train.lr_warmup_steps"))

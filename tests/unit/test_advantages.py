@@ -21,13 +21,14 @@ from omegaconf import OmegaConf
 
 from bench.advantages import GAEAdvantage, GRPOAdvantage, build_estimator
 from bench.critic import Critic, token_values
-from bench.grpo import AlgoConfig
-from bench.methods.base import METHODS, Batch, make_method, token_advantages
+from bench.algo_config import AlgoConfig
+from bench.methods.base import Batch, make_method, token_advantages
+from bench.registry import METHODS
 from bench.methods.ais import ais_alpha
 from bench.models.tiny import build_tiny_model
 from bench.models.tokenizer import build_char_tokenizer
 from bench.rollout.base import Rollout
-from bench.train import TrainConfig
+from bench.train_config import TrainConfig
 
 D = torch.float64
 

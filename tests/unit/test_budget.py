@@ -7,9 +7,9 @@ from omegaconf import OmegaConf
 
 from bench.launch.budget import BudgetConfig, embedded_rollout_s, estimate, throughputs
 from bench.launch.memory import model_shape
-from bench.grpo import AlgoConfig
+from bench.algo_config import AlgoConfig
 from bench.launch.sweeper import expand_rows
-from bench.train import TrainConfig
+from bench.train_config import TrainConfig
 from bench.domains import check_schema
 
 

@@ -177,6 +177,27 @@ def test_a_value_out_of_its_domain_writes_nothing(tmp_path):
     assert not out.exists() and not cache.exists()
 
 
+def test_the_configuration_and_its_schemas_import_no_torch():
+    """Issue 37: bench.launch.config (the composition root) and every schema it composes import neither torch nor
+    the packages built on it; the components registered under those schemas (arms, engines) are imported when a
+    name is first looked up, not before."""
+    heavy = ("torch", "transformers", "vllm", "datasets", "wandb", "safetensors", "tokenizers")
+    code = (
+        "import sys\n"
+        "import bench.launch.config, bench.registry, bench.algo_config, bench.train_config, bench.models.config\n"
+        "import bench.eval_config, bench.methods\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})))\n"
+    )
+    cp = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.strip() == "[]"
+    # the check: a registry's first lookup imports its components, and with them torch
+    code = "import sys\nfrom bench.registry import METHODS\nMETHODS.names()\nprint('torch' in sys.modules)\n"
+    cp = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.strip() == "True"
+
+
 def test_the_checker_imports_no_torch():
     """The check's child imports the suite with stand-ins (bench/launch/stubs.py); the real packages are never
     loaded there, and a check that needs them raises NeedsTorch instead of being answered by a stand-in."""

@@ -18,9 +18,10 @@ from omegaconf import OmegaConf
 from bench.launch.cli import CONF_DIR, check_group_overrides  # importing bench.launch.cli registers the schemas
 from bench.launch.config import GROUP_REGISTRIES, validate
 from bench.launch.dryrun import expand
-from bench.grpo import AlgoConfig
-from bench.methods.base import METHODS, Method, build_method
-from bench.models.load import ModelConfig
+from bench.algo_config import AlgoConfig
+from bench.methods.base import Method, build_method
+from bench.registry import METHODS
+from bench.models.config import ModelConfig
 from bench.rollout import build_engine
 from bench.tasks.base import Task, build_task
 

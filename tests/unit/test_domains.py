@@ -20,11 +20,11 @@ from omegaconf.errors import ValidationError
 from bench.launch.config import GROUP_REGISTRIES, Config, _check_part, check_across, check_root_domains, checks
 from bench.domains import Domain, domains, num, numeric_kind
 from bench.eval_config import EvalConfig
-from bench.grpo import AlgoConfig
+from bench.algo_config import AlgoConfig
 from bench.launch.budget import BudgetConfig
-from bench.models.load import ModelConfig
+from bench.models.config import ModelConfig
 from bench.run.tracking import TrackingConfig
-from bench.train import TrainConfig
+from bench.train_config import TrainConfig
 from tests.unit.test_configs import compose_cfg, extra_overrides
 
 BAD_VALUES = ("nan", "inf", "-inf", "-1", "0", "1e30")

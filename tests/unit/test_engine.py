@@ -10,7 +10,8 @@ import transformers as tr
 
 from bench.quant import plain
 from bench.quant.linear import onednn_available
-from bench.quant.quantizers import FORMATS, Quantizer, fake_quant
+from bench.quant.quantizers import Quantizer, fake_quant
+from bench.registry import FORMATS
 from bench.rollout import embedded
 from bench.models.logprobs import token_logprobs
 from bench.models.tokenizer import engine_ids

@@ -15,7 +15,8 @@ import textwrap
 import pytest
 
 from bench.rollout import build_engine
-from bench.rollout.base import ENGINES, RolloutEngine
+from bench.rollout.base import RolloutEngine
+from bench.registry import ENGINES
 
 METHODS = sorted(n for n, v in vars(RolloutEngine).items() if callable(v) or isinstance(v, classmethod)
                  if not n.startswith("_"))

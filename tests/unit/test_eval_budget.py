@@ -10,7 +10,7 @@ from bench.eval_config import EvalConfig
 from bench.launch.budget import (BudgetConfig, EAGER_LAYER_S, HBM_BYTES_PER_S, eager_tokens_per_s, eval_estimate,
                                   eval_passes, problem_count)
 from bench.launch.memory import Shape
-from bench.train import TrainConfig
+from bench.train_config import TrainConfig
 
 # Qwen2.5-Math-7B (bench/launch/memory.py SHAPES)
 MATH_7B = Shape(3584, 28, 28, 4, 128, 18944, 152064, False)

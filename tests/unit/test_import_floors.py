@@ -1,8 +1,9 @@
 """The floors of bench/: every import (module level or inside a function) goes to the same floor or one below,
 and no two rooms (a folder, or a top-level module) import each other.
 
-    0 base        registry, domains (config value ranges), timing, device, grpo/gae/dapo (the loss and advantage
-                  math), passk, mismatch, run/
+    0 base        registry (the mechanism and every registry), domains (config value ranges), timing, device,
+                  grpo/gae/dapo (the loss and advantage math), passk, mismatch, run/, algo_config and train_config
+                  (the algo and train schemas, torch-free)
     1 parts       quant/, rewards (scorers, the countdown checker)
     2 components  rollout/ (engines), tasks/, methods/ (arms), eval_config (the eval schema, torch-free)
     3 models      models/ (loaders, tokenizer, log-probs: reads a Rollout)
@@ -23,7 +24,8 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 FLOORS = {
-    0: ["registry", "domains", "timing", "device", "grpo", "gae", "dapo", "passk", "mismatch", "run"],
+    0: ["registry", "domains", "timing", "device", "grpo", "gae", "dapo", "passk", "mismatch", "run", "algo_config",
+        "train_config"],
     1: ["quant", "rewards"],
     2: ["rollout", "tasks", "methods", "eval_config"],
     3: ["models"],

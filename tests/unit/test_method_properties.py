@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 import dataclasses
 
-from bench.grpo import AlgoConfig
-from bench.methods.base import METHODS, make_method
+from bench.algo_config import AlgoConfig
+from bench.methods.base import make_method
+from bench.registry import METHODS
 from bench.methods.ais import ais_alpha
 from bench.methods.base import Batch
 from bench.methods.ess import p3o_weights

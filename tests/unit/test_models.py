@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from bench.models.load import ModelConfig
+from bench.models.config import ModelConfig
 from bench.tasks.arithmetic import ArithmeticTaskConfig
 from bench.tasks.jsonl import JsonlTaskConfig
 from bench.models.load import load_pretrained

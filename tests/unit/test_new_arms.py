@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from bench.launch.config import validate
-from bench.methods.base import arm_precision, make_method
+from bench.methods.base import make_method
+from bench.methods import arm_precision
 from bench.methods.icepop import IcePopConfig
 from bench.methods.opsm import OPSMConfig, opsm_keep
 from bench.methods.geo_rs import GeoRSConfig, geometric_keep

@@ -9,7 +9,8 @@ import os
 import pytest
 import torch
 
-from bench.models.load import ModelConfig, add_stop_tokens, context_length, load_pretrained
+from bench.models.load import add_stop_tokens, context_length, load_pretrained
+from bench.models.config import ModelConfig
 from bench.models.tokenizer import (
     PromptFormat,
     build_char_tokenizer,

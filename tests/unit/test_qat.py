@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers as tr
 
-from bench.methods.base import METHODS
+from bench.registry import METHODS
 from bench.mismatch import mismatch_metrics
 from bench.models.logprobs import token_logprobs
 from bench.rollout.qat import QATLinear, quantize_trainer, unsupported

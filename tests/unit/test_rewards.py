@@ -8,8 +8,6 @@ import time
 import pytest
 
 from bench.rewards import (
-    ANSWER_FORMATS,
-    SCORERS,
     Reward,
     clean_text,
     gsm8k_gold,
@@ -22,6 +20,7 @@ from bench.rewards import (
     score_gsm8k_strict,
     score_math_verify,
 )
+from bench.registry import ANSWER_FORMATS, SCORERS
 
 HUGE = "1" + "0" * 10_000  # 10**10000 as text: more digits than int() converts by default
 NESTED = "\\boxed{" + "{" * 3000 + "42" + "}" * 3000 + "}"  # takes sympy/latex2sympy well over 5 s

@@ -11,7 +11,8 @@ from bench.tasks.arithmetic import ArithmeticTaskConfig
 from bench.tasks.countdown import CountdownTaskConfig
 from bench.tasks.jsonl import JsonlTaskConfig
 from bench.tasks.arithmetic import ArithmeticTask
-from bench.tasks.base import TASKS, GeneratedTask, build_task
+from bench.tasks.base import GeneratedTask, build_task
+from bench.registry import TASKS
 from bench.rewards import countdown_check as check, countdown_evaluate as evaluate
 from bench.tasks.countdown import CountdownTask, format_tree
 from bench.tasks.jsonl import JsonlTask
