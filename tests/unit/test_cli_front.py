@@ -1,16 +1,16 @@
-"""Issue 25 item 2: `qrl-bench --help` and every config error answer within a second or so of CPU, before torch and
-transformers load (bench/launch/entry.py): one line naming the value, its valid choices and a close match, exit 2.
+"""Issue 25 item 2: `qrl-bench --help` and every config error are answered before torch and transformers load
+(bench/launch/entry.py): one line naming the value, its valid choices and a close match, exit 2.
 
-Each case is the real command in a subprocess; its CPU time (user + sys, the forked checker included) is read
-from getrusage(RUSAGE_CHILDREN). Measured on a busy 2-core machine: --help 0.03 s, an error 0.6-0.9 s; before
-the change every one of them cost ~10 s (torch and transformers imported before parsing). The bound is wide
-(3 s) so that a slow CI machine passes, and still fails if torch is imported again (~10 s).
+Each case is the real command in a subprocess whose `torch` and `transformers` cannot be imported: a directory at
+the front of PYTHONPATH holds packages of those names that raise ImportError, so a command that imported either,
+in any of its processes, would fail with that error instead of its answer. (This replaced a bound on the
+commands' CPU time: importing torch costs 2.5-3 s of CPU on a 2-core AVX2 machine, about what composing a paper
+recipe's jobs costs, so no bound told the two apart; a check of what is imported holds on any machine.)
 """
 
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
 import sys
 
@@ -20,22 +20,33 @@ from tests.hang import HANG_S
 
 from tests.helpers import REPO
 
-CPU_BOUND_S = 3.0
+#: what a command answered before torch may not import: each raises ImportError naming itself
+NEVER_IMPORTED = ("torch", "transformers")
 
 
-def run_cli(*args: str) -> tuple[subprocess.CompletedProcess, float]:
-    """`python -m bench ARGS` and the CPU seconds it used (with every process it waited for)."""
+@pytest.fixture(scope="session")
+def unimportable(tmp_path_factory) -> str:
+    """A PYTHONPATH entry whose `torch` and `transformers` raise ImportError on import."""
+    root = tmp_path_factory.mktemp("unimportable")
+    for name in NEVER_IMPORTED:
+        (root / name).mkdir()
+        (root / name / "__init__.py").write_text(f"raise ImportError('{name} was imported by a command answered "
+                                                 f"before {name} (tests/unit/test_cli_front.py)')\n")
+    return str(root)
+
+
+def run_cli(*args: str, unimportable: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m bench ARGS`, offline; with `unimportable` (the fixture's path) torch and transformers cannot load."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_SILENT": "true",
            "WANDB_MODE": "offline"}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cp = subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                        timeout=HANG_S)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return cp, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if unimportable:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [unimportable, env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=HANG_S)
 
 
-def test_help_shows_examples_and_groups_fast():
-    cp, cpu = run_cli("--help")
+def test_help_shows_examples_and_groups_without_torch(unimportable):
+    cp = run_cli("--help", unimportable=unimportable)
     assert cp.returncode == 0, cp.stderr
     out = cp.stdout
     for example in ("qrl-bench method=", "qrl-bench -m method=", "--dry-run", "-m +experiment=smoke_short",
@@ -44,13 +55,11 @@ def test_help_shows_examples_and_groups_fast():
     groups = {line.split(":")[0] for line in out.splitlines() if ": " in line and line[0].isalpha()}
     assert {"method", "rollout", "task", "model", "tracking", "experiment"} <= groups
     assert "tis" in next(line for line in out.splitlines() if line.startswith("method:"))
-    assert cpu < CPU_BOUND_S, f"--help took {cpu:.1f} s of CPU"
 
 
-def test_exit_codes_are_listed_fast():
-    cp, cpu = run_cli("--exit-codes")
+def test_exit_codes_are_listed_without_torch(unimportable):
+    cp = run_cli("--exit-codes", unimportable=unimportable)
     assert cp.returncode == 0 and "2    bad configuration" in cp.stdout and "128+N" in cp.stdout
-    assert cpu < CPU_BOUND_S
 
 
 @pytest.mark.parametrize("flag", ["--help", "--exit-codes"])
@@ -154,23 +163,22 @@ def test_a_page_read_by_a_closed_pipe_ends_quietly(flag):
     # issue 32 F6: any spelling of true reaches the sweep's overwrite guard
     (["-m", "method=bf16,tis", "train.overwrite=choice(false,true)"], ["train.overwrite=true is refused on a sweep"]),
 ])
-def test_config_errors_are_one_line_exit_2_fast(args, needles):
-    cp, cpu = run_cli(*args)
+def test_config_errors_are_one_line_exit_2_without_torch(args, needles, unimportable):
+    cp = run_cli(*args, unimportable=unimportable)
     assert cp.returncode == 2, cp.stderr
     lines = cp.stderr.strip().splitlines()
     assert len(lines) == 1, cp.stderr
     assert lines[0].startswith("qrl-bench: error: ")
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
-    assert cpu < CPU_BOUND_S, f"{' '.join(args)} took {cpu:.1f} s of CPU"
 
 
-def test_a_value_out_of_its_domain_writes_nothing(tmp_path):
+def test_a_value_out_of_its_domain_writes_nothing(tmp_path, unimportable):
     """Refused before any work: no run directory, no warm start in the model cache (the built-in model's warm
     start is the first thing a run would otherwise build)."""
     cache, out = tmp_path / "cache", tmp_path / "results"
     env_args = [f"out_root={out}", f"model.cache_dir={cache}"]
-    cp, _ = run_cli("model.num_layers=-1", *env_args)
+    cp = run_cli("model.num_layers=-1", *env_args, unimportable=unimportable)
     assert cp.returncode == 2, cp.stderr
     assert cp.stderr.strip().splitlines() == [
         "qrl-bench: error: model.num_layers=-1 is out of range; allowed: [1, inf) integer"]
@@ -227,11 +235,12 @@ def test_the_checker_imports_no_torch():
     (["variant=.."], "variant=..: it is '..'"),
     (["-m", "sweep=fine,../escape"], "sweep=../escape: it holds '..'"),  # each job of a sweep
 ])
-def test_a_value_that_becomes_a_path_part_cannot_leave_out_root(tmp_path, args, key):
+def test_a_value_that_becomes_a_path_part_cannot_leave_out_root(tmp_path, args, key, unimportable):
     """Issue 32 F5: `sweep=../escape` wrote a completed run beside the results; every value that becomes a folder
     of the run path is checked before any work: one line, exit 2, nothing written anywhere."""
     out = tmp_path / "results"
-    cp, _ = run_cli(*[a.format(tmp=tmp_path) for a in args], f"out_root={out}", "tracking=disabled")
+    cp = run_cli(*[a.format(tmp=tmp_path) for a in args], f"out_root={out}", "tracking=disabled",
+                 unimportable=unimportable)
     assert cp.returncode == 2, cp.stderr
     lines = cp.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("qrl-bench: error: ") and key in lines[0], cp.stderr
@@ -270,12 +279,12 @@ def test_a_sweep_is_checked_job_by_job_as_its_sweeper_expands_it():
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs a /proc file system (Linux)")
-def test_out_root_in_a_directory_no_one_can_make_folders_in_is_one_line():
+def test_out_root_in_a_directory_no_one_can_make_folders_in_is_one_line(unimportable):
     """os.access tells root that /proc is writable; Hydra then failed making its output directory in a logging
     traceback (exit 1). The results directory is now probed by making (and removing) a folder in it."""
     from bench.run.store import unwritable
 
-    cp, _ = run_cli("out_root=/proc/qrl-bench-results", "tracking=disabled")
+    cp = run_cli("out_root=/proc/qrl-bench-results", "tracking=disabled", unimportable=unimportable)
     assert cp.returncode == 2, cp.stderr
     lines = cp.stderr.strip().splitlines()
     assert len(lines) == 1 and "results directory /proc/qrl-bench-results is not writable" in lines[0], cp.stderr
