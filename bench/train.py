@@ -261,7 +261,7 @@ def runtime_info(p: Parts) -> dict[str, Any]:
             "config_overrides": config_overrides(p.cfg.model)}  # what the model's config.json was given
 
 
-# 62 lines: the whole loop (start, steps, evaluations, checkpoints, the end) on one screen, as CleanRL keeps it
+# 63 lines: the whole loop (start, steps, evaluations, checkpoints, the end) on one screen, as CleanRL keeps it
 def train(p: Parts, run: RunDir, config_yaml: str, run_name: str, plan: Plan | None = None,
           overrides: list[str] | None = None) -> str:
     """Run (or resume) training in `run`; returns the final status. The caller holds the run's lock and

@@ -115,6 +115,26 @@ def _launch_ranks(cfg: DictConfig, overrides: list[str] | None) -> Outcome:
     return outcome
 
 
+def _build(cfg: DictConfig, name: str) -> Parts | Outcome:
+    """The run's parts (bench.train.build), then the vLLM preflight where it applies; bad input is an Outcome, and a
+    signal during either closes the engines already built (here, not in vLLM's atexit)."""
+    from bench.launch.vllm_preflight import applies, preflight
+    from bench.train import build
+
+    parts = None
+    try:
+        parts = build(cfg)  # before touching the run dir: bad input leaves nothing behind (bench.train.check_startup)
+        if applies(cfg):  # before any evaluation or training: a vLLM that cannot serve the run fails in seconds
+            preflight(parts, say=lambda line: say(name, line))
+    except (ValueError, OSError, ImportError) as e:  # ImportError: an optional engine's package is missing
+        return _bad_input(cfg, name, e)
+    except Stopped:
+        if parts is not None:
+            close_engines(parts.eval_engine, parts.engine)
+        raise
+    return parts
+
+
 def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome:
     try:
         validate(cfg)
@@ -129,21 +149,12 @@ def _execute(cfg: DictConfig, name: str, overrides: list[str] | None) -> Outcome
     if cfg.train.threads > 0:
         import torch
         torch.set_num_threads(cfg.train.threads)
-    from bench.launch.vllm_preflight import applies, preflight
     from bench.run.resume import decide
-    from bench.train import build, train
+    from bench.train import train
 
-    parts = None
-    try:
-        parts = build(cfg)  # before touching the run dir: bad input leaves nothing behind (bench.train.check_startup)
-        if applies(cfg):  # before any evaluation or training: a vLLM that cannot serve the run fails in seconds
-            preflight(parts, say=lambda line: say(name, line))
-    except (ValueError, OSError, ImportError) as e:  # ImportError: an optional engine's package is missing
-        return _bad_input(cfg, name, e)
-    except Stopped:  # a signal during the build or the preflight: its engines end here, not in vLLM's atexit
-        if parts is not None:
-            close_engines(parts.eval_engine, parts.engine)
-        raise
+    parts = _build(cfg, name)
+    if isinstance(parts, Outcome):
+        return parts
     from bench.distributed.group import broadcast_object, is_follower, world_size
 
     try:

@@ -65,7 +65,6 @@ def check_overrides(args: list[str], check: Callable[[Any], str | None] | None =
         return None  # --config-name, --info, ...: Hydra's own command line
     overrides = [a for a in args if not a.startswith("-")]
     from hydra import compose, initialize_config_dir
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     from bench.launch.config import CONF_DIR
@@ -78,32 +77,12 @@ def check_overrides(args: list[str], check: Callable[[Any], str | None] | None =
     except ValueError as e:
         return str(e)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        trials, fixed = [overrides], overrides
+        trials, fixed, base = [overrides], overrides, None
         if multirun:
-            from bench.launch.sweeper import expand
-
-            parser = OverridesParser.create()
-            fixed = [o for o in overrides if not parser.parse_override(o).is_sweep_override()]
-            try:
-                base = compose("config", overrides=fixed, return_hydra_config=True)
-            except HydraException as e:
-                return explain(e, fixed, compose)
-            error = writes and unwritable_dir("sweep directory", Path(str(base.hydra.sweep.dir)))  # multirun.yaml
-            if error:
-                return error
-            from bench.launch.requests import slurm_request_error
-
-            if error := added_launcher_key(fixed, compose, base):
-                return error
-            if error := slurm_request_error(base.hydra.launcher):  # what the SLURM launcher would refuse
-                return error
-            try:
-                trials, _ = expand(overrides, compose, base)
-            except HydraException as e:  # a swept value that does not compose: named by the job that holds it
-                return explain(e, overrides, compose)
-            except Exception as e:  # noqa: BLE001 -- a sweep Hydra's sweeper cannot expand (range() in a list)
-                swept = [o for o in overrides if o not in fixed]
-                return f"{' '.join(swept)}: this sweep cannot be expanded into jobs ({_first_line(e)})"
+            sweep = _sweep(overrides, compose, writes)
+            if isinstance(sweep, str):
+                return sweep
+            trials, fixed, base = sweep
         configs = []
         for trial, cfg in _composed(trials, compose):
             if isinstance(cfg, HydraException):
@@ -116,8 +95,44 @@ def check_overrides(args: list[str], check: Callable[[Any], str | None] | None =
                 return f"{error} (in the sweep's job {' '.join(swept)})" if swept else error
             configs.append(cfg)
         if multirun:  # the request against the jobs (GPUs per node against their ranks), as the launcher checks it
+            from bench.launch.requests import slurm_request_error
+
             return slurm_request_error(base.hydra.launcher, configs)
     return None
+
+
+def _sweep(overrides: list[str], compose: Callable[..., Any], writes: bool
+           ) -> tuple[list[list[str]], list[str], Any] | str:
+    """A sweep's jobs (each one's overrides), its fixed overrides and its composed base config, or the one-line
+    error of the first part that fails: the base, the sweep directory, the launcher's keys and request, the
+    expansion into jobs."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from bench.launch.requests import slurm_request_error
+    from bench.launch.sweeper import expand
+
+    parser = OverridesParser.create()
+    fixed = [o for o in overrides if not parser.parse_override(o).is_sweep_override()]
+    try:
+        base = compose("config", overrides=fixed, return_hydra_config=True)
+    except HydraException as e:
+        return explain(e, fixed, compose)
+    error = writes and unwritable_dir("sweep directory", Path(str(base.hydra.sweep.dir)))  # multirun.yaml
+    if error:
+        return error
+    if error := added_launcher_key(fixed, compose, base):
+        return error
+    if error := slurm_request_error(base.hydra.launcher):  # what the SLURM launcher would refuse
+        return error
+    try:
+        trials, _ = expand(overrides, compose, base)
+    except HydraException as e:  # a swept value that does not compose: named by the job that holds it
+        return explain(e, overrides, compose)
+    except Exception as e:  # noqa: BLE001 -- a sweep Hydra's sweeper cannot expand (range() in a list)
+        swept = [o for o in overrides if o not in fixed]
+        return f"{' '.join(swept)}: this sweep cannot be expanded into jobs ({_first_line(e)})"
+    return trials, fixed, base
 
 
 def _composed(jobs: list[list[str]], compose: Callable[..., Any]) -> Iterator[tuple[list[str], Any]]:

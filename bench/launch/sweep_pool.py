@@ -302,26 +302,30 @@ class WorkerPool:
                     _drain(w)
                     if w.process.sentinel in ready or not w.process.is_alive():
                         w.process.join(timeout=5)
-                        if w.process.exitcode is None:
-                            continue
-                        _drain(w)
-                        # died before it took the job: another worker will; once, so that workers that die at
-                        # start-up every time fail the job instead of being replaced without end
-                        if w.job is not None and not w.started and w.job.idx not in requeued:
-                            requeued.add(w.job.idx)
-                            w.job.state, w.job.started = "pending", None
-                            pending.insert(0, w.job)
-                        elif w.job is not None:  # died inside a job
-                            w.job.state = "done"
-                            w.job.outcome = _death_outcome(w)
-                            _record_death(w.job, w.job.outcome["reason"])
-                        self.workers.remove(w)
-                        if not self.stopping and pending and len(self.workers) < self.n_workers:
-                            self._spawn(w.gpus)  # the replacement takes over its GPUs
+                        if w.process.exitcode is not None:
+                            self._reap(w, pending, requeued)
                 line.refresh()
         finally:
             self.close()
         return self.stopping[0] if self.stopping else None
+
+    def _reap(self, w: _Worker, pending: list[JobView], requeued: set[int]) -> None:
+        """A worker that has exited: its job goes back to the queue or ends as the worker's death, and a replacement
+        takes over its GPUs while jobs are left."""
+        _drain(w)
+        # died before it took the job: another worker will; once, so that workers that die at start-up every time
+        # fail the job instead of being replaced without end
+        if w.job is not None and not w.started and w.job.idx not in requeued:
+            requeued.add(w.job.idx)
+            w.job.state, w.job.started = "pending", None
+            pending.insert(0, w.job)
+        elif w.job is not None:  # died inside a job
+            w.job.state = "done"
+            w.job.outcome = _death_outcome(w)
+            _record_death(w.job, w.job.outcome["reason"])
+        self.workers.remove(w)
+        if not self.stopping and pending and len(self.workers) < self.n_workers:
+            self._spawn(w.gpus)
 
     def close(self) -> None:
         """Tell idle workers to exit, wait for all of them, and give the signals back. A worker never given a job
