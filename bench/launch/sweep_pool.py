@@ -366,7 +366,7 @@ def _send(w: _Worker, message: Any) -> bool:
     try:
         w.conn.send(message)
         return True
-    except (BrokenPipeError, ConnectionResetError, OSError):
+    except OSError:  # BrokenPipeError, ConnectionResetError: its end of the pipe is closed
         return False
 
 
