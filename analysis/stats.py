@@ -125,6 +125,16 @@ def _finite(values: Iterable[float]) -> np.ndarray:
     return x[np.isfinite(x)]
 
 
+#: the `method` of a gap between arms that share no seed (unpaired), which every printed gap says
+WELCH = "Welch"
+
+
+def method_mark(method: str) -> str:
+    """What a printed gap adds after its n: ', Welch' for an unpaired gap, where the same text would read as paired;
+    nothing for the others (the report's method sentence names them)."""
+    return f", {WELCH}" if method == WELCH else ""
+
+
 @dataclass(frozen=True)
 class Interval:
     """A point estimate, its 95 % interval (lo/hi NaN when undefined) and the n it rests on.
@@ -237,10 +247,10 @@ def gap(a: Iterable[float], b: Iterable[float], seeds_a: Sequence | None = None,
         splits = 1.0 / comb(xa.size + xb.size, xa.size)
         two = splits * (2 if xa.size == xb.size else 1)
         exact = (1.0, 1.0) if value == 0 else (min(1.0, two), splits if value > 0 else 1.0)
-        return Gap(Interval(value, n=n, method="Welch", note="no spread"), se, 1.0, exact_p=exact)
+        return Gap(Interval(value, n=n, method=WELCH, note="no spread"), se, 1.0, exact_p=exact)
     df = float((va + vb) ** 2 / (va**2 / (xa.size - 1) + vb**2 / (xb.size - 1)))
     half = t_quantile(df, level) * se
-    return Gap(Interval(value, value - half, value + half, n, "Welch"), se, df)
+    return Gap(Interval(value, value - half, value + half, n, WELCH), se, df)
 
 
 def diff_interval(a: Iterable[float], b: Iterable[float], seeds_a: Sequence | None = None,

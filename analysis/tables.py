@@ -25,7 +25,7 @@ from .comparisons import differs, family_name, is_primary, p_columns, paired_com
 from .inference import ALPHA, fmt_p
 from .load import Run, Sweep, get
 from .runs import SeverityOptions, baseline_group, eval_curve, n_test, sampler_accuracy0, severity_labels
-from .stats import METHOD_SENTENCE, diff_interval, gap_binomial_se, summarize
+from .stats import METHOD_SENTENCE, diff_interval, gap_binomial_se, method_mark, summarize
 
 MISSING = "–"
 TIME_PARTS = ["rollout_s", "sync_s", "recompute_s", "train_s"]
@@ -273,8 +273,7 @@ def fmt_ci(value: float, lo: float, hi: float, digits: int = 1, signed: bool = F
     interval [-0.04, 4.9] printed "[+0.0, +4.9]" would read as excluding 0."""
     if value is None or not np.isfinite(value):
         return MISSING
-    if method == "Welch":
-        return _with_welch(fmt_ci(value, lo, hi, digits, signed, scale, n, note))
+    mark = method_mark(method)
 
     def f(x: float) -> str:
         v = round(scale * x, digits)
@@ -283,14 +282,10 @@ def fmt_ci(value: float, lo: float, hi: float, digits: int = 1, signed: bool = F
 
     n_ok = n is not None and np.isfinite(n)
     if lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi):
-        return f(value) + f" [{f(lo)}, {f(hi)}]" + (f" n={int(n)}" if n_ok else "")
+        return f(value) + f" [{f(lo)}, {f(hi)}]" + (f" n={int(n)}" if n_ok else "") + mark
     if n_ok and int(n) >= 2:
-        return f(value) + f" ({note or 'no interval'}, n={int(n)})"
-    return f(value) + (" (1 seed)" if n_ok and int(n) == 1 else "")
-
-
-def _with_welch(text: str) -> str:
-    return text[:-1] + ", Welch)" if text.endswith(")") else text + ", Welch"
+        return f(value) + f" ({note or 'no interval'}, n={int(n)}{mark})"
+    return f(value) + (f" (1 seed{mark})" if n_ok and int(n) == 1 else mark)
 
 
 def fmt_share(value: float, lo: float, hi: float, n: Any, note: str) -> str:

@@ -34,7 +34,7 @@ from .inference import ALPHA, fmt_p
 from .load import Sweep, get
 from .runs import SeverityOptions, baseline_group, run_rows
 from .severity import severity_summary
-from .stats import ratio_interval
+from .stats import method_mark, ratio_interval
 
 MAX_LISTED = 3
 
@@ -43,10 +43,9 @@ def _pp(value: float, lo: float, hi: float, n: int, method: Any = "") -> str:
     """'−5.2 pp [−9.1, −1.3], n=3' (a gap), or '−5.2 pp (no interval, n=3)'; ', Welch' after n where the arms share
     no seed (analysis.stats.gap)."""
     head = f"{value:+.1f} pp"
-    welch = ", Welch" if method == "Welch" else ""
     if np.isfinite(lo) and np.isfinite(hi):
-        return f"{head} [{lo:+.1f}, {hi:+.1f}], n={n}{welch}"
-    return f"{head} (no interval, n={n}{welch})"
+        return f"{head} [{lo:+.1f}, {hi:+.1f}], n={n}{method_mark(method)}"
+    return f"{head} (no interval, n={n}{method_mark(method)})"
 
 
 def _ps(r: Any) -> str:
