@@ -101,16 +101,19 @@ def unknown_method(sweep: Sweep, option: str, value: str | None) -> str | None:
 
 def untestable_primary(sweep: Sweep, primary: tuple[str, ...], naive: str) -> str | None:
     """The error message when a `--primary` arm can have no test: each is tested > naive at a rollout setting (task,
-    model, severity) where both ran, so the naive arm itself, or an arm never run beside it (bf16 runs at its own
-    precision), would leave a pre-registered hypothesis silently untested in a report that names it."""
+    model, severity) where both have a final accuracy, so the naive arm itself, or an arm never run beside it (bf16
+    runs at its own precision) or whose runs there all ended without an evaluation, would leave a pre-registered
+    hypothesis silently untested in a report that names it."""
+    from .runs import run_rows  # the runs the comparisons test: those with a final accuracy
+
     cells: dict[str, set] = {}
-    for r in sweep.runs:
+    for r in run_rows(sweep).itertuples():
         cells.setdefault(r.method, set()).add((r.model, r.task, r.severity))
     testable = sorted((m for m in cells if m != naive and cells[m] & cells.get(naive, set())), key=method_sort_key)
     for arm in primary:
         if arm not in testable:
             why = "is the arm each primary one is tested against" if arm == naive else \
-                f"never ran at a rollout setting where {naive!r} ran, so it has no test"
+                f"has no evaluated run at a rollout setting where {naive!r} has one, so it has no test"
             return (f"--primary {arm!r} {why}; arms with a test against {naive!r}: "
                     f"{', '.join(testable) or 'none'}")
     return None

@@ -255,13 +255,16 @@ def test_the_verdict_names_the_baseline_it_compared_with_or_says_there_is_none(t
 
 
 def test_a_primary_arm_that_can_have_no_test_is_refused(tmp_path: Path):
-    """`--primary naive` (the arm every primary one is tested against) and `--primary bf16` (never run at a precision
-    where naive ran) used to exit 0 with no pre-registered row, while the report's settings named them."""
+    """`--primary naive` (the arm every primary one is tested against), `--primary bf16` (never run at a precision
+    where naive ran) and an arm whose runs there all diverged before an evaluation used to exit 0 with no
+    pre-registered row, while the report's settings named them."""
     root = tmp_path / "sweep"
-    for method in ("bf16", "naive", "tis"):
-        write_run(root, method, "arithmetic", 0)
+    for method in ("bf16", "naive", "tis", "ais"):
+        run = write_run(root, method, "arithmetic", 0, status="diverged" if method == "ais" else "completed")
+    (run / "eval.jsonl").write_text("")  # ais diverged before its first evaluation: loaded, but no comparison has it
     for arm, why in (("naive", "is the arm each primary one is tested against"),
-                     ("bf16", "never ran at a rollout setting where 'naive' ran")):
+                     ("bf16", "has no evaluated run at a rollout setting where 'naive' has one"),
+                     ("ais", "has no evaluated run at a rollout setting where 'naive' has one")):
         err = io.StringIO()
         with redirect_stderr(err):
             rc = main([str(root), "--out", str(tmp_path / "rep"), "--primary", f"tis,{arm}"])
