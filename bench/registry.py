@@ -37,6 +37,10 @@ class Entry(Generic[T]):
     meta: dict[str, Any]
 
 
+class RegistryError(ValueError):
+    """A name registered by two components: every command refuses to start until one is renamed."""
+
+
 class Registry(Generic[T]):
     """name -> component for one extension point; `package` is where its components live."""
 
@@ -53,7 +57,8 @@ class Registry(Generic[T]):
         def deco(obj: T) -> T:
             old = self._entries.get(name)
             if old is not None and _qualname(old.obj) != _qualname(obj):
-                raise ValueError(f"{self.kind} {name!r} is registered twice: {_qualname(old.obj)} and {_qualname(obj)}")
+                raise RegistryError(f"{self.kind} {name!r} is registered twice: {_qualname(old.obj)} and "
+                                    f"{_qualname(obj)}; give one of them another name")
             self._entries[name] = Entry(name, obj, schema, dict(meta))
             if self.name_attr and isinstance(obj, type) and self.name_attr not in vars(obj):
                 setattr(obj, self.name_attr, name)
@@ -117,9 +122,10 @@ def _qualname(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
 
 
-# The extension points, declared here rather than beside their components so that naming one (the configuration's
-# registration and checks, `qrl-bench --help`, the analysis) imports no torch: a registry's components, which do,
-# are imported only when a name is first looked up. The type of each is the component's, named in its comment.
+# The extension points, declared here rather than beside their components so that importing one (with the
+# configuration module bench/launch/config.py, the schemas, the run directory) imports no torch: a registry's
+# components, which do, are imported when a name is first looked up, as registering or checking a configuration
+# does. The type of each is the component's, named in its comment.
 
 #: `method=<arm>`: `Method` subclasses (bench/methods/)
 METHODS: Registry[type] = Registry("method", "bench.methods")

@@ -179,13 +179,18 @@ def _check(args: list[str]) -> int:
     from bench.launch.stubs import NeedsTorch, strict, stubbed
 
     with stubbed():
+        from bench.registry import REGISTRIES, RegistryError
+
+        try:
+            for registry in REGISTRIES:  # their modules, imported now rather than in a check
+                registry.discover()
+        except RegistryError as e:  # two components under one name: nothing can start until one is renamed
+            print(f"qrl-bench: error: {e}", file=sys.stderr)
+            return FAILED
         from bench.launch.config import checks
         from bench.launch import cli
         from bench.launch.overrides import without_printing_flags, check_overrides
-        from bench.registry import REGISTRIES
 
-        for registry in REGISTRIES:  # their modules, imported now rather than in a check
-            registry.discover()
         strict()  # from here, a check that asks torch anything is left to the run
 
         def values(cfg) -> str | None:

@@ -18,6 +18,7 @@ rollout.precision=int8,fp8_e4m3` checks the four jobs it runs, never a combinati
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import re
 from pathlib import Path
@@ -35,6 +36,11 @@ SWEEP_OVERWRITE = ("train.overwrite=true is refused on a sweep (-m): it would de
                    "redo one run, launch it alone (no -m) with train.overwrite=true")
 _MISSING = re.compile(r"Could not find '(?P<path>[^']+)'")
 _NOT_IN_DEFAULTS = re.compile(r"Could not override '(?P<group>[^']+)'\. No match in the defaults list")
+#: an error inside a yaml of conf/ as Hydra composes it: the file (conf/-relative, no suffix) and the key
+_IN_YAML = re.compile(r"In '(?P<file>[^']+)': (?P<kind>\w+) raised while composing config:\n(?P<detail>[^\n]*)"
+                      r"(?:.*?full_key: (?P<key>\S+))?", re.S)
+#: the prefix of the groups bench.launch.config registers each component's schema under (`_schema/method/tis`)
+_SCHEMA_GROUP = "_schema/"
 
 
 #: Hydra's flags that print the composed config instead of running it (`--cfg job`): its overrides are checked
@@ -59,6 +65,26 @@ def without_printing_flags(args: list[str]) -> list[str]:
 def check_overrides(args: list[str], check: Callable[[Any], str | None] | None = None) -> str | None:
     """The one-line error for the first override Hydra cannot compose, or None (see the module docstring);
     `check(cfg)` (bench.launch.entry: the value checks) is asked about each composed config too."""
+    import yaml
+
+    try:
+        return _first_error(args, check)
+    except yaml.MarkedYAMLError as e:  # a yaml of conf/ that does not parse: Hydra lets the parser's error through
+        mark = e.context_mark or e.problem_mark  # where the construct began (a problem may be at the end)
+        where = f"{_shown_path(mark.name)}, line {mark.line + 1}" if mark is not None else "a yaml of conf/"
+        return f"{where}: not valid YAML: {' '.join(filter(None, (e.context, e.problem)))}"
+
+
+def _shown_path(name: str) -> str:
+    """A file below the repository as its relative path (conf/method/tis.yaml), any other as given."""
+    from bench.launch.config import CONF_DIR
+
+    path = Path(name)
+    return str(path.relative_to(CONF_DIR.parent)) if path.is_relative_to(CONF_DIR.parent) else name
+
+
+def _first_error(args: list[str], check: Callable[[Any], str | None] | None) -> str | None:
+    """check_overrides, once the yaml files parse."""
     args = without_printing_flags(args)
     flags = [a for a in args if a.startswith("-")]
     if any(f not in HYDRA_FLAGS + ("--dry-run", "--preflight", *PRINTING_FLAGS) for f in flags):
@@ -224,6 +250,12 @@ def explain(err: Exception, overrides: list[str], compose: Any) -> str:
         path = found["path"] if found else ""
         group, _, value = path.rpartition("/")
         options = [str(o) for o in (getattr(err, "options", None) or [])]
+        if group.startswith(_SCHEMA_GROUP):  # conf/<group>/<value>.yaml exists; no component is registered so
+            group = group.removeprefix(_SCHEMA_GROUP)
+            arg = next((a for a in overrides if a.lstrip("+").split("=", 1)[0] == group), f"{group}={value}")
+            return (f"{arg}: conf/{group}/{value}.yaml has no {group} registered under its name"
+                    f"{_did_you_mean(value, options)}; the name a component registers (bench/registry.py) must be "
+                    f"its yaml's file name. Registered: {', '.join(options)}")
         keyed = [(a, a.lstrip("+~").split("=", 1)[0]) for a in overrides]
         top = group.split("/", 1)[0]
         if "/" in group and group not in {k for _, k in keyed} and group_options(top):  # a nested option
@@ -235,6 +267,9 @@ def explain(err: Exception, overrides: list[str], compose: Any) -> str:
         if options:
             return f"{arg}: unknown {group} {value!r}{_did_you_mean(value, options)}; valid choices: {', '.join(options)}"
         return f"{arg}: no config {path!r} ({_first_line(err)})"
+    in_yaml = _IN_YAML.search(str(err))
+    if in_yaml:  # a yaml of conf/ itself is wrong, not the command line
+        return _yaml_error(in_yaml)
     cause = err.__cause__
     full_key = getattr(cause, "full_key", None) or ""
     keyed = [(a, a.lstrip("+~").split("=", 1)[0]) for a in overrides]
@@ -256,6 +291,27 @@ def explain(err: Exception, overrides: list[str], compose: Any) -> str:
         value = arg.split("=", 1)[1] if "=" in arg else ""
         return f"{arg}: {value!r} is not a valid {full_key} ({_first_line(cause)})"
     return f"{' '.join(overrides)}: {_first_line(err)}" + (f" ({_first_line(cause)})" if cause is not None else "")
+
+
+def _yaml_error(found: re.Match) -> str:
+    """A yaml under conf/ that fails to compose, named with its key: a stated option name (`name:`, which the file
+    name sets), a key its schema does not have (with a close match), or Hydra's own first line."""
+    where, key, detail = f"conf/{found['file']}.yaml", found["key"] or "", found["detail"].strip()
+    if found["kind"] == "ReadonlyConfigError" and key:
+        return (f"{where}: sets {key}, which is the option's name and is set from the file name; remove "
+                f"'{key.rpartition('.')[2]}:' from the yaml")
+    if found["kind"] in ("ConfigKeyError", "ConfigAttributeError") and key:
+        from bench.launch.config import GROUP_REGISTRIES
+
+        parent, _, name = key.rpartition(".")
+        group, _, option = found["file"].partition("/")
+        registry = GROUP_REGISTRIES.get(group)
+        keys = []
+        if registry is not None and parent == group and option in registry:
+            keys = sorted(f.name for f in dataclasses.fields(registry.schema(option)) if f.name != "name")
+        listing = f"; its keys: {', '.join(keys)}" if keys else ""
+        return f"{where}: {parent or 'the config'} has no key {name!r}{_did_you_mean(name, keys)}{listing}"
+    return f"{where}: {detail}" + (f" ({key})" if key else "")
 
 
 def added_launcher_key(overrides: list[str], compose: Callable[..., Any], base: Any) -> str | None:

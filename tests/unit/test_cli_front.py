@@ -291,3 +291,70 @@ def test_out_root_in_a_directory_no_one_can_make_folders_in_is_one_line(unimport
     assert "cannot make a directory in /proc" in lines[0]
     assert unwritable(REPO / "no-such-folder" / "below") is None  # a writable parent: the probe leaves nothing
     assert not [p for p in REPO.iterdir() if p.name.startswith(".qrl-probe-")]
+
+
+def test_a_name_registered_twice_is_one_line_before_any_work():
+    """A contributor's new arm registered under an existing name ("tis") made every command, `method=naive` included,
+    end in a 27-line traceback with exit 1; the check names both components in one line, exit 2. The duplicate is
+    registered here by wrapping METHODS' discovery in the checker's own process (the real command's child)."""
+    code = (
+        "import sys\n"
+        "from bench.registry import METHODS\n"
+        "found = METHODS.discover\n"
+        "def discover():\n"
+        "    found()\n"
+        "    METHODS.register('tis')(type('Copy', (), {'__module__': 'bench.methods.copy'}))\n"
+        "METHODS.discover = discover\n"
+        "from bench.launch.entry import FAILED, _check\n"
+        "sys.exit(0 if _check(['method=naive']) == FAILED else 1)\n"
+    )
+    cp = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stderr.strip().splitlines() == [
+        "qrl-bench: error: method 'tis' is registered twice: bench.methods.tis.TIS and bench.methods.copy.Copy; "
+        "give one of them another name"]
+
+
+@pytest.fixture
+def conf_copy(tmp_path, monkeypatch):
+    """A copy of conf/ the test may break, in place of the repository's for bench.launch.overrides (in process)."""
+    import shutil
+
+    from bench.launch import config
+
+    config.register_configs()
+    copy = tmp_path / "repo" / "conf"
+    shutil.copytree(config.CONF_DIR, copy)  # conf/experiment -> ../sweeps: copied as files
+    monkeypatch.setattr(config, "CONF_DIR", copy)
+    return copy
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("name: tis_clip", "conf/method/tis.yaml: sets method.name, which is the option's name and is set from the file "
+                       "name; remove 'name:' from the yaml"),
+    ("is_cap_c: 5.0", "conf/method/tis.yaml: method has no key 'is_cap_c' (did you mean 'is_cap_C'?); its keys: "
+                      "denominator, is_cap_C, is_cap_low, is_level, is_mode, is_seq_ratio"),
+    ("is_cap_C: [1", "conf/method/tis.yaml, line 3: not valid YAML: while parsing a flow sequence expected ',' or "
+                     "']', but got '<stream end>'"),
+])
+def test_a_broken_yaml_is_named_with_its_key(conf_copy, line, expected):
+    """A contributor's yaml error was cut to Hydra's first line ("In 'method/tis': ReadonlyConfigError raised while
+    composing config:"), blamed on the whole command line; a yaml that does not parse ended in a traceback."""
+    from bench.launch.overrides import check_overrides
+
+    yaml_file = conf_copy / "method" / "tis.yaml"
+    yaml_file.write_text(yaml_file.read_text().rstrip("\n").split("\n")[0] + f"\n\n{line}\n")
+    for args in (["method=tis", "--dry-run"], ["-m", "method=tis,naive", "--dry-run"]):
+        assert check_overrides(args) == expected
+
+
+def test_a_yaml_without_a_registered_component_says_the_names_must_agree(conf_copy):
+    """conf/method/tis_x.yaml beside no `@METHODS.register("tis_x")`: the message named Hydra's internal group
+    (`_schema/method=tis_x: unknown _schema/method`) and its hint led to a name with no yaml."""
+    from bench.launch.overrides import check_overrides
+
+    (conf_copy / "method" / "tis_x.yaml").write_text("is_cap_C: 3.0\n")
+    error = check_overrides(["method=tis_x", "--dry-run"])
+    assert error.startswith("method=tis_x: conf/method/tis_x.yaml has no method registered under its name (did you "
+                            "mean 'tis'?); the name a component registers (bench/registry.py) must be its yaml's "
+                            "file name. Registered: acr, "), error

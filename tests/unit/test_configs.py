@@ -79,7 +79,10 @@ def test_every_yaml_composes_validates_and_builds(group: str, option: str, tmp_p
 @pytest.mark.parametrize("group", [g for g in GROUPS if g in GROUP_REGISTRIES])
 def test_registry_backed_groups_have_a_yaml_per_name(group: str):
     """A name in the registry without a yaml could not be selected; a yaml without a name could not build."""
-    assert set(options(group)) == set(GROUP_REGISTRIES[group].names())
+    yamls, names = set(options(group)), set(GROUP_REGISTRIES[group].names())
+    assert yamls == names, (f"conf/{group}/<name>.yaml without a registered {group}: {sorted(yamls - names)}; "
+                            f"registered without a yaml: {sorted(names - yamls)} (the registry name must be the file "
+                            "name)")
 
 
 @pytest.mark.parametrize("name", experiments())
