@@ -76,7 +76,8 @@ from bench.timing import synchronize
 
 EMBEDDED_PRECISIONS = tuple(precisions())  # every format registered in bench/quant/
 VLLM_PRECISIONS = ("fp32", "bf16", "fp8_e4m3")
-ENGINES = ("embedded", "vllm")
+#: the engines this benchmark times (--engines)
+BENCHMARKED_ENGINES = ("embedded", "vllm")
 #: Model shapes. 1m / 10m: perf-notes sizes (Qwen2, GQA 4/2 heads, tied embeddings). The others are the
 #: dimensions of the published Hugging Face config.json of Qwen/Qwen2.5-0.5B, Qwen/Qwen2.5-1.5B and
 #: Qwen/Qwen3-8B (hidden, layers, heads, kv heads, head_dim, intermediate, vocab, rope theta, tied embeddings).
@@ -505,7 +506,7 @@ def main(argv: list[str] | None = None) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The benchmark's options (the module docstring says what each measures)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--engines", nargs="+", choices=ENGINES, default=["embedded"])
+    ap.add_argument("--engines", nargs="+", choices=BENCHMARKED_ENGINES, default=["embedded"])
     ap.add_argument("--preset", "--model-size", dest="preset", choices=tuple(PRESETS), default="1m")
     ap.add_argument("--layers", type=int, default=None, help="cut the preset's depth (CPU runs of big shapes)")
     ap.add_argument("--batch", type=int, nargs="+", default=[16, 64])

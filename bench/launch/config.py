@@ -107,7 +107,7 @@ def named_schema(schema: type, key: str, name: str, readonly: bool = True) -> Di
 
 def default_precision(method: str) -> str:
     """`rollout.precision` when the command line does not set it: the arm's declared precision (bf16, fp16), or
-    DEFAULT_LOW_PRECISION for the arms that treat a low-precision rollout (bench.methods.base)."""
+    DEFAULT_LOW_PRECISION for the arms that treat a low-precision rollout (bench/methods/__init__.py)."""
     return arm_precision(str(method))
 
 

@@ -1,4 +1,4 @@
-"""The method interface: every treatment of the rollout/trainer mismatch is `prepare` + `loss`, and its registry.
+"""The method interface: every treatment of the rollout/trainer mismatch is `prepare` + `loss`.
 
 `prepare(batch)` runs once per rollout batch (pi_old fixed) and returns detached per-batch constants:
 tensors whose first dimension is the batch size (sliced per minibatch by the trainer) and Python floats
@@ -16,7 +16,7 @@ An arm is one module in this package plus one yaml in conf/method/:
     class TIS(Method): ...
 
 The registry key is the arm's only name (its yaml, conf/method/tis.yaml, states knob values, never the name).
-An arm runs at any rollout precision (`rollout.precision`, DEFAULT_LOW_PRECISION unless set), except a
+An arm runs at any rollout precision (`rollout.precision`, bench.methods.DEFAULT_LOW_PRECISION unless set), except a
 matched-precision baseline, which declares its precision (`precision="bf16"`) and runs at that one only.
 `color` and `order` place the arm in plots and tables (omitted: a colour derived from the name, after the
 known arms); the class attribute `diagnostics` names the `method/<arm>/*` metrics worth a panel in the

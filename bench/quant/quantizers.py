@@ -1,9 +1,9 @@
-"""Rollout precisions: the `Format` contract, its registry, and the amax-scaled quantizers (docs/arms.md §3).
+"""Rollout precisions: the `Format` contract and the amax-scaled quantizers (docs/arms.md §3).
 
-A precision (`rollout.precision=<name>`) is one `Format` subclass registered under its name in a module of
-bench/quant/ (plain.py holds the unquantized ones, fp8.py both FP8s, the others a module each; `qrl-bench --help`
-lists them). The format owns its whole vocabulary:
-how a tensor is rounded (`quantize`), which weight / activation granularities it supports, its label and bit
+A precision (`rollout.precision=<name>`) is one `Format` subclass registered under its name in FORMATS
+(bench/registry.py) by a module of bench/quant/ (plain.py holds the unquantized ones, fp8.py both FP8s, the others
+a module each; an unknown `rollout.precision` is refused with the list of them). The format owns its whole
+vocabulary: how a tensor is rounded (`quantize`), which weight / activation granularities it supports, its label and bit
 widths for tables, the activation dtype an engine should run around it, and the linear layer that computes
 with it. Nothing outside bench/quant/ branches on a precision's name.
 

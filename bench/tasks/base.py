@@ -1,4 +1,4 @@
-"""The Task contract, the base task schema and the task registry.
+"""The Task contract and the base task schema (the registry, TASKS, is in bench/registry.py).
 
 A task owns its data (a deterministic train/test split), the text format of prompts and answers, and a
 verifiable reward. It knows nothing about models or tokenizers: the trainer turns `prompt(ex)` into token
