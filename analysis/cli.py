@@ -104,11 +104,10 @@ def untestable_primary(sweep: Sweep, primary: tuple[str, ...], naive: str) -> st
     model, severity) where both have a final accuracy, so the naive arm itself, or an arm never run beside it (bf16
     runs at its own precision) or whose runs there all ended without an evaluation, would leave a pre-registered
     hypothesis silently untested in a report that names it."""
-    from .runs import run_rows  # the runs the comparisons test: those with a final accuracy
-
     cells: dict[str, set] = {}
-    for r in run_rows(sweep).itertuples():
-        cells.setdefault(r.method, set()).add((r.model, r.task, r.severity))
+    for r in sweep.runs:
+        if r.final_accuracy is not None:  # the runs the comparisons test (analysis.runs.run_rows)
+            cells.setdefault(r.method, set()).add((r.model, r.task, r.severity))
     testable = sorted((m for m in cells if m != naive and cells[m] & cells.get(naive, set())), key=method_sort_key)
     for arm in primary:
         if arm not in testable:

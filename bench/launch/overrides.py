@@ -250,13 +250,13 @@ def explain(err: Exception, overrides: list[str], compose: Any) -> str:
         path = found["path"] if found else ""
         group, _, value = path.rpartition("/")
         options = [str(o) for o in (getattr(err, "options", None) or [])]
+        keyed = [(a, a.lstrip("+~").split("=", 1)[0]) for a in overrides]
         if group.startswith(_SCHEMA_GROUP):  # conf/<group>/<value>.yaml exists; no component is registered so
             group = group.removeprefix(_SCHEMA_GROUP)
-            arg = next((a for a in overrides if a.lstrip("+").split("=", 1)[0] == group), f"{group}={value}")
+            arg = next((a for a, k in keyed if k == group), f"{group}={value}")
             return (f"{arg}: conf/{group}/{value}.yaml has no {group} registered under its name"
                     f"{_did_you_mean(value, options)}; the name a component registers (bench/registry.py) must be "
                     f"its yaml's file name. Registered: {', '.join(options)}")
-        keyed = [(a, a.lstrip("+~").split("=", 1)[0]) for a in overrides]
         top = group.split("/", 1)[0]
         if "/" in group and group not in {k for _, k in keyed} and group_options(top):  # a nested option
             options, value, group = group_options(top), path.split("/", 1)[1], top  # (experiment=paper/x), not a

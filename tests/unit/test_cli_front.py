@@ -45,6 +45,11 @@ def run_cli(*args: str, unimportable: str | None = None) -> subprocess.Completed
                           timeout=HANG_S)
 
 
+def run_python(code: str) -> subprocess.CompletedProcess:
+    """`python -c CODE` in the repository, in a fresh process (what it imports is its own)."""
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
+
+
 def test_help_shows_examples_and_groups_without_torch(unimportable):
     cp = run_cli("--help", unimportable=unimportable)
     assert cp.returncode == 0, cp.stderr
@@ -196,12 +201,12 @@ def test_the_configuration_and_its_schemas_import_no_torch():
         "import bench.eval_config, bench.methods\n"
         f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})))\n"
     )
-    cp = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
+    cp = run_python(code)
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.strip() == "[]"
     # the check: a registry's first lookup imports its components, and with them torch
     code = "import sys\nfrom bench.registry import METHODS\nMETHODS.names()\nprint('torch' in sys.modules)\n"
-    cp = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
+    cp = run_python(code)
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.strip() == "True"
 
@@ -222,7 +227,7 @@ def test_the_checker_imports_no_torch():
         "    except NeedsTorch:\n"
         "        print('needs torch')\n"
     )
-    cp = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
+    cp = run_python(code)
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.strip() == "needs torch"
 
@@ -308,7 +313,7 @@ def test_a_name_registered_twice_is_one_line_before_any_work():
         "from bench.launch.entry import FAILED, _check\n"
         "sys.exit(0 if _check(['method=naive']) == FAILED else 1)\n"
     )
-    cp = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
+    cp = run_python(code)
     assert cp.returncode == 0, cp.stderr
     assert cp.stderr.strip().splitlines() == [
         "qrl-bench: error: method 'tis' is registered twice: bench.methods.tis.TIS and bench.methods.copy.Copy; "
